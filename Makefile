@@ -1,0 +1,39 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   -> creates .venv, installs CPU torch 2.13.0 + ragsieve, runs the demo
+#   make test   -> same install, runs the default test suite
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.ragsieve-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-all bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/ragsieve demo
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_scoring.py
+
+clean:
+	rm -rf $(VENV) ragsieve-demo .pytest_cache

@@ -1,0 +1,452 @@
+"""The generic JSONL format: one (query, snippet) pair per line.
+
+A line is a JSON object with the keys ``query_id``, ``query``, ``snippet_id``,
+``text`` (required, non-empty), ``relevant`` (0, 1, ``true``, ``false``, ``null`` or
+absent = unlabelled) and ``group`` (the topic for disjoint splits; defaults to
+``query_id``). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
+written back, so a read/write round trip loses nothing. See ``docs/data-format.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from ragsieve.data.paths import create_temp
+from ragsieve.errors import DataError
+from ragsieve.types import Pair
+
+__all__ = [
+    "OPTIONAL_KEYS",
+    "REQUIRED_KEYS",
+    "describe_pairs",
+    "fingerprint_pairs",
+    "group_by_query",
+    "iter_pairs",
+    "read_pairs",
+    "write_pairs",
+]
+
+logger = logging.getLogger(__name__)
+
+REQUIRED_KEYS: tuple[str, ...] = ("query_id", "query", "snippet_id", "text")
+"""Keys every line must have, each a non-empty string (ids may also be integers)."""
+
+OPTIONAL_KEYS: tuple[str, ...] = ("relevant", "group")
+"""Standard keys that may be absent or ``null``."""
+
+_STANDARD_KEYS = frozenset(REQUIRED_KEYS + OPTIONAL_KEYS)
+_ID_KEYS = frozenset({"query_id", "snippet_id"})
+
+PathOrFile = str | os.PathLike[str] | IO[Any]
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _string_field(record: Mapping[str, Any], key: str, where: str) -> str:
+    """Return ``record[key]`` as a non-empty string or raise ``DataError``."""
+    if key not in record or record[key] is None:
+        raise DataError(
+            f"{where}: missing required key {key!r}; every line needs {list(REQUIRED_KEYS)}."
+        )
+    value = record[key]
+    if key in _ID_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        accepted = "a string or an integer" if key in _ID_KEYS else "a string"
+        raise DataError(f"{where}: {key} == {value!r} ({_type_name(value)}), must be {accepted}.")
+    if not value.strip():
+        raise DataError(f"{where}: {key} is empty, must be a non-empty string.")
+    return value
+
+
+def _label_field(record: Mapping[str, Any], where: str, require_labels: bool) -> int | None:
+    """Return the label as 0, 1 or ``None``; anything else is an error, never coerced."""
+    value = record.get("relevant")
+    if value is None:
+        if require_labels:
+            raise DataError(
+                f"{where}: 'relevant' is missing or null, but labels are required here "
+                "(calibration needs 0 or 1 on every line)."
+            )
+        return None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int) and value in (0, 1):
+        return value
+    raise DataError(
+        f"{where}: relevant == {value!r} ({_type_name(value)}), must be one of 0, 1, true, "
+        "false or null."
+    )
+
+
+def _group_field(record: Mapping[str, Any], where: str) -> str:
+    """Return the group, or ``""`` (meaning: use the query id) when absent/null/empty."""
+    value = record.get("group")
+    if value is None:
+        return ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise DataError(
+            f"{where}: group == {value!r} ({_type_name(value)}), must be a string, an integer "
+            "or null."
+        )
+    return value if value.strip() else ""
+
+
+def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
+    if not isinstance(record, dict):
+        raise DataError(
+            f"{where}: expected a JSON object per line, got {_type_name(record)} "
+            f"({json.dumps(record, ensure_ascii=False)[:60]})."
+        )
+    query_id, query, snippet_id, text = (_string_field(record, k, where) for k in REQUIRED_KEYS)
+    return Pair(
+        query_id=query_id,
+        query=query,
+        snippet_id=snippet_id,
+        text=text,
+        relevant=_label_field(record, where, require_labels),
+        group=_group_field(record, where),
+        meta={k: v for k, v in record.items() if k not in _STANDARD_KEYS},
+    )
+
+
+class _Consistency:
+    """Cross-line checks: unique (query_id, snippet_id), one query text per query_id."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str], str] = {}
+        self.queries: dict[str, tuple[str, str]] = {}
+
+    def check(self, pair: Pair, where: str) -> None:
+        key = (pair.query_id, pair.snippet_id)
+        if key in self.seen:
+            raise DataError(
+                f"{where}: duplicate pair query_id={pair.query_id!r}, "
+                f"snippet_id={pair.snippet_id!r} (first seen at {self.seen[key]}); each "
+                "snippet may appear once per query."
+            )
+        self.seen[key] = where
+        first = self.queries.setdefault(pair.query_id, (pair.query, where))
+        if first[0] != pair.query:
+            raise DataError(
+                f"{where}: query_id {pair.query_id!r} has query text {pair.query[:60]!r}, but "
+                f"{first[1]} gave {first[0][:60]!r}; one query_id must have one query text."
+            )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _source_name(source: PathOrFile) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return "<stdin>" if os.fspath(source) == "-" else os.fspath(source)
+    return str(getattr(source, "name", "<stream>"))
+
+
+def _binary_lines(source: PathOrFile, name: str) -> Iterator[bytes]:
+    """Yield raw lines of ``source``; file-system errors become ``DataError``."""
+    if not isinstance(source, (str, os.PathLike)):
+        for line in source:
+            yield line.encode("utf-8") if isinstance(line, str) else line
+        return
+    if os.fspath(source) == "-":
+        yield from sys.stdin.buffer
+        return
+    try:
+        handle = open(source, "rb")  # noqa: SIM115 - closed below, generator-friendly
+    except FileNotFoundError:
+        raise DataError(
+            f"{name}: no such file; expected a JSONL file of (query, snippet) pairs."
+        ) from None
+    except IsADirectoryError:
+        raise DataError(f"{name}: is a directory, expected a JSONL file.") from None
+    except OSError as exc:
+        raise DataError(f"{name}: cannot be read ({exc.strerror or exc}).") from exc
+    with handle:
+        try:
+            yield from handle
+        except OSError as exc:  # pragma: no cover - I/O failure mid-read
+            raise DataError(f"{name}: read failed ({exc.strerror or exc}).") from exc
+
+
+def _reject_duplicate_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in items:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r} in one object")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def iter_pairs(source: PathOrFile, *, require_labels: bool = False) -> Iterator[Pair]:
+    """Stream the pairs of a JSONL file, validating every line.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or file object
+        Path of the file, ``"-"`` for standard input, or an open (text or binary) file.
+    require_labels : bool, default False
+        If True, a missing or null ``relevant`` is an error (needed for calibration).
+
+    Yields
+    ------
+    Pair
+        One pair per non-blank line, in file order.
+
+    Raises
+    ------
+    DataError
+        With ``file:line`` for: unreadable file, bytes that are not UTF-8, malformed
+        JSON, a line that is not an object, a missing/empty/mistyped required key, a
+        label outside {0, 1, true, false, null}, a duplicate (query_id, snippet_id),
+        two query texts for one query_id, or a file without any pair.
+    """
+    name = _source_name(source)
+    consistency = _Consistency()
+    n = 0
+    for lineno, raw in enumerate(_binary_lines(source, name), start=1):
+        where = f"{name}:{lineno}"
+        if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DataError(
+                f"{where}: bytes are not valid UTF-8 (byte {raw[exc.start : exc.start + 1]!r} at "
+                f"column {exc.start + 1}); save the file as UTF-8."
+            ) from None
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(
+                line, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant
+            )
+        except ValueError as exc:
+            raise DataError(f"{where}: malformed JSON ({exc}).") from None
+        pair = _pair_from_record(record, where, require_labels)
+        consistency.check(pair, where)
+        n += 1
+        yield pair
+    if n == 0:
+        raise DataError(f"{name}: contains no pairs; expected one JSON object per line.")
+
+
+def read_pairs(source: PathOrFile, *, require_labels: bool = False) -> list[Pair]:
+    """Read and validate a JSONL file of (query, snippet) pairs.
+
+    Parameters
+    ----------
+    source : str, os.PathLike or file object
+        Path of the file, ``"-"`` for standard input, or an open file.
+    require_labels : bool, default False
+        If True, every line must have ``relevant`` equal to 0 or 1.
+
+    Returns
+    -------
+    list of Pair
+        The pairs in file order; unknown keys are kept in ``Pair.meta``.
+
+    Raises
+    ------
+    DataError
+        When the file is unreadable or any line is invalid (see :func:`iter_pairs`).
+
+    Examples
+    --------
+    >>> import io
+    >>> line = '{"query_id": "q1", "query": "Who?", "snippet_id": "s1", "text": "Ada.", "relevant": 1}'
+    >>> read_pairs(io.StringIO(line))[0].group
+    'q1'
+    """
+    return list(iter_pairs(source, require_labels=require_labels))
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _pair_to_record(pair: Pair) -> dict[str, Any]:
+    if not isinstance(pair, Pair):
+        raise TypeError(f"write_pairs expects Pair objects, got {type(pair).__name__}.")
+    clash = _STANDARD_KEYS.intersection(pair.meta)
+    if clash:
+        raise DataError(
+            f"pair ({pair.query_id!r}, {pair.snippet_id!r}) has meta keys {sorted(clash)} that "
+            "clash with standard fields; rename them."
+        )
+    record: dict[str, Any] = {
+        "query_id": pair.query_id,
+        "query": pair.query,
+        "snippet_id": pair.snippet_id,
+        "text": pair.text,
+        "relevant": pair.relevant,
+        "group": pair.group,
+    }
+    record.update(pair.meta)
+    return record
+
+
+def _serialise(pairs: Iterable[Pair], out: IO[str]) -> int:
+    consistency = _Consistency()
+    n = 0
+    for n, pair in enumerate(pairs, start=1):
+        record = _pair_to_record(pair)
+        where = f"pair #{n}"
+        # Validate exactly as the reader will, so a written file is always readable.
+        _pair_from_record(record, where, require_labels=False)
+        consistency.check(pair, where)
+        try:
+            line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise DataError(f"{where}: meta is not JSON-serialisable ({exc}).") from exc
+        out.write(line + "\n")
+    return n
+
+
+def write_pairs(pairs: Iterable[Pair], destination: PathOrFile) -> int:
+    """Write pairs as JSONL (UTF-8), atomically when writing to a path.
+
+    Parameters
+    ----------
+    pairs : iterable of Pair
+        The pairs; ``meta`` keys become extra keys of each line.
+    destination : str, os.PathLike or text file object
+        A path (written to a temporary file in the same directory, then renamed, so
+        readers never see a half-written file), ``"-"`` for standard output, or an open
+        text file.
+
+    Returns
+    -------
+    int
+        Number of lines written.
+
+    Raises
+    ------
+    DataError
+        When a pair would not read back (invalid field, duplicate, clashing or
+        non-JSON meta); nothing is written to a path in that case.
+    TypeError
+        When an item is not a :class:`~ragsieve.types.Pair`.
+    """
+    if not isinstance(destination, (str, os.PathLike)):
+        return _serialise(pairs, destination)
+    if os.fspath(destination) == "-":
+        return _serialise(pairs, sys.stdout)
+    path = Path(destination)
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a file path for the JSONL output.")
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise DataError(f"{path}: directory {directory} does not exist; create it first.")
+    fd, tmp = create_temp(directory, path.name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
+            n = _serialise(pairs, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    logger.debug("wrote %d pairs to %s", n, path)
+    return n
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def fingerprint_pairs(pairs: Iterable[Pair]) -> str:
+    """SHA-256 of the labelled content of ``pairs``, independent of their order.
+
+    Each pair is serialised canonically as the compact JSON array
+    ``[query_id, snippet_id, text, relevant]``; the sorted lines are hashed. Query
+    text, group and meta are not part of the fingerprint.
+
+    Parameters
+    ----------
+    pairs : iterable of Pair
+
+    Returns
+    -------
+    str
+        64 hexadecimal characters.
+
+    Examples
+    --------
+    >>> a = Pair("q", "Who?", "s1", "Ada.", 1)
+    >>> b = Pair("q", "Who?", "s2", "Bob.", 0)
+    >>> fingerprint_pairs([a, b]) == fingerprint_pairs([b, a])
+    True
+    """
+    lines = sorted(
+        json.dumps(
+            [p.query_id, p.snippet_id, p.text, p.relevant],
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        for p in pairs
+    )
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def group_by_query(pairs: Iterable[Pair]) -> dict[str, list[int]]:
+    """Map each query id to the indices of its pairs, in first-appearance order.
+
+    Examples
+    --------
+    >>> ps = [Pair("a", "?", "1", "x"), Pair("b", "?", "1", "y"), Pair("a", "?", "2", "z")]
+    >>> group_by_query(ps)
+    {'a': [0, 2], 'b': [1]}
+    """
+    out: dict[str, list[int]] = {}
+    for i, pair in enumerate(pairs):
+        out.setdefault(pair.query_id, []).append(i)
+    return out
+
+
+def describe_pairs(pairs: Sequence[Pair]) -> dict[str, int | float]:
+    """Summary counts of a list of pairs.
+
+    Returns
+    -------
+    dict
+        ``n_queries``, ``n_pairs``, ``n_snippets`` (unique snippet ids), ``n_groups``,
+        ``n_relevant``, ``n_unlabelled``, ``snippets_per_query`` and
+        ``relevant_per_query`` (means), and ``queries_without_relevant``.
+    """
+    by_query = group_by_query(pairs)
+    n_queries = len(by_query)
+    n_relevant = sum(1 for p in pairs if p.relevant == 1)
+    without = sum(1 for idx in by_query.values() if not any(pairs[i].relevant == 1 for i in idx))
+    return {
+        "n_queries": n_queries,
+        "n_pairs": len(pairs),
+        "n_snippets": len({p.snippet_id for p in pairs}),
+        "n_groups": len({p.group for p in pairs}),
+        "n_relevant": n_relevant,
+        "n_unlabelled": sum(1 for p in pairs if p.relevant is None),
+        "snippets_per_query": len(pairs) / n_queries if n_queries else 0.0,
+        "relevant_per_query": n_relevant / n_queries if n_queries else 0.0,
+        "queries_without_relevant": without,
+    }

@@ -1,0 +1,81 @@
+"""Load a dataset by name: ``"xquad-en"``, ``"selqa-dev"``, or a ``.jsonl`` path."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ragsieve.data.jsonl import read_pairs
+from ragsieve.data.selqa import SELQA_SPLITS, load_selqa
+from ragsieve.data.xquad import XQUAD_LANGUAGES, load_xquad
+from ragsieve.types import Pair
+
+__all__ = ["available_datasets", "load_dataset"]
+
+
+def available_datasets() -> list[str]:
+    """Names accepted by :func:`load_dataset` (besides a path to a ``.jsonl`` file)."""
+    return (
+        ["xquad"]
+        + [f"xquad-{lang}" for lang in XQUAD_LANGUAGES]
+        + ["selqa"]
+        + [f"selqa-{split}" for split in SELQA_SPLITS]
+    )
+
+
+def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
+    """Load labelled pairs by dataset name or from a JSONL file.
+
+    Parameters
+    ----------
+    name : str or os.PathLike
+        ``"xquad"`` (English), ``"xquad-{language}"``, ``"selqa"`` (dev),
+        ``"selqa-{split}"`` (case-insensitive), or the path of a file in the generic
+        JSONL format (any existing file, or a name ending in ``.jsonl``).
+    **kwargs
+        Passed on to :func:`~ragsieve.data.xquad.load_xquad` (``data_dir``,
+        ``context``, ``chunker``, ``download``), :func:`~ragsieve.data.selqa.load_selqa`
+        (``data_dir``, ``chunker``, ``download``) or
+        :func:`~ragsieve.data.jsonl.read_pairs` (``require_labels``).
+
+    Returns
+    -------
+    list of Pair
+
+    Raises
+    ------
+    ValueError
+        For an unknown name; the message lists the accepted names.
+    DataError
+        When the data cannot be found or read.
+
+    Notes
+    -----
+    To export a dataset to the generic format:
+    ``write_pairs(load_dataset("xquad-en"), "xquad-en.jsonl")``.
+    """
+    text = os.fspath(name)
+    if not isinstance(name, os.PathLike):
+        key = text.strip().lower()
+        key = {"xquad": "xquad-en", "selqa": "selqa-dev"}.get(key, key)
+        family, _, variant = key.partition("-")
+        if family == "xquad" and variant in XQUAD_LANGUAGES:
+            if "language" in kwargs:
+                raise TypeError(f"dataset {text!r} fixes the language; do not pass language=.")
+            return load_xquad(variant, **kwargs)
+        if family == "selqa" and variant in SELQA_SPLITS:
+            if "split" in kwargs:
+                raise TypeError(f"dataset {text!r} fixes the split; do not pass split=.")
+            return load_selqa(variant, **kwargs)
+    if (
+        isinstance(name, os.PathLike)
+        or text == "-"
+        or text.endswith(".jsonl")
+        or Path(text).is_file()
+    ):
+        return read_pairs(text, **kwargs)
+    raise ValueError(
+        f"dataset == {text!r}, must be one of {', '.join(available_datasets())}, "
+        "or a path to a JSONL file."
+    )

@@ -1,0 +1,109 @@
+"""Group-disjoint random calibration/test splits."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+
+from ragsieve.errors import DataError
+
+__all__ = ["group_splits"]
+
+
+def group_splits(
+    groups: Sequence[str | int],
+    *,
+    calibration_fraction: float = 0.5,
+    n_splits: int = 20,
+    seed: int = 0,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Random calibration/test splits in which every group lies wholly on one side.
+
+    Each split draws a fresh random permutation of the distinct groups (taken in
+    sorted order, so the result does not depend on the order of the input) and puts
+    the first ``round(n_groups * calibration_fraction)`` of them -- clipped to
+    ``[1, n_groups - 1]`` -- into calibration, the rest into test.
+
+    Parameters
+    ----------
+    groups : sequence of str or int
+        The group of each item, e.g. ``[p.group for p in pairs]``. Integers are
+        accepted and compared as strings.
+    calibration_fraction : float, default 0.5
+        Fraction of the groups used for calibration, in (0, 1).
+    n_splits : int, default 20
+        Number of splits.
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``; the same inputs and seed give the same
+        splits.
+
+    Returns
+    -------
+    list of (ndarray, ndarray)
+        ``(calibration_indices, test_indices)`` into ``groups``, each sorted
+        ascending, ``int64``; together they cover every index exactly once.
+
+    Raises
+    ------
+    TypeError
+        If an element of ``groups`` is not a str or int, or ``n_splits``/``seed`` is
+        not an int.
+    ValueError
+        If ``calibration_fraction`` is outside (0, 1) or ``n_splits < 1``.
+    DataError
+        If there are fewer than 2 distinct groups.
+
+    Examples
+    --------
+    >>> cal, test = group_splits(["a", "a", "b", "c"], n_splits=1, seed=0)[0]
+    >>> sorted(set(cal.tolist()) | set(test.tolist()))
+    [0, 1, 2, 3]
+    """
+    if isinstance(calibration_fraction, bool) or not isinstance(calibration_fraction, numbers.Real):
+        raise TypeError(
+            f"calibration_fraction must be a float, got {type(calibration_fraction).__name__}."
+        )
+    if not 0.0 < float(calibration_fraction) < 1.0:
+        raise ValueError(f"calibration_fraction == {calibration_fraction}, must be in (0, 1).")
+    for name, value in (("n_splits", n_splits), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r}).")
+    if n_splits < 1:
+        raise ValueError(f"n_splits == {n_splits}, must be >= 1.")
+    if isinstance(groups, (str, bytes)):
+        raise TypeError("groups must be a sequence of group names, got a single string.")
+
+    keys: list[str] = []
+    for i, g in enumerate(groups):
+        if isinstance(g, str):
+            keys.append(g)
+        elif isinstance(g, numbers.Integral) and not isinstance(g, bool):
+            keys.append(str(g))
+        else:
+            raise TypeError(
+                f"groups[{i}] is {type(g).__name__} ({g!r:.60}), must be a str or int; pass "
+                "e.g. [p.group for p in pairs]."
+            )
+    unique = sorted(set(keys))
+    n_groups = len(unique)
+    if n_groups < 2:
+        raise DataError(
+            f"group_splits needs at least 2 distinct groups, got {n_groups} "
+            f"({len(keys)} items); a group-disjoint split is impossible."
+        )
+    code = {g: j for j, g in enumerate(unique)}
+    inverse = np.fromiter((code[k] for k in keys), dtype=np.int64, count=len(keys))
+    n_cal = min(max(round(n_groups * float(calibration_fraction)), 1), n_groups - 1)
+
+    rng = np.random.default_rng(int(seed))
+    splits: list[tuple[np.ndarray, np.ndarray]] = []
+    for _ in range(int(n_splits)):
+        in_cal = np.zeros(n_groups, dtype=bool)
+        in_cal[rng.permutation(n_groups)[:n_cal]] = True
+        mask = in_cal[inverse]
+        splits.append(
+            (np.flatnonzero(mask).astype(np.int64), np.flatnonzero(~mask).astype(np.int64))
+        )
+    return splits

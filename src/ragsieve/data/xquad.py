@@ -1,0 +1,260 @@
+"""XQuAD (SQuAD v1.1 format) as labelled (query, snippet) pairs.
+
+Each paragraph is a document ``"{title}/{paragraph_index}"`` cut into snippets by a
+:class:`~ragsieve.chunking.Chunker`. A question's retrieved list is every snippet of
+its article (``context="article"``) or of its own paragraph (``context="paragraph"``).
+A snippet is relevant iff it lies in the question's own paragraph and its
+``[start, end)`` overlaps an answer span ``[answer_start, answer_start + len(text))``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ragsieve.chunking import Chunker
+from ragsieve.data.paths import resolve_dataset_file
+from ragsieve.errors import DataError
+from ragsieve.types import Pair, Snippet
+
+__all__ = [
+    "XQUAD_LANGUAGES",
+    "XQUAD_SHA256",
+    "load_xquad",
+    "xquad_file",
+]
+
+logger = logging.getLogger(__name__)
+
+XQUAD_LANGUAGES: tuple[str, ...] = (
+    "ar", "de", "el", "en", "es", "hi", "ro", "ru", "th", "tr", "vi", "zh",
+)  # fmt: skip
+"""Languages of XQuAD (google-deepmind/xquad)."""
+
+XQUAD_URL = "https://raw.githubusercontent.com/google-deepmind/xquad/master/xquad.{language}.json"
+
+XQUAD_SHA256: Mapping[str, str] = {
+    # Upstream commit 7d30520; languages not listed download with a logged warning.
+    "de": "990b5d746746ed65ed4702ea5f35f99ffa4e2f1c390c07d003642acd937916f9",
+    "en": "e4c57d1c9143aaa1c5d265ba5987a65f4e69528d2a98f29d6e75019b10344f29",
+    "es": "dcbae93ec3a9f4b9e78fd834a171d6f96c1a875e10e15b7530b7e4ef4971e37e",
+    "zh": "691d0b3359bc6b8faa8de931dfdfe21d50a65861ae348e32a0d1a0190b0c8835",
+}
+"""Pinned SHA-256 of the XQuAD files we have verified."""
+
+_CONTEXTS = ("article", "paragraph")
+
+SnippetFn = Callable[[str, str], list[Snippet]]
+
+
+def _check_language(language: str) -> str:
+    if language not in XQUAD_LANGUAGES:
+        raise ValueError(f"language == {language!r}, must be one of {', '.join(XQUAD_LANGUAGES)}.")
+    return language
+
+
+def xquad_file(
+    language: str = "en",
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
+) -> Path:
+    """Path of ``xquad.{language}.json``, downloading it into the cache if needed.
+
+    See :func:`ragsieve.data.paths.resolve_dataset_file` for the lookup order.
+    """
+    language = _check_language(language)
+    return resolve_dataset_file(
+        f"xquad/xquad.{language}.json",
+        url=XQUAD_URL.format(language=language),
+        sha256=XQUAD_SHA256.get(language),
+        data_dir=data_dir,
+        download=download,
+    )
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DataError(f"{path}: cannot be read as UTF-8 JSON ({exc}).") from exc
+
+
+def _answer_spans(
+    context: str, answers: Any, where: str, counts: dict[str, int]
+) -> list[tuple[int, int]]:
+    """Verified ``[start, end)`` spans of the answers in ``context``.
+
+    A span whose text does not match the context at ``answer_start`` is moved to the
+    occurrence of the answer text nearest to ``answer_start`` ("fixed"); an answer
+    that does not occur at all is dropped.
+    """
+    if not isinstance(answers, list):
+        raise DataError(f"{where}: 'answers' must be a list, got {type(answers).__name__}.")
+    spans: list[tuple[int, int]] = []
+    for answer in answers:
+        try:
+            text, start = answer["text"], answer["answer_start"]
+        except (TypeError, KeyError):
+            raise DataError(f"{where}: answer {answer!r} lacks 'text' or 'answer_start'.") from None
+        if not isinstance(text, str) or not isinstance(start, int):
+            raise DataError(f"{where}: answer {answer!r} has mistyped 'text' or 'answer_start'.")
+        if not text.strip():
+            counts["dropped"] += 1
+            continue
+        if context[start : start + len(text)] == text:
+            spans.append((start, start + len(text)))
+            continue
+        hits, i = [], context.find(text)
+        while i != -1:
+            hits.append(i)
+            i = context.find(text, i + 1)
+        if hits:
+            best = min(hits, key=lambda h: abs(h - start))
+            spans.append((best, best + len(text)))
+            counts["fixed"] += 1
+        else:
+            counts["dropped"] += 1
+    return spans
+
+
+def load_xquad(
+    language: str = "en",
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    context: str = "article",
+    chunker: Chunker | SnippetFn | None = None,
+    download: bool = True,
+) -> list[Pair]:
+    """Load XQuAD as labelled (query, snippet) pairs.
+
+    Parameters
+    ----------
+    language : str, default "en"
+        One of :data:`XQUAD_LANGUAGES`.
+    data_dir : str or os.PathLike, optional
+        Data directory holding ``xquad/xquad.{language}.json``.
+    context : {"article", "paragraph"}, default "article"
+        The retrieved list of a question: every snippet of its article, or only the
+        snippets of its own paragraph.
+    chunker : Chunker or callable (text, doc_id) -> list of Snippet, optional
+        Defaults to ``Chunker()`` (500 characters, 100 overlap).
+    download : bool, default True
+        Whether the file may be downloaded when not found locally.
+
+    Returns
+    -------
+    list of Pair
+        Grouped by question in file order. ``query_id`` is ``"xquad-{language}-{id}"``,
+        ``group`` the article title, ``snippet_id`` ``"{title}/{paragraph}:{start}-{end}"``;
+        ``meta`` holds ``language``, ``qa_id``, ``doc_id``, ``start``, ``end`` and
+        ``answers`` (the answer texts).
+
+    Raises
+    ------
+    ValueError
+        For an unknown language or context.
+    DataError
+        When the file is missing (and cannot be downloaded) or not in SQuAD format.
+    """
+    language = _check_language(language)
+    if context not in _CONTEXTS:
+        raise ValueError(f"context == {context!r}, must be one of {', '.join(_CONTEXTS)}.")
+    chunk: SnippetFn = Chunker() if chunker is None else chunker
+    path = xquad_file(language, data_dir=data_dir, download=download)
+    raw = _load_json(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
+        raise DataError(f"{path}: expected SQuAD v1.1 JSON with a 'data' list of articles.")
+
+    counts = {"fixed": 0, "dropped": 0, "unanswerable": 0, "no_relevant": 0}
+    pairs: list[Pair] = []
+    seen_ids: set[str] = set()
+    for a_index, article in enumerate(raw["data"]):
+        try:
+            title, paragraphs = article["title"], article["paragraphs"]
+        except (TypeError, KeyError):
+            raise DataError(f"{path}: article #{a_index} lacks 'title' or 'paragraphs'.") from None
+        docs: list[tuple[str, str, list[Snippet], list[Any]]] = []
+        for p_index, paragraph in enumerate(paragraphs):
+            doc_id = f"{title}/{p_index}"
+            try:
+                text, qas = paragraph["context"], paragraph["qas"]
+            except (TypeError, KeyError):
+                raise DataError(f"{path}: paragraph {doc_id!r} lacks 'context' or 'qas'.") from None
+            docs.append((doc_id, text, chunk(text, doc_id), qas))
+        article_snippets = [s for _, _, snippets, _ in docs for s in snippets]
+
+        for doc_id, text, own_snippets, qas in docs:
+            for qa in qas:
+                where = f"{path}: question {qa.get('id')!r} in {doc_id!r}"
+                qa_id, question = qa.get("id"), qa.get("question")
+                if (
+                    not isinstance(qa_id, str)
+                    or not isinstance(question, str)
+                    or not question.strip()
+                ):
+                    raise DataError(f"{where}: needs a string 'id' and a non-empty 'question'.")
+                if qa_id in seen_ids:
+                    raise DataError(f"{where}: duplicate question id.")
+                seen_ids.add(qa_id)
+                spans = _answer_spans(text, qa.get("answers"), where, counts)
+                if not spans:
+                    counts["unanswerable"] += 1
+                    continue
+                candidates = article_snippets if context == "article" else own_snippets
+                query_id = f"xquad-{language}-{qa_id}"
+                answers = [text[s:e] for s, e in spans]
+                n_relevant = 0
+                for snip in candidates:
+                    relevant = snip.doc_id == doc_id and any(
+                        snip.start < e and s < snip.end for s, e in spans
+                    )
+                    n_relevant += relevant
+                    pairs.append(
+                        Pair(
+                            query_id=query_id,
+                            query=question,
+                            snippet_id=snip.snippet_id,
+                            text=snip.text,
+                            relevant=int(relevant),
+                            group=title,
+                            meta={
+                                "language": language,
+                                "qa_id": qa_id,
+                                "doc_id": snip.doc_id,
+                                "start": snip.start,
+                                "end": snip.end,
+                                "answers": answers,
+                            },
+                        )
+                    )
+                if n_relevant == 0:
+                    counts["no_relevant"] += 1
+
+    if not pairs:
+        raise DataError(f"{path}: no answerable questions found.")
+    if counts["fixed"]:
+        logger.info(
+            "XQuAD %s: %d answer spans re-located in the paragraph", language, counts["fixed"]
+        )
+    if counts["dropped"] or counts["unanswerable"]:
+        logger.warning(
+            "XQuAD %s: %d answers not found in their paragraph were dropped; %d questions "
+            "left without any answer were skipped",
+            language,
+            counts["dropped"],
+            counts["unanswerable"],
+        )
+    if counts["no_relevant"]:
+        logger.warning(
+            "XQuAD %s: %d questions have no relevant snippet (chunker left the answer out?)",
+            language,
+            counts["no_relevant"],
+        )
+    logger.debug("XQuAD %s: %d pairs, %d questions", language, len(pairs), len(seen_ids))
+    return pairs

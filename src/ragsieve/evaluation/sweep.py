@@ -1,0 +1,294 @@
+"""Topic-disjoint evaluation of the conformal filter against top-k and threshold baselines.
+
+Scores are computed once for every pair; each of ``n_splits`` random group-disjoint
+calibration/test splits then calibrates tau on the calibration groups and measures,
+on the test groups, micro coverage, per-query coverage and removal, for the conformal
+filter and, on the same test groups, for per-query top-k and fixed similarity cut-offs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..calibration import SplitConformalCalibrator, check_alpha, check_scores
+from ..data.splits import group_splits
+from ..errors import DataError
+from ..types import Pair
+from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
+
+__all__ = [
+    "DEFAULT_ALPHAS",
+    "DEFAULT_THETAS",
+    "DEFAULT_TOP_K",
+    "TOLERANCE_SE",
+    "EvaluationReport",
+    "ScoredData",
+    "evaluate",
+    "evaluate_scores",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ALPHAS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4)
+DEFAULT_TOP_K: tuple[int, ...] = (1, 2, 3, 5)
+DEFAULT_THETAS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5)
+#: A conformal row passes when coverage_mean >= target - TOLERANCE_SE * standard error
+#: of the mean over splits (about a 3-sigma sampling tolerance).
+TOLERANCE_SE = 3.0
+
+
+@dataclass(frozen=True)
+class ScoredData:
+    """A scored dataset as flat arrays, one entry per (query, snippet) pair.
+
+    Attributes
+    ----------
+    scores : numpy.ndarray of float
+    relevant : numpy.ndarray of bool
+    query_index : numpy.ndarray of int
+        Index of the pair's query (0..n_queries-1).
+    group_index : numpy.ndarray of int
+        Index of the pair's group (topic).
+    lengths : numpy.ndarray of int
+        Characters of the snippet text.
+    """
+
+    scores: np.ndarray
+    relevant: np.ndarray
+    query_index: np.ndarray
+    group_index: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[Pair], scores: Any) -> ScoredData:
+        """Build from labelled pairs and their aligned scores."""
+        arr = check_scores(scores)
+        if arr.size != len(pairs):
+            raise ValueError(f"got {arr.size} scores for {len(pairs)} pairs; they must align.")
+        missing = sum(p.relevant is None for p in pairs)
+        if missing:
+            raise DataError(
+                f"{missing} pair(s) have no relevance label; evaluation needs relevant = 0/1."
+            )
+        qids: dict[str, int] = {}
+        gids: dict[str, int] = {}
+        return cls(
+            scores=arr,
+            relevant=np.array([p.relevant == 1 for p in pairs], dtype=bool),
+            query_index=np.array([qids.setdefault(p.query_id, len(qids)) for p in pairs]),
+            group_index=np.array([gids.setdefault(p.group, len(gids)) for p in pairs]),
+            lengths=np.array([len(p.text) for p in pairs]),
+        )
+
+    @property
+    def n_queries(self) -> int:
+        return int(np.unique(self.query_index).size)
+
+
+@dataclass
+class EvaluationReport:
+    """Result of :func:`evaluate`; ``to_dict()`` is the ``--json`` schema."""
+
+    n_queries: int
+    n_snippets: int
+    n_relevant: int
+    n_groups: int
+    n_splits: int
+    calibration_fraction: float
+    seed: int
+    results: list[dict[str, Any]]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "n_queries": self.n_queries,
+            "n_snippets": self.n_snippets,
+            "n_relevant": self.n_relevant,
+            "n_groups": self.n_groups,
+            "n_splits": self.n_splits,
+            "calibration_fraction": self.calibration_fraction,
+            "seed": self.seed,
+            **self.info,
+            "results": self.results,
+        }
+
+    def rows(self, method: str) -> list[dict[str, Any]]:
+        """Result rows of one method (``"conformal"``, ``"top-k"`` or ``"threshold"``)."""
+        return [r for r in self.results if r["method"] == method]
+
+
+def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict[str, float]:
+    qc = query_coverage(kept[test], data.relevant[test], data.query_index[test])
+    return {
+        "coverage": coverage(kept[test], data.relevant[test]),
+        "query_coverage_mean": float(qc.mean()) if qc.size else math.nan,
+        "query_coverage_std": float(qc.std()) if qc.size else math.nan,
+        "query_all_kept": float((qc == 1.0).mean()) if qc.size else math.nan,
+        "removal": removal(kept[test]),
+        "removal_chars": char_removal(kept[test], data.lengths[test]),
+    }
+
+
+def _aggregate(per_split: list[dict[str, float]]) -> dict[str, float]:
+    def col(key: str) -> np.ndarray:
+        return np.array([m[key] for m in per_split], dtype=float)
+
+    cov = col("coverage")
+    out = {
+        "coverage_mean": float(np.nanmean(cov)),
+        "coverage_std": float(np.nanstd(cov)),
+        "coverage_se": float(np.nanstd(cov, ddof=1) / math.sqrt(len(cov))) if len(cov) > 1 else math.nan,
+        "coverage_min": float(np.nanmin(cov)),
+        "query_coverage_mean": float(np.nanmean(col("query_coverage_mean"))),
+        "query_coverage_std": float(np.nanmean(col("query_coverage_std"))),
+        "query_all_kept_mean": float(np.nanmean(col("query_all_kept"))),
+        "removal_mean": float(np.mean(col("removal"))),
+        "removal_std": float(np.std(col("removal"))),
+        "removal_chars_mean": float(np.mean(col("removal_chars"))),
+    }
+    if "threshold" in per_split[0]:
+        thr = col("threshold")
+        finite = thr[np.isfinite(thr)]
+        out["threshold_mean"] = float(finite.mean()) if finite.size else math.inf
+        out["infinite_threshold_fraction"] = float(np.mean(~np.isfinite(thr)))
+    return out
+
+
+def evaluate_scores(
+    data: ScoredData,
+    *,
+    alphas: Iterable[float] = DEFAULT_ALPHAS,
+    top_k: Iterable[int] = DEFAULT_TOP_K,
+    thetas: Iterable[float] = DEFAULT_THETAS,
+    n_splits: int = 20,
+    calibration_fraction: float = 0.5,
+    seed: int = 0,
+) -> EvaluationReport:
+    """Run the split sweep on precomputed scores.
+
+    Parameters
+    ----------
+    data : ScoredData
+        Scores, labels, queries and groups.
+    alphas : iterable of float
+        Miscoverage levels for the conformal filter.
+    top_k : iterable of int
+        Per-query top-k baselines (keep the k lowest scores of each query).
+    thetas : iterable of float
+        Fixed similarity cut-offs: keep when ``1 - score >= theta`` (for the
+        embedding scorer ``1 - score`` is the cosine).
+    n_splits : int
+        Number R of random group-disjoint splits.
+    calibration_fraction : float
+        Fraction of groups used for calibration in each split.
+    seed : int
+        Seed of the split generator.
+
+    Returns
+    -------
+    EvaluationReport
+        One row per method and parameter, averaged over splits. Conformal rows carry
+        the theoretical band for the mean calibration size and ``within_tolerance``:
+        ``coverage_mean >= target - TOLERANCE_SE * coverage_se``.
+    """
+    alphas = [check_alpha(a) for a in alphas]
+    top_k = [int(k) for k in top_k]
+    if any(k < 1 for k in top_k):
+        raise ValueError(f"top_k values must be >= 1, got {top_k}.")
+    thetas = [float(t) for t in thetas]
+    splits = group_splits(
+        data.group_index.tolist(),
+        calibration_fraction=calibration_fraction,
+        n_splits=n_splits,
+        seed=seed,
+    )
+    ranks = within_query_rank(data.scores, data.query_index)
+    conf: dict[float, list[dict[str, float]]] = {a: [] for a in alphas}
+    topk: dict[int, list[dict[str, float]]] = {k: [] for k in top_k}
+    thr: dict[float, list[dict[str, float]]] = {t: [] for t in thetas}
+    for cal_idx, test_idx in splits:
+        test = np.zeros(data.scores.size, dtype=bool)
+        test[test_idx] = True
+        cal_rel = data.scores[cal_idx][data.relevant[cal_idx]]
+        if cal_rel.size == 0 or not data.relevant[test].any():
+            logger.warning("split skipped: no relevant snippet on the calibration or test side")
+            continue
+        for a in alphas:
+            cal = SplitConformalCalibrator(alpha=a).fit(cal_rel)
+            m = _split_metrics(data, data.scores <= cal.threshold_, test)
+            m["threshold"] = cal.threshold_
+            m["n_calibration"] = cal.n_calibration_
+            conf[a].append(m)
+        for k in top_k:
+            topk[k].append(_split_metrics(data, ranks < k, test))
+        for t in thetas:
+            m = _split_metrics(data, (1.0 - data.scores) >= t, test)
+            thr[t].append(m)
+    if not any(conf.values()) and alphas:
+        raise DataError("no usable split: every split lacked relevant snippets on one side.")
+    results: list[dict[str, Any]] = []
+    for a, ms in conf.items():
+        row: dict[str, Any] = {"method": "conformal", "alpha": a, "target": 1.0 - a}
+        row.update(_aggregate(ms))
+        n_mean = float(np.mean([m["n_calibration"] for m in ms]))
+        row["n_calibration_mean"] = n_mean
+        row["band_low"] = 1.0 - a
+        row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
+        tol = TOLERANCE_SE * (row["coverage_se"] if math.isfinite(row["coverage_se"]) else 0.0)
+        row["within_tolerance"] = bool(row["coverage_mean"] >= row["target"] - tol)
+        results.append(row)
+    for k, ms in topk.items():
+        results.append({"method": "top-k", "k": k, "target": None, **_aggregate(ms), "threshold_mean": None})
+    for t, ms in thr.items():
+        results.append(
+            {"method": "threshold", "theta": t, "target": None, **_aggregate(ms), "threshold_mean": 1.0 - t}
+        )
+    return EvaluationReport(
+        n_queries=data.n_queries,
+        n_snippets=int(data.scores.size),
+        n_relevant=int(data.relevant.sum()),
+        n_groups=int(np.unique(data.group_index).size),
+        n_splits=len(splits),
+        calibration_fraction=calibration_fraction,
+        seed=seed,
+        results=results,
+        info={"tolerance_se": TOLERANCE_SE},
+    )
+
+
+def evaluate(
+    pairs: Sequence[Pair],
+    scorer: Any,
+    *,
+    progress: bool = False,
+    **kwargs: Any,
+) -> EvaluationReport:
+    """Score labelled pairs once and run :func:`evaluate_scores`.
+
+    Parameters
+    ----------
+    pairs : sequence of Pair
+        Labelled pairs with groups.
+    scorer : Scorer or str
+        The nonconformity score (alias resolved by ``resolve_scorer``).
+    progress : bool
+        Progress bar while scoring.
+    **kwargs
+        Passed to :func:`evaluate_scores`.
+    """
+    from ..scoring import resolve_scorer
+
+    pairs = list(pairs)
+    if not pairs:
+        raise DataError("no pairs to evaluate: the dataset is empty.")
+    scorer = resolve_scorer(scorer)
+    scores = scorer.score_pairs(pairs, progress=progress)
+    report = evaluate_scores(ScoredData.from_pairs(pairs, scores), **kwargs)
+    report.info["scorer"] = scorer.spec()
+    return report

@@ -1,0 +1,179 @@
+"""The ``Scorer`` plug-in point: one abstract batch method, the rest built on it."""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import DataError, ScorerError
+from ..types import Pair
+
+__all__ = ["Scorer", "check_score_array", "group_pairs"]
+
+logger = logging.getLogger(__name__)
+
+
+def check_score_array(scores: Any, n_expected: int, *, query_id: str | None = None) -> np.ndarray:
+    """Validate what a scorer returned: ``n_expected`` finite floats.
+
+    Parameters
+    ----------
+    scores : array-like
+        Scores returned by ``score_batch``.
+    n_expected : int
+        Number of snippets that were scored.
+    query_id : str, optional
+        Named in error messages.
+
+    Returns
+    -------
+    numpy.ndarray
+        1-D float64 array.
+
+    Raises
+    ------
+    ScorerError
+        On a wrong shape or any NaN/inf value.
+    """
+    where = f" for query_id {query_id!r}" if query_id is not None else ""
+    try:
+        arr = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ScorerError(f"scorer returned non-numeric scores{where} ({exc}).") from exc
+    if arr.shape != (n_expected,):
+        raise ScorerError(
+            f"scorer returned scores of shape {arr.shape}{where}, expected ({n_expected},)."
+        )
+    bad = int((~np.isfinite(arr)).sum())
+    if bad:
+        raise ScorerError(
+            f"scorer returned {bad} non-finite (NaN or inf) of {n_expected} scores{where}."
+        )
+    return arr
+
+
+def group_pairs(pairs: Sequence[Pair]) -> dict[str, tuple[str, list[int]]]:
+    """Group pair positions by ``query_id``, in order of first appearance.
+
+    Parameters
+    ----------
+    pairs : sequence of Pair
+        Query/snippet pairs.
+
+    Returns
+    -------
+    dict
+        ``query_id -> (query text, positions in pairs)``.
+
+    Raises
+    ------
+    TypeError
+        When an element is not a ``Pair``.
+    DataError
+        When one query_id carries two different query texts.
+    """
+    if isinstance(pairs, (str, bytes, Pair)):
+        raise TypeError(f"pairs is a {type(pairs).__name__}, expected a sequence of Pair.")
+    groups: dict[str, tuple[str, list[int]]] = {}
+    for i, pair in enumerate(pairs):
+        if not isinstance(pair, Pair):
+            raise TypeError(f"pairs[{i}] is {type(pair).__name__}, expected ragsieve.types.Pair.")
+        entry = groups.get(pair.query_id)
+        if entry is None:
+            groups[pair.query_id] = (pair.query, [i])
+        else:
+            if entry[0] != pair.query:
+                raise DataError(
+                    f"query_id {pair.query_id!r} has two query texts: {entry[0]!r} and "
+                    f"{pair.query!r} (pairs[{i}]); a query_id must name one query."
+                )
+            entry[1].append(i)
+    return groups
+
+
+class Scorer(ABC):
+    """A nonconformity score for (query, snippet) pairs: lower means more relevant.
+
+    Subclasses implement :meth:`score_batch` and :meth:`spec`; :meth:`score_pairs` is
+    built on ``score_batch`` and may be overridden for batching across queries.
+
+    Examples
+    --------
+    >>> class Length(Scorer):
+    ...     name = "length"
+    ...     def score_batch(self, query, snippets):
+    ...         return np.array([float(len(s)) for s in snippets])
+    ...     def spec(self):
+    ...         return {"scorer": "length"}
+    >>> Length().score_pairs([Pair("q1", "Q?", "a", "abc"), Pair("q1", "Q?", "b", "a")])
+    array([3., 1.])
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        """Score one query's snippets.
+
+        Parameters
+        ----------
+        query : str
+            The query.
+        snippets : sequence of str
+            Snippet texts.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(len(snippets),)`` float64 nonconformity scores, lower = more relevant.
+        """
+
+    @abstractmethod
+    def spec(self) -> dict[str, Any]:
+        """JSON-serialisable identity of the score, e.g. ``{"scorer": "embedding", ...}``.
+
+        ``resolve_scorer(scorer.spec())`` rebuilds an equivalent scorer; artifacts
+        compare specs to refuse a threshold calibrated on another score.
+        """
+
+    def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        """Score many pairs, one ``score_batch`` call per query.
+
+        Parameters
+        ----------
+        pairs : sequence of Pair
+            Pairs of any number of queries, in any order.
+        progress : bool
+            Show a tqdm progress bar over queries.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 scores aligned with ``pairs``.
+
+        Raises
+        ------
+        ScorerError
+            When ``score_batch`` returns a wrong shape or non-finite values; the message
+            names the query_id and the number of bad values.
+        """
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        if not isinstance(pairs, (list, tuple)):
+            pairs = list(pairs)
+        groups = group_pairs(pairs)
+        label = getattr(self, "name", type(self).__name__)
+        out = np.empty(sum(len(idx) for _, idx in groups.values()), dtype=np.float64)
+        for qid, (query, idx) in tqdm(
+            groups.items(), disable=not progress, unit="query", desc=f"scoring ({label})"
+        ):
+            raw = self.score_batch(query, [pairs[i].text for i in idx])
+            out[idx] = check_score_array(raw, len(idx), query_id=qid)
+        return out
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec()!r})"

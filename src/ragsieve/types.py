@@ -1,0 +1,142 @@
+"""Frozen records that flow along ragsieve's one data path.
+
+``Snippet`` (chunking) -> ``Pair`` (a labelled or unlabelled query/snippet pair)
+-> ``Scored`` (a snippet with its nonconformity score) -> ``FilterResult``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["FilterResult", "Pair", "Scored", "Snippet"]
+
+
+@dataclass(frozen=True, slots=True)
+class Snippet:
+    """A window of a source document.
+
+    Attributes
+    ----------
+    doc_id : str
+        Identifier of the source document.
+    start, end : int
+        Character offsets in the source: ``source[start:end] == text``.
+    text : str
+        The snippet text.
+    """
+
+    doc_id: str
+    start: int
+    end: int
+    text: str
+
+    @property
+    def snippet_id(self) -> str:
+        """Stable identifier ``"{doc_id}:{start}-{end}"``."""
+        return f"{self.doc_id}:{self.start}-{self.end}"
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One (query, snippet) pair: a line of the generic JSONL format.
+
+    Attributes
+    ----------
+    query_id : str
+        Identifier of the query; all pairs of one query form its retrieved list.
+    query : str
+        The query text.
+    snippet_id : str
+        Identifier of the snippet, unique within the query.
+    text : str
+        The snippet text.
+    relevant : int or None
+        1 if the snippet is relevant evidence for the query, 0 if not, ``None``
+        if unlabelled (allowed when filtering, not when calibrating).
+    group : str
+        Topic used for disjoint calibration/test splits (defaults to ``query_id``).
+    meta : Mapping[str, Any]
+        Any further keys of the JSONL line, kept so that a round trip loses nothing.
+    """
+
+    query_id: str
+    query: str
+    snippet_id: str
+    text: str
+    relevant: int | None = None
+    group: str = ""
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.group:
+            object.__setattr__(self, "group", self.query_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """A snippet with its nonconformity score (lower = more relevant).
+
+    Attributes
+    ----------
+    index : int
+        Position of the snippet in the input list.
+    snippet_id : str
+        Identifier of the snippet (the position as a string when none was given).
+    text : str
+        The snippet text.
+    score : float
+        Nonconformity score.
+    """
+
+    index: int
+    snippet_id: str
+    text: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class FilterResult:
+    """What a calibrated filter kept for one query.
+
+    Attributes
+    ----------
+    query : str
+        The query.
+    kept : tuple of Scored
+        Kept snippets in their original order.
+    scores : tuple of float
+        Scores of *all* input snippets, in input order.
+    threshold : float
+        The calibrated threshold tau (``inf`` keeps everything).
+    n_input : int
+        Number of snippets given.
+    note : str or None
+        Why the result is unusual (empty result, ``min_keep`` applied), else ``None``.
+    """
+
+    query: str
+    kept: tuple[Scored, ...]
+    scores: tuple[float, ...]
+    threshold: float
+    n_input: int
+    note: str | None = None
+
+    @property
+    def kept_ids(self) -> list[str]:
+        """Identifiers of the kept snippets."""
+        return [s.snippet_id for s in self.kept]
+
+    @property
+    def removal(self) -> float:
+        """Fraction of input snippets removed (0 when the input was empty)."""
+        if self.n_input == 0:
+            return 0.0
+        return 1.0 - len(self.kept) / self.n_input
+
+    @property
+    def keeps_all(self) -> bool:
+        """True when the threshold is infinite."""
+        return math.isinf(self.threshold)
