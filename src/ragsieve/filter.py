@@ -84,7 +84,7 @@ class ConformalFilter:
     ...         return np.array([len(s) / 100 for s in snippets], dtype=float)
     ...     def spec(self):
     ...         return {"scorer": "length"}
-    >>> cal = SplitConformalCalibrator(alpha=0.5).fit([0.02, 0.03, 0.05])
+    >>> cal = SplitConformalCalibrator(alpha=0.5).fit([0.04, 0.05, 0.06])
     >>> f = ConformalFilter(Length(), cal)
     >>> f.filter("q", ["short", "a much longer snippet", "tiny"]).kept_ids
     ['0', '2']
