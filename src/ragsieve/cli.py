@@ -141,15 +141,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     report.info["dataset"] = str(args.data)
+    # print the computed results before plotting, so a plotting failure loses nothing
+    if args.json:
+        print(_dumps(report.to_dict()), flush=True)
+    else:
+        print(format_table(report), flush=True)
     if args.plot:
         from .evaluation.plots import plot_report
 
         plot_report(report, args.plot, title=f"ragsieve evaluate: {args.data}")
         _eprint(f"plot written to {args.plot}")
-    if args.json:
-        print(_dumps(report.to_dict()))
-    else:
-        print(format_table(report))
     return 0
 
 
@@ -217,6 +218,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from ._io import atomic_write_text
     from .data import load_dataset
     from .data.splits import group_splits
     from .evaluation import evaluate, format_table
@@ -238,7 +240,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     report.info["seconds"] = round(time.perf_counter() - t0, 1)
     _eprint(f"[3/4] {report.n_splits} topic-disjoint splits evaluated")
     print(format_table(report))
-    (out / "report.json").write_text(_dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out / "report.json", _dumps(report.to_dict(), indent=2) + "\n")
     plot_report(report, out / "coverage.png", title=f"ragsieve demo: {args.data}, {scorer.spec().get('model')}")
 
     # a filter calibrated on half of the topics, applied to one query of the other half

@@ -20,13 +20,13 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ._io import atomic_write_text
 from ._version import __version__
 from .calibration import SplitConformalCalibrator, check_scores
 from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
@@ -313,19 +313,7 @@ class ConformalFilter:
         The artifact records the scorer id and model, alpha, tau, n, the data
         fingerprint and the library version.
         """
-        payload = self.to_dict()
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump(payload, fh, indent=2, sort_keys=True)
-                fh.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
     @classmethod
     def from_dict(

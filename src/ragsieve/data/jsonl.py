@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ragsieve.data.paths import create_temp
+from ragsieve._io import create_temp
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 import urllib.error
 import urllib.request
 from pathlib import Path, PurePosixPath
 
+from ragsieve._io import create_temp
 from ragsieve.errors import DataError
 
 __all__ = [
@@ -119,21 +119,6 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def create_temp(directory: Path, name: str) -> tuple[int, Path]:
-    """Create ``directory/.{name}.<random>.tmp`` exclusively; return its descriptor and path.
-
-    Unlike :func:`tempfile.mkstemp` the file gets the usual permissions (``0o666``
-    minus the umask), so renaming it onto ``name`` yields an ordinary file.
-    """
-    for _ in range(100):
-        path = directory / f".{name}.{secrets.token_hex(6)}.tmp"
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), path
-        except FileExistsError:  # pragma: no cover - 48 random bits
-            continue
-    raise FileExistsError(f"could not create a temporary file in {directory}")  # pragma: no cover
 
 
 def _check_relpath(relpath: str) -> PurePosixPath:
