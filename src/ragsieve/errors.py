@@ -9,7 +9,9 @@ so ``except ValueError`` keeps working::
     │   └── CalibrationError (DataError)               calibration data unusable for alpha
     ├── ArtifactError (RagsieveError, ValueError)      a saved filter that cannot be used
     │   └── ScorerMismatchError (ArtifactError)        artifact made with another scorer
-    └── ScorerError (RagsieveError, RuntimeError)      a scorer failed to produce scores
+    ├── ScorerError (RagsieveError, RuntimeError)      a scorer failed to produce scores
+    └── LLMError (RagsieveError, RuntimeError)         an LLM request failed for good
+        └── LLMResponseError (LLMError)                a reply that cannot be used
 
 Wrong *types* raise the built-in ``TypeError`` and a missing optional dependency raises
 the built-in ``ImportError`` naming the extra to install.
@@ -21,6 +23,8 @@ __all__ = [
     "ArtifactError",
     "CalibrationError",
     "DataError",
+    "LLMError",
+    "LLMResponseError",
     "NotFittedError",
     "RagsieveError",
     "ScorerError",
@@ -54,3 +58,21 @@ class ScorerMismatchError(ArtifactError):
 
 class ScorerError(RagsieveError, RuntimeError):
     """A scorer could not produce valid scores."""
+
+
+class LLMError(RagsieveError, RuntimeError):
+    """An LLM request failed after its retries (HTTP error, timeout, refused connection).
+
+    Attributes
+    ----------
+    status : int or None
+        HTTP status of the last attempt, if any.
+    """
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class LLMResponseError(LLMError):
+    """An LLM reply arrived but cannot be used (malformed JSON, unparseable answer)."""
