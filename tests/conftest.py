@@ -49,3 +49,22 @@ def xquad_en(shared_data_dir: Path):  # type: ignore[no-untyped-def]
 def xquad_en_scores(xquad_en, minilm_scorer):  # type: ignore[no-untyped-def]
     """MiniLM scores of every XQuAD English pair (computed once per session)."""
     return minilm_scorer.score_pairs(xquad_en)
+
+
+@pytest.fixture(scope="session")
+def local_llm():  # type: ignore[no-untyped-def]
+    """The real local default model (Gemma 3 270M on xllamacpp) on a free loopback port."""
+    from ragsieve.llm import LocalLLMServer
+
+    with LocalLLMServer() as server:
+        yield server
+
+
+@pytest.fixture()
+def llm_connection(local_llm, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A connection to the local model with a fresh reply cache."""
+    from ragsieve.llm import connect
+
+    with connect(base_url=local_llm.base_url, model=local_llm.model_name, style=local_llm.prompt_style,
+                 cache=tmp_path / "llm-cache.sqlite", concurrency=1) as conn:
+        yield conn

@@ -16,13 +16,16 @@ from .errors import (
     ArtifactError,
     CalibrationError,
     DataError,
+    LLMError,
+    LLMResponseError,
     NotFittedError,
     RagsieveError,
     ScorerError,
     ScorerMismatchError,
 )
 from .filter import ConformalFilter
-from .scoring import EmbeddingScorer, Scorer, register_scorer, resolve_scorer
+from .labeling import LLMLabeler
+from .scoring import EmbeddingScorer, LLMScorer, Scorer, register_scorer, resolve_scorer
 from .types import FilterResult, Pair, Scored, Snippet
 
 __all__ = [
@@ -33,6 +36,10 @@ __all__ = [
     "DataError",
     "EmbeddingScorer",
     "FilterResult",
+    "LLMError",
+    "LLMLabeler",
+    "LLMResponseError",
+    "LLMScorer",
     "NotFittedError",
     "Pair",
     "RagsieveError",

@@ -72,6 +72,38 @@ def _add_scorer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="do not persist embeddings on disk")
 
 
+def _add_llm_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LLM (scorer llm, labelling)")
+    g.add_argument("--base-url", default=os.environ.get("RAGSIEVE_LLM_BASE_URL"),
+                   help="OpenAI-compatible base URL incl. /v1 (env RAGSIEVE_LLM_BASE_URL); "
+                        "default: start the local model on 127.0.0.1 for this command")
+    g.add_argument("--llm-model", default=os.environ.get("RAGSIEVE_LLM_MODEL"),
+                   help="model name for --base-url, or the local model (gemma3-270m, smollm2-135m, "
+                        "a .gguf path) (env RAGSIEVE_LLM_MODEL)")
+    g.add_argument("--llm-style", choices=["completion", "chat"], default=None,
+                   help="prompt style (default: the local model's, chat for endpoints)")
+    g.add_argument("--llm-threads", type=int, default=None,
+                   help="CPU threads of the local model (env RAGSIEVE_LLM_THREADS, default 1)")
+    g.add_argument("--llm-concurrency", type=int, default=None, help="requests in flight")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY", help="env var holding the API key")
+
+
+def _add_llm_scorer_args(p: argparse.ArgumentParser) -> None:
+    _add_llm_args(p)
+    p.add_argument("--llm-mode", choices=["logprob", "rating"], default="logprob",
+                   help="scorer llm: P(yes) from logprobs (default) or a verbal rating in [0, 1]")
+    p.add_argument("--tie-breaking", choices=["none", "random"], default="none",
+                   help="scorer llm: random jitter so tied (discrete) scores cover exactly")
+
+
+def _llm_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "base_url": args.base_url, "model": args.llm_model, "style": args.llm_style,
+        "threads": args.llm_threads, "concurrency": args.llm_concurrency,
+        "api_key_env": args.api_key_env,
+    }
+
+
 def _add_data_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--data", required=required,
                    help="generic JSONL file, or a dataset name: xquad-en, xquad-de, xquad-es, "
@@ -96,6 +128,10 @@ def _make_scorer(args: argparse.Namespace) -> Any:
         kwargs = {"model": args.model, "language": _language_of(args)}
         if not args.no_cache:
             kwargs["cache_dir"] = _embedding_cache_dir(args)
+    elif args.scorer == "llm":
+        kwargs = {"mode": args.llm_mode, "tie_breaking": args.tie_breaking, **_llm_options(args)}
+        if args.no_cache:
+            kwargs["cache"] = False
     return resolve_scorer(args.scorer, **kwargs)
 
 
@@ -128,11 +164,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluation import evaluate, format_table
 
     pairs = _load_pairs(args, require_labels=True)
+    if args.limit_queries:
+        from .data import sample_queries
+
+        pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
     scorer = _make_scorer(args)
+    t0 = time.perf_counter()
     report = evaluate(
         pairs,
         scorer,
         progress=not args.quiet,
+        on_error=args.on_error,
         alphas=args.alpha,
         top_k=args.top_k,
         thetas=args.theta,
@@ -141,6 +183,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     report.info["dataset"] = str(args.data)
+    report.info["scoring_seconds"] = round(time.perf_counter() - t0, 2)
+    report.info["pairs_per_second"] = round(len(pairs) / max(report.info["scoring_seconds"], 1e-9), 3)
+    if args.limit_queries:
+        report.info["limit_queries"] = args.limit_queries
     # print the computed results before plotting, so a plotting failure loses nothing
     if args.json:
         print(_dumps(report.to_dict()), flush=True)
@@ -181,8 +227,13 @@ def cmd_filter(args: argparse.Namespace) -> int:
 
     payload = read_artifact(args.filter)
     options: dict[str, Any] = {}
-    if payload.get("scorer", {}).get("scorer") == "embedding" and not args.no_cache:
+    kind = payload.get("scorer", {}).get("scorer") if isinstance(payload.get("scorer"), dict) else None
+    if kind == "embedding" and not args.no_cache:
         options["cache_dir"] = _embedding_cache_dir(args)
+    elif kind == "llm":
+        options = {k: v for k, v in _llm_options(args).items() if v is not None and k != "model"}
+        if args.no_cache:
+            options["cache"] = False
     flt = ConformalFilter.from_dict(payload, scorer_options=options)
     pairs = _load_pairs(args)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
@@ -205,6 +256,84 @@ def cmd_filter(args: argparse.Namespace) -> int:
         rm = 1 - total_kept / total_in if total_in else 0.0
         print(f"{len(results)} queries, kept {total_kept}/{total_in} snippets (removed {rm:.1%}), "
               f"tau={flt.threshold:.4f}, alpha={flt.alpha:g}")
+    return 0
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    from .data import sample_queries, write_pairs
+    from .labeling import LLMLabeler
+
+    pairs = _load_pairs(args)
+    if args.limit_queries:
+        pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
+    options = _llm_options(args)
+    if args.no_cache:
+        options["cache"] = False
+    labeler = LLMLabeler(method=args.method, threshold=args.threshold, **options)
+    try:
+        if labeler.connection.is_local:
+            _eprint(f"no --base-url: started the local model {labeler.connection.model} at "
+                    f"{labeler.connection.base_url} for this command")
+        labelled, report = labeler.label_pairs(pairs, progress=not args.quiet)
+    finally:
+        labeler.close()
+    write_pairs(labelled, args.out)
+    info = report.to_dict()
+    tokens = report.prompt_tokens + report.completion_tokens
+    info["cost"] = report.new_tokens * args.price_per_million_tokens / 1e6
+    if args.json:
+        print(_dumps(info))
+        return 0
+    print(f"labelled {report.n_labelled}/{report.n_pairs} pairs ({report.n_errors} errors, label null) "
+          f"-> {args.out}")
+    print(f"  model {report.model}, method {report.method}, prompt {report.prompt_version}")
+    print(f"  {report.n_requests} requests, {report.n_cache_hits} answers from the cache; "
+          f"{tokens} tokens in all ({report.prompt_tokens} prompt + {report.completion_tokens} "
+          f"completion), {report.new_tokens} new in this run: cost {info['cost']:.4f} at "
+          f"{args.price_per_million_tokens:g}/M tokens")
+    print(f"  {report.seconds:.1f} s, {report.pairs_per_second:.2f} pairs/s")
+    if report.agreement:
+        a = report.agreement
+        print(f"  agreement with the existing labels on {a['n']} pairs: accuracy {a['accuracy']:.3f}, "
+              f"Cohen's kappa {a['kappa']:.3f} (tp {a['tp']}, fp {a['fp']}, fn {a['fn']}, tn {a['tn']})")
+    return 0
+
+
+def cmd_llm_serve(args: argparse.Namespace) -> int:
+    from .llm.local import serve
+
+    serve(args.model, host=args.host, port=args.port, threads=args.threads, n_ctx=args.n_ctx,
+          n_parallel=args.parallel)
+    return 0
+
+
+def cmd_llm_injection(args: argparse.Namespace) -> int:
+    import random
+
+    from .llm.connect import connect
+    from .llm.injection import measure_injection
+    from .llm.judge import RelevanceJudge
+
+    pairs = [p for p in _load_pairs(args, require_labels=True) if p.relevant == 0]
+    random.Random(args.seed).shuffle(pairs)
+    items = [(p.query, p.text) for p in pairs[: args.n_pairs]]
+    options = _llm_options(args)
+    with connect(**options) as conn:
+        if conn.is_local:
+            _eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")
+        result = measure_injection(RelevanceJudge(conn.client, style=conn.style), items,
+                                   progress=not args.quiet)
+    result["model"] = conn.model
+    if args.json:
+        print(_dumps(result))
+        return 0
+    print(f"prompt injection on {result['n_pairs']} non-relevant pairs x {len(result['injections'])} "
+          f"injections ({conn.model}):")
+    for variant in ("defended", "undefended"):
+        if variant in result:
+            r = result[variant]
+            print(f"  {variant:<11} mean P(yes) shift {r['mean_shift']:+.3f}, max {r['max_shift']:+.3f}, "
+                  f"label flips {r['flip_rate']:.1%} ({r['n_judged']} judged, {r['n_errors']} errors)")
     return 0
 
 
@@ -280,6 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", default=None, help="write the figure to this PNG")
+    p.add_argument("--limit-queries", type=int, default=None,
+                   help="evaluate on N queries drawn at random across topics (bounds LLM cost)")
+    p.add_argument("--on-error", choices=["raise", "drop"], default="raise",
+                   help="pairs the scorer cannot score: fail (default) or drop them and report how many")
+    _add_llm_scorer_args(p)
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("calibrate", help="calibrate a filter on labelled pairs and save it")
@@ -287,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scorer_args(p)
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--min-keep", type=int, default=0, help="empty-result policy (default 0)")
+    _add_llm_scorer_args(p)
     p.add_argument("--out", required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_calibrate)
@@ -298,7 +433,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=os.environ.get("RAGSIEVE_CACHE"))
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--json", action="store_true")
+    _add_llm_args(p)
     p.set_defaults(func=cmd_filter)
+
+    p = sub.add_parser("label", help="label pairs with an LLM (relevant + raw answer), resumable")
+    _add_data_args(p)
+    p.add_argument("--out", required=True, help="labelled generic JSONL")
+    p.add_argument("--method", choices=["auto", "logprob", "yes-no"], default="auto")
+    p.add_argument("--threshold", type=float, default=0.5, help="P(yes) threshold of --method logprob")
+    p.add_argument("--limit-queries", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--price-per-million-tokens", type=float, default=0.0,
+                   help="for the cost estimate (0 for a local model)")
+    p.add_argument("--no-cache", action="store_true", help="do not use the persistent LLM cache")
+    p.add_argument("--json", action="store_true")
+    _add_llm_args(p)
+    p.set_defaults(func=cmd_label)
+
+    p = sub.add_parser("llm", help="the local LLM")
+    llm_sub = p.add_subparsers(dest="llm_command", required=True)
+    q = llm_sub.add_parser("serve", help="serve the local model (OpenAI-compatible) until Ctrl-C")
+    q.add_argument("--model", default="gemma3-270m", help="gemma3-270m, smollm2-135m or a .gguf path")
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=8080)
+    q.add_argument("--threads", type=int, default=None, help="CPU threads (env RAGSIEVE_LLM_THREADS, default 1)")
+    q.add_argument("--n-ctx", type=int, default=4096)
+    q.add_argument("--parallel", type=int, default=1, help="parallel slots")
+    q.set_defaults(func=cmd_llm_serve)
+    q = llm_sub.add_parser("injection", help="measure how far injected instructions move judgements")
+    _add_data_args(q)
+    q.add_argument("--n-pairs", type=int, default=40, help="non-relevant pairs to test")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--json", action="store_true")
+    _add_llm_args(q)
+    q.set_defaults(func=cmd_llm_injection)
 
     p = sub.add_parser("export", help="write a dataset in the generic JSONL format")
     _add_data_args(p)

@@ -346,7 +346,7 @@ class ConformalFilter:
             raise ArtifactError(f"malformed filter artifact: missing or invalid field ({exc!r}).") from exc
         if scorer is None:
             scorer = resolve_scorer(spec, **dict(scorer_options or {}))
-        elif scorer.spec() != spec:
+        if scorer.spec() != spec:
             raise ScorerMismatchError(
                 f"the artifact was calibrated with scorer {spec!r} but the supplied scorer is "
                 f"{scorer.spec()!r}; a threshold is only valid for the score it was calibrated on. "

@@ -22,7 +22,7 @@ from ragsieve.data.jsonl import (
 from ragsieve.data.paths import cache_dir, data_dir, resolve_dataset_file, sha256_file
 from ragsieve.data.registry import available_datasets, load_dataset
 from ragsieve.data.selqa import SELQA_SPLITS, load_selqa
-from ragsieve.data.splits import group_splits
+from ragsieve.data.splits import group_splits, sample_queries
 from ragsieve.data.xquad import XQUAD_LANGUAGES, load_xquad
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "load_xquad",
     "read_pairs",
     "resolve_dataset_file",
+    "sample_queries",
     "sha256_file",
     "write_pairs",
 ]

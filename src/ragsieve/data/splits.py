@@ -8,8 +8,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from ragsieve.errors import DataError
+from ragsieve.types import Pair
 
-__all__ = ["group_splits"]
+__all__ = ["group_splits", "sample_queries"]
 
 
 def group_splits(
@@ -107,3 +108,40 @@ def group_splits(
             (np.flatnonzero(mask).astype(np.int64), np.flatnonzero(~mask).astype(np.int64))
         )
     return splits
+
+
+def sample_queries(pairs: Sequence[Pair], n_queries: int, *, seed: int = 0) -> list[Pair]:
+    """Keep the pairs of ``n_queries`` queries drawn at random, spread over the groups.
+
+    Queries are shuffled within each group (seeded) and taken round-robin over the
+    groups in random order, so every topic is represented as far as ``n_queries``
+    allows. Pair order is preserved. Used to bound the cost of expensive scorers.
+
+    Parameters
+    ----------
+    pairs : sequence of Pair
+    n_queries : int
+        Number of queries to keep (all when it exceeds the number available).
+    seed : int
+
+    Returns
+    -------
+    list of Pair
+    """
+    if isinstance(n_queries, bool) or not isinstance(n_queries, (int, np.integer)) or n_queries < 1:
+        raise ValueError(f"n_queries == {n_queries!r}, must be an int >= 1.")
+    rng = np.random.default_rng(seed)
+    by_group: dict[str, list[str]] = {}
+    for p in pairs:
+        queries = by_group.setdefault(p.group, [])
+        if p.query_id not in queries:
+            queries.append(p.query_id)
+    groups = sorted(by_group)
+    order = [groups[i] for i in rng.permutation(len(groups))]
+    queues = {g: [by_group[g][i] for i in rng.permutation(len(by_group[g]))] for g in order}
+    chosen: set[str] = set()
+    while len(chosen) < n_queries and any(queues.values()):
+        for g in order:
+            if queues[g] and len(chosen) < n_queries:
+                chosen.add(queues[g].pop())
+    return [p for p in pairs if p.query_id in chosen]

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..calibration import SplitConformalCalibrator, check_alpha, check_scores
 from ..data.splits import group_splits
-from ..errors import DataError
+from ..errors import DataError, ScorerError
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
@@ -267,6 +267,7 @@ def evaluate(
     scorer: Any,
     *,
     progress: bool = False,
+    on_error: str = "raise",
     **kwargs: Any,
 ) -> EvaluationReport:
     """Score labelled pairs once and run :func:`evaluate_scores`.
@@ -279,6 +280,10 @@ def evaluate(
         The nonconformity score (alias resolved by ``resolve_scorer``).
     progress : bool
         Progress bar while scoring.
+    on_error : {"raise", "drop"}
+        When the scorer cannot score some pairs (e.g. unusable LLM replies): re-raise
+        the ``ScorerError`` (default) or drop those pairs, log how many, and record the
+        count as ``n_dropped_errors`` in the report.
     **kwargs
         Passed to :func:`evaluate_scores`.
     """
@@ -287,8 +292,25 @@ def evaluate(
     pairs = list(pairs)
     if not pairs:
         raise DataError("no pairs to evaluate: the dataset is empty.")
+    if on_error not in ("raise", "drop"):
+        raise ValueError(f"on_error == {on_error!r}, must be 'raise' or 'drop'.")
     scorer = resolve_scorer(scorer)
-    scores = scorer.score_pairs(pairs, progress=progress)
+    n_dropped = 0
+    try:
+        scores = scorer.score_pairs(pairs, progress=progress)
+    except ScorerError as exc:
+        partial = getattr(exc, "scores", None)
+        if on_error == "raise" or partial is None:
+            raise
+        keep = np.isfinite(partial)
+        n_dropped = int((~keep).sum())
+        logger.warning(
+            "dropping %d of %d pairs whose score could not be computed (%s); coverage is "
+            "measured on the remaining pairs only", n_dropped, len(pairs), exc,
+        )
+        pairs = [p for p, k in zip(pairs, keep) if k]
+        scores = partial[keep]
     report = evaluate_scores(ScoredData.from_pairs(pairs, scores), **kwargs)
     report.info["scorer"] = scorer.spec()
+    report.info["n_dropped_errors"] = n_dropped
     return report

@@ -12,12 +12,13 @@ from typing import Any
 
 from .base import Scorer
 from .embedding import EmbeddingScorer
+from .llm import LLMScorer
 
-__all__ = ["EmbeddingScorer", "Scorer", "register_scorer", "resolve_scorer"]
+__all__ = ["EmbeddingScorer", "LLMScorer", "Scorer", "register_scorer", "resolve_scorer"]
 
 ScorerFactory = Callable[..., Scorer]
 
-_REGISTRY: dict[str, ScorerFactory] = {"embedding": EmbeddingScorer}
+_REGISTRY: dict[str, ScorerFactory] = {"embedding": EmbeddingScorer, "llm": LLMScorer}
 
 
 def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = False) -> None:

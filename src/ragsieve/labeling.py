@@ -1,0 +1,244 @@
+"""LLM as an annotation function: binary relevance labels for (query, snippet) pairs.
+
+``LLMLabeler`` asks the rubric prompt of :mod:`ragsieve.llm.prompts` ("is the snippet
+relevant for answering the question?") and fills ``relevant`` in the generic JSONL
+format, keeping the raw answer. Two methods:
+
+``yes-no``
+    The reply's first word must be yes or no (instruction models); an unparseable
+    reply is asked again once, then recorded as an error: ``relevant`` stays null and
+    ``meta["llm_error"]`` says why. It never counts as relevant.
+``logprob``
+    ``relevant = P(yes) / (P(yes) + P(no)) >= threshold`` from the first-token
+    log-probabilities (base models, which do not follow the answer format reliably).
+
+``auto`` picks ``logprob`` for completion-style (base) models and ``yes-no`` for chat
+models.
+
+Resuming: every reply is stored in the persistent LLM cache as soon as it arrives, and
+the output file is written atomically at the end, so a labelling job that is killed
+leaves no half-written output and, rerun, asks the LLM only for the pairs it had not
+answered yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .types import Pair
+
+if TYPE_CHECKING:
+    from .llm.connect import LLMConnection
+
+__all__ = ["LABEL_METHODS", "LLMLabeler", "LabelReport", "label_agreement"]
+
+logger = logging.getLogger(__name__)
+
+LABEL_METHODS = ("auto", "logprob", "yes-no")
+
+
+def label_agreement(human: Sequence[int], llm: Sequence[int]) -> dict[str, float]:
+    """Accuracy and Cohen's kappa of two binary label sequences.
+
+    Parameters
+    ----------
+    human, llm : sequence of {0, 1}
+        Aligned labels (pairs with a missing label must be removed first).
+
+    Returns
+    -------
+    dict
+        ``n``, ``accuracy``, ``kappa`` (NaN when chance agreement is 1), and the
+        confusion counts ``tp``, ``fp``, ``fn``, ``tn`` (human as reference).
+
+    Examples
+    --------
+    >>> d = label_agreement([1, 1, 0, 0], [1, 0, 0, 0])
+    >>> d["accuracy"], d["kappa"]
+    (0.75, 0.5)
+    """
+    h = np.asarray(human, dtype=int)
+    m = np.asarray(llm, dtype=int)
+    if h.shape != m.shape:
+        raise ValueError(f"label sequences differ in length: {h.size} vs {m.size}.")
+    n = int(h.size)
+    if n == 0:
+        return {"n": 0, "accuracy": math.nan, "kappa": math.nan, "tp": 0, "fp": 0, "fn": 0, "tn": 0}
+    tp = int(np.sum((h == 1) & (m == 1)))
+    tn = int(np.sum((h == 0) & (m == 0)))
+    fp = int(np.sum((h == 0) & (m == 1)))
+    fn = int(np.sum((h == 1) & (m == 0)))
+    po = (tp + tn) / n
+    pe = ((tp + fn) * (tp + fp) + (tn + fp) * (tn + fn)) / n**2
+    kappa = math.nan if pe == 1 else (po - pe) / (1 - pe)
+    return {"n": n, "accuracy": po, "kappa": kappa, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+
+
+@dataclass(frozen=True)
+class LabelReport:
+    """What a labelling run did.
+
+    ``prompt_tokens`` / ``completion_tokens`` count every answer used, including those
+    served from the cache (what the labels cost in all); ``new_tokens`` counts only the
+    tokens of the HTTP requests of this run (what this run cost); ``n_requests`` counts
+    HTTP attempts and ``n_cache_hits`` answers reused from an earlier, possibly killed, run.
+    """
+
+    n_pairs: int
+    n_labelled: int
+    n_errors: int
+    n_relevant: int
+    method: str
+    model: str
+    prompt_version: str
+    n_requests: int
+    n_cache_hits: int
+    prompt_tokens: int
+    completion_tokens: int
+    new_tokens: int
+    seconds: float
+    agreement: dict[str, float] | None = None
+
+    @property
+    def pairs_per_second(self) -> float:
+        return self.n_pairs / self.seconds if self.seconds > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["pairs_per_second"] = self.pairs_per_second
+        return d
+
+
+class LLMLabeler:
+    """Label (query, snippet) pairs with an LLM.
+
+    Parameters
+    ----------
+    connection : LLMConnection, optional
+        Open connection; when None one is opened on first use with ``connect_options``
+        (no ``base_url`` starts the local default model).
+    method : {"auto", "logprob", "yes-no"}
+        See the module docstring.
+    threshold : float
+        P(yes) at or above which ``logprob`` labels a pair relevant.
+    **connect_options
+        Passed to :func:`ragsieve.llm.connect`.
+    """
+
+    def __init__(
+        self,
+        connection: LLMConnection | None = None,
+        *,
+        method: str = "auto",
+        threshold: float = 0.5,
+        **connect_options: Any,
+    ) -> None:
+        if method not in LABEL_METHODS:
+            raise ValueError(f"method == {method!r}, must be one of {LABEL_METHODS}.")
+        if not (0.0 < float(threshold) < 1.0):
+            raise ValueError(f"threshold == {threshold!r}, must be in (0, 1).")
+        self.method = method
+        self.threshold = float(threshold)
+        self._connection = connection
+        self._owns_connection = connection is None
+        self._connect_options = connect_options
+
+    @property
+    def connection(self) -> LLMConnection:
+        if self._connection is None:
+            from .llm.connect import connect
+
+            self._connection = connect(**self._connect_options)
+        return self._connection
+
+    @property
+    def resolved_method(self) -> str:
+        """The method actually used (``auto`` resolved by the prompt style)."""
+        if self.method != "auto":
+            return self.method
+        return "logprob" if self.connection.style == "completion" else "yes-no"
+
+    def close(self) -> None:
+        if self._owns_connection and self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def label_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> tuple[list[Pair], LabelReport]:
+        """Label pairs; returns new pairs (inputs are never mutated) and a report.
+
+        Each output pair has ``relevant`` set from the LLM (``None`` on error) and
+        ``meta`` extended with ``llm_answer``, ``llm_error``, ``llm_p_yes`` (logprob),
+        ``llm_model``, ``llm_prompt_version`` and, when the input had a label,
+        ``human_relevant``.
+        """
+        from .llm.judge import RelevanceJudge
+
+        pairs = list(pairs)
+        conn = self.connection
+        method = self.resolved_method
+        judge = RelevanceJudge(conn.client, style=conn.style)
+        version = judge.prompt_version(method)
+        before = dict(conn.client.usage)
+        t0 = time.perf_counter()
+        items = list(dict.fromkeys((p.query, p.text) for p in pairs))
+        judgements = dict(zip(items, judge.judge_many(method, items, progress=progress,
+                                                      desc=f"labelling ({conn.model})")))
+        seconds = time.perf_counter() - t0
+        out: list[Pair] = []
+        human: list[int] = []
+        llm: list[int] = []
+        n_err = 0
+        for p in pairs:
+            j = judgements[(p.query, p.text)]
+            label: int | None = None
+            if j.value is not None:
+                label = int(j.value >= self.threshold) if method == "logprob" else int(j.value)
+            else:
+                n_err += 1
+            meta = dict(p.meta)
+            meta.update({"llm_answer": j.answer, "llm_error": j.error, "llm_model": conn.model,
+                         "llm_prompt_version": version})
+            if method == "logprob":
+                meta["llm_p_yes"] = j.value
+            if p.relevant is not None:
+                meta["human_relevant"] = p.relevant
+                if label is not None:
+                    human.append(p.relevant)
+                    llm.append(label)
+            out.append(replace(p, relevant=label, meta=meta))
+        usage = conn.client.usage
+        report = LabelReport(
+            n_pairs=len(pairs), n_labelled=len(pairs) - n_err, n_errors=n_err,
+            n_relevant=sum(1 for p in out if p.relevant == 1), method=method, model=conn.model,
+            prompt_version=version,
+            n_requests=int(usage.get("n_requests", 0) - before.get("n_requests", 0)),
+            n_cache_hits=int(usage.get("n_cache_hits", 0) - before.get("n_cache_hits", 0)),
+            prompt_tokens=sum(j.prompt_tokens for j in judgements.values()),
+            completion_tokens=sum(j.completion_tokens for j in judgements.values()),
+            new_tokens=int(sum(usage.get(k, 0) - before.get(k, 0)
+                               for k in ("prompt_tokens", "completion_tokens"))),
+            seconds=seconds,
+            agreement=label_agreement(human, llm) if human else None,
+        )
+        if n_err:
+            logger.warning("%d of %d pairs got no usable LLM answer; their label is null "
+                           "(see meta.llm_error)", n_err, len(pairs))
+        return out, report
+
+    def label_file(self, source: str | os.PathLike[str], destination: str | os.PathLike[str], *,
+                   progress: bool = False) -> LabelReport:
+        """Label a generic JSONL file into another; resumable through the LLM cache."""
+        from .data.jsonl import read_pairs, write_pairs
+
+        pairs = read_pairs(source)
+        labelled, report = self.label_pairs(pairs, progress=progress)
+        write_pairs(labelled, destination)
+        return report
