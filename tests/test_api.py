@@ -56,7 +56,7 @@ def test_import_is_light() -> None:
 
 @pytest.mark.parametrize(
     "module",
-    ["ragsieve.calibration", "ragsieve.filter", "ragsieve.evaluation.metrics", "ragsieve.chunking",
+    ["ragsieve.calibration.split", "ragsieve.calibration.modes", "ragsieve.filter", "ragsieve.evaluation.metrics", "ragsieve.chunking",
      "ragsieve.scoring.base", "ragsieve.data.jsonl", "ragsieve.data.splits"],
 )
 def test_doctests(module: str) -> None:

@@ -10,7 +10,19 @@ when a model is loaded or a plot is drawn, so ``import ragsieve`` stays light.
 """
 
 from ._version import __version__
-from .calibration import SplitConformalCalibrator, min_calibration_size
+from .adaptive import AdaptiveConformalFilter, drift_check
+from .budget import BudgetCalibrator, select_within_budget
+from .calibration import (
+    MODES,
+    MondrianCalibrator,
+    PACCalibrator,
+    QueryAllCalibrator,
+    QueryRecallCalibrator,
+    SplitConformalCalibrator,
+    TopicCalibrator,
+    make_calibrator,
+    min_calibration_size,
+)
 from .chunking import Chunker, chunk_documents, chunk_text
 from .errors import (
     ArtifactError,
@@ -29,7 +41,10 @@ from .scoring import EmbeddingScorer, LLMScorer, Scorer, register_scorer, resolv
 from .types import FilterResult, Pair, Scored, Snippet
 
 __all__ = [
+    "MODES",
+    "AdaptiveConformalFilter",
     "ArtifactError",
+    "BudgetCalibrator",
     "CalibrationError",
     "Chunker",
     "ConformalFilter",
@@ -40,8 +55,12 @@ __all__ = [
     "LLMLabeler",
     "LLMResponseError",
     "LLMScorer",
+    "MondrianCalibrator",
     "NotFittedError",
+    "PACCalibrator",
     "Pair",
+    "QueryAllCalibrator",
+    "QueryRecallCalibrator",
     "RagsieveError",
     "Scored",
     "Scorer",
@@ -49,10 +68,14 @@ __all__ = [
     "ScorerMismatchError",
     "Snippet",
     "SplitConformalCalibrator",
+    "TopicCalibrator",
     "__version__",
     "chunk_documents",
     "chunk_text",
+    "drift_check",
+    "make_calibrator",
     "min_calibration_size",
     "register_scorer",
     "resolve_scorer",
+    "select_within_budget",
 ]

@@ -37,6 +37,16 @@ def _ints(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
 
 
+def _modes(text: str) -> list[str]:
+    from .calibration import MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {bad}; accepted: {', '.join(MODES)}")
+    return modes
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, float) and math.isinf(obj):
         return None
@@ -175,6 +185,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         scorer,
         progress=not args.quiet,
         on_error=args.on_error,
+        modes=args.mode,
+        delta=args.delta,
+        group_by=args.group_by,
+        budgets=args.budget,
         alphas=args.alpha,
         top_k=args.top_k,
         thetas=args.theta,
@@ -337,6 +351,30 @@ def cmd_llm_injection(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_shift_demo(args: argparse.Namespace) -> int:
+    from .evaluation.shift import run_shift_demo
+
+    kw: dict[str, Any] = {}
+    if args.data_dir:
+        kw["data_dir"] = args.data_dir
+    _eprint(f"stream: {args.phase1} then {args.phase2}, scored with MiniLM; static vs adaptive (ACI) "
+            f"filter at alpha={args.alpha:g}")
+    res = run_shift_demo(args.out, seed=args.seed, phase1=args.phase1, phase2=args.phase2,
+                         alpha=args.alpha, gamma=args.gamma, **kw)
+    if args.json:
+        print(_dumps(res))
+        return 0
+    print(f"static threshold {res['static_threshold']:.4f} (calibrated on held-out {args.phase1} topics)")
+    for phase in ("phase1", "phase2"):
+        r = res[phase]
+        print(f"{phase} ({res[phase + '_dataset']}): static coverage {r['static']['coverage']:.3f} "
+              f"removal {r['static']['removal']:.3f} | adaptive coverage {r['adaptive']['coverage']:.3f} "
+              f"removal {r['adaptive']['removal']:.3f} | drift p={r['drift']['p_value']:.3g}"
+              f"{' DRIFT' if r['drift']['drifted'] else ''}")
+    print(f"wrote {res['png']} and {res['json']}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .data import write_pairs
 
@@ -413,6 +451,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate on N queries drawn at random across topics (bounds LLM cost)")
     p.add_argument("--on-error", choices=["raise", "drop"], default="raise",
                    help="pairs the scorer cannot score: fail (default) or drop them and report how many")
+    p.add_argument("--mode", type=_modes, default=["marginal"],
+                   help="guarantee modes, comma-separated: marginal, query-recall, query-all, pac, "
+                        "group, topic (default marginal)")
+    p.add_argument("--delta", type=float, default=0.1, help="pac mode: P(calibration draw is unlucky)")
+    p.add_argument("--group-by", default=None,
+                   help="group mode: the meta field to calibrate per (e.g. language, topic)")
+    p.add_argument("--budget", type=_ints, default=[],
+                   help="character budgets per query to report next to the guarantee, e.g. 1000,1500")
     _add_llm_scorer_args(p)
     p.set_defaults(func=cmd_evaluate)
 
@@ -467,6 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true")
     _add_llm_args(q)
     q.set_defaults(func=cmd_llm_injection)
+
+    p = sub.add_parser("shift-demo", help="a stream that switches dataset/language: static vs adaptive")
+    p.add_argument("--out", default="ragsieve-shift")
+    p.add_argument("--phase1", default="xquad-en")
+    p.add_argument("--phase2", default="xquad-de")
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--gamma", type=float, default=0.005, help="ACI step size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_shift_demo)
 
     p = sub.add_parser("export", help="write a dataset in the generic JSONL format")
     _add_data_args(p)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration import SplitConformalCalibrator, check_alpha, check_scores
+from ..calibration import MODES, check_alpha, check_scores, make_calibrator
 from ..data.splits import group_splits
 from ..errors import DataError, ScorerError
 from ..types import Pair
@@ -57,6 +57,9 @@ class ScoredData:
         Index of the pair's group (topic).
     lengths : numpy.ndarray of int
         Characters of the snippet text.
+    attribute : numpy.ndarray or None
+        Per-pair value of the attribute the ``group`` (Mondrian) mode calibrates per
+        (e.g. language); independent of the topic ``group_index`` used for splits.
     """
 
     scores: np.ndarray
@@ -64,10 +67,15 @@ class ScoredData:
     query_index: np.ndarray
     group_index: np.ndarray
     lengths: np.ndarray
+    attribute: np.ndarray | None = None
 
     @classmethod
-    def from_pairs(cls, pairs: Sequence[Pair], scores: Any) -> ScoredData:
-        """Build from labelled pairs and their aligned scores."""
+    def from_pairs(cls, pairs: Sequence[Pair], scores: Any, *, group_by: str | None = None) -> ScoredData:
+        """Build from labelled pairs and their aligned scores.
+
+        ``group_by`` names a ``Pair.meta`` key (e.g. ``"language"``) whose value is the
+        attribute of the ``group`` mode; pairs without it get ``"(none)"``.
+        """
         arr = check_scores(scores)
         if arr.size != len(pairs):
             raise ValueError(f"got {arr.size} scores for {len(pairs)} pairs; they must align.")
@@ -84,6 +92,8 @@ class ScoredData:
             query_index=np.array([qids.setdefault(p.query_id, len(qids)) for p in pairs]),
             group_index=np.array([gids.setdefault(p.group, len(gids)) for p in pairs]),
             lengths=np.array([len(p.text) for p in pairs]),
+            attribute=None if group_by is None else np.array(
+                [str(p.meta.get(group_by, "(none)")) for p in pairs], dtype=object),
         )
 
     @property
@@ -125,7 +135,9 @@ class EvaluationReport:
 
 def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict[str, float]:
     qc = query_coverage(kept[test], data.relevant[test], data.query_index[test])
+    tc = query_coverage(kept[test], data.relevant[test], data.group_index[test])  # per topic
     return {
+        "topic_coverage": float(tc.mean()) if tc.size else math.nan,
         "coverage": coverage(kept[test], data.relevant[test]),
         "query_coverage_mean": float(qc.mean()) if qc.size else math.nan,
         "query_coverage_std": float(qc.std()) if qc.size else math.nan,
@@ -133,6 +145,75 @@ def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict
         "removal": removal(kept[test]),
         "removal_chars": char_removal(kept[test], data.lengths[test]),
     }
+
+
+class _OncePerMessage(logging.Filter):
+    """Let each distinct log message through once (the same warning from every split)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+def _budget_split(data: ScoredData, budget: int, cal_idx: np.ndarray, test: np.ndarray) -> dict[str, Any]:
+    """One split of a character budget: calibration-side prediction, test-side measurement."""
+    from ..budget import BudgetCalibrator, select_within_budget
+
+    cal = BudgetCalibrator(budget=budget).fit(
+        data.scores[cal_idx], data.relevant[cal_idx], data.query_index[cal_idx], data.lengths[cal_idx]
+    )
+    kept = np.zeros(data.scores.size, dtype=bool)
+    for q in np.unique(data.query_index[test]):
+        idx = np.flatnonzero(test & (data.query_index == q))
+        kept[idx] = select_within_budget(data.scores[idx], data.lengths[idx], budget)
+    m: dict[str, Any] = _split_metrics(data, kept, test)
+    m["predicted_coverage_lower"] = cal.report_.coverage_lower
+    return m
+
+
+def _per_group_coverage(kept: np.ndarray, relevant: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for g in sorted(set(groups[relevant].tolist()), key=str):
+        mask = relevant & (groups == g)
+        out[str(g)] = float(kept[mask].mean())
+    return out
+
+
+def _guaranteed(mode: str, ms: list[dict[str, Any]], delta: float) -> tuple[str, dict[str, Any]]:
+    """The quantity a mode guarantees, measured over the splits (value, its standard error)."""
+
+    def mean_se(key: str) -> dict[str, float]:
+        v = np.array([m[key] for m in ms], dtype=float)
+        v = v[np.isfinite(v)]
+        se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
+        return {"value": float(v.mean()) if v.size else math.nan, "se": se}
+
+    if mode == "query-recall":
+        return "query_coverage", mean_se("query_coverage_mean")
+    if mode == "query-all":
+        return "query_all_kept", mean_se("query_all_kept")
+    if mode == "topic":
+        return "topic_coverage", mean_se("topic_coverage")
+    if mode == "pac":
+        cov = np.array([m["coverage"] for m in ms], dtype=float)
+        # the guarantee: coverage >= 1 - alpha in at least a 1 - delta share of calibration draws
+        return f"coverage_quantile_{delta:g}", {"value": float(np.quantile(cov, delta)), "se": 0.0}
+    if mode == "group":
+        groups = sorted({g for m in ms for g in m["per_group"]})
+        per = {g: float(np.mean([m["per_group"][g] for m in ms if g in m["per_group"]])) for g in groups}
+        ses = {g: float(np.std([m["per_group"][g] for m in ms if g in m["per_group"]], ddof=1)
+                        / math.sqrt(sum(g in m["per_group"] for m in ms))) if len(ms) > 1 else math.nan
+               for g in groups}
+        worst = min(per, key=lambda g: per[g])
+        return "group_coverage_min", {"value": per[worst], "se": ses[worst], "per_group_coverage": per}
+    return "coverage", mean_se("coverage")
 
 
 def _aggregate(per_split: list[dict[str, float]]) -> dict[str, float]:
@@ -151,6 +232,7 @@ def _aggregate(per_split: list[dict[str, float]]) -> dict[str, float]:
         "removal_mean": float(np.mean(col("removal"))),
         "removal_std": float(np.std(col("removal"))),
         "removal_chars_mean": float(np.mean(col("removal_chars"))),
+        "topic_coverage_mean": float(np.nanmean(col("topic_coverage"))),
     }
     if "threshold" in per_split[0]:
         thr = col("threshold")
@@ -169,6 +251,10 @@ def evaluate_scores(
     n_splits: int = 20,
     calibration_fraction: float = 0.5,
     seed: int = 0,
+    modes: Iterable[str] = ("marginal",),
+    delta: float = 0.1,
+    min_group_size: int | None = None,
+    budgets: Iterable[int] = (),
 ) -> EvaluationReport:
     """Run the split sweep on precomputed scores.
 
@@ -189,6 +275,17 @@ def evaluate_scores(
         Fraction of groups used for calibration in each split.
     seed : int
         Seed of the split generator.
+    modes : iterable of str
+        Guarantee modes to calibrate (see :mod:`ragsieve.calibration.modes`); each
+        conformal row carries ``mode``, ``guaranteed_metric`` and ``guaranteed_value``.
+    delta : float
+        Confidence parameter of the ``pac`` mode.
+    min_group_size : int, optional
+        Minimum group size of the ``group`` mode.
+    budgets : iterable of int
+        Character budgets per query: each gets a ``budget`` row with the coverage measured
+        on the test topics and ``predicted_coverage_lower``, the lower bound that the
+        calibration topics gave for it (see :mod:`ragsieve.budget`).
 
     Returns
     -------
@@ -209,46 +306,17 @@ def evaluate_scores(
         seed=seed,
     )
     ranks = within_query_rank(data.scores, data.query_index)
-    conf: dict[float, list[dict[str, float]]] = {a: [] for a in alphas}
-    topk: dict[int, list[dict[str, float]]] = {k: [] for k in top_k}
-    thr: dict[float, list[dict[str, float]]] = {t: [] for t in thetas}
-    for cal_idx, test_idx in splits:
-        test = np.zeros(data.scores.size, dtype=bool)
-        test[test_idx] = True
-        cal_rel = data.scores[cal_idx][data.relevant[cal_idx]]
-        if cal_rel.size == 0 or not data.relevant[test].any():
-            logger.warning("split skipped: no relevant snippet on the calibration or test side")
-            continue
-        for a in alphas:
-            cal = SplitConformalCalibrator(alpha=a).fit(cal_rel)
-            m = _split_metrics(data, data.scores <= cal.threshold_, test)
-            m["threshold"] = cal.threshold_
-            m["n_calibration"] = cal.n_calibration_
-            conf[a].append(m)
-        for k in top_k:
-            topk[k].append(_split_metrics(data, ranks < k, test))
-        for t in thetas:
-            m = _split_metrics(data, (1.0 - data.scores) >= t, test)
-            thr[t].append(m)
-    if not any(conf.values()) and alphas:
-        raise DataError("no usable split: every split lacked relevant snippets on one side.")
-    results: list[dict[str, Any]] = []
-    for a, ms in conf.items():
-        row: dict[str, Any] = {"method": "conformal", "alpha": a, "target": 1.0 - a}
-        row.update(_aggregate(ms))
-        n_mean = float(np.mean([m["n_calibration"] for m in ms]))
-        row["n_calibration_mean"] = n_mean
-        row["band_low"] = 1.0 - a
-        row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
-        tol = TOLERANCE_SE * (row["coverage_se"] if math.isfinite(row["coverage_se"]) else 0.0)
-        row["within_tolerance"] = bool(row["coverage_mean"] >= row["target"] - tol)
-        results.append(row)
-    for k, ms in topk.items():
-        results.append({"method": "top-k", "k": k, "target": None, **_aggregate(ms), "threshold_mean": None})
-    for t, ms in thr.items():
-        results.append(
-            {"method": "threshold", "theta": t, "target": None, **_aggregate(ms), "threshold_mean": 1.0 - t}
-        )
+    # the same calibration warning from every split is shown once (logger filters apply to
+    # the logger that emits the record, so each calibration module gets the filter)
+    loggers = [logging.getLogger(f"ragsieve.calibration.{m}") for m in ("split", "modes")]
+    once = _OncePerMessage()
+    for lg in loggers:
+        lg.addFilter(once)
+    try:
+        results = _sweep(data, splits, ranks, alphas, top_k, thetas, modes, delta, min_group_size, budgets)
+    finally:
+        for lg in loggers:
+            lg.removeFilter(once)
     return EvaluationReport(
         n_queries=data.n_queries,
         n_snippets=int(data.scores.size),
@@ -262,12 +330,89 @@ def evaluate_scores(
     )
 
 
+def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks: np.ndarray,
+           alphas: list[float], top_k: list[int], thetas: list[float], modes: list[str],
+           delta: float, min_group_size: int | None, budgets: list[int]) -> list[dict[str, Any]]:
+    """The loop over splits of :func:`evaluate_scores`; returns the aggregated rows."""
+    modes = list(modes)
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"mode == {m!r}; accepted modes: {', '.join(MODES)}.")
+    if "group" in modes and data.attribute is None:
+        raise ValueError("mode 'group' needs a per-pair attribute: pass group_by (CLI --group-by FIELD).")
+    conf: dict[tuple[str, float], list[dict[str, Any]]] = {(m, a): [] for m in modes for a in alphas}
+    budgets = [int(b) for b in budgets]
+    topk: dict[int, list[dict[str, float]]] = {k: [] for k in top_k}
+    budget_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in budgets}
+    thr: dict[float, list[dict[str, float]]] = {t: [] for t in thetas}
+    for cal_idx, test_idx in splits:
+        test = np.zeros(data.scores.size, dtype=bool)
+        test[test_idx] = True
+        cal_rel = data.scores[cal_idx][data.relevant[cal_idx]]
+        if cal_rel.size == 0 or not data.relevant[test].any():
+            logger.warning("split skipped: no relevant snippet on the calibration or test side")
+            continue
+        for mode in modes:
+            topics = data.attribute if mode == "group" else data.group_index
+            for a in alphas:
+                cal = make_calibrator(mode, alpha=a, delta=delta, min_group_size=min_group_size)
+                cal.fit(data.scores[cal_idx], data.relevant[cal_idx],
+                        query_ids=data.query_index[cal_idx],
+                        groups=None if topics is None else topics[cal_idx])
+                kept = cal.predict(data.scores, groups=topics) if mode == "group" else data.scores <= cal.threshold_
+                m: dict[str, Any] = _split_metrics(data, kept, test)
+                m["threshold"] = cal.threshold_
+                m["n_calibration"] = cal.n_calibration_
+                if mode == "group":  # groups calibrated on their own (fallback ones: marginal only)
+                    own = np.isin(topics, list(cal.thresholds_))
+                    m["per_group"] = _per_group_coverage(kept[test & own], data.relevant[test & own],
+                                                         topics[test & own])
+                conf[(mode, a)].append(m)
+        for k in top_k:
+            topk[k].append(_split_metrics(data, ranks < k, test))
+        for b in budgets:
+            budget_rows[b].append(_budget_split(data, b, cal_idx, test))
+        for t in thetas:
+            m = _split_metrics(data, (1.0 - data.scores) >= t, test)
+            thr[t].append(m)
+    if not any(conf.values()) and alphas:
+        raise DataError("no usable split: every split lacked relevant snippets on one side.")
+    results: list[dict[str, Any]] = []
+    for (mode, a), ms in conf.items():
+        row: dict[str, Any] = {"method": "conformal", "mode": mode, "alpha": a, "target": 1.0 - a}
+        row.update(_aggregate(ms))
+        n_mean = float(np.mean([m["n_calibration"] for m in ms]))
+        row["n_calibration_mean"] = n_mean
+        row["band_low"] = 1.0 - a
+        row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
+        metric, values = _guaranteed(mode, ms, delta)
+        row["guaranteed_metric"] = metric
+        row["guaranteed_value"] = values["value"]
+        row.update({k: v for k, v in values.items() if k != "value"})
+        se = values.get("se", row["coverage_se"])
+        tol = TOLERANCE_SE * (se if math.isfinite(se) else 0.0)
+        row["within_tolerance"] = bool(row["guaranteed_value"] >= row["target"] - tol)
+        results.append(row)
+    for k, ms in topk.items():
+        results.append({"method": "top-k", "k": k, "target": None, **_aggregate(ms), "threshold_mean": None})
+    for b, ms in budget_rows.items():
+        row = {"method": "budget", "budget": b, "target": None, **_aggregate(ms), "threshold_mean": None}
+        row["predicted_coverage_lower_mean"] = float(np.mean([m["predicted_coverage_lower"] for m in ms]))
+        results.append(row)
+    for t, ms in thr.items():
+        results.append(
+            {"method": "threshold", "theta": t, "target": None, **_aggregate(ms), "threshold_mean": 1.0 - t}
+        )
+    return results
+
+
 def evaluate(
     pairs: Sequence[Pair],
     scorer: Any,
     *,
     progress: bool = False,
     on_error: str = "raise",
+    group_by: str | None = None,
     **kwargs: Any,
 ) -> EvaluationReport:
     """Score labelled pairs once and run :func:`evaluate_scores`.
@@ -284,6 +429,8 @@ def evaluate(
         When the scorer cannot score some pairs (e.g. unusable LLM replies): re-raise
         the ``ScorerError`` (default) or drop those pairs, log how many, and record the
         count as ``n_dropped_errors`` in the report.
+    group_by : str, optional
+        ``Pair.meta`` key giving the attribute of the ``group`` mode.
     **kwargs
         Passed to :func:`evaluate_scores`.
     """
@@ -310,7 +457,7 @@ def evaluate(
         )
         pairs = [p for p, k in zip(pairs, keep) if k]
         scores = partial[keep]
-    report = evaluate_scores(ScoredData.from_pairs(pairs, scores), **kwargs)
+    report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), **kwargs)
     report.info["scorer"] = scorer.spec()
     report.info["n_dropped_errors"] = n_dropped
     return report

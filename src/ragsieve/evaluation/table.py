@@ -30,20 +30,27 @@ def format_table(report: EvaluationReport) -> str:
     mean threshold, and (conformal rows) whether coverage is within tolerance.
     """
     header = ["method", "param", "target", "coverage", "± sd", "q-cov", "q-all", "removed",
-              "chars rm", "tau", "ok"]
+              "chars rm", "tau", "guaranteed", "value", "ok"]
     lines = []
     for r in report.results:
-        if r["method"] == "conformal":
+        method, guaranteed, value = r["method"], "", ""
+        if method == "conformal":
             param = f"alpha={r['alpha']:g}"
             ok = "yes" if r["within_tolerance"] else "NO"
-        elif r["method"] == "top-k":
+            method = "conformal" if r.get("mode", "marginal") == "marginal" else r["mode"]
+            guaranteed, value = r.get("guaranteed_metric", ""), _fmt(r.get("guaranteed_value"))
+        elif method == "top-k":
             param, ok = f"k={r['k']}", ""
+        elif method == "budget":
+            param, ok = f"chars={r['budget']}", ""
+            guaranteed = "predicted lower"
+            value = _fmt(r.get("predicted_coverage_lower_mean"))
         else:
             param, ok = f"theta={r['theta']:g}", ""
         lines.append([
-            r["method"], param, _fmt(r["target"]), _fmt(r["coverage_mean"]), _fmt(r["coverage_std"]),
+            method, param, _fmt(r["target"]), _fmt(r["coverage_mean"]), _fmt(r["coverage_std"]),
             _fmt(r["query_coverage_mean"]), _fmt(r["query_all_kept_mean"]), _fmt(r["removal_mean"]),
-            _fmt(r["removal_chars_mean"]), _fmt(r.get("threshold_mean")), ok,
+            _fmt(r["removal_chars_mean"]), _fmt(r.get("threshold_mean")), guaranteed, value, ok,
         ])
     widths = [max(len(h), *(len(row[i]) for row in lines)) for i, h in enumerate(header)]
     out = ["  ".join(h.ljust(w) for h, w in zip(header, widths))]
@@ -53,6 +60,7 @@ def format_table(report: EvaluationReport) -> str:
         f"{report.n_queries} queries, {report.n_snippets} (query, snippet) pairs, "
         f"{report.n_relevant} relevant, {report.n_groups} groups; {report.n_splits} group-disjoint "
         f"splits, {report.calibration_fraction:g} of groups for calibration. "
-        f"ok = coverage >= target - {report.info.get('tolerance_se', 3):g} standard errors."
+        f"ok = the mode's guaranteed value >= target - {report.info.get('tolerance_se', 3):g} "
+        "standard errors."
     )
     return "\n".join(out) + "\n" + summary

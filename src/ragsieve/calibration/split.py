@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CalibrationError, NotFittedError
+from ..errors import CalibrationError, NotFittedError
 
 __all__ = [
     "SplitConformalCalibrator",

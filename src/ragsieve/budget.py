@@ -1,0 +1,755 @@
+"""Context budgets next to the conformal guarantee.
+
+A conformal filter promises "a relevant snippet is kept with probability >= 1 - alpha"
+but says nothing about how much context it keeps. A *budget* (characters or tokens per
+query) fixes the size instead and leaves the coverage open. This module keeps the best
+snippets that fit a budget and reports what coverage that budget buys on labelled
+calibration data, so the two can be read side by side::
+
+    a 1,000-char budget keeps 83.0 % [lower bound 80.1 %] of relevant snippets
+    on calibration data, below your 90.0 % target; you'd need 1,400 chars.
+
+* :func:`select_within_budget` -- greedy selection for one query.
+* :func:`approx_tokens` -- a cheap token estimate when no tokenizer is given.
+* :class:`BudgetCalibrator` -- measures a budget on calibration data
+  (:class:`BudgetReport`) and answers "what budget would I need" (``budget_for``).
+
+Unlike the conformal threshold, the budget's coverage is an *estimate*, not a
+finite-sample guarantee: ``coverage_lower`` is a confidence bound that assumes the
+calibration relevant snippets are independent draws (see :class:`BudgetCalibrator`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import numbers
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import CalibrationError, DataError, NotFittedError
+
+__all__ = [
+    "BudgetCalibrator",
+    "BudgetReport",
+    "approx_tokens",
+    "clopper_pearson_lower",
+    "select_within_budget",
+]
+
+logger = logging.getLogger(__name__)
+
+UNITS: tuple[str, ...] = ("chars", "tokens")
+#: Characters per token assumed by :func:`approx_tokens` (a common rule of thumb for
+#: English text with BPE tokenizers; other languages and code differ).
+CHARS_PER_TOKEN = 4
+#: Resamples of the group bootstrap used when ``groups`` are given to ``fit``.
+N_BOOTSTRAP = 2000
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_budget(budget: Any) -> int:
+    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
+        raise TypeError(f"budget must be an int, got {type(budget).__name__} ({budget!r}).")
+    if budget < 0:
+        raise ValueError(f"budget == {budget}, must be >= 0.")
+    return int(budget)
+
+
+def _check_scores(scores: Any, name: str = "scores") -> np.ndarray:
+    try:
+        arr = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be an array of real numbers: {exc}") from exc
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}.")
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        raise ValueError(
+            f"{name} contains {bad.size} non-finite value(s), first at index {int(bad[0])} "
+            f"({arr[bad[0]]!r}); every score must be a finite number."
+        )
+    return arr
+
+
+def _check_lengths(lengths: Any, n: int, name: str = "lengths") -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}.")
+    if arr.size != n:
+        raise ValueError(f"got {arr.size} {name} for {n} scores; they must align.")
+    if arr.size and not (np.issubdtype(arr.dtype, np.integer) and arr.dtype != np.bool_):
+        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise TypeError(
+                f"{name} must be non-negative integers (characters or tokens), got dtype "
+                f"{arr.dtype}; pass e.g. [len(text) for text in texts]."
+            )
+    arr = arr.astype(np.int64)
+    neg = np.flatnonzero(arr < 0)
+    if neg.size:
+        raise ValueError(f"{name}[{int(neg[0])}] == {int(arr[neg[0]])}, lengths must be >= 0.")
+    return arr
+
+
+def _check_threshold(threshold: Any) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+        raise TypeError(f"threshold must be a real number, got {type(threshold).__name__}.")
+    value = float(threshold)
+    if math.isnan(value):
+        raise ValueError("threshold is NaN, must be a number (inf keeps every snippet that fits).")
+    return value
+
+
+def _check_unit_interval(value: Any, name: str, *, closed_right: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}).")
+    v = float(value)
+    ok = 0.0 < v <= 1.0 if closed_right else 0.0 < v < 1.0
+    if not ok:
+        interval = "(0, 1]" if closed_right else "(0, 1)"
+        raise ValueError(f"{name} == {value!r}, must be in {interval}.")
+    return v
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def _greedy(
+    order: np.ndarray, lengths: np.ndarray, eligible: np.ndarray, budget: int
+) -> np.ndarray:
+    """Skip-and-continue greedy over ``order`` (no validation)."""
+    kept = np.zeros(lengths.size, dtype=bool)
+    remaining = budget
+    for i in order:
+        if eligible[i] and lengths[i] <= remaining:
+            kept[i] = True
+            remaining -= int(lengths[i])
+    return kept
+
+
+def select_within_budget(
+    scores: Any, lengths: Any, budget: int, *, threshold: float = math.inf
+) -> np.ndarray:
+    """Keep the best snippets of one query whose total length fits ``budget``.
+
+    Snippets are visited by increasing score (ties by position). A snippet is taken
+    if its score is ``<= threshold`` and its length fits in what is left of the
+    budget; a snippet that does not fit is *skipped and the walk continues*, so a
+    shorter, slightly worse snippet can still fill the remaining room. (The
+    alternative, stopping at the first snippet that does not fit, gives a strict
+    score prefix but wastes budget; skip-and-continue never keeps less context.)
+
+    Passing a calibrated ``tau`` as ``threshold`` keeps only snippets that pass the
+    conformal filter *and* fit the budget.
+
+    Parameters
+    ----------
+    scores : array-like of float
+        Nonconformity scores of the query's snippets (lower = more relevant), finite.
+    lengths : array-like of int
+        Size of each snippet, >= 0, in the unit of ``budget`` (characters or tokens;
+        the unit is the caller's).
+    budget : int
+        Total size allowed, >= 0.
+    threshold : float, default inf
+        Snippets with a score above it are never kept.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        Keep-mask in input order.
+
+    Raises
+    ------
+    TypeError
+        If ``budget`` is not an int or ``lengths`` are not integers.
+    ValueError
+        If ``budget < 0``, a length is negative, the arrays do not align, or a score
+        is not finite.
+
+    Examples
+    --------
+    >>> select_within_budget([0.1, 0.2, 0.3], [60, 50, 30], 100).tolist()
+    [True, False, True]
+    >>> select_within_budget([0.1, 0.2, 0.3], [60, 50, 30], 100, threshold=0.25).tolist()
+    [True, False, False]
+    """
+    b = _check_budget(budget)
+    s = _check_scores(scores)
+    ln = _check_lengths(lengths, s.size)
+    t = _check_threshold(threshold)
+    order = np.lexsort((np.arange(s.size), s))
+    return _greedy(order, ln, s <= t, b)
+
+
+def approx_tokens(text: str) -> int:
+    """Cheap token estimate ``ceil(len(text) / 4)``.
+
+    Four characters per token is a rule of thumb for English with BPE tokenizers
+    (GPT, Llama, Gemma); it under-counts for most other languages, code and numbers.
+    Pass a real tokenizer to :class:`BudgetCalibrator` when the budget is tight.
+
+    Examples
+    --------
+    >>> approx_tokens("")
+    0
+    >>> approx_tokens("hello")
+    2
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}.")
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+# --------------------------------------------------------------------------- confidence bounds
+
+
+def clopper_pearson_lower(k: int, n: int, delta: float) -> float:
+    """One-sided Clopper-Pearson lower bound at level ``1 - delta`` for a proportion.
+
+    The ``p`` with ``P(Binomial(n, p) >= k) == delta`` (equivalently the ``delta``
+    quantile of ``Beta(k, n - k + 1)``), found by bisection on the binomial tail in
+    numpy; 0 when ``k == 0``.
+
+    Examples
+    --------
+    >>> round(clopper_pearson_lower(10, 10, 0.05), 4)  # 0.05 ** (1 / 10)
+    0.7411
+    >>> clopper_pearson_lower(0, 10, 0.05)
+    0.0
+    """
+    if not 0 <= k <= n or n < 1:
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k == {k}, n == {n}.")
+    if k == 0:
+        return 0.0
+    if k == n:
+        return float(delta ** (1.0 / n))
+    j = np.arange(k, n + 1, dtype=np.float64)
+    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))))
+    log_binom = log_fact[n] - log_fact[k : n + 1] - log_fact[n - np.arange(k, n + 1)]
+
+    def upper_tail(p: float) -> float:
+        logs = log_binom + j * math.log(p) + (n - j) * math.log1p(-p)
+        m = logs.max()
+        return float(math.exp(m) * np.exp(logs - m).sum())
+
+    lo, hi = 0.0, 1.0  # upper_tail increases in p
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if upper_tail(mid) < delta:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _group_bootstrap_lower(
+    hits: np.ndarray, counts: np.ndarray, delta: float, *, n_boot: int = N_BOOTSTRAP, seed: int = 0
+) -> float:
+    """Percentile lower bound of micro coverage when whole groups are resampled."""
+    rng = np.random.default_rng(seed)
+    g = counts.size
+    weights = rng.multinomial(g, np.full(g, 1.0 / g), size=n_boot).astype(np.float64)
+    num = weights @ hits
+    den = weights @ counts
+    ok = den > 0
+    return float(np.quantile(num[ok] / den[ok], delta)) if ok.any() else 0.0
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass(frozen=True)
+class BudgetReport:
+    """What a fixed per-query budget buys on the calibration data.
+
+    Attributes
+    ----------
+    budget : int
+        Units allowed per query.
+    unit : str
+        ``"chars"`` or ``"tokens"``.
+    coverage : float
+        Share of relevant calibration snippets kept (micro).
+    coverage_lower : float
+        One-sided lower confidence bound at level ``1 - delta`` for the coverage on new
+        data from the same distribution (see ``bound``).
+    query_coverage : float
+        Mean over queries (with a relevant snippet) of the share of their relevant
+        snippets kept.
+    target : float or None
+        The user's coverage target, if given.
+    meets_target : bool or None
+        ``coverage_lower >= target`` (``None`` without a target).
+    n_relevant : int
+        Relevant calibration snippets.
+    n_queries : int
+        Calibration queries (all of them, with or without a relevant snippet).
+    removal : float
+        Share of the calibration context (in ``unit``) removed.
+    delta : float
+        Confidence level parameter of ``coverage_lower``.
+    threshold : float
+        Score threshold combined with the budget (``inf``: budget only).
+    bound : str
+        How ``coverage_lower`` was computed: ``"clopper-pearson"`` (relevant snippets
+        treated as independent) or ``"min(clopper-pearson, group-bootstrap)"``.
+    """
+
+    budget: int
+    unit: str
+    coverage: float
+    coverage_lower: float
+    query_coverage: float
+    target: float | None
+    meets_target: bool | None
+    n_relevant: int
+    n_queries: int
+    removal: float
+    delta: float = 0.05
+    threshold: float = math.inf
+    bound: str = "clopper-pearson"
+
+    def summary(self) -> str:
+        """One human sentence, e.g. for a CLI.
+
+        Examples
+        --------
+        >>> r = BudgetReport(1000, "chars", 0.83, 0.801, 0.85, 0.9, False, 200, 180, 0.6)
+        >>> r.summary()
+        'a 1,000-char budget keeps 83.0 % [lower bound 80.1 %] of 200 relevant snippets on calibration data, below your 90.0 % target.'
+        """
+        text = (
+            f"a {self.budget:,}-{self.unit[:-1]} budget keeps {100 * self.coverage:.1f} % "
+            f"[lower bound {100 * self.coverage_lower:.1f} %] of {self.n_relevant:,} relevant "
+            "snippets on calibration data"
+        )
+        if self.target is not None:
+            side = "meeting" if self.meets_target else "below"
+            text += f", {side} your {100 * self.target:.1f} % target"
+        return text + "."
+
+
+# --------------------------------------------------------------------------- calibrator
+
+
+def _query_codes(query_ids: Any, n: int, name: str = "query_ids") -> np.ndarray:
+    if isinstance(query_ids, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence with one id per snippet, got a single string.")
+    ids = list(query_ids)
+    if len(ids) != n:
+        raise ValueError(f"got {len(ids)} {name} for {n} scores; they must align.")
+    codes: dict[Hashable, int] = {}
+    try:
+        return np.fromiter((codes.setdefault(q, len(codes)) for q in ids), dtype=np.int64, count=n)
+    except TypeError as exc:
+        raise TypeError(f"{name} must be hashable (str or int): {exc}") from exc
+
+
+def _relevance(relevant: Any, n: int) -> np.ndarray:
+    arr = np.asarray(relevant)
+    if arr.ndim != 1 or arr.size != n:
+        raise ValueError(
+            f"relevant has shape {arr.shape}, must be 1-d with {n} entries (one per score)."
+        )
+    if arr.dtype == np.bool_:
+        return arr
+    try:
+        values = arr.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"relevant must hold 0/1 or bool, got dtype {arr.dtype}.") from exc
+    bad = np.flatnonzero((values != 0) & (values != 1))
+    if bad.size:
+        raise DataError(
+            f"relevant[{int(bad[0])}] == {arr[bad[0]]!r}, must be 0 or 1 (unlabelled pairs "
+            "cannot be used for calibration)."
+        )
+    return values == 1
+
+
+class BudgetCalibrator:
+    """Measure on labelled data what coverage a per-query budget buys.
+
+    ``fit`` applies :func:`select_within_budget` to every calibration query and
+    stores a :class:`BudgetReport` in ``report_``. Its ``coverage_lower`` is a
+    one-sided Clopper-Pearson bound on the ``n_relevant`` relevant snippets, which
+    treats them as independent draws; snippets of one query (or topic) are correlated,
+    so the bound is approximate. When ``groups`` are passed to ``fit`` the smaller of
+    that bound and a group-bootstrap percentile bound (whole groups resampled,
+    ``N_BOOTSTRAP`` times, seeded) is reported -- still approximate with few groups.
+    Either way it is an estimate for new data *from the same distribution*, not the
+    finite-sample guarantee of a conformal threshold.
+
+    Parameters
+    ----------
+    budget : int
+        Units per query, >= 0.
+    unit : {"chars", "tokens"}, default "chars"
+        Unit of ``budget``; texts are measured with ``len`` or the tokenizer.
+    delta : float, default 0.05
+        ``coverage_lower`` holds at level ``1 - delta``.
+    target : float or None
+        Coverage the user wants, in (0, 1]. ``fit`` logs a warning, with the budget
+        that would be needed, when ``coverage_lower < target``.
+    tokenizer : callable str -> int, optional
+        Token counter for ``unit="tokens"``; defaults to :func:`approx_tokens`.
+    threshold : float, default inf
+        Score threshold combined with the budget (e.g. a calibrated ``tau``).
+
+    Attributes
+    ----------
+    report_ : BudgetReport
+    n_calibration_ : int
+        Calibration pairs seen by ``fit``.
+
+    Examples
+    --------
+    >>> cal = BudgetCalibrator(budget=10).fit(
+    ...     [0.1, 0.5, 0.2, 0.3], [1, 0, 0, 1], ["q1", "q1", "q2", "q2"], [8, 5, 6, 6])
+    >>> cal.report_.coverage, cal.budget_for(1.0)
+    (0.5, 12)
+    """
+
+    def __init__(
+        self,
+        *,
+        budget: int,
+        unit: str = "chars",
+        delta: float = 0.05,
+        target: float | None = None,
+        tokenizer: Callable[[str], int] | None = None,
+        threshold: float = math.inf,
+    ) -> None:
+        self.budget = budget
+        self.unit = unit
+        self.delta = delta
+        self.target = target
+        self.tokenizer = tokenizer
+        self.threshold = threshold
+
+    # ---- parameters and input forms
+
+    def _check_params(self) -> None:
+        _check_budget(self.budget)
+        if self.unit not in UNITS:
+            raise ValueError(f"unit == {self.unit!r}, must be one of {UNITS}.")
+        _check_unit_interval(self.delta, "delta", closed_right=False)
+        if self.target is not None:
+            _check_unit_interval(self.target, "target", closed_right=True)
+        if self.tokenizer is not None:
+            if not callable(self.tokenizer):
+                raise TypeError(
+                    f"tokenizer must be a callable str -> int, got {type(self.tokenizer).__name__}."
+                )
+            if self.unit != "tokens":
+                raise ValueError(
+                    f"a tokenizer was given with unit == {self.unit!r}; use unit='tokens'."
+                )
+        _check_threshold(self.threshold)
+
+    def _measure(self, text: str) -> int:
+        if self.unit == "chars":
+            return len(text)
+        count = (self.tokenizer or approx_tokens)(text)
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
+            raise TypeError(f"tokenizer returned {count!r} for a text, must return an int >= 0.")
+        return int(count)
+
+    def _lengths(self, lengths_or_texts: Any, n: int) -> np.ndarray:
+        """Accept a sequence of texts (measured in ``unit``) or of integer lengths."""
+        if isinstance(lengths_or_texts, (str, bytes)):
+            raise TypeError(
+                "lengths_or_texts must be a sequence (one per snippet), got a single string."
+            )
+        items = (
+            lengths_or_texts if isinstance(lengths_or_texts, np.ndarray) else list(lengths_or_texts)
+        )
+        if len(items) and all(isinstance(x, str) for x in items):
+            if len(items) != n:
+                raise ValueError(f"got {len(items)} texts for {n} scores; they must align.")
+            return np.fromiter((self._measure(x) for x in items), dtype=np.int64, count=n)
+        if any(isinstance(x, str) for x in items):
+            raise TypeError(
+                "lengths_or_texts mixes texts and numbers; pass either all texts (str) or all "
+                "integer lengths."
+            )
+        return _check_lengths(items, n, name="lengths_or_texts")
+
+    # ---- estimator API
+
+    def fit(
+        self,
+        scores: Any,
+        relevant: Any,
+        query_ids: Any,
+        lengths_or_texts: Any,
+        *,
+        groups: Sequence[Hashable] | None = None,
+    ) -> BudgetCalibrator:
+        """Apply the budget to every calibration query and measure it.
+
+        Parameters
+        ----------
+        scores : array-like of float
+            Nonconformity scores, one per (query, snippet) pair, finite.
+        relevant : array-like of 0/1 or bool
+            Relevance labels, aligned with ``scores``.
+        query_ids : sequence of str or int
+            Query of each pair; the pairs of one query form its retrieved list, in
+            input order (which breaks score ties).
+        lengths_or_texts : sequence of int or of str
+            Sizes in ``unit``, or the snippet texts (measured with ``len`` for chars,
+            the tokenizer or :func:`approx_tokens` for tokens).
+        groups : sequence of str or int, optional
+            Topic of each pair; adds a group-bootstrap bound (see class docstring).
+
+        Returns
+        -------
+        BudgetCalibrator
+            ``self``, with ``report_`` set.
+
+        Raises
+        ------
+        CalibrationError
+            If there is no relevant snippet.
+        """
+        self._check_params()
+        s = _check_scores(scores)
+        n = s.size
+        rel = _relevance(relevant, n)
+        q = _query_codes(query_ids, n)
+        ln = self._lengths(lengths_or_texts, n)
+        g = _query_codes(groups, n, name="groups") if groups is not None else None
+        n_rel = int(rel.sum())
+        if n_rel == 0:
+            raise CalibrationError(
+                f"no relevant snippet among {n} calibration pairs; a budget's coverage "
+                "cannot be measured without relevant = 1 labels."
+            )
+        threshold = float(self.threshold)
+        budget = int(self.budget)
+
+        # Pairs sorted by query, then score, then position: each query is a contiguous run
+        # already in greedy order.
+        order = np.lexsort((np.arange(n), s, q))
+        starts = np.r_[0, np.flatnonzero(np.diff(q[order]) != 0) + 1, n]
+        kept = np.zeros(n, dtype=bool)
+        eligible = s <= threshold
+        runs: list[np.ndarray] = []
+        for a, b in itertools.pairwise(starts):
+            idx = order[a:b]
+            runs.append(idx)
+            kept[idx] = _greedy(np.arange(idx.size), ln[idx], eligible[idx], budget)
+
+        hits = int((kept & rel).sum())
+        cov = hits / n_rel
+        lower = clopper_pearson_lower(hits, n_rel, float(self.delta))
+        bound = "clopper-pearson"
+        if g is not None:
+            n_groups = int(g.max()) + 1
+            if n_groups >= 2:
+                g_hits = np.bincount(g, weights=(kept & rel).astype(float), minlength=n_groups)
+                g_counts = np.bincount(g, weights=rel.astype(float), minlength=n_groups)
+                lower = min(lower, _group_bootstrap_lower(g_hits, g_counts, float(self.delta)))
+                bound = "min(clopper-pearson, group-bootstrap)"
+            else:
+                logger.info("only one group given; coverage_lower uses Clopper-Pearson alone.")
+        q_hits = np.bincount(q, weights=(kept & rel).astype(float))
+        q_counts = np.bincount(q, weights=rel.astype(float))
+        has_rel = q_counts > 0
+        total = float(ln.sum())
+        target = None if self.target is None else float(self.target)
+
+        self.n_calibration_ = n
+        self._hits_curve(runs, ln, rel, eligible)
+        self.report_ = BudgetReport(
+            budget=budget,
+            unit=self.unit,
+            coverage=cov,
+            coverage_lower=lower,
+            query_coverage=float((q_hits[has_rel] / q_counts[has_rel]).mean()),
+            target=target,
+            meets_target=None if target is None else bool(lower >= target),
+            n_relevant=n_rel,
+            n_queries=int(q.max()) + 1,
+            removal=0.0 if total == 0 else 1.0 - float(ln[kept].sum()) / total,
+            delta=float(self.delta),
+            threshold=threshold,
+            bound=bound,
+        )
+        if target is not None and lower < target:
+            logger.warning(self._below_target_message(target))
+        return self
+
+    def _below_target_message(self, target: float) -> str:
+        r = self.report_
+        msg = (
+            f"a {r.budget:,}-{r.unit[:-1]} budget keeps {100 * r.coverage:.1f} % "
+            f"[{100 * (1 - r.delta):.0f} % lower bound {100 * r.coverage_lower:.1f} %] of "
+            f"{r.n_relevant} relevant calibration snippets, below the {100 * target:.1f} % target"
+        )
+        try:
+            needed = self.budget_for(target)
+            msg += f"; measured coverage reaches it at {needed:,} {r.unit}"
+        except CalibrationError:
+            return msg + f"; no budget reaches it (threshold {r.threshold:g} caps coverage)."
+        try:
+            msg += f", the lower bound at {self.budget_for(target, lower=True):,} {r.unit}."
+        except CalibrationError:
+            msg += f"; the lower bound cannot reach it with {r.n_relevant} relevant snippets."
+        return msg
+
+    def _hits_curve(
+        self, runs: list[np.ndarray], ln: np.ndarray, rel: np.ndarray, eligible: np.ndarray
+    ) -> None:
+        """Exact relevant-kept count as a step function of the budget.
+
+        For one query the greedy's kept set stays constant while no skipped snippet
+        starts to fit; the next change happens at ``min(length_i + taken_before_i)``
+        over skipped eligible snippets ``i``. Walking these events per query and
+        summing the jumps gives the calibration coverage at every integer budget.
+        (Skip-and-continue is not monotone: a larger budget can take a long snippet
+        that then crowds out a shorter relevant one, so jumps can be negative.)
+        """
+        events: dict[int, int] = {}
+        for idx in runs:
+            lengths = [int(x) for x in ln[idx]]
+            elig = [bool(x) for x in eligible[idx]]
+            rels = [bool(x) for x in rel[idx]]
+            if not any(r and e for r, e in zip(rels, elig, strict=True)):
+                continue
+            budget, prev = 0, 0
+            while True:
+                remaining, taken_before, hits, nxt = budget, 0, 0, None
+                for length, e, r in zip(lengths, elig, rels, strict=True):
+                    if not e:
+                        continue
+                    if length <= remaining:
+                        remaining -= length
+                        taken_before += length
+                        hits += r
+                    else:
+                        change = length + taken_before
+                        nxt = change if nxt is None else min(nxt, change)
+                if hits != prev:
+                    events[budget] = events.get(budget, 0) + hits - prev
+                    prev = hits
+                if nxt is None:
+                    break
+                budget = nxt
+        keys = np.array(sorted(events), dtype=np.int64)
+        self._curve_budgets = keys
+        self._curve_hits = np.cumsum([events[k] for k in keys]).astype(np.int64)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "report_"):
+            raise NotFittedError(
+                "this BudgetCalibrator is not fitted yet; call fit(scores, relevant, "
+                "query_ids, lengths_or_texts) first."
+            )
+
+    def coverage_at(self, budget: int) -> float:
+        """Calibration coverage (micro) of another budget, without refitting.
+
+        Examples
+        --------
+        >>> cal = BudgetCalibrator(budget=10).fit([0.1, 0.2], [1, 1], ["q", "q"], [8, 5])
+        >>> cal.coverage_at(12), cal.coverage_at(13)
+        (0.5, 1.0)
+        """
+        self._check_fitted()
+        b = _check_budget(budget)
+        pos = int(np.searchsorted(self._curve_budgets, b, side="right")) - 1
+        hits = 0 if pos < 0 else int(self._curve_hits[pos])
+        return hits / self.report_.n_relevant
+
+    def budget_for(self, target: float, *, lower: bool = False) -> int:
+        """Smallest budget whose calibration coverage is at least ``target``.
+
+        Searches all budgets exactly (see the event walk in the source), so the answer
+        is minimal: every smaller budget measures below ``target``. It is monotone in
+        ``target``. Because skip-and-continue is not monotone in the budget, a few
+        slightly larger budgets may measure marginally lower; check with
+        :meth:`coverage_at` when that matters.
+
+        Parameters
+        ----------
+        target : float
+            Coverage wanted, in (0, 1].
+        lower : bool, default False
+            If True, require the Clopper-Pearson lower bound (level ``1 - delta``) to
+            reach ``target`` instead of the measured coverage.
+
+        Returns
+        -------
+        int
+            Budget in ``unit``.
+
+        Raises
+        ------
+        CalibrationError
+            If no budget reaches ``target`` (a finite ``threshold`` caps coverage, or the
+            lower bound cannot reach it with this many relevant snippets).
+        """
+        self._check_fitted()
+        t = _check_unit_interval(target, "target", closed_right=True)
+        n_rel = self.report_.n_relevant
+        if lower:
+            delta = self.report_.delta
+            needed = next(
+                (k for k in range(n_rel + 1) if clopper_pearson_lower(k, n_rel, delta) >= t), None
+            )
+            if needed is None:
+                raise CalibrationError(
+                    f"the {100 * (1 - delta):.0f} % lower bound cannot reach {t} with "
+                    f"{n_rel} relevant snippets (at most {clopper_pearson_lower(n_rel, n_rel, delta):.4f})."
+                )
+        else:
+            needed = math.ceil(t * n_rel - 1e-9)
+        reach = np.flatnonzero(self._curve_hits >= needed)
+        if reach.size == 0:
+            best = int(self._curve_hits.max()) if self._curve_hits.size else 0
+            raise CalibrationError(
+                f"no budget reaches coverage {t} on calibration data: at most {best}/{n_rel} "
+                f"relevant snippets pass threshold {self.report_.threshold:g}."
+            )
+        return int(self._curve_budgets[reach[0]])
+
+    def select(
+        self, scores: Any, lengths_or_texts: Any, *, threshold: float = math.inf
+    ) -> np.ndarray:
+        """Keep-mask for one query under this calibrator's budget and unit.
+
+        Does not need ``fit``. ``lengths_or_texts`` are sizes in ``unit`` or the
+        snippet texts; see :func:`select_within_budget`.
+        """
+        self._check_params()
+        s = _check_scores(scores)
+        ln = self._lengths(lengths_or_texts, s.size)
+        t = min(_check_threshold(threshold), float(self.threshold))
+        return select_within_budget(s, ln, int(self.budget), threshold=t)
+
+    def get_params(self) -> dict[str, Any]:
+        """Constructor parameters (scikit-learn style)."""
+        return {
+            "budget": self.budget,
+            "unit": self.unit,
+            "delta": self.delta,
+            "target": self.target,
+            "tokenizer": self.tokenizer,
+            "threshold": self.threshold,
+        }
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items() if v is not None)
+        return f"BudgetCalibrator({params})"
