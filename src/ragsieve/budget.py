@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .calibration.split import check_scores
 from .errors import CalibrationError, DataError, NotFittedError
 
 __all__ = [
@@ -60,22 +61,6 @@ def _check_budget(budget: Any) -> int:
     if budget < 0:
         raise ValueError(f"budget == {budget}, must be >= 0.")
     return int(budget)
-
-
-def _check_scores(scores: Any, name: str = "scores") -> np.ndarray:
-    try:
-        arr = np.asarray(scores, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be an array of real numbers: {exc}") from exc
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}.")
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        raise ValueError(
-            f"{name} contains {bad.size} non-finite value(s), first at index {int(bad[0])} "
-            f"({arr[bad[0]]!r}); every score must be a finite number."
-        )
-    return arr
 
 
 def _check_lengths(lengths: Any, n: int, name: str = "lengths") -> np.ndarray:
@@ -183,7 +168,7 @@ def select_within_budget(
     [True, False, False]
     """
     b = _check_budget(budget)
-    s = _check_scores(scores)
+    s = check_scores(scores)
     ln = _check_lengths(lengths, s.size)
     t = _check_threshold(threshold)
     order = np.lexsort((np.arange(s.size), s))
@@ -524,7 +509,7 @@ class BudgetCalibrator:
             If there is no relevant snippet.
         """
         self._check_params()
-        s = _check_scores(scores)
+        s = check_scores(scores)
         n = s.size
         rel = _relevance(relevant, n)
         q = _query_codes(query_ids, n)
@@ -734,7 +719,7 @@ class BudgetCalibrator:
         snippet texts; see :func:`select_within_budget`.
         """
         self._check_params()
-        s = _check_scores(scores)
+        s = check_scores(scores)
         ln = self._lengths(lengths_or_texts, s.size)
         t = min(_check_threshold(threshold), float(self.threshold))
         return select_within_budget(s, ln, int(self.budget), threshold=t)

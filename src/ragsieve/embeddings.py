@@ -26,6 +26,7 @@ from typing import Self
 import numpy as np
 
 from ._optional import require
+from ._sqlite import open_table
 from .errors import ScorerError
 
 __all__ = [
@@ -363,24 +364,13 @@ class EmbeddingCache:
     def _open(self) -> None:
         assert self.path is not None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(str(self.path), timeout=30.0, check_same_thread=False)
-            try:
-                db.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_TABLE} (model_id TEXT NOT NULL, "
+            db = open_table(
+                self.path, _TABLE,
+                f"CREATE TABLE IF NOT EXISTS {_TABLE} (model_id TEXT NOT NULL, "
                     "text_sha256 TEXT NOT NULL, dim INTEGER NOT NULL, vector BLOB NOT NULL, "
-                    "PRIMARY KEY (model_id, text_sha256))"
-                )
-                columns = [row[1] for row in db.execute(f"PRAGMA table_info({_TABLE})")]
-                if columns != _COLUMNS:
-                    raise sqlite3.DatabaseError(
-                        f"table {_TABLE!r} has columns {columns}, expected {_COLUMNS}"
-                    )
-                db.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()
-                db.commit()
-            except BaseException:
-                db.close()
-                raise
+                    "PRIMARY KEY (model_id, text_sha256))",
+                _COLUMNS, wal=False,
+            )
         except (sqlite3.Error, OSError) as exc:
             self._disable(f"cannot use embedding cache file {self.path} ({exc})")
             return

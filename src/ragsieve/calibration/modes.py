@@ -77,6 +77,22 @@ def _labels(values: Any, n: int, name: str) -> np.ndarray:
     return arr
 
 
+def _pooled_cdf(scores: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """The CDF averaged over units (queries, topics), each unit weighing the same.
+
+    Returns the distinct sorted scores ``t``, ``(1/K) * sum_k F_k(t)`` at each of them
+    (ties counted: the value includes every score <= t) and the number of units K.
+    """
+    uniq, inv = np.unique(units, return_inverse=True)
+    k = uniq.size
+    counts = np.bincount(inv, minlength=k).astype(float)
+    order = np.argsort(scores, kind="stable")
+    s_sorted = scores[order]
+    pooled = np.cumsum(1.0 / (k * counts[inv[order]]))
+    last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
+    return s_sorted[last], pooled[last], int(k)
+
+
 class _Base:
     mode = ""
 
@@ -125,18 +141,9 @@ class QueryRecallCalibrator(_Base):
         s = arr[rel]
         if s.size == 0:
             raise CalibrationError("no relevant calibration snippet: need at least one query with relevant == 1.")
-        uniq, inv = np.unique(q, return_inverse=True)
-        n = uniq.size
-        counts = np.bincount(inv, minlength=n).astype(float)
-        weights = 1.0 / counts[inv]  # each relevant snippet's share of its query's loss
-        order = np.argsort(s, kind="stable")
-        s_sorted, w_sorted = s[order], weights[order]
-        # mean loss at t = s_sorted[j] (keeping all scores <= t): (n - sum of weights kept) / n
-        kept_weight = np.cumsum(w_sorted)
-        # ties: the loss at t counts every score <= t, so evaluate at the last index of a run
-        last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
-        cand = np.r_[s_sorted[last], np.inf]
-        risk = np.r_[((n - kept_weight) / n)[last], 0.0]
+        cand, cdf, n = _pooled_cdf(s, q)
+        # mean miss rate when keeping scores <= t is 1 - the query-pooled CDF at t
+        cand, risk = np.r_[cand, np.inf], np.r_[1.0 - cdf, 0.0]
         bound = n / (n + 1) * risk + 1.0 / (n + 1)
         ok = np.flatnonzero(bound <= alpha + 1e-12)
         self.n_calibration_ = int(n)
@@ -368,18 +375,11 @@ class TopicCalibrator(_Base):
         s = arr[rel]
         if s.size == 0:
             raise CalibrationError("no relevant calibration snippet: need at least one topic with relevant == 1.")
-        uniq, inv = np.unique(g, return_inverse=True)
-        k = uniq.size
+        cand, cdf, k = _pooled_cdf(s, g)
         self.n_topics_ = int(k)
         self.n_calibration_ = int(s.size)
         self.topics_required_ = math.ceil((1 - alpha) / alpha - 1e-9)
         level = (1 - alpha) * (k + 1) / k
-        counts = np.bincount(inv, minlength=k).astype(float)
-        order = np.argsort(s, kind="stable")
-        s_sorted = s[order]
-        pooled = np.cumsum(1.0 / (k * counts[inv[order]]))  # pooled CDF just after each score
-        last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
-        cand, cdf = s_sorted[last], pooled[last]
         ok = np.flatnonzero(cdf >= level - 1e-12)
         self.threshold_ = float(cand[ok[0]]) if ok.size else math.inf
         self.infinite_ = math.isinf(self.threshold_)

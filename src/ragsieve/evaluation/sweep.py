@@ -363,6 +363,9 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
                 m: dict[str, Any] = _split_metrics(data, kept, test)
                 m["threshold"] = cal.threshold_
                 m["n_calibration"] = cal.n_calibration_
+                for attr in ("topics_required_", "n_required_"):  # topic / pac: what they need
+                    if hasattr(cal, attr):
+                        m[attr.rstrip("_")] = getattr(cal, attr)
                 if mode == "group":  # groups calibrated on their own (fallback ones: marginal only)
                     own = np.isin(topics, list(cal.thresholds_))
                     m["per_group"] = _per_group_coverage(kept[test & own], data.relevant[test & own],
@@ -383,6 +386,9 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
         row.update(_aggregate(ms))
         n_mean = float(np.mean([m["n_calibration"] for m in ms]))
         row["n_calibration_mean"] = n_mean
+        for key in ("topics_required", "n_required"):
+            if key in ms[0]:
+                row[key] = ms[0][key]
         row["band_low"] = 1.0 - a
         row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
         metric, values = _guaranteed(mode, ms, delta)
@@ -457,7 +463,12 @@ def evaluate(
         )
         pairs = [p for p, k in zip(pairs, keep) if k]
         scores = partial[keep]
+    if group_by is None and "group" in kwargs.get("modes", ()):
+        group_by = "language"
+        logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
+                       "(pairs without it form one group); pass group_by / --group-by FIELD")
     report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), **kwargs)
+    report.info["group_by"] = group_by
     report.info["scorer"] = scorer.spec()
     report.info["n_dropped_errors"] = n_dropped
     return report

@@ -21,6 +21,8 @@ from typing import Any, Self
 
 __all__ = ["LLMCache"]
 
+from .._sqlite import open_table
+
 logger = logging.getLogger(__name__)
 
 _TABLE = "llm_replies"
@@ -81,27 +83,12 @@ class LLMCache:
 
     def _open(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(str(self.path), timeout=30.0, check_same_thread=False)
-            try:
-                db.execute("PRAGMA journal_mode=WAL").fetchone()
-                # NORMAL in WAL mode survives a killed process; only power loss can drop
-                # the last commits.
-                db.execute("PRAGMA synchronous=NORMAL")
-                db.execute(
-                    f"CREATE TABLE IF NOT EXISTS {_TABLE} (key TEXT PRIMARY KEY NOT NULL, "
-                    "value TEXT NOT NULL, created REAL NOT NULL)"
-                )
-                columns = [row[1] for row in db.execute(f"PRAGMA table_info({_TABLE})")]
-                if columns != _COLUMNS:
-                    raise sqlite3.DatabaseError(
-                        f"table {_TABLE!r} has columns {columns}, expected {_COLUMNS}"
-                    )
-                db.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()
-                db.commit()
-            except BaseException:
-                db.close()
-                raise
+            db = open_table(
+                self.path, _TABLE,
+                f"CREATE TABLE IF NOT EXISTS {_TABLE} (key TEXT PRIMARY KEY NOT NULL, "
+                    "value TEXT NOT NULL, created REAL NOT NULL)",
+                _COLUMNS, wal=True,
+            )
         except (sqlite3.Error, OSError) as exc:
             self._disable(f"cannot use LLM cache file {self.path} ({exc})")
             return

@@ -1,0 +1,54 @@
+"""Open a one-table SQLite cache file, checking its schema (shared by the caches)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+__all__ = ["open_table"]
+
+
+def open_table(path: Path, table: str, create_sql: str, columns: list[str], *,
+               wal: bool = False) -> sqlite3.Connection:
+    """Connect to ``path``, create ``table`` if missing and check its columns.
+
+    Parameters
+    ----------
+    path : Path
+        The SQLite file (its directory is created).
+    table : str
+        Table name.
+    create_sql : str
+        ``CREATE TABLE IF NOT EXISTS ...`` statement.
+    columns : list of str
+        Expected column names, in order.
+    wal : bool
+        Use WAL journaling with ``synchronous=NORMAL``: every commit survives a killed
+        process; only a power cut can drop the last ones.
+
+    Returns
+    -------
+    sqlite3.Connection
+        Shared across threads (``check_same_thread=False``): callers hold a lock.
+
+    Raises
+    ------
+    sqlite3.Error or OSError
+        The file cannot be opened, is not a database, or has another schema.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
+    try:
+        if wal:
+            db.execute("PRAGMA journal_mode=WAL").fetchone()
+            db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(create_sql)
+        found = [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+        if found != columns:
+            raise sqlite3.DatabaseError(f"table {table!r} has columns {found}, expected {columns}")
+        db.execute(f"SELECT count(*) FROM {table}").fetchone()
+        db.commit()
+    except BaseException:
+        db.close()
+        raise
+    return db
