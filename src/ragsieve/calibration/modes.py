@@ -95,6 +95,7 @@ def _pooled_cdf(scores: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.n
 
 class _Base:
     mode = ""
+    threshold_: float
 
     def __init__(self, *, alpha: float = 0.1) -> None:
         self.alpha = alpha

@@ -299,6 +299,13 @@ def evaluate_scores(
     if any(k < 1 for k in top_k):
         raise ValueError(f"top_k values must be >= 1, got {top_k}.")
     thetas = [float(t) for t in thetas]
+    modes = list(modes)
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"mode == {mode!r}; accepted modes: {', '.join(MODES)}.")
+    if "group" in modes and data.attribute is None:
+        raise ValueError("mode 'group' needs a per-pair attribute: pass group_by (CLI --group-by FIELD).")
+    budgets = [int(b) for b in budgets]
     splits = group_splits(
         data.group_index.tolist(),
         calibration_fraction=calibration_fraction,
@@ -334,14 +341,7 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
            alphas: list[float], top_k: list[int], thetas: list[float], modes: list[str],
            delta: float, min_group_size: int | None, budgets: list[int]) -> list[dict[str, Any]]:
     """The loop over splits of :func:`evaluate_scores`; returns the aggregated rows."""
-    modes = list(modes)
-    for m in modes:
-        if m not in MODES:
-            raise ValueError(f"mode == {m!r}; accepted modes: {', '.join(MODES)}.")
-    if "group" in modes and data.attribute is None:
-        raise ValueError("mode 'group' needs a per-pair attribute: pass group_by (CLI --group-by FIELD).")
-    conf: dict[tuple[str, float], list[dict[str, Any]]] = {(m, a): [] for m in modes for a in alphas}
-    budgets = [int(b) for b in budgets]
+    conf: dict[tuple[str, float], list[dict[str, Any]]] = {(md, a): [] for md in modes for a in alphas}
     topk: dict[int, list[dict[str, float]]] = {k: [] for k in top_k}
     budget_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in budgets}
     thr: dict[float, list[dict[str, float]]] = {t: [] for t in thetas}
@@ -360,24 +360,23 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
                         query_ids=data.query_index[cal_idx],
                         groups=None if topics is None else topics[cal_idx])
                 kept = cal.predict(data.scores, groups=topics) if mode == "group" else data.scores <= cal.threshold_
-                m: dict[str, Any] = _split_metrics(data, kept, test)
-                m["threshold"] = cal.threshold_
-                m["n_calibration"] = cal.n_calibration_
+                metrics: dict[str, Any] = _split_metrics(data, kept, test)
+                metrics["threshold"] = cal.threshold_
+                metrics["n_calibration"] = cal.n_calibration_
                 for attr in ("topics_required_", "n_required_"):  # topic / pac: what they need
                     if hasattr(cal, attr):
-                        m[attr.rstrip("_")] = getattr(cal, attr)
+                        metrics[attr.rstrip("_")] = getattr(cal, attr)
                 if mode == "group":  # groups calibrated on their own (fallback ones: marginal only)
-                    own = np.isin(topics, list(cal.thresholds_))
-                    m["per_group"] = _per_group_coverage(kept[test & own], data.relevant[test & own],
-                                                         topics[test & own])
-                conf[(mode, a)].append(m)
+                    assert topics is not None  # checked in evaluate_scores
+                    own = test & np.isin(topics, list(cal.thresholds_))
+                    metrics["per_group"] = _per_group_coverage(kept[own], data.relevant[own], topics[own])
+                conf[(mode, a)].append(metrics)
         for k in top_k:
             topk[k].append(_split_metrics(data, ranks < k, test))
         for b in budgets:
             budget_rows[b].append(_budget_split(data, b, cal_idx, test))
         for t in thetas:
-            m = _split_metrics(data, (1.0 - data.scores) >= t, test)
-            thr[t].append(m)
+            thr[t].append(_split_metrics(data, (1.0 - data.scores) >= t, test))
     if not any(conf.values()) and alphas:
         raise DataError("no usable split: every split lacked relevant snippets on one side.")
     results: list[dict[str, Any]] = []

@@ -9,6 +9,7 @@ delimiters, no warning) so the figure shows what the defence buys.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ def measure_injection(
     jobs = [(q, s, None) for q, s in pairs] + [(q, s, inj) for q, s in pairs for inj in INJECTIONS]
     variants = ["defended"] + (["undefended"] if undefended and judge.style == "completion" else [])
 
-    def run(job: tuple[str, str, str | None], variant: str) -> float | None:
+    def _run_variant(job: tuple[str, str, str | None], variant: str) -> float | None:
         q, s, inj = job
         text = s if inj is None else s + inj
         if variant == "defended":
@@ -89,8 +90,8 @@ def measure_injection(
 
     out: dict[str, Any] = {"n_pairs": len(pairs), "injections": list(INJECTIONS), "threshold": threshold}
     for variant in variants:
-        values = judge.client.map(lambda job, v=variant: run(job, v), jobs, progress=progress,
-                                  desc=f"injection ({variant})")
+        values = judge.client.map(functools.partial(_run_variant, variant=variant), jobs,
+                                  progress=progress, desc=f"injection ({variant})")
         clean = values[: len(pairs)]
         shifts: list[float] = []
         flips = judged = errors = 0

@@ -141,12 +141,13 @@ class RelevanceJudge:
         c = self.send(prompt, max_tokens=1, logprobs=TOP_LOGPROBS)
         first = c.top_logprobs[0] if c.top_logprobs else {}
         p = yes_probability(first)
-        usage = {"prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens}
+        error = None
         if p is None:
             shown = ", ".join(repr(t) for t in list(first)[:5]) or "none"
-            return Judgement(None, c.text, error=f"neither 'yes' nor 'no' among the first token's "
-                             f"top {TOP_LOGPROBS} alternatives (got {shown})", **usage)
-        return Judgement(p, c.text, **usage)
+            error = (f"neither 'yes' nor 'no' among the first token's top {TOP_LOGPROBS} "
+                     f"alternatives (got {shown})")
+        return Judgement(p, c.text, error=error, prompt_tokens=c.prompt_tokens,
+                         completion_tokens=c.completion_tokens)
 
     def _judge_text(self, mode: str, prompt: Prompt) -> Judgement:
         parse = parse_rating if mode == "rating" else parse_yes_no
