@@ -36,6 +36,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scoring.py
+	$(PY) benchmarks/bench_score_cost.py
 
 clean:
 	rm -rf $(VENV) ragsieve-demo .pytest_cache

@@ -43,7 +43,7 @@ def test_evaluate_json_schema(small_jsonl: Path, embedding_cache_dir: Path, tmp_
     assert report["n_queries"] == len({p.query_id for p in pairs})
     assert report["n_relevant"] == sum(p.relevant for p in pairs)
     methods = {r["method"] for r in report["results"]}
-    assert methods == {"conformal", "top-k", "threshold"}
+    assert methods == {"conformal", "top-k", "threshold", "top-k (calibrated)", "threshold (calibrated)"}
     conf = [r for r in report["results"] if r["method"] == "conformal"]
     assert [r["alpha"] for r in conf] == [0.1, 0.2] and conf[0]["target"] == pytest.approx(0.9)
     for r in report["results"]:

@@ -95,7 +95,7 @@ def test_report_schema_and_table() -> None:
         for key in ("method", "target", "coverage_mean", "coverage_std", "query_coverage_mean",
                     "query_coverage_std", "removal_mean", "threshold_mean"):
             assert key in row
-    assert {r["method"] for r in d["results"]} == {"conformal", "top-k", "threshold"}
+    assert {r["method"] for r in d["results"]} == {"conformal", "top-k", "threshold", "top-k (calibrated)", "threshold (calibrated)"}
     assert [r["alpha"] for r in rep.rows("conformal")] == [0.1, 0.2]
     table = format_table(rep)
     assert "alpha=0.1" in table and "k=2" in table and "theta=0.4" in table

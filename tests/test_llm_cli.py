@@ -42,7 +42,7 @@ def test_evaluate_with_llm_scorer(local_llm, selqa_jsonl: Path, tmp_path: Path, 
     assert report["n_queries"] == 8 and report["scorer"]["scorer"] == "llm"
     assert report["scorer"]["mode"] == "logprob" and report["n_dropped_errors"] == 0
     assert report["pairs_per_second"] > 0
-    assert {r["method"] for r in report["results"]} == {"conformal", "top-k", "threshold"}
+    assert {r["method"] for r in report["results"]} == {"conformal", "top-k", "threshold", "top-k (calibrated)", "threshold (calibrated)"}
 
 
 def test_injection_command(local_llm, selqa_jsonl: Path, tmp_path: Path,  # type: ignore[no-untyped-def]

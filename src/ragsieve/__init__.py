@@ -37,7 +37,15 @@ from .errors import (
 )
 from .filter import ConformalFilter
 from .labeling import LLMLabeler
-from .scoring import EmbeddingScorer, LLMScorer, Scorer, register_scorer, resolve_scorer
+from .scoring import (
+    EmbeddingScorer,
+    FusedScorer,
+    LLMScorer,
+    RelativeScorer,
+    Scorer,
+    register_scorer,
+    resolve_scorer,
+)
 from .types import FilterResult, Pair, Scored, Snippet
 
 __all__ = [
@@ -51,6 +59,7 @@ __all__ = [
     "DataError",
     "EmbeddingScorer",
     "FilterResult",
+    "FusedScorer",
     "LLMError",
     "LLMLabeler",
     "LLMResponseError",
@@ -62,6 +71,7 @@ __all__ = [
     "QueryAllCalibrator",
     "QueryRecallCalibrator",
     "RagsieveError",
+    "RelativeScorer",
     "Scored",
     "Scorer",
     "ScorerError",

@@ -72,7 +72,11 @@ def _finite(obj: Any) -> Any:
 
 # ---------------------------------------------------------------- helpers
 def _add_scorer_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scorer", default="embedding", help="scorer alias (default: embedding)")
+    p.add_argument("--scorer", default="embedding",
+                   help="embedding (1 - cos), relative (query-relative, see --relative-kind), "
+                        "best (fused score fitted on part of the calibration data), or llm")
+    p.add_argument("--relative-kind", choices=["gap", "z", "rank", "ratio"], default="gap",
+                   help="scorer relative: how a snippet's cosine is compared with its list")
     p.add_argument("--model", default=None,
                    help="embedding model: minilm, use, or any sentence-transformers name/path "
                         "(default: per language, MiniLM for en, multilingual USE otherwise)")
@@ -134,15 +138,26 @@ def _make_scorer(args: argparse.Namespace) -> Any:
     from .scoring import resolve_scorer
 
     kwargs: dict[str, Any] = {}
-    if args.scorer == "embedding":
+    if args.scorer in ("embedding", "best", "relative"):
         kwargs = {"model": args.model, "language": _language_of(args)}
         if not args.no_cache:
             kwargs["cache_dir"] = _embedding_cache_dir(args)
+        if args.scorer == "best":
+            return "best"  # evaluate / calibrate fit the fusion on part of the calibration data
+        if args.scorer == "relative":
+            return resolve_scorer("relative", kind=args.relative_kind, base=resolve_scorer("embedding", **kwargs))
     elif args.scorer == "llm":
         kwargs = {"mode": args.llm_mode, "tie_breaking": args.tie_breaking, **_llm_options(args)}
         if args.no_cache:
             kwargs["cache"] = False
     return resolve_scorer(args.scorer, **kwargs)
+
+
+def _embedding_options(args: argparse.Namespace) -> dict[str, Any]:
+    opts: dict[str, Any] = {"model": args.model, "language": _language_of(args)}
+    if not args.no_cache:
+        opts["cache_dir"] = _embedding_cache_dir(args)
+    return opts
 
 
 def _embedding_cache_dir(args: argparse.Namespace) -> Path:
@@ -183,6 +198,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     report = evaluate(
         pairs,
         scorer,
+        scorer_options=_embedding_options(args) if scorer == "best" else None,
         progress=not args.quiet,
         on_error=args.on_error,
         modes=args.mode,
@@ -218,7 +234,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .filter import ConformalFilter
 
     pairs = _load_pairs(args, require_labels=True)
-    flt = ConformalFilter(_make_scorer(args), alpha=args.alpha, min_keep=args.min_keep)
+    scorer = _make_scorer(args)
+    if scorer == "best":  # fit the fusion on half of the topics, calibrate on the other half
+        from .data import group_splits
+        from .scoring import FusedScorer
+
+        fit_idx, cal_idx = group_splits([p.group for p in pairs], n_splits=1, seed=0)[0]
+        scorer = FusedScorer.fit([pairs[i] for i in fit_idx], "embedding", **_embedding_options(args))
+        pairs = [pairs[i] for i in cal_idx]
+        _eprint(f"fusion fitted on {len(fit_idx)} pairs of half the topics; calibrating on the other "
+                f"{len(pairs)} pairs")
+    flt = ConformalFilter(scorer, alpha=args.alpha, min_keep=args.min_keep)
     flt.calibrate(pairs, progress=not args.quiet)
     flt.save(args.out)
     info = flt.to_dict()

@@ -8,6 +8,7 @@ filter and, on the same test groups, for per-query top-k and fixed similarity cu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Sequence
@@ -147,6 +148,45 @@ def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict
     }
 
 
+def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, seed: int,
+                salt: int) -> tuple[ScoredData, np.ndarray]:
+    """Fit the fused score on a random half of the calibration topics; score every pair.
+
+    Returns the data with fused scores and the calibration indices left for conformal.
+    """
+    from ..scoring.fusion import fit_logistic
+
+    topics = np.unique(data.group_index[cal_idx])
+    rng = np.random.default_rng([seed, salt])
+    fit_topics = rng.permutation(topics)[: max(1, topics.size // 2)]
+    fit_mask = np.isin(data.group_index[cal_idx], fit_topics)
+    fit_idx, conf_idx = cal_idx[fit_mask], cal_idx[~fit_mask]
+    w, b, mu, sc = fit_logistic(features[fit_idx], data.relevant[fit_idx])
+    fused = -(((features - mu) / sc) @ w + b)
+    return dataclasses.replace(data, scores=fused), conf_idx
+
+
+def _calibrated_topk(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, test: np.ndarray,
+                     alpha: float) -> dict[str, Any]:
+    """Smallest k whose coverage on the calibration topics reaches 1 - alpha, on the test topics."""
+    rel_ranks = np.sort(ranks[cal_idx][data.relevant[cal_idx]])
+    need = math.ceil(rel_ranks.size * (1 - alpha) - 1e-9)
+    k = int(rel_ranks[max(need, 1) - 1]) + 1
+    m: dict[str, Any] = _split_metrics(data, ranks < k, test)
+    m["k"] = k
+    return m
+
+
+def _calibrated_threshold(data: ScoredData, cal_idx: np.ndarray, test: np.ndarray,
+                          alpha: float) -> dict[str, Any]:
+    """The plain empirical (1 - alpha) quantile of calibration relevant scores, on the test topics."""
+    rel = np.sort(data.scores[cal_idx][data.relevant[cal_idx]])
+    t = float(rel[max(math.ceil(rel.size * (1 - alpha) - 1e-9), 1) - 1])
+    m: dict[str, Any] = _split_metrics(data, data.scores <= t, test)
+    m["threshold"] = t
+    return m
+
+
 class _OncePerMessage(logging.Filter):
     """Let each distinct log message through once (the same warning from every split)."""
 
@@ -255,6 +295,8 @@ def evaluate_scores(
     delta: float = 0.1,
     min_group_size: int | None = None,
     budgets: Iterable[int] = (),
+    fusion_features: np.ndarray | None = None,
+    calibrated_baselines: bool = True,
 ) -> EvaluationReport:
     """Run the split sweep on precomputed scores.
 
@@ -286,6 +328,14 @@ def evaluate_scores(
         Character budgets per query: each gets a ``budget`` row with the coverage measured
         on the test topics and ``predicted_coverage_lower``, the lower bound that the
         calibration topics gave for it (see :mod:`ragsieve.budget`).
+    fusion_features : numpy.ndarray, optional
+        Feature matrix (see :func:`ragsieve.scoring.fusion.feature_matrix`). When given,
+        the conformal rows use a fused score fitted per split on a random half of the
+        calibration topics and calibrated on the other half (``--scorer best``).
+    calibrated_baselines : bool
+        Also report, per alpha, top-k and threshold baselines whose k / theta is chosen on
+        the calibration topics to reach 1 - alpha (without the conformal correction) and
+        evaluated on the test topics: what a careful user would do without conformal.
 
     Returns
     -------
@@ -320,7 +370,8 @@ def evaluate_scores(
     for lg in loggers:
         lg.addFilter(once)
     try:
-        results = _sweep(data, splits, ranks, alphas, top_k, thetas, modes, delta, min_group_size, budgets)
+        results = _sweep(data, splits, ranks, alphas, top_k, thetas, modes, delta, min_group_size,
+                         budgets, fusion_features, calibrated_baselines, seed)
     finally:
         for lg in loggers:
             lg.removeFilter(once)
@@ -339,26 +390,36 @@ def evaluate_scores(
 
 def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks: np.ndarray,
            alphas: list[float], top_k: list[int], thetas: list[float], modes: list[str],
-           delta: float, min_group_size: int | None, budgets: list[int]) -> list[dict[str, Any]]:
+           delta: float, min_group_size: int | None, budgets: list[int],
+           fusion_features: np.ndarray | None, calibrated_baselines: bool, seed: int) -> list[dict[str, Any]]:
     """The loop over splits of :func:`evaluate_scores`; returns the aggregated rows."""
     conf: dict[tuple[str, float], list[dict[str, Any]]] = {(md, a): [] for md in modes for a in alphas}
+    cal_topk: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if calibrated_baselines else {}
+    cal_thr: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if calibrated_baselines else {}
     topk: dict[int, list[dict[str, float]]] = {k: [] for k in top_k}
     budget_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in budgets}
     thr: dict[float, list[dict[str, float]]] = {t: [] for t in thetas}
-    for cal_idx, test_idx in splits:
+    for split_no, (cal_idx, test_idx) in enumerate(splits):
         test = np.zeros(data.scores.size, dtype=bool)
         test[test_idx] = True
         cal_rel = data.scores[cal_idx][data.relevant[cal_idx]]
         if cal_rel.size == 0 or not data.relevant[test].any():
             logger.warning("split skipped: no relevant snippet on the calibration or test side")
             continue
+        base_data = data
+        conf_cal_idx = cal_idx
+        if fusion_features is not None:  # fit the fusion on half of the calibration topics
+            data, conf_cal_idx = _fuse_split(base_data, fusion_features, cal_idx, seed, split_no)
+        for a, rows in cal_topk.items():
+            rows.append(_calibrated_topk(base_data, ranks, cal_idx, test, a))
+            cal_thr[a].append(_calibrated_threshold(base_data, cal_idx, test, a))
         for mode in modes:
             topics = data.attribute if mode == "group" else data.group_index
             for a in alphas:
                 cal = make_calibrator(mode, alpha=a, delta=delta, min_group_size=min_group_size)
-                cal.fit(data.scores[cal_idx], data.relevant[cal_idx],
-                        query_ids=data.query_index[cal_idx],
-                        groups=None if topics is None else topics[cal_idx])
+                cal.fit(data.scores[conf_cal_idx], data.relevant[conf_cal_idx],
+                        query_ids=data.query_index[conf_cal_idx],
+                        groups=None if topics is None else topics[conf_cal_idx])
                 kept = cal.predict(data.scores, groups=topics) if mode == "group" else data.scores <= cal.threshold_
                 metrics: dict[str, Any] = _split_metrics(data, kept, test)
                 metrics["threshold"] = cal.threshold_
@@ -371,6 +432,7 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
                     own = test & np.isin(topics, list(cal.thresholds_))
                     metrics["per_group"] = _per_group_coverage(kept[own], data.relevant[own], topics[own])
                 conf[(mode, a)].append(metrics)
+        data = base_data
         for k in top_k:
             topk[k].append(_split_metrics(data, ranks < k, test))
         for b in budgets:
@@ -400,6 +462,12 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
         results.append(row)
     for k, ms in topk.items():
         results.append({"method": "top-k", "k": k, "target": None, **_aggregate(ms), "threshold_mean": None})
+    for a, ms in cal_topk.items():
+        results.append({"method": "top-k (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms),
+                        "k_mean": float(np.mean([m["k"] for m in ms])), "threshold_mean": None})
+    for a, ms in cal_thr.items():
+        row = {"method": "threshold (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms)}
+        results.append(row)
     for b, ms in budget_rows.items():
         row = {"method": "budget", "budget": b, "target": None, **_aggregate(ms), "threshold_mean": None}
         row["predicted_coverage_lower_mean"] = float(np.mean([m["predicted_coverage_lower"] for m in ms]))
@@ -418,6 +486,7 @@ def evaluate(
     progress: bool = False,
     on_error: str = "raise",
     group_by: str | None = None,
+    scorer_options: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> EvaluationReport:
     """Score labelled pairs once and run :func:`evaluate_scores`.
@@ -427,7 +496,10 @@ def evaluate(
     pairs : sequence of Pair
         Labelled pairs with groups.
     scorer : Scorer or str
-        The nonconformity score (alias resolved by ``resolve_scorer``).
+        The nonconformity score (alias resolved by ``resolve_scorer``), or ``"best"``:
+        the fused score of :mod:`ragsieve.scoring.fusion` on top of the embedding score,
+        fitted in every split on half of the calibration topics and calibrated on the
+        other half.
     progress : bool
         Progress bar while scoring.
     on_error : {"raise", "drop"}
@@ -436,6 +508,8 @@ def evaluate(
         count as ``n_dropped_errors`` in the report.
     group_by : str, optional
         ``Pair.meta`` key giving the attribute of the ``group`` mode.
+    scorer_options : dict, optional
+        Keyword arguments for the scorer built from an alias.
     **kwargs
         Passed to :func:`evaluate_scores`.
     """
@@ -446,7 +520,11 @@ def evaluate(
         raise DataError("no pairs to evaluate: the dataset is empty.")
     if on_error not in ("raise", "drop"):
         raise ValueError(f"on_error == {on_error!r}, must be 'raise' or 'drop'.")
-    scorer = resolve_scorer(scorer)
+    fusion = isinstance(scorer, str) and scorer == "best"
+    if fusion:  # fused score on top of the embedding score, fitted per split (see evaluate_scores)
+        scorer = resolve_scorer("embedding", **(scorer_options or {}))
+    else:
+        scorer = resolve_scorer(scorer, **(scorer_options or {}))
     n_dropped = 0
     try:
         scores = scorer.score_pairs(pairs, progress=progress)
@@ -466,8 +544,16 @@ def evaluate(
         group_by = "language"
         logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
                        "(pairs without it form one group); pass group_by / --group-by FIELD")
+    if fusion:
+        from ..scoring.fusion import FEATURES, feature_matrix
+        from ..scoring.relative import query_index_of
+
+        kwargs["fusion_features"] = feature_matrix(scores, query_index_of(pairs))
     report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), **kwargs)
     report.info["group_by"] = group_by
     report.info["scorer"] = scorer.spec()
+    if fusion:
+        report.info["scorer"] = {"scorer": "fusion", "base": scorer.spec(), "features": list(FEATURES),
+                                 "fitted": "per split, on a random half of the calibration topics"}
     report.info["n_dropped_errors"] = n_dropped
     return report

@@ -41,6 +41,10 @@ def format_table(report: EvaluationReport) -> str:
             guaranteed, value = r.get("guaranteed_metric", ""), _fmt(r.get("guaranteed_value"))
         elif method == "top-k":
             param, ok = f"k={r['k']}", ""
+        elif method.endswith("(calibrated)"):
+            param, ok = f"alpha={r['alpha']:g}", ""
+            if method.startswith("top-k"):
+                param += f" k~{r['k_mean']:.1f}"
         elif method == "budget":
             param, ok = f"chars={r['budget']}", ""
             guaranteed = "predicted lower"

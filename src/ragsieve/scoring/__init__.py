@@ -12,13 +12,28 @@ from typing import Any
 
 from .base import Scorer
 from .embedding import EmbeddingScorer
+from .fusion import FusedScorer
 from .llm import LLMScorer
+from .relative import RelativeScorer
 
-__all__ = ["EmbeddingScorer", "LLMScorer", "Scorer", "register_scorer", "resolve_scorer"]
+__all__ = [
+    "EmbeddingScorer",
+    "FusedScorer",
+    "LLMScorer",
+    "RelativeScorer",
+    "Scorer",
+    "register_scorer",
+    "resolve_scorer",
+]
 
 ScorerFactory = Callable[..., Scorer]
 
-_REGISTRY: dict[str, ScorerFactory] = {"embedding": EmbeddingScorer, "llm": LLMScorer}
+_REGISTRY: dict[str, ScorerFactory] = {
+    "embedding": EmbeddingScorer,
+    "llm": LLMScorer,
+    "relative": RelativeScorer,
+    "fusion": FusedScorer,
+}
 
 
 def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = False) -> None:

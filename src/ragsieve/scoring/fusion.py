@@ -1,0 +1,145 @@
+"""Fused score: a logistic regression on a base score and its query-relative variants.
+
+``FusedScorer`` combines, for every snippet, the base score (``1 - cos`` by default) and
+the query-relative scores of :mod:`ragsieve.scoring.relative` (gap to the best snippet,
+z-score in the list, log rank, gap ratio) into ``A = -(w . x + b)``, the negative logit
+of P(relevant). Lower = more relevant, as every nonconformity score.
+
+The guarantee survives because the weights are fitted on a *separate* fold: in
+``evaluate --scorer best`` each split's calibration topics are divided in two, the
+regression is fitted on one half and the conformal threshold calibrated on the other,
+so the score is fixed before the calibration data it is calibrated on is seen (the same
+holds for ``calibrate --scorer best``). The fitted weights are part of the scorer's
+``spec()`` and hence of the saved filter artifact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import CalibrationError
+from ..types import Pair
+from .base import Scorer
+from .relative import query_index_of, relative_scores
+
+__all__ = ["FEATURES", "FusedScorer", "feature_matrix", "fit_logistic"]
+
+FEATURES = ("score", "gap", "z", "log_rank", "ratio")
+
+
+def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
+    """Features of every pair, one column per name in ``FEATURES``."""
+    base = np.asarray(base, dtype=float)
+    return np.column_stack([
+        base,
+        relative_scores(base, query_index, "gap"),
+        relative_scores(base, query_index, "z"),
+        np.log1p(relative_scores(base, query_index, "rank")),
+        relative_scores(base, query_index, "ratio"),
+    ])
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 100) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    """L2-regularised logistic regression by Newton's method on standardised features.
+
+    Returns
+    -------
+    weights, bias, mean, scale
+        ``logit = ((x - mean) / scale) @ weights + bias``.
+
+    Raises
+    ------
+    CalibrationError
+        When ``y`` holds only one class.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    if y.min() == y.max():
+        raise CalibrationError(
+            f"the fusion fold has only {'relevant' if y.min() == 1 else 'non-relevant'} pairs; "
+            "it needs both to fit the weights."
+        )
+    mean, scale = x.mean(axis=0), x.std(axis=0)
+    scale = np.where(scale > 1e-12, scale, 1.0)
+    z = np.column_stack([(x - mean) / scale, np.ones(len(x))])
+    w = np.zeros(z.shape[1])
+    reg = np.full(z.shape[1], l2 * len(x))
+    reg[-1] = 0.0
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
+        grad = z.T @ (p - y) + reg * w
+        hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg + 1e-9)
+        step = np.linalg.solve(hess, grad)
+        w -= step
+        if np.max(np.abs(step)) < 1e-8:
+            break
+    return w[:-1], float(w[-1]), mean, scale
+
+
+class FusedScorer(Scorer):
+    """``A = -logit P(relevant | features)`` with fitted weights.
+
+    Parameters
+    ----------
+    base : Scorer, str or Mapping
+        Base score (``"embedding"`` by default).
+    weights, mean, scale : sequence of float
+        Fitted parameters (one per feature in ``FEATURES``); use :meth:`fit` to get them.
+    bias : float
+    **base_options
+        Passed to the base scorer when it is built from an alias or spec.
+    """
+
+    name: ClassVar[str] = "fusion"
+
+    def __init__(self, base: Any = "embedding", *, weights: Sequence[float] | None = None,
+                 bias: float = 0.0, mean: Sequence[float] | None = None,
+                 scale: Sequence[float] | None = None, features: Sequence[str] = FEATURES,
+                 **base_options: Any) -> None:
+        from . import resolve_scorer
+
+        if tuple(features) != FEATURES:
+            raise ValueError(f"features == {list(features)!r}; this ragsieve computes {list(FEATURES)}.")
+        self.base = resolve_scorer(base, **base_options) if base_options or not isinstance(base, Scorer) else base
+        k = len(FEATURES)
+        self.weights = np.zeros(k) if weights is None else np.asarray(weights, dtype=float)
+        self.mean = np.zeros(k) if mean is None else np.asarray(mean, dtype=float)
+        self.scale = np.ones(k) if scale is None else np.asarray(scale, dtype=float)
+        for name, arr in (("weights", self.weights), ("mean", self.mean), ("scale", self.scale)):
+            if arr.shape != (k,) or not np.all(np.isfinite(arr)):
+                raise ValueError(f"{name} must be {k} finite numbers, got {arr.tolist()!r}.")
+        self.bias = float(bias)
+
+    @classmethod
+    def fit(cls, pairs: Sequence[Pair], base: Any = "embedding", *, base_scores: np.ndarray | None = None,
+            **base_options: Any) -> FusedScorer:
+        """Fit the weights on labelled pairs (use a fold *not* used for calibration)."""
+        scorer = cls(base, **base_options)
+        pairs = list(pairs)
+        scores = scorer.base.score_pairs(pairs) if base_scores is None else np.asarray(base_scores, float)
+        x = feature_matrix(scores, query_index_of(pairs))
+        y = np.array([p.relevant == 1 for p in pairs], dtype=float)
+        scorer.weights, scorer.bias, scorer.mean, scorer.scale = fit_logistic(x, y)
+        return scorer
+
+    def scores_from_features(self, x: np.ndarray) -> np.ndarray:
+        return -(((x - self.mean) / self.scale) @ self.weights + self.bias)
+
+    def spec(self) -> dict[str, Any]:
+        return {"scorer": self.name, "base": self.base.spec(), "features": list(FEATURES),
+                "weights": [float(v) for v in self.weights], "bias": self.bias,
+                "mean": [float(v) for v in self.mean], "scale": [float(v) for v in self.scale]}
+
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        """Score one query's whole retrieved list (the features need the list)."""
+        base = self.base.score_batch(query, snippets)
+        return self.scores_from_features(feature_matrix(base, np.zeros(len(base), dtype=int)))
+
+    def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        pairs = list(pairs)
+        base = self.base.score_pairs(pairs, progress=progress)
+        return self.scores_from_features(feature_matrix(base, query_index_of(pairs)))
+
