@@ -115,3 +115,30 @@ def test_console_script_entry_point() -> None:
         [str(exe), "--version"], capture_output=True, text=True, env=os.environ.copy(), check=False
     )
     assert proc.returncode == 0 and proc.stdout.startswith("ragsieve ")
+
+
+def test_calibrate_best_then_filter(small_jsonl: Path, embedding_cache_dir: Path, tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out_path = tmp_path / "best.json"
+    code, _, err = run(["-q", "calibrate", "--data", str(small_jsonl), "--scorer", "best", "--alpha", "0.2",
+                        "--out", str(out_path), "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and "fusion fitted on" in err
+    artifact = json.loads(out_path.read_text())
+    assert artifact["scorer"]["scorer"] == "fusion" and len(artifact["scorer"]["weights"]) == 5
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl), "--json",
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    tau = artifact["calibration"]["threshold"]
+    assert lines and all(s <= tau for line in lines for s in line["scores"])
+
+
+def test_evaluate_best_reports_calibrated_baselines(small_jsonl: Path, embedding_cache_dir: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--scorer", "best", "--alpha", "0.2",
+                        "--splits", "3", "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0
+    report = json.loads(out)
+    assert report["scorer"]["scorer"] == "fusion"
+    methods = {r["method"] for r in report["results"]}
+    assert {"top-k (calibrated)", "threshold (calibrated)"} <= methods

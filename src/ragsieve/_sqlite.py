@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-__all__ = ["open_table"]
+__all__ = ["close_quietly", "open_table"]
 
 
 def open_table(path: Path, table: str, create_sql: str, columns: list[str], *,
@@ -52,3 +52,12 @@ def open_table(path: Path, table: str, create_sql: str, columns: list[str], *,
         db.close()
         raise
     return db
+
+
+def close_quietly(db: sqlite3.Connection | None) -> None:
+    """Close a connection that may already be broken (a corrupt file), ignoring errors."""
+    if db is not None:
+        try:
+            db.close()
+        except sqlite3.Error:
+            pass

@@ -268,7 +268,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     payload = read_artifact(args.filter)
     options: dict[str, Any] = {}
     kind = payload.get("scorer", {}).get("scorer") if isinstance(payload.get("scorer"), dict) else None
-    if kind == "embedding" and not args.no_cache:
+    if kind in ("embedding", "relative", "fusion") and not args.no_cache:
         options["cache_dir"] = _embedding_cache_dir(args)
     elif kind == "llm":
         options = {k: v for k, v in _llm_options(args).items() if v is not None and k != "model"}

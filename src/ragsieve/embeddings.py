@@ -26,7 +26,7 @@ from typing import Self
 import numpy as np
 
 from ._optional import require
-from ._sqlite import open_table
+from ._sqlite import close_quietly, open_table
 from .errors import ScorerError
 
 __all__ = [
@@ -378,11 +378,7 @@ class EmbeddingCache:
 
     def _disable(self, reason: str) -> None:
         logger.warning("%s; continuing with an in-memory cache only.", reason)
-        if self._db is not None:
-            try:
-                self._db.close()
-            except sqlite3.Error:
-                pass
+        close_quietly(self._db)
         self._db = None
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Self
 
 __all__ = ["LLMCache"]
 
-from .._sqlite import open_table
+from .._sqlite import close_quietly, open_table
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +96,7 @@ class LLMCache:
 
     def _disable(self, reason: str) -> None:
         logger.warning("%s; continuing with an in-memory LLM cache only.", reason)
-        if self._db is not None:
-            try:
-                self._db.close()
-            except sqlite3.Error:
-                pass
+        close_quietly(self._db)
         self._db = None
 
     @staticmethod
