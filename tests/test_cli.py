@@ -142,3 +142,25 @@ def test_evaluate_best_reports_calibrated_baselines(small_jsonl: Path, embedding
     assert report["scorer"]["scorer"] == "fusion"
     methods = {r["method"] for r in report["results"]}
     assert {"top-k (calibrated)", "threshold (calibrated)"} <= methods
+
+
+def test_index_and_query_commands(tmp_path: Path, embedding_cache_dir: Path, small_jsonl: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "jupiter.txt").write_text("Jupiter is the largest planet in the Solar System. It has 95 moons.")
+    (docs / "tesla.md").write_text("Nikola Tesla was an inventor known for alternating current systems.")
+    (docs / "bad.txt").write_bytes(b"\xff\xfe not utf-8 \xff")
+    code, out, _ = run(["-q", "index", str(docs), "--index", str(tmp_path / "idx")], capsys)
+    assert code == 0 and "2 file(s) added" in out and "skipped" in out and "bad.txt" in out
+    code, out, _ = run(["-q", "index", str(docs), "--index", str(tmp_path / "idx")], capsys)
+    assert code == 0 and "0 snippet(s) embedded" in out  # unchanged: nothing re-embedded
+    filt = tmp_path / "f.json"
+    assert run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.2", "--out", str(filt),
+                "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
+    code, out, _ = run(["-q", "query", "Which planet is the largest?", "--index", str(tmp_path / "idx"),
+                        "--filter", str(filt), "--json"], capsys)
+    assert code == 0
+    result = json.loads(out)
+    assert result["hits"][0]["path"].endswith("jupiter.txt") and result["hits"][0]["kept"] is True
+    assert all(h["kept"] == (h["score"] <= result["threshold"]) for h in result["hits"])

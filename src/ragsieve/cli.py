@@ -401,6 +401,98 @@ def cmd_shift_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import api_key_from_env, run_server
+
+    key = api_key_from_env(args.api_key_env) if args.api_key_env else None
+    options = {} if args.no_cache else {"cache_dir": _embedding_cache_dir(args)}
+    kind = read_artifact_kind(args.filter)
+    run_server(args.filter, host=args.host, port=args.port, api_key=key,
+               max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
+               scorer_options=options if kind in ("embedding", "relative", "fusion") else None)
+    return 0
+
+
+def read_artifact_kind(path: str) -> str | None:
+    from .filter import read_artifact
+
+    scorer = read_artifact(path).get("scorer")
+    return scorer.get("scorer") if isinstance(scorer, dict) else None
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from .store import SnippetIndex
+
+    index = SnippetIndex.open(args.index, model=args.model)
+    report = index.index_directory(args.docs_dir, batch_size=args.batch_size, progress=not args.quiet)
+    print(f"{args.index}: {report.added} file(s) added or changed, {report.unchanged} unchanged, "
+          f"{report.removed} removed; {report.n_embedded} snippet(s) embedded; {index.count()} in the index")
+    for path, reason in report.skipped:
+        print(f"  skipped {path}: {reason}")
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from .filter import ConformalFilter
+    from .store import SnippetIndex
+
+    index = SnippetIndex.open(args.index)
+    if args.filter:
+        hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k)
+        kept = {s.index for s in res.kept}
+    else:
+        hits, res, kept = index.search(args.query, k=args.k), None, None
+    if args.json:
+        print(_dumps({"query": args.query, "hits": [
+            {"snippet_id": h.snippet_id, "path": str(h.path), "score": h.score, "text": h.text,
+             "kept": None if kept is None else i in kept} for i, h in enumerate(hits)],
+            "threshold": None if res is None else res.threshold,
+            "removal": None if res is None else res.removal, "note": None if res is None else res.note}))
+        return 0
+    for i, h in enumerate(hits):
+        if kept is None or i in kept:
+            print(f"[{h.score:.3f}] {h.snippet_id}  {h.text[:110]!r}")
+    if res is not None:
+        print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} removed), "
+              f"tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
+    return 0
+
+
+def cmd_rag_demo(args: argparse.Namespace) -> int:
+    """XQuAD English articles -> index -> calibrated filter -> a question answered with context."""
+    from ._io import atomic_write_text
+    from .data import group_splits, load_xquad
+    from .data.xquad import xquad_file
+    from .filter import ConformalFilter
+    from .scoring import EmbeddingScorer
+    from .store import SnippetIndex
+
+    out = Path(args.out)
+    docs = out / "docs"
+    raw = json.loads(xquad_file("en", data_dir=args.data_dir).read_text(encoding="utf-8"))
+    for article in raw["data"]:
+        text = "\n\n".join(p["context"] for p in article["paragraphs"])
+        atomic_write_text(docs / f"{article['title']}.txt", text + "\n")
+    _eprint(f"[1/3] wrote {len(raw['data'])} XQuAD articles to {docs}; indexing")
+    index = SnippetIndex.open(out / "index")
+    report = index.index_directory(docs, progress=not args.quiet)
+    _eprint(f"      {report.n_embedded} snippet(s) embedded, {index.count()} in the index")
+    pairs = load_xquad("en", data_dir=args.data_dir)
+    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=args.seed)[0]
+    cache: dict[str, Any] = {} if args.no_cache else {"cache_dir": _embedding_cache_dir(args)}
+    flt = ConformalFilter(EmbeddingScorer(**cache), alpha=args.alpha).calibrate([pairs[i] for i in cal_idx])
+    flt.save(out / "filter.json")
+    _eprint(f"[2/3] filter calibrated on half of the articles: alpha={args.alpha:g}, tau={flt.threshold:.4f}")
+    question = args.question or pairs[int(test_idx[0])].query
+    hits, res = index.query_with_filter(question, flt, k=args.k)
+    print(f"[3/3] Q: {question}")
+    print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} removed), "
+          f"tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
+    for s in res.kept:
+        print(f"  [{s.score:.3f}] {hits[s.index].snippet_id}: {s.text[:110]!r}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from .data import write_pairs
 
@@ -550,6 +642,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_shift_demo)
+
+    p = sub.add_parser("index", help="chunk, embed and store a folder of documents (LanceDB)")
+    p.add_argument("docs_dir")
+    p.add_argument("--index", required=True, help="index directory (created if missing)")
+    p.add_argument("--model", default=None, help="embedding model (default: the index's, or MiniLM)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("query", help="retrieve from an index, filtered by a calibrated filter")
+    p.add_argument("query")
+    p.add_argument("--index", required=True)
+    p.add_argument("--filter", default=None, help="filter artifact (embedding scorer, same model)")
+    p.add_argument("-k", type=int, default=20, help="snippets to retrieve")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser("rag-demo", help="index the XQuAD English articles and ask a question, filter in the loop")
+    p.add_argument("--out", default="ragsieve-rag")
+    p.add_argument("--question", default=None, help="default: a question from the held-out articles")
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("-k", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--cache-dir", default=os.environ.get("RAGSIEVE_CACHE"))
+    p.add_argument("--no-cache", action="store_true")
+    p.set_defaults(func=cmd_rag_demo)
+
+    p = sub.add_parser("serve", help="HTTP service: POST /filter with a calibrated filter (FastAPI)")
+    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key-env", default=None,
+                   help="env var holding the API key (required to bind a non-loopback host)")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    p.add_argument("--max-snippets", type=int, default=1000)
+    p.add_argument("--cache-dir", default=os.environ.get("RAGSIEVE_CACHE"))
+    p.add_argument("--no-cache", action="store_true")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("export", help="write a dataset in the generic JSONL format")
     _add_data_args(p)

@@ -1,0 +1,117 @@
+"""LangChain document compressor backed by a calibrated :class:`~ragsieve.ConformalFilter`.
+
+Use it wherever LangChain accepts a ``BaseDocumentCompressor``, e.g. in
+``ContextualCompressionRetriever(base_compressor=..., base_retriever=...)`` (shipped in
+``langchain-classic``/``langchain``), or call :meth:`ConformalCompressor.compress_documents`
+directly. Requires ``pip install 'ragsieve[langchain]'`` (langchain-core).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ragsieve._optional import require
+from ragsieve.filter import ConformalFilter
+from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY
+
+require("langchain_core.documents", "langchain")
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.runnables.config import run_in_executor
+from pydantic import ConfigDict
+
+__all__ = ["ConformalCompressor"]
+
+logger = logging.getLogger(__name__)
+
+
+class ConformalCompressor(BaseDocumentCompressor):
+    """Keep the documents a calibrated conformal filter keeps.
+
+    Parameters
+    ----------
+    filter : ConformalFilter
+        A calibrated filter (e.g. ``ConformalFilter.load("filter.json")``).
+
+    Notes
+    -----
+    Returns new ``Document`` objects in input order; each carries a copy of the
+    original metadata plus ``"ragsieve_score"`` (nonconformity score, lower = more
+    relevant) and ``"ragsieve_threshold"`` (the calibrated tau). ``id`` is kept.
+
+    Examples
+    --------
+    >>> comp = ConformalCompressor.from_file("filter.json")  # doctest: +SKIP
+    >>> comp.compress_documents(docs, "who wrote it?")  # doctest: +SKIP
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    filter: ConformalFilter
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> ConformalCompressor:
+        """Load a saved filter artifact.
+
+        Parameters
+        ----------
+        path : path-like
+            JSON artifact written by ``ConformalFilter.save``.
+        **scorer_options
+            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
+        """
+        return cls(filter=ConformalFilter.load(path, scorer_options=scorer_options or None))
+
+    def compress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        """Return new Documents for the kept ones, in input order.
+
+        Parameters
+        ----------
+        documents : sequence of Document
+            Retrieved documents; not modified.
+        query : str
+            The query they were retrieved for.
+        callbacks : Callbacks, optional
+            Accepted for interface compatibility; unused.
+
+        Returns
+        -------
+        list of Document
+            Copies of the kept documents with score and threshold in ``metadata``.
+        """
+        docs = list(documents)
+        if not docs:
+            return []
+        for i, d in enumerate(docs):
+            if not isinstance(d, Document):
+                raise TypeError(
+                    f"documents[{i}] has type {type(d).__name__}; expected langchain_core.documents.Document."
+                )
+        result = self.filter.filter(query, [d.page_content for d in docs])
+        logger.debug("kept %d of %d documents (tau=%s)", len(result.kept), len(docs), result.threshold)
+        out: list[Document] = []
+        for kept in result.kept:
+            src = docs[kept.index]
+            meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
+            meta[SCORE_KEY] = float(kept.score)
+            meta[THRESHOLD_KEY] = float(result.threshold)
+            out.append(Document(page_content=src.page_content, metadata=meta, id=src.id))
+        return out
+
+    async def acompress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        """Async :meth:`compress_documents`; scoring runs in a thread executor."""
+        return await run_in_executor(None, self.compress_documents, documents, query, callbacks)

@@ -1,0 +1,102 @@
+"""LlamaIndex node postprocessor backed by a calibrated :class:`~ragsieve.ConformalFilter`.
+
+Use it as ``index.as_query_engine(node_postprocessors=[ConformalPostprocessor.from_file(...)])``
+or call ``postprocess_nodes(nodes, query_str=...)`` directly.
+Requires ``pip install 'ragsieve[llamaindex]'`` (llama-index-core).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ragsieve._optional import require
+from ragsieve.filter import ConformalFilter
+from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY
+
+require("llama_index.core.postprocessor.types", "llamaindex")
+from llama_index.core.postprocessor.types import BaseNodePostprocessor
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+from pydantic import ConfigDict
+
+__all__ = ["ORIGINAL_SCORE_KEY", "ConformalPostprocessor"]
+
+logger = logging.getLogger(__name__)
+
+ORIGINAL_SCORE_KEY = "ragsieve_original_score"
+
+
+class ConformalPostprocessor(BaseNodePostprocessor):
+    """Keep the nodes a calibrated conformal filter keeps.
+
+    Parameters
+    ----------
+    filter : ConformalFilter
+        A calibrated filter (e.g. ``ConformalFilter.load("filter.json")``).
+
+    Notes
+    -----
+    Returns new ``NodeWithScore`` objects (with copied nodes) in input order. The
+    retriever's ``score`` is left unchanged on the returned object, because LlamaIndex
+    treats higher scores as better while ragsieve's nonconformity score is lower =
+    more relevant; mixing them in one field would mislead rerankers and cut-offs
+    downstream. The nonconformity score and tau go into ``node.metadata`` under
+    ``"ragsieve_score"`` / ``"ragsieve_threshold"``, and the original score is also
+    recorded as ``"ragsieve_original_score"``. The three keys are excluded from the
+    text that embedding models and LLMs see. Scoring uses ``node.get_content()``
+    (the node text without metadata).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    filter: ConformalFilter
+
+    @classmethod
+    def class_name(cls) -> str:
+        """Name used by LlamaIndex serialisation."""
+        return "RagsieveConformalPostprocessor"
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> ConformalPostprocessor:
+        """Load a saved filter artifact.
+
+        Parameters
+        ----------
+        path : path-like
+            JSON artifact written by ``ConformalFilter.save``.
+        **scorer_options
+            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
+        """
+        return cls(filter=ConformalFilter.load(path, scorer_options=scorer_options or None))
+
+    def _postprocess_nodes(
+        self,
+        nodes: list[NodeWithScore],
+        query_bundle: QueryBundle | None = None,
+    ) -> list[NodeWithScore]:
+        """Return new NodeWithScore objects for the kept nodes, in input order."""
+        if query_bundle is None:
+            raise ValueError(
+                "query_bundle is None; ConformalPostprocessor scores nodes against the query. "
+                "Call postprocess_nodes(nodes, query_str='...') or pass a QueryBundle."
+            )
+        nodes = list(nodes)
+        if not nodes:
+            return []
+        texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
+        result = self.filter.filter(query_bundle.query_str, texts)
+        logger.debug("kept %d of %d nodes (tau=%s)", len(result.kept), len(nodes), result.threshold)
+        out: list[NodeWithScore] = []
+        for kept in result.kept:
+            src = nodes[kept.index]
+            node = src.node.model_copy(deep=True)
+            node.metadata[SCORE_KEY] = float(kept.score)
+            node.metadata[THRESHOLD_KEY] = float(result.threshold)
+            node.metadata[ORIGINAL_SCORE_KEY] = src.score
+            for key in (SCORE_KEY, THRESHOLD_KEY, ORIGINAL_SCORE_KEY):
+                for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+                    if key not in excluded:
+                        excluded.append(key)
+            out.append(NodeWithScore(node=node, score=src.score))
+        return out

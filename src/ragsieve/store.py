@@ -1,0 +1,524 @@
+"""Embedded snippet index on LanceDB: incremental indexing of a document folder.
+
+Layout of an index directory::
+
+    idx/
+      ragsieve_index.json   {"format": 1, "model": model_id, "dim": 384, "size": .., "overlap": ..}
+      snippets.lance/       one row per snippet: text, offsets, file hash, unit vector
+      files.lance/          one row per indexed file: path, sha256, number of snippets
+
+Consistency under interruption: files are committed in groups; for a group the
+``files`` rows are deleted first, then the old snippet rows, then the new snippets are
+added and only then the ``files`` rows. A file whose ``files`` row is missing or has
+another hash is re-done on the next run (its snippet rows deleted first), so a killed
+run leaves no duplicate and the rerun picks up the rest.
+
+Scores are ``1 - cos`` computed from the *stored* vectors: a query is embedded once
+and the snippets are never re-embedded, so a :class:`~ragsieve.filter.ConformalFilter`
+calibrated with the same embedding model applies unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._optional import require
+from .chunking import DEFAULT_OVERLAP, DEFAULT_SIZE, chunk_text
+from .embeddings import EmbeddingModel, load_embedding_model, resolve_model_id
+from .errors import ArtifactError, DataError, ScorerMismatchError
+from .scoring.embedding import EmbeddingScorer
+from .types import FilterResult, Snippet
+
+if TYPE_CHECKING:
+    from .filter import ConformalFilter
+
+__all__ = ["SUPPORTED_SUFFIXES", "Hit", "IndexReport", "SnippetIndex", "html_to_text"]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_SUFFIXES = (".txt", ".md", ".html", ".htm", ".jsonl")
+_META_NAME = "ragsieve_index.json"
+_FORMAT = 1
+_SNIPPETS = "snippets"
+_FILES = "files"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexReport:
+    """What one :meth:`SnippetIndex.index_directory` run did.
+
+    Attributes
+    ----------
+    added : int
+        Files (new or changed) whose snippets were embedded and stored.
+    unchanged : int
+        Files with the same sha256 as in the index (nothing embedded).
+    removed : int
+        Files that were indexed before and are gone (their rows deleted).
+    skipped : list of (str, str)
+        ``(path, reason)`` of files that could not be indexed (unreadable, not UTF-8,
+        empty, malformed JSONL); their old rows, if any, are deleted.
+    n_embedded : int
+        Snippets embedded in this run.
+    """
+
+    added: int
+    unchanged: int
+    removed: int
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    n_embedded: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A retrieved snippet with its nonconformity score ``1 - cos`` (lower = closer).
+
+    Attributes
+    ----------
+    snippet_id : str
+        ``"{doc_id}:{start}-{end}"``.
+    doc_id, path : str
+        Document id and file path (relative to the indexed folder, POSIX form).
+    start, end : int
+        Character offsets in the document text.
+    text : str
+        Snippet text.
+    vector : numpy.ndarray
+        Stored unit embedding, ``(dim,)`` float32.
+    score : float
+        ``1 - cos(query, snippet)`` in [0, 2].
+    """
+
+    snippet_id: str
+    doc_id: str
+    path: str
+    start: int
+    end: int
+    text: str
+    vector: np.ndarray = field(compare=False, repr=False)
+    score: float = 0.0
+
+
+class _TextExtractor(HTMLParser):
+    """Visible text of an HTML document (script/style dropped, blocks on new lines)."""
+
+    _SKIP = frozenset({"script", "style", "head", "title", "noscript", "template"})
+    _BLOCK = frozenset({"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section",
+              "article", "pre", "blockquote", "table", "ul", "ol", "hr"})
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip_depth = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in self._SKIP:
+            self._skip_depth += 1
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in self._SKIP:
+            self._skip_depth = max(0, self._skip_depth - 1)
+        elif tag in self._BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self._skip_depth:
+            self.parts.append(data)
+
+
+def html_to_text(html: str) -> str:
+    """Visible text of ``html`` with the stdlib parser (no external dependency)."""
+    parser = _TextExtractor()
+    parser.feed(html)
+    parser.close()
+    lines = (" ".join(line.split()) for line in "".join(parser.parts).splitlines())
+    return "\n".join(line for line in lines if line)
+
+
+def _read_docs(path: Path, rel: str, raw: bytes) -> list[tuple[str, str]]:
+    """``(doc_id, text)`` of a file; raises ``DataError`` when it cannot be used."""
+    try:
+        content = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    suffix = path.suffix.lower()
+    if suffix in (".html", ".htm"):
+        return [(rel, html_to_text(content))]
+    if suffix != ".jsonl":
+        return [(rel, content)]
+    docs = []
+    for lineno, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"line {lineno} is not valid JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+            raise DataError(f'line {lineno} has no string "text" field')
+        doc_id = obj.get("id")
+        docs.append((str(doc_id) if doc_id is not None else f"{rel}#{lineno}", obj["text"]))
+    return docs
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _in_list(column: str, values: Sequence[str]) -> str:
+    return f"{column} IN ({', '.join(_quote(v) for v in values)})"
+
+
+class SnippetIndex:
+    """A folder of documents chunked, embedded and stored in an embedded LanceDB.
+
+    Use :meth:`open`, not the constructor.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The index directory.
+    model_id : str
+        Embedding model the index was built with.
+    n_embedded : int
+        Snippets embedded by this instance so far (0 after an unchanged re-index).
+    """
+
+    def __init__(self, path: Path, meta: dict[str, Any], model: EmbeddingModel | None) -> None:
+        self.path = path
+        self._meta = meta
+        self._model = model
+        self.model_id: str = meta["model"]
+        self.dim: int = int(meta["dim"])
+        self.n_embedded = 0
+        lancedb = require("lancedb", "store")
+        self._db = lancedb.connect(str(path))
+
+    # ------------------------------------------------------------------ open
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        model: str | os.PathLike[str] | EmbeddingModel | None = None,
+        size: int = DEFAULT_SIZE,
+        overlap: int = DEFAULT_OVERLAP,
+    ) -> SnippetIndex:
+        """Open the index at ``path``, creating the directory if needed.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Index directory.
+        model : str, EmbeddingModel or None
+            Embedding model (alias, name or loaded model). None uses the model stored
+            in the index, or the English default for a new index.
+        size, overlap : int
+            Chunking parameters of a new index (an existing index keeps its own).
+
+        Returns
+        -------
+        SnippetIndex
+
+        Raises
+        ------
+        ScorerMismatchError
+            The index was built with another embedding model than ``model``.
+        ArtifactError
+            ``path`` is a file, or its metadata file is unreadable.
+        """
+        require("lancedb", "store")
+        root = Path(path)
+        if root.exists() and not root.is_dir():
+            raise ArtifactError(f"index path {str(root)!r} is a file, expected a directory.")
+        meta_path = root / _META_NAME
+        loaded = model if isinstance(model, EmbeddingModel) else None
+        if meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text(encoding="utf-8"))
+                stored = str(meta["model"])
+                int(meta["dim"])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise ArtifactError(
+                    f"index metadata {str(meta_path)!r} is unreadable ({exc}); expected JSON "
+                    'with "model" and "dim". Delete the directory to rebuild the index.'
+                ) from exc
+            if model is not None:
+                wanted = (
+                    loaded.model_id if loaded is not None
+                    else resolve_model_id(model)  # type: ignore[arg-type]
+                )
+                if wanted != stored:
+                    raise ScorerMismatchError(
+                        f"index {str(root)!r} was built with embedding model {stored!r} but "
+                        f"model {wanted!r} was given; open it with model={stored!r} (or None), "
+                        "or build a new index in another directory."
+                    )
+            return cls(root, meta, loaded)
+        if loaded is None:
+            loaded = load_embedding_model(model)  # type: ignore[arg-type]
+        root.mkdir(parents=True, exist_ok=True)
+        meta = {"format": _FORMAT, "model": loaded.model_id, "dim": int(loaded.dim),
+                "size": size, "overlap": overlap}
+        tmp = meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        os.replace(tmp, meta_path)
+        logger.info("created index %s with model %s", root, loaded.model_id)
+        return cls(root, meta, loaded)
+
+    @property
+    def model(self) -> EmbeddingModel:
+        """The embedding model (loaded on first use)."""
+        if self._model is None:
+            self._model = load_embedding_model(self.model_id)
+        return self._model
+
+    # --------------------------------------------------------------- tables
+    def _schemas(self) -> dict[str, Any]:
+        pa = require("pyarrow", "store")
+        return {
+            _SNIPPETS: pa.schema([
+                ("snippet_id", pa.string()), ("doc_id", pa.string()), ("path", pa.string()),
+                ("start", pa.int64()), ("end", pa.int64()), ("text", pa.string()),
+                ("file_sha256", pa.string()), ("vector", pa.list_(pa.float32(), self.dim)),
+            ]),
+            _FILES: pa.schema([
+                ("path", pa.string()), ("sha256", pa.string()), ("n_snippets", pa.int64()),
+            ]),
+        }
+
+    def _table(self, name: str) -> Any:
+        return self._db.create_table(name, schema=self._schemas()[name], exist_ok=True)
+
+    def _column(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self._table(name).to_arrow().select(columns).to_pylist()
+        return rows
+
+    def count(self) -> int:
+        """Number of stored snippets."""
+        return int(self._table(_SNIPPETS).count_rows())
+
+    def indexed_files(self) -> dict[str, str]:
+        """``{path: sha256}`` of the files committed to the index."""
+        return {r["path"]: r["sha256"] for r in self._column(_FILES, ["path", "sha256"])}
+
+    # ------------------------------------------------------------- indexing
+    def index_directory(
+        self, docs_dir: str | os.PathLike[str], *, batch_size: int = 32, progress: bool = False
+    ) -> IndexReport:
+        """Index the supported files under ``docs_dir`` (recursively), incrementally.
+
+        Only files whose sha256 changed are chunked and embedded; rows of changed and
+        removed files are deleted. Files that cannot be read are listed in
+        ``skipped``, never abort the run.
+
+        Parameters
+        ----------
+        docs_dir : str or os.PathLike
+            Folder with ``.txt``, ``.md``, ``.html`` and ``.jsonl`` files (a JSONL line is
+            one document with ``"text"`` and optional ``"id"``).
+        batch_size : int
+            Snippets per model call; also the commit granularity (files are committed
+            once their pending snippets reach it).
+        progress : bool
+            Show a progress bar over the files.
+
+        Returns
+        -------
+        IndexReport
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
+        root = Path(docs_dir)
+        if not root.is_dir():
+            raise DataError(f"docs_dir {str(root)!r} is not a directory.")
+        index_root = self.path.resolve()
+        paths = sorted(
+            p for p in root.rglob("*")
+            if p.suffix.lower() in SUPPORTED_SUFFIXES and p.is_file()
+            and index_root not in p.resolve().parents
+        )
+        known = self.indexed_files()
+        stored_paths = {r["path"] for r in self._column(_SNIPPETS, ["path"])}
+        current = {p.relative_to(root).as_posix() for p in paths}
+        gone = sorted((set(known) | stored_paths) - current)
+        if gone:
+            self._delete(gone)
+        removed = len(set(known) - current)
+
+        size, overlap = int(self._meta.get("size", DEFAULT_SIZE)), int(
+            self._meta.get("overlap", DEFAULT_OVERLAP))
+        skipped: list[tuple[str, str]] = []
+        unchanged = added = 0
+        embedded_before = self.n_embedded
+        pending: list[tuple[str, str, list[Snippet]]] = []  # (rel, sha, snippets)
+        n_pending = 0
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        for p in tqdm(paths, disable=not progress, unit="file", desc="indexing"):
+            rel = p.relative_to(root).as_posix()
+            try:
+                raw = p.read_bytes()
+            except OSError as exc:
+                skipped.append((rel, f"unreadable: {exc.strerror or exc}"))
+                if rel in known or rel in stored_paths:
+                    self._delete([rel])
+                continue
+            sha = hashlib.sha256(raw).hexdigest()
+            if known.get(rel) == sha:
+                unchanged += 1
+                continue
+            try:
+                snippets: list[Snippet] = []
+                for doc_id, text in _read_docs(p, rel, raw):
+                    if text.strip():
+                        snippets.extend(chunk_text(text, doc_id, size=size, overlap=overlap))
+                if not snippets:
+                    raise DataError("empty: no text to index")
+            except DataError as exc:
+                skipped.append((rel, str(exc)))
+                if rel in known or rel in stored_paths:
+                    self._delete([rel])
+                continue
+            pending.append((rel, sha, snippets))
+            n_pending += len(snippets)
+            added += 1
+            if n_pending >= batch_size:
+                self._commit(pending, batch_size)
+                pending, n_pending = [], 0
+        if pending:
+            self._commit(pending, batch_size)
+        report = IndexReport(added=added, unchanged=unchanged, removed=removed,
+                             skipped=skipped, n_embedded=self.n_embedded - embedded_before)
+        logger.info("indexed %s: %s", root, report)
+        return report
+
+    def _delete(self, rels: Sequence[str]) -> None:
+        """Delete the file rows, then the snippet rows, of ``rels``."""
+        for i in range(0, len(rels), 500):
+            where = _in_list("path", rels[i : i + 500])
+            self._table(_FILES).delete(where)
+            self._table(_SNIPPETS).delete(where)
+
+    def _commit(self, group: list[tuple[str, str, list[Snippet]]], batch_size: int) -> None:
+        """Embed and store a group of files (see the module docstring for the order)."""
+        snippets = [s for _, _, snips in group for s in snips]
+        texts = [s.text for s in snippets]
+        vecs = np.concatenate([
+            np.asarray(self.model.embed_batch(texts[i : i + batch_size]), dtype=np.float32)
+            for i in range(0, len(texts), batch_size)
+        ])
+        if vecs.shape != (len(texts), self.dim):
+            raise ArtifactError(
+                f"embedding model returned shape {vecs.shape}, expected ({len(texts)}, {self.dim})."
+            )
+        self.n_embedded += len(texts)
+        pa = require("pyarrow", "store")
+        schemas = self._schemas()
+        rels = [rel for rel, _, _ in group]
+        self._delete(rels)
+        file_of = {id(s): (rel, sha) for rel, sha, snips in group for s in snips}
+        rows = pa.table({
+            "snippet_id": [s.snippet_id for s in snippets],
+            "doc_id": [s.doc_id for s in snippets],
+            "path": [file_of[id(s)][0] for s in snippets],
+            "start": [s.start for s in snippets],
+            "end": [s.end for s in snippets],
+            "text": texts,
+            "file_sha256": [file_of[id(s)][1] for s in snippets],
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), self.dim),
+        }, schema=schemas[_SNIPPETS])
+        self._table(_SNIPPETS).add(rows)
+        self._table(_FILES).add(pa.table({
+            "path": rels, "sha256": [sha for _, sha, _ in group],
+            "n_snippets": [len(snips) for _, _, snips in group],
+        }, schema=schemas[_FILES]))
+
+    # -------------------------------------------------------------- search
+    def search(self, query: str, k: int = 20) -> list[Hit]:
+        """The ``k`` snippets closest to ``query`` (exact cosine search).
+
+        Parameters
+        ----------
+        query : str
+            Query text (embedded once).
+        k : int
+            Number of hits.
+
+        Returns
+        -------
+        list of Hit
+            Sorted by ``score = 1 - cos`` ascending, computed from the stored vectors.
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query is {type(query).__name__}, expected str.")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k == {k!r}, must be an int >= 1.")
+        qvec = np.asarray(self.model.embed_batch([query]), dtype=np.float32)[0]
+        table = self._table(_SNIPPETS)
+        if table.count_rows() == 0:
+            return []
+        rows = table.search(qvec).distance_type("cosine").limit(k).to_list()
+        if not rows:
+            return []
+        vecs = np.asarray([r["vector"] for r in rows], dtype=np.float32)
+        scores = EmbeddingScorer.scores_from_embeddings(qvec, vecs)
+        hits = [
+            Hit(snippet_id=r["snippet_id"], doc_id=r["doc_id"], path=r["path"],
+                start=int(r["start"]), end=int(r["end"]), text=r["text"],
+                vector=vecs[i], score=float(scores[i]))
+            for i, r in enumerate(rows)
+        ]
+        hits.sort(key=lambda h: h.score)
+        return hits
+
+    def query_with_filter(
+        self, query: str, flt: ConformalFilter, k: int = 20
+    ) -> tuple[list[Hit], FilterResult]:
+        """Search, then apply a calibrated filter's threshold to the hits' scores.
+
+        Parameters
+        ----------
+        query : str
+            Query text.
+        flt : ConformalFilter
+            A calibrated filter whose scorer is the embedding scorer of this index's model.
+        k : int
+            Number of hits to retrieve before filtering.
+
+        Returns
+        -------
+        (list of Hit, FilterResult)
+            All ``k`` hits and what the filter kept of them (snippet ids are hit ids).
+
+        Raises
+        ------
+        ScorerMismatchError
+            The filter was calibrated on another score than this index's ``1 - cos``.
+        """
+        spec = flt.scorer.spec()
+        expected = {"scorer": EmbeddingScorer.name, "model": self.model_id}
+        if spec != expected:
+            raise ScorerMismatchError(
+                f"the filter was calibrated with scorer {spec!r} but this index scores with "
+                f"{expected!r}; calibrate a filter with EmbeddingScorer({self.model_id!r})."
+            )
+        hits = self.search(query, k=k)
+        snippets = [Snippet(h.doc_id, h.start, h.end, h.text) for h in hits]
+        result = flt.filter_scores(query, np.array([h.score for h in hits]), snippets)
+        return hits, result
+
+    def __repr__(self) -> str:
+        return f"SnippetIndex(path={str(self.path)!r}, model_id={self.model_id!r})"

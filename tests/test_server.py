@@ -1,0 +1,233 @@
+"""The HTTP service against a real uvicorn server on a free loopback port."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+uvicorn = pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from ragsieve import ConformalFilter
+from ragsieve.server import create_app, is_loopback_host, run_server
+
+API_KEY = "s3cret-key"
+MAX_BODY = 200_000
+MAX_SNIPPETS = 50
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en, embedding_cache_dir: Path) -> Path:  # type: ignore[no-untyped-def]
+    from ragsieve.scoring import EmbeddingScorer
+
+    path = tmp_path_factory.mktemp("server") / "filter.json"
+    ConformalFilter(EmbeddingScorer(cache_dir=embedding_cache_dir), alpha=0.2).calibrate(xquad_en[:300]).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(artifact: Path, embedding_cache_dir: Path) -> ConformalFilter:
+    return ConformalFilter.load(artifact, scorer_options={"cache_dir": embedding_cache_dir})
+
+
+class _ThreadServer:
+    """uvicorn in a background thread on an already-bound loopback socket."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(artifact: Path, embedding_cache_dir: Path) -> Iterator[str]:
+    app = create_app(
+        artifact, api_key=API_KEY, max_body_bytes=MAX_BODY, max_snippets=MAX_SNIPPETS,
+        scorer_options={"cache_dir": embedding_cache_dir},
+    )
+    with _ThreadServer(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as c:
+        yield c
+
+
+def _query_and_snippets(xquad_en, start: int, n: int = 8) -> tuple[str, list[Any]]:  # type: ignore[no-untyped-def]
+    pairs = xquad_en[start : start + n]
+    snippets: list[Any] = [{"text": p.text, "snippet_id": f"s{i}"} if i % 2 else p.text for i, p in enumerate(pairs)]
+    return pairs[0].query, snippets
+
+
+def _expected(reference: ConformalFilter, query: str, snippets: list[Any], min_keep: int | None = None) -> dict[str, Any]:
+    flt = reference if min_keep is None else ConformalFilter(reference.scorer, reference.calibrator, min_keep=min_keep)
+    res = flt.filter(query, snippets)
+    return {
+        "kept": [(s.index, s.snippet_id, s.text) for s in res.kept],
+        "scores": res.scores,
+        "threshold": res.threshold,
+        "removal": res.removal,
+        "note": res.note,
+    }
+
+
+def _got(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "kept": [(s["index"], s["snippet_id"], s["text"]) for s in body["kept"]],
+        "scores": tuple(body["scores"]),
+        "threshold": body["threshold"],
+        "removal": body["removal"],
+        "note": body["note"],
+    }
+
+
+def _assert_same(got: dict[str, Any], exp: dict[str, Any]) -> None:
+    assert got["kept"] == exp["kept"]
+    assert got["scores"] == pytest.approx(exp["scores"], abs=1e-6)
+    assert got["threshold"] == pytest.approx(exp["threshold"])
+    assert got["removal"] == pytest.approx(exp["removal"])
+    assert got["note"] == exp["note"]
+
+
+def test_healthz(client: httpx.Client, reference: ConformalFilter, artifact: Path) -> None:
+    r = httpx.get(str(client.base_url) + "/healthz")  # no key needed
+    assert r.status_code == 200
+    body = r.json()
+    saved = json.loads(artifact.read_text())
+    assert body["status"] == "ok"
+    assert body["artifact"]["alpha"] == pytest.approx(0.2)
+    assert body["artifact"]["threshold"] == pytest.approx(reference.threshold)
+    assert body["artifact"]["scorer"] == saved["scorer"]
+    assert body["artifact"]["library_version"] == saved["library_version"]
+    assert body["artifact"]["format_version"] == saved["format_version"]
+
+
+def test_openapi_is_typed(client: httpx.Client) -> None:
+    schema = client.get("/openapi.json").json()
+    assert "/filter" in schema["paths"]
+    assert {"FilterRequest", "FilterResponse", "Health"} <= set(schema["components"]["schemas"])
+
+
+def test_filter_matches_library(client: httpx.Client, reference: ConformalFilter, xquad_en) -> None:  # type: ignore[no-untyped-def]
+    query, snippets = _query_and_snippets(xquad_en, 400, 10)
+    r = client.post("/filter", json={"query": query, "snippets": snippets})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    _assert_same(_got(body), _expected(reference, query, snippets))
+    assert body["guarantee"]["alpha"] == pytest.approx(0.2)
+    assert 0 < len(body["kept"]) < len(snippets)  # the filter does something on this input
+
+
+def test_min_keep_and_empty(client: httpx.Client, reference: ConformalFilter) -> None:
+    snippets = ["zebra migration patterns in the serengeti", "the boiling point of tungsten"]
+    query = "Which team won Super Bowl 50?"
+    r = client.post("/filter", json={"query": query, "snippets": snippets, "min_keep": 1})
+    assert r.status_code == 200, r.text
+    _assert_same(_got(r.json()), _expected(reference, query, snippets, min_keep=1))
+    assert len(r.json()["kept"]) >= 1
+    r = client.post("/filter", json={"query": query, "snippets": []})
+    assert r.status_code == 200
+    assert r.json()["kept"] == [] and r.json()["scores"] == [] and r.json()["removal"] == 0.0
+
+
+def test_auth(base_url: str) -> None:
+    payload = {"query": "q", "snippets": ["a"]}
+    assert httpx.post(base_url + "/filter", json=payload).status_code == 401
+    assert httpx.post(base_url + "/filter", json=payload, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.post(base_url + "/filter", json=payload, headers={"X-API-Key": API_KEY + "x"}).status_code == 401
+    assert httpx.post(base_url + "/filter", json=payload, headers={"X-API-Key": API_KEY}).status_code == 200
+    assert httpx.post(base_url + "/filter", json=payload, headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+
+
+def test_oversized_body(client: httpx.Client) -> None:
+    big = {"query": "q", "snippets": ["x" * (MAX_BODY + 10)]}
+    r = client.post("/filter", json=big)  # Content-Length path
+    assert r.status_code == 413
+    assert str(MAX_BODY) in r.json()["detail"]
+    data = json.dumps(big).encode()
+
+    def chunks() -> Iterator[bytes]:  # chunked upload: no Content-Length
+        for i in range(0, len(data), 16_384):
+            yield data[i : i + 16_384]
+
+    r = client.post("/filter", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("payload", "needle"),
+    [
+        (b'{"query": "q", "snippets": [', "json"),
+        (b'{"query": "", "snippets": ["a"]}', "query"),
+        (b'{"query": "   ", "snippets": ["a"]}', "blank"),
+        (b'{"snippets": ["a"]}', "query"),
+        (b'{"query": "q", "snippets": "abc"}', "snippets"),
+        (b'{"query": "q", "snippets": [1, 2]}', "snippets"),
+        (b'{"query": 5, "snippets": ["a"]}', "query"),
+        (b'{"query": "q", "snippets": [{"snippet_id": "x"}]}', "text"),
+        (b'{"query": "q", "snippets": ["a"], "min_keep": -1}', "min_keep"),
+    ],
+)
+def test_malformed_requests(client: httpx.Client, payload: bytes, needle: str) -> None:
+    r = client.post("/filter", content=payload, headers={"Content-Type": "application/json"})
+    assert r.status_code in (400, 422), r.text
+    assert needle in r.text.lower()
+
+
+def test_too_many_snippets(client: httpx.Client) -> None:
+    r = client.post("/filter", json={"query": "q", "snippets": ["a"] * (MAX_SNIPPETS + 1)})
+    assert r.status_code == 413
+    assert str(MAX_SNIPPETS) in r.json()["detail"]
+
+
+def test_concurrent_requests(client: httpx.Client, reference: ConformalFilter, xquad_en) -> None:  # type: ignore[no-untyped-def]
+    jobs = [_query_and_snippets(xquad_en, 500 + 7 * i, 6) for i in range(20)]
+    expected = [_expected(reference, q, s) for q, s in jobs]
+
+    def call(job: tuple[str, list[Any]]) -> httpx.Response:
+        return client.post("/filter", json={"query": job[0], "snippets": job[1]})
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        responses = list(pool.map(call, jobs))
+    assert [r.status_code for r in responses] == [200] * 20
+    for r, exp in zip(responses, expected):
+        _assert_same(_got(r.json()), exp)
+
+
+def test_non_loopback_bind_needs_key(artifact: Path) -> None:
+    assert is_loopback_host("127.0.0.1") and is_loopback_host("localhost") and is_loopback_host("::1")
+    assert not is_loopback_host("0.0.0.0") and not is_loopback_host("example.com")
+    with pytest.raises(ValueError, match="0.0.0.0.*API key"):
+        run_server(artifact, host="0.0.0.0", port=1)
+
+
+def test_bad_limits(artifact: Path) -> None:
+    with pytest.raises(ValueError, match="max_snippets == 0"):
+        create_app(artifact, max_snippets=0)

@@ -1,0 +1,165 @@
+"""SnippetIndex on real files, the real MiniLM model and a real embedded LanceDB."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lancedb")
+
+from ragsieve import ConformalFilter, EmbeddingScorer
+from ragsieve.embeddings import EmbeddingModel, load_embedding_model
+from ragsieve.errors import ScorerMismatchError
+from ragsieve.store import SnippetIndex, html_to_text
+from ragsieve.types import Pair
+
+DOCS = {
+    "space/jupiter.txt": "Jupiter is the largest planet in the Solar System. It is a gas giant "
+    "with a Great Red Spot, a storm bigger than Earth.",
+    "paris.md": "# Paris\n\nThe Eiffel Tower was completed in 1889 for the World's Fair in Paris.",
+    "plants.html": "<html><head><title>t</title><style>p{color:red}</style></head><body>"
+    "<p>Photosynthesis lets plants turn sunlight, water and carbon dioxide into "
+    "glucose and oxygen.</p><script>var x = 'ignored';</script></body></html>",
+    "misc.jsonl": '{"id": "bananas", "text": "Bananas are a yellow fruit rich in potassium."}\n'
+    '{"text": "The Pacific is the deepest ocean on Earth."}\n',
+}
+
+
+@pytest.fixture(scope="module")
+def model() -> EmbeddingModel:
+    return load_embedding_model("minilm")
+
+
+class _FailAfter(EmbeddingModel):
+    """Test double of the *dependency*: the real model that fails after ``n`` calls."""
+
+    def __init__(self, real: EmbeddingModel, n: int) -> None:
+        self.real, self.n = real, n
+        self.model_id, self.dim = real.model_id, real.dim
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        if self.n == 0:
+            raise KeyboardInterrupt("simulated kill")
+        self.n -= 1
+        return self.real.embed_batch(texts)
+
+
+def _write(root: Path, files: dict[str, str | bytes]) -> Path:
+    for name, content in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content, encoding="utf-8")
+    return root
+
+
+@pytest.fixture()
+def docs(tmp_path: Path) -> Path:
+    files: dict[str, str | bytes] = dict(DOCS)
+    files["latin1.txt"] = "Caf\xe9 cr\xe8me".encode("latin-1")
+    files["empty.txt"] = ""
+    files["broken.jsonl"] = '{"text": "ok"}\nnot json\n'
+    files["ignored.csv"] = "a,b\n1,2\n"
+    return _write(tmp_path / "docs", files)
+
+
+def test_index_search_and_skips(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
+    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    report = idx.index_directory(docs)
+    assert report.added == 4 and report.unchanged == 0 and report.removed == 0
+    reasons = dict(report.skipped)
+    assert set(reasons) == {"latin1.txt", "empty.txt", "broken.jsonl"}
+    assert "UTF-8" in reasons["latin1.txt"] and "line 2" in reasons["broken.jsonl"]
+    assert report.n_embedded == idx.count() == 5  # 3 single-snippet files + 2 JSONL docs
+
+    hits = idx.search("Which planet is the biggest?", k=5)
+    assert hits[0].path == "space/jupiter.txt"
+    assert [h.score for h in hits] == sorted(h.score for h in hits)
+    html_hit = idx.search("how do plants make sugar from light", k=1)[0]
+    assert html_hit.path == "plants.html" and "ignored" not in html_hit.text
+    assert "color" not in html_hit.text
+    jsonl = {h.doc_id for h in idx.search("fruit", k=5) if h.path == "misc.jsonl"}
+    assert jsonl == {"bananas", "misc.jsonl#2"}
+
+    # scores are 1 - cos of a fresh embedding of the snippet text
+    q = model.embed_batch(["Which planet is the biggest?"])[0]
+    fresh = model.embed_batch([h.text for h in hits])
+    np.testing.assert_allclose([h.score for h in hits], 1 - fresh @ q, atol=1e-5)
+    assert hits[0].snippet_id == f"{hits[0].doc_id}:{hits[0].start}-{hits[0].end}"
+    assert (docs / hits[0].path).read_text()[hits[0].start : hits[0].end] == hits[0].text
+
+
+def test_reindex_is_incremental(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
+    SnippetIndex.open(tmp_path / "idx", model=model).index_directory(docs)
+    idx = SnippetIndex.open(tmp_path / "idx")  # model taken from the index
+    again = idx.index_directory(docs)
+    assert (again.added, again.unchanged, again.removed, again.n_embedded) == (0, 4, 0, 0)
+    assert idx.n_embedded == 0 and idx.count() == 5
+
+    (docs / "paris.md").write_text("The Louvre in Paris is the most visited museum.", "utf-8")
+    changed = idx.index_directory(docs)
+    assert (changed.added, changed.unchanged, changed.n_embedded) == (1, 3, 1)
+    assert idx.count() == 5
+    assert "Louvre" in idx.search("art museum", k=1)[0].text
+    assert not any("Eiffel" in h.text for h in idx.search("Eiffel Tower", k=10))
+
+    (docs / "space" / "jupiter.txt").unlink()
+    gone = idx.index_directory(docs)
+    assert (gone.added, gone.removed, gone.n_embedded) == (0, 1, 0)
+    assert idx.count() == 4 and "space/jupiter.txt" not in idx.indexed_files()
+    assert all(h.path != "space/jupiter.txt" for h in idx.search("largest planet", k=10))
+
+
+def test_interrupted_run_resumes(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
+    fresh = SnippetIndex.open(tmp_path / "ref", model=model)
+    fresh.index_directory(docs, batch_size=1)
+    killed = SnippetIndex.open(tmp_path / "idx", model=_FailAfter(model, 2))
+    with pytest.raises(KeyboardInterrupt):
+        killed.index_directory(docs, batch_size=1)
+    assert 0 < killed.count() < fresh.count()
+    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    report = idx.index_directory(docs, batch_size=1)
+    assert report.unchanged >= 1 and report.added >= 1
+    rows = idx._table("snippets").to_arrow().column("snippet_id").to_pylist()
+    assert sorted(rows) == sorted(
+        fresh._table("snippets").to_arrow().column("snippet_id").to_pylist()
+    )
+
+
+def test_model_mismatch(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
+    SnippetIndex.open(tmp_path / "idx", model=model).index_directory(docs)
+    with pytest.raises(ScorerMismatchError, match="all-MiniLM-L6-v2"):
+        SnippetIndex.open(tmp_path / "idx", model="usem3-multilingual")
+
+
+def test_query_with_filter(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
+    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx.index_directory(docs)
+    calib = [
+        Pair("q1", "largest planet", "s1", "Jupiter is the biggest planet.", 1),
+        Pair("q2", "when was the Eiffel Tower built", "s2", "Built in 1889 in Paris.", 1),
+        Pair("q3", "what do bananas contain", "s3", "Bananas contain potassium.", 1),
+        Pair("q4", "deepest ocean", "s4", "The Pacific Ocean is the deepest.", 1),
+        Pair("q5", "photosynthesis output", "s5", "Plants produce oxygen and glucose.", 1),
+    ]
+    flt = ConformalFilter(EmbeddingScorer(model), alpha=0.2).calibrate(calib)
+    hits, result = idx.query_with_filter("Which planet is the biggest?", flt, k=5)
+    assert len(hits) == result.n_input == 5
+    assert result.scores == tuple(h.score for h in hits)
+    expected = [h.snippet_id for h in hits if h.score <= flt.threshold]
+    assert result.kept_ids == expected and "space/jupiter.txt:" in expected[0]
+    assert 0 < len(expected) < len(hits) and flt.threshold < 1.0
+
+    other = ConformalFilter(EmbeddingScorer("usem3-multilingual"), alpha=0.5)
+    with pytest.raises(ScorerMismatchError, match="usem3"):
+        idx.query_with_filter("planet", other)
+
+
+def test_html_to_text() -> None:
+    text = html_to_text("<p>a &amp; b</p><script>x()</script><div>c</div>")
+    assert text == "a & b\nc"
