@@ -455,6 +455,20 @@ def cmd_query(args: argparse.Namespace) -> int:
     if res is not None:
         print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} removed), "
               f"tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
+    if args.generate:
+        from .generation import answer_with_citations
+        from .llm.connect import connect
+
+        context = [s.text for s in res.kept] if res is not None else [h.text for h in hits]
+        with connect(**_llm_options(args)) as conn:
+            if conn.is_local:
+                _eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")
+            answer = answer_with_citations(conn, args.query, context)
+        print(f"\nAnswer ({conn.model}): {answer.text}")
+        if answer.citations:
+            print("cited: " + ", ".join(f"[{n}] {context[n - 1][:80]!r}" for n in answer.citations))
+        if answer.unknown_citations:
+            print(f"cites snippets that do not exist: {list(answer.unknown_citations)}")
     return 0
 
 
@@ -656,6 +670,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filter", default=None, help="filter artifact (embedding scorer, same model)")
     p.add_argument("-k", type=int, default=20, help="snippets to retrieve")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--generate", action="store_true",
+                   help="ask the LLM for an answer grounded in the kept snippets, with citations")
+    _add_llm_args(p)
     p.set_defaults(func=cmd_query)
 
     p = sub.add_parser("rag-demo", help="index the XQuAD English articles and ask a question, filter in the loop")
