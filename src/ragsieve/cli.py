@@ -153,6 +153,19 @@ def _make_scorer(args: argparse.Namespace) -> Any:
     return resolve_scorer(args.scorer, **kwargs)
 
 
+def _artifact_scorer_options(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
+    """Options that do not change scores, for rebuilding an artifact's scorer from its spec:
+    the embedding cache for embedding-based scorers, the endpoint and cache for the LLM."""
+    spec = payload.get("scorer")
+    kind = spec.get("scorer") if isinstance(spec, dict) else None
+    if kind in ("embedding", "relative", "fusion"):
+        return {} if args.no_cache else {"cache_dir": _embedding_cache_dir(args)}
+    if kind == "llm" and hasattr(args, "base_url"):
+        options = {k: v for k, v in _llm_options(args).items() if v is not None and k != "model"}
+        return {**options, "cache": False} if args.no_cache else options
+    return {}
+
+
 def _embedding_options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {"model": args.model, "language": _language_of(args)}
     if not args.no_cache:
@@ -266,15 +279,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     from .filter import ConformalFilter, read_artifact
 
     payload = read_artifact(args.filter)
-    options: dict[str, Any] = {}
-    kind = payload.get("scorer", {}).get("scorer") if isinstance(payload.get("scorer"), dict) else None
-    if kind in ("embedding", "relative", "fusion") and not args.no_cache:
-        options["cache_dir"] = _embedding_cache_dir(args)
-    elif kind == "llm":
-        options = {k: v for k, v in _llm_options(args).items() if v is not None and k != "model"}
-        if args.no_cache:
-            options["cache"] = False
-    flt = ConformalFilter.from_dict(payload, scorer_options=options)
+    flt = ConformalFilter.from_dict(payload, scorer_options=_artifact_scorer_options(args, payload))
     pairs = _load_pairs(args)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
     total_in = sum(r.n_input for r in results.values())
@@ -402,22 +407,15 @@ def cmd_shift_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from .filter import read_artifact
     from .server import api_key_from_env, run_server
 
     key = api_key_from_env(args.api_key_env) if args.api_key_env else None
-    options = {} if args.no_cache else {"cache_dir": _embedding_cache_dir(args)}
-    kind = read_artifact_kind(args.filter)
+    options = _artifact_scorer_options(args, read_artifact(args.filter))
     run_server(args.filter, host=args.host, port=args.port, api_key=key,
                max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
-               scorer_options=options if kind in ("embedding", "relative", "fusion") else None)
+               scorer_options=options or None)
     return 0
-
-
-def read_artifact_kind(path: str) -> str | None:
-    from .filter import read_artifact
-
-    scorer = read_artifact(path).get("scorer")
-    return scorer.get("scorer") if isinstance(scorer, dict) else None
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -436,6 +434,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     from .filter import ConformalFilter
     from .store import SnippetIndex
 
+    if args.generate and args.json:
+        raise ValueError("--generate prints a text answer; use it without --json.")
     index = SnippetIndex.open(args.index)
     if args.filter:
         hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k)

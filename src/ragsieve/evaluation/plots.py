@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from .._optional import require
 from .sweep import EvaluationReport
 
-__all__ = ["plot_report"]
+__all__ = ["plot_report", "save_figure"]
 
 
 def plot_report(report: EvaluationReport, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
@@ -74,6 +75,12 @@ def plot_report(report: EvaluationReport, path: str | os.PathLike[str], *, title
     ax.set_ylabel("coverage")
     ax.set_title("trade-off on the same test splits")
     ax.legend(fontsize=7)
+    return save_figure(fig, path, title=title)
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Title, lay out, write as PNG (creating the directory) and close a figure."""
+    plt = require("matplotlib.pyplot", "plot")
     if title:
         fig.suptitle(title)
     fig.tight_layout()

@@ -26,6 +26,7 @@ from ..adaptive import AdaptiveConformalFilter, drift_check
 from ..calibration import SplitConformalCalibrator, check_alpha, check_scores
 from ..errors import DataError
 from ..types import Pair
+from .plots import save_figure
 
 __all__ = ["plot_shift", "rolling_coverage", "run_shift_demo", "run_stream"]
 
@@ -172,14 +173,7 @@ def plot_shift(result: dict[str, Any], path: str | os.PathLike[str], *, title: s
     if switch is not None:
         axes[0].annotate("source switch", (switch, 1.0), xytext=(4, -12), textcoords="offset points",
                          fontsize=8, color="gray")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title=title)
 
 
 def _query_batches(pairs: Sequence[Pair], rng: np.random.Generator) -> list[list[int]]:

@@ -179,9 +179,9 @@ class RelevanceJudge:
         out: list[Judgement] = []
         for r in results:
             if isinstance(r, BaseException):
-                if isinstance(r, KeyboardInterrupt):
-                    raise r
-                out.append(Judgement(None, "", error=f"{type(r).__name__}: {r}"))
+                # judge() already records LLM failures per pair; anything else is a bug or an
+                # interrupt, and must not pass for an unusable reply
+                raise r
             else:
                 out.append(r)
         return out
