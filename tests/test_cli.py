@@ -164,3 +164,67 @@ def test_index_and_query_commands(tmp_path: Path, embedding_cache_dir: Path, sma
     result = json.loads(out)
     assert result["hits"][0]["path"].endswith("jupiter.txt") and result["hits"][0]["kept"] is True
     assert all(h["kept"] == (h["score"] <= result["threshold"]) for h in result["hits"])
+
+
+def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cache_dir: Path, small_jsonl: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`query` with a fused (`best`) artifact, and `serve --index` answering POST /query."""
+    import socket
+    import time
+
+    import httpx
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "jupiter.txt").write_text("Jupiter is the largest planet in the Solar System. It has 95 moons.")
+    (docs / "tesla.md").write_text("Nikola Tesla was an inventor known for alternating current systems.")
+    (docs / "rome.txt").write_text("Rome was founded, according to legend, in 753 BC by Romulus.")
+    idx = str(tmp_path / "idx")
+    assert run(["-q", "index", str(docs), "--index", idx], capsys)[0] == 0
+    best = tmp_path / "best.json"
+    assert run(["-q", "calibrate", "--data", str(small_jsonl), "--scorer", "best", "--alpha", "0.2",
+                "--out", str(best), "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
+    code, out, _ = run(["-q", "query", "Which planet is the largest?", "--index", idx, "--filter", str(best),
+                        "--json", "-k", "3"], capsys)
+    assert code == 0
+    result = json.loads(out)
+    hits = result["hits"]
+    assert len(hits) == 3 and all(h["filter_score"] != h["score"] for h in hits)  # fused, not 1 - cos
+    assert all(h["kept"] == (h["filter_score"] <= result["threshold"]) for h in hits)
+    assert hits[0]["path"].endswith("jupiter.txt") and hits[0]["kept"] is True
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "RAGSIEVE_TEST_KEY": "k3y", "RAGSIEVE_CACHE": str(embedding_cache_dir)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragsieve.cli", "serve", "--filter", str(best), "--index", idx,
+         "--port", str(port), "--api-key-env", "RAGSIEVE_TEST_KEY", "--max-k", "5"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.communicate()[0]
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve did not come up in 120 s"
+            time.sleep(0.3)
+        assert httpx.get(url + "/healthz").json()["index"]["n_snippets"] == 3
+        assert httpx.post(url + "/query", json={"query": "Which planet is the largest?"}).status_code == 401
+        r = httpx.post(url + "/query", json={"query": "Which planet is the largest?", "k": 3},
+                       headers={"X-API-Key": "k3y"}, timeout=60)
+        assert r.status_code == 200, r.text
+        served = r.json()
+        assert [(h["snippet_id"], h["kept"]) for h in served["hits"]] == [
+            (h["snippet_id"], h["kept"]) for h in hits]
+        assert [h["score"] for h in served["hits"]] == pytest.approx([h["filter_score"] for h in hits], abs=1e-5)
+        assert httpx.post(url + "/query", json={"query": "q", "k": 6},
+                          headers={"X-API-Key": "k3y"}).status_code == 413
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

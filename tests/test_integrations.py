@@ -133,44 +133,31 @@ def test_compressor_async(compressor: Any, queries: list[tuple[str, list[Pair]]]
 
 
 def test_compressor_in_retriever_pipeline(compressor: Any, queries: list[tuple[str, list[Pair]]]) -> None:
-    """A minimal ContextualCompressionRetriever (that class lives in langchain-classic)."""
-    from langchain_core.callbacks import (
-        AsyncCallbackManagerForRetrieverRun,
-        CallbackManagerForRetrieverRun,
-    )
-    from langchain_core.documents import BaseDocumentCompressor, Document
+    """LangChain's own ContextualCompressionRetriever (langchain-classic) with our compressor."""
+    classic = pytest.importorskip("langchain_classic.retrievers")
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
-    from pydantic import ConfigDict
 
     class ListRetriever(BaseRetriever):
         docs: list[Document]
 
         def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-            return list(self.docs)
+            return [d.model_copy(deep=True) for d in self.docs]
 
-    class CompressionRetriever(BaseRetriever):
-        model_config = ConfigDict(arbitrary_types_allowed=True)
-        base_compressor: BaseDocumentCompressor
-        base_retriever: BaseRetriever
-
-        def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
-            docs = self.base_retriever.invoke(query, config={"callbacks": run_manager.get_child()})
-            return list(self.base_compressor.compress_documents(docs, query, callbacks=run_manager.get_child()))
-
-        async def _aget_relevant_documents(
-            self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
-        ) -> list[Document]:
-            docs = await self.base_retriever.ainvoke(query, config={"callbacks": run_manager.get_child()})
-            return list(await self.base_compressor.acompress_documents(docs, query, callbacks=run_manager.get_child()))
-
-    query, ps = queries[0]
+    # a held-out question on which the filter removes something
+    query, ps = next((q, ps) for q, ps in queries
+                     if 0 < len(compressor.compress_documents(_documents(ps), q)) < len(ps))
     docs = _documents(ps)
-    retriever = CompressionRetriever(base_compressor=compressor, base_retriever=ListRetriever(docs=docs))
+    retriever = classic.ContextualCompressionRetriever(
+        base_compressor=compressor, base_retriever=ListRetriever(docs=docs)
+    )
     got = retriever.invoke(query)
-    assert got == compressor.compress_documents(docs, query)
+    expected = compressor.compress_documents(docs, query)
+    assert got == expected and 0 < len(got) < len(docs)
+    assert all("ragsieve_score" in d.metadata for d in got)
     assert asyncio.run(retriever.ainvoke(query)) == got
-    # the compressor is also a Runnable-compatible pydantic model
-    assert retriever.base_compressor is compressor
+    assert docs == _documents(ps)  # the caller's documents are untouched
 
 
 def test_postprocessor_matches_filter(postprocessor: Any, flt: ConformalFilter,

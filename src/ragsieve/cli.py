@@ -414,7 +414,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = _artifact_scorer_options(args, read_artifact(args.filter))
     run_server(args.filter, host=args.host, port=args.port, api_key=key,
                max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
-               scorer_options=options or None)
+               scorer_options=options or None, index_path=args.index, max_k=args.max_k)
     return 0
 
 
@@ -445,13 +445,15 @@ def cmd_query(args: argparse.Namespace) -> int:
     if args.json:
         print(_dumps({"query": args.query, "hits": [
             {"snippet_id": h.snippet_id, "path": str(h.path), "score": h.score, "text": h.text,
+             "filter_score": None if res is None else res.scores[i],
              "kept": None if kept is None else i in kept} for i, h in enumerate(hits)],
             "threshold": None if res is None else res.threshold,
             "removal": None if res is None else res.removal, "note": None if res is None else res.note}))
         return 0
     for i, h in enumerate(hits):
         if kept is None or i in kept:
-            print(f"[{h.score:.3f}] {h.snippet_id}  {h.text[:110]!r}")
+            score = h.score if res is None else res.scores[i]
+            print(f"[{score:.3f}] {h.snippet_id}  {h.text[:110]!r}")
     if res is not None:
         print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} removed), "
               f"tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
@@ -667,7 +669,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("query", help="retrieve from an index, filtered by a calibrated filter")
     p.add_argument("query")
     p.add_argument("--index", required=True)
-    p.add_argument("--filter", default=None, help="filter artifact (embedding scorer, same model)")
+    p.add_argument("--filter", default=None,
+                   help="filter artifact: embedding, relative or best scorer on the index's model")
     p.add_argument("-k", type=int, default=20, help="snippets to retrieve")
     p.add_argument("--json", action="store_true")
     p.add_argument("--generate", action="store_true",
@@ -686,8 +689,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cache", action="store_true")
     p.set_defaults(func=cmd_rag_demo)
 
-    p = sub.add_parser("serve", help="HTTP service: POST /filter with a calibrated filter (FastAPI)")
+    p = sub.add_parser("serve", help="HTTP service: POST /filter (and /query with --index) with a calibrated filter")
     p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    p.add_argument("--index", default=None, help="index directory served by POST /query (see `ragsieve index`)")
+    p.add_argument("--max-k", type=int, default=100, help="largest k a /query request may ask for")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key-env", default=None,

@@ -6,13 +6,17 @@
   scorer spec and versions (no authentication, for liveness probes);
 * ``POST /filter`` -- ``{"query", "snippets", "min_keep"?}`` -> kept snippets, all
   scores, tau, removal, note and the guarantee (API key required when configured);
+* ``POST /query`` -- ``{"query", "k"?, "min_keep"?}`` -> the ``k`` hits retrieved from a
+  :class:`~ragsieve.store.SnippetIndex` (when the app is built with ``index_path``),
+  scored from their stored vectors, each marked kept or not, plus tau, removal and the
+  guarantee (API key required when configured; 404 without an index);
 * ``GET /openapi.json`` -- the typed schema.
 
 FastAPI and uvicorn are optional (``pip install 'ragsieve[server]'``) and imported
 only when an app is built. ``/filter`` is a sync endpoint, so scoring runs in
 Starlette's threadpool and concurrent requests are served; the embedding scorer is
 thread-safe (its cache serialises model calls under a lock) once warmed up, other
-scorers are serialised with a lock.
+scorers are serialised with a lock, and so are index searches.
 
 Note: this module deliberately has no ``from __future__ import annotations``:
 FastAPI resolves the annotations of the endpoint functions defined inside
@@ -135,8 +139,8 @@ class _BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
 
-def _check_limits(max_body_bytes: int, max_snippets: int) -> None:
-    for name, value in (("max_body_bytes", max_body_bytes), ("max_snippets", max_snippets)):
+def _check_limits(**limits: int) -> None:
+    for name, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} == {value!r}, must be an int >= 1.")
 
@@ -149,8 +153,10 @@ def create_app(
     max_snippets: int = 1000,
     scorer_options: dict[str, Any] | None = None,
     warmup: bool = True,
+    index_path: str | Path | None = None,
+    max_k: int = 100,
 ) -> Any:
-    """Build the FastAPI app serving one filter artifact.
+    """Build the FastAPI app serving one filter artifact (and optionally an index).
 
     Parameters
     ----------
@@ -167,6 +173,12 @@ def create_app(
         Passed to ``ConformalFilter.load`` (e.g. ``{"cache_dir": ...}``).
     warmup : bool, default=True
         Score one dummy snippet at startup so the model is loaded before serving.
+    index_path : str or Path, optional
+        A :class:`~ragsieve.store.SnippetIndex` directory served by ``POST /query``. The
+        filter must be one the index can compute from its stored vectors (see
+        :meth:`~ragsieve.store.SnippetIndex.list_scorer`); checked here, at startup.
+    max_k : int, default=100
+        Largest ``k`` a ``/query`` request may ask for (413 above).
 
     Returns
     -------
@@ -175,13 +187,13 @@ def create_app(
     Raises
     ------
     ImportError
-        FastAPI is not installed (extra ``server``).
+        FastAPI is not installed (extra ``server``), or LanceDB for ``index_path``.
     ArtifactError, ScorerMismatchError
-        The artifact cannot be loaded.
+        The artifact or the index cannot be loaded, or they do not match.
     """
     fastapi = require("fastapi", "server")
     require("pydantic", "server")
-    _check_limits(max_body_bytes, max_snippets)
+    _check_limits(max_body_bytes=max_body_bytes, max_snippets=max_snippets, max_k=max_k)
     if api_key is not None and not api_key:
         raise ValueError("api_key == '', must be a non-empty string or None.")
 
@@ -191,12 +203,26 @@ def create_app(
     lock: threading.Lock | None = (
         None if scorer_spec.get("scorer") in _THREAD_SAFE_SCORERS else threading.Lock()
     )
+    index = _open_index(index_path, flt) if index_path is not None else None
+    index_lock = threading.Lock()
     if warmup:
         flt.filter("warm-up", ["warm-up"])
+        if index is not None:
+            index.search("warm-up", k=1)
     tau = flt.threshold
     guarantee = flt.guarantee()
     filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
-    logger.info("serving %r from %s (lock=%s)", flt, filter_path, lock is not None)
+    logger.info("serving %r from %s (lock=%s, index=%s)", flt, filter_path, lock is not None, index)
+
+    def filter_for(min_keep: int | None) -> ConformalFilter:
+        """The served filter with another ``min_keep`` (a few are kept for reuse)."""
+        k = flt.min_keep if min_keep is None else min_keep
+        use = filters.get(k)
+        if use is None:
+            use = ConformalFilter(flt.scorer, flt.calibrator, min_keep=k)
+            if len(filters) < 64:
+                filters[k] = use
+        return use
 
     from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr  # after require()
 
@@ -243,10 +269,46 @@ def create_app(
         min_keep: int
         scorer: dict[str, Any]
 
+    class QueryRequest(BaseModel):
+        """A query answered from the served index."""
+
+        model_config = ConfigDict(extra="forbid")
+        query: StrictStr = Field(min_length=1, description="The query (non-empty).")
+        k: StrictInt = Field(default=20, ge=1, description=f"Snippets to retrieve; at most {max_k}.")
+        min_keep: StrictInt | None = Field(
+            default=None, ge=0, description="Keep at least this many best snippets (outside the guarantee)."
+        )
+
+    class HitOut(BaseModel):
+        index: int
+        snippet_id: str
+        doc_id: str
+        path: str
+        start: int
+        end: int
+        text: str
+        distance: float = Field(description="1 - cosine of the query and the stored snippet vector.")
+        score: float = Field(description="The filter's nonconformity score (kept when <= threshold).")
+        kept: bool
+
+    class QueryResponse(BaseModel):
+        hits: list[HitOut]
+        n_kept: int
+        threshold: float | None = Field(description="Calibrated tau; null means keep all.")
+        removal: float
+        note: str | None
+        guarantee: dict[str, Any]
+
+    class IndexInfo(BaseModel):
+        path: str
+        model: str
+        n_snippets: int
+
     class Health(BaseModel):
         status: str
         library_version: str
         artifact: ArtifactInfo
+        index: IndexInfo | None = None
 
     health = Health(
         status="ok",
@@ -260,6 +322,9 @@ def create_app(
             n_calibration=int(guarantee["n_calibration"]),
             min_keep=flt.min_keep,
             scorer=scorer_spec,
+        ),
+        index=None if index is None else IndexInfo(
+            path=str(index.path), model=index.model_id, n_snippets=index.count()
         ),
     )
 
@@ -311,12 +376,7 @@ def create_app(
             else ({"text": s.text} if s.snippet_id is None else {"text": s.text, "snippet_id": s.snippet_id})
             for s in request.snippets
         ]
-        k = flt.min_keep if request.min_keep is None else request.min_keep
-        use = filters.get(k)
-        if use is None:
-            use = ConformalFilter(flt.scorer, flt.calibrator, min_keep=k)
-            if len(filters) < 64:
-                filters[k] = use
+        use = filter_for(request.min_keep)
         if lock is None:
             res = use.filter(request.query, items)
         else:
@@ -331,9 +391,53 @@ def create_app(
             guarantee=guarantee,
         )
 
+    @app.post("/query", response_model=QueryResponse, dependencies=[fastapi.Depends(check_api_key)])
+    def query_index(request: QueryRequest) -> QueryResponse:
+        if index is None:
+            raise fastapi.HTTPException(
+                status_code=404,
+                detail="this service has no index; start it with `ragsieve serve --filter F --index DIR` "
+                "or use POST /filter with your own snippets.",
+            )
+        if not request.query.strip():
+            raise fastapi.HTTPException(status_code=422, detail="query is blank; expected a non-empty string.")
+        if request.k > max_k:
+            raise fastapi.HTTPException(status_code=413, detail=f"k == {request.k}; the limit is {max_k}.")
+        with index_lock:
+            hits, res = index.query_with_filter(request.query, filter_for(request.min_keep), k=request.k)
+        kept = {s.index for s in res.kept}
+        return QueryResponse(
+            hits=[
+                HitOut(index=i, snippet_id=h.snippet_id, doc_id=h.doc_id, path=h.path, start=h.start,
+                       end=h.end, text=h.text, distance=h.score, score=res.scores[i], kept=i in kept)
+                for i, h in enumerate(hits)
+            ],
+            n_kept=len(kept),
+            threshold=None if math.isinf(res.threshold) else res.threshold,
+            removal=res.removal,
+            note=res.note,
+            guarantee=guarantee,
+        )
+
     app.add_middleware(_BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.state.filter = flt
+    app.state.index = index
     return app
+
+
+def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
+    """Open a served index, sharing the filter's loaded model, and check they match."""
+    from .store import SnippetIndex
+
+    if not Path(index_path).is_dir():
+        raise FileNotFoundError(f"index {str(index_path)!r} is not a directory; build one with `ragsieve index`.")
+    embedding = getattr(flt.scorer, "base", flt.scorer)
+    model = getattr(embedding, "model", None) if embedding.spec().get("scorer") == "embedding" else None
+    index = SnippetIndex.open(index_path)
+    if model is not None and model.model_id == index.model_id:
+        index = SnippetIndex.open(index_path, model=model)  # share the loaded weights
+    index.list_scorer(flt)  # raises ScorerMismatchError now, not on the first request
+    return index
 
 
 def run_server(
@@ -346,6 +450,8 @@ def run_server(
     max_snippets: int = 1000,
     scorer_options: dict[str, Any] | None = None,
     log_level: str = "info",
+    index_path: str | Path | None = None,
+    max_k: int = 100,
 ) -> None:
     """Serve a filter artifact with uvicorn (blocks until stopped).
 
@@ -357,7 +463,7 @@ def run_server(
         Where to listen. A non-loopback host requires ``api_key``.
     api_key : str, optional
         See :func:`create_app`.
-    max_body_bytes, max_snippets, scorer_options
+    max_body_bytes, max_snippets, scorer_options, index_path, max_k
         See :func:`create_app`.
     log_level : str
         uvicorn's log level.
@@ -379,6 +485,8 @@ def run_server(
         max_body_bytes=max_body_bytes,
         max_snippets=max_snippets,
         scorer_options=scorer_options,
+        index_path=index_path,
+        max_k=max_k,
     )
     logger.info("ragsieve server on http://%s:%d", host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

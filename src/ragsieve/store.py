@@ -24,7 +24,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -484,40 +484,70 @@ class SnippetIndex:
         hits.sort(key=lambda h: h.score)
         return hits
 
+    def list_scorer(self, flt: ConformalFilter) -> Callable[[np.ndarray], np.ndarray]:
+        """How ``flt``'s score is computed from this index's stored ``1 - cos`` of a hit list.
+
+        Supported: the embedding scorer of this index's model (the scores themselves), and
+        the list-relative scores built on it (``relative`` and the fused ``best`` score),
+        recomputed from the stored vectors -- nothing is re-embedded.
+
+        Raises
+        ------
+        ScorerMismatchError
+            The filter was calibrated on another score (another model, an LLM, ...).
+        """
+        scorer = flt.scorer
+        spec = scorer.spec()
+        expected = {"scorer": EmbeddingScorer.name, "model": self.model_id}
+        if spec == expected:
+            return lambda base: base
+        transform = getattr(scorer, "scores_from_base", None)
+        if spec.get("base") == expected and callable(transform):
+            return transform  # type: ignore[no-any-return]
+        raise ScorerMismatchError(
+            f"the filter was calibrated with scorer {spec!r}, but this index can only compute "
+            f"{expected!r} and the relative or fused scores built on it from its stored "
+            f"vectors; calibrate a filter with EmbeddingScorer({self.model_id!r}) (or "
+            "`ragsieve calibrate --scorer embedding|relative|best` with that model)."
+        )
+
     def query_with_filter(
         self, query: str, flt: ConformalFilter, k: int = 20
     ) -> tuple[list[Hit], FilterResult]:
-        """Search, then apply a calibrated filter's threshold to the hits' scores.
+        """Search, then apply a calibrated filter to the hits, scored from stored vectors.
 
         Parameters
         ----------
         query : str
             Query text.
         flt : ConformalFilter
-            A calibrated filter whose scorer is the embedding scorer of this index's model.
+            A calibrated filter whose score this index computes (see :meth:`list_scorer`):
+            the embedding scorer of this index's model, or a relative / fused score on it.
         k : int
             Number of hits to retrieve before filtering.
 
         Returns
         -------
         (list of Hit, FilterResult)
-            All ``k`` hits and what the filter kept of them (snippet ids are hit ids).
+            All ``k`` hits (``Hit.score`` is always ``1 - cos``) and what the filter kept
+            of them; ``FilterResult.scores`` are the filter's own scores.
 
         Raises
         ------
         ScorerMismatchError
-            The filter was calibrated on another score than this index's ``1 - cos``.
+            The filter was calibrated on a score this index cannot compute.
+
+        Notes
+        -----
+        A relative or fused score depends on the list it is computed in. Its guarantee
+        transfers when the calibration lists were formed like these hit lists (the same
+        retriever and ``k``); the ``1 - cos`` score of a snippet does not depend on the list.
         """
-        spec = flt.scorer.spec()
-        expected = {"scorer": EmbeddingScorer.name, "model": self.model_id}
-        if spec != expected:
-            raise ScorerMismatchError(
-                f"the filter was calibrated with scorer {spec!r} but this index scores with "
-                f"{expected!r}; calibrate a filter with EmbeddingScorer({self.model_id!r})."
-            )
+        to_scores = self.list_scorer(flt)
         hits = self.search(query, k=k)
         snippets = [Snippet(h.doc_id, h.start, h.end, h.text) for h in hits]
-        result = flt.filter_scores(query, np.array([h.score for h in hits]), snippets)
+        base = np.array([h.score for h in hits], dtype=float)
+        result = flt.filter_scores(query, to_scores(base) if hits else base, snippets)
         return hits, result
 
     def __repr__(self) -> str:

@@ -133,10 +133,14 @@ class FusedScorer(Scorer):
                 "weights": [float(v) for v in self.weights], "bias": self.bias,
                 "mean": [float(v) for v in self.mean], "scale": [float(v) for v in self.scale]}
 
+    def scores_from_base(self, base: np.ndarray) -> np.ndarray:
+        """Fused scores of one query's list from its base scores (e.g. stored ``1 - cos``)."""
+        base = np.asarray(base, dtype=float)
+        return self.scores_from_features(feature_matrix(base, np.zeros(len(base), dtype=int)))
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (the features need the list)."""
-        base = self.base.score_batch(query, snippets)
-        return self.scores_from_features(feature_matrix(base, np.zeros(len(base), dtype=int)))
+        return self.scores_from_base(self.base.score_batch(query, snippets))
 
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
         pairs = list(pairs)

@@ -111,10 +111,14 @@ class RelativeScorer(Scorer):
     def spec(self) -> dict[str, Any]:
         return {"scorer": self.name, "kind": self.kind, "base": self.base.spec()}
 
+    def scores_from_base(self, base: np.ndarray) -> np.ndarray:
+        """Relative scores of one query's list from its base scores (e.g. stored ``1 - cos``)."""
+        base = np.asarray(base, dtype=float)
+        return relative_scores(base, np.zeros(len(base), dtype=int), self.kind)
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (relative scores need the list)."""
-        base = self.base.score_batch(query, snippets)
-        return relative_scores(base, np.zeros(len(base), dtype=int), self.kind)
+        return self.scores_from_base(self.base.score_batch(query, snippets))
 
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
         """Base scores for all pairs in one pass, then the per-query transformation."""
