@@ -37,6 +37,9 @@ test-all: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scoring.py
 	$(PY) benchmarks/bench_score_cost.py
+	$(PY) benchmarks/bench_langchain.py
+	$(PY) benchmarks/bench_store.py
+	$(PY) benchmarks/bench_server.py --warm
 
 clean:
 	rm -rf $(VENV) ragsieve-demo .pytest_cache

@@ -91,3 +91,22 @@ def test_relative_scorer_spec_round_trip(minilm_scorer) -> None:  # type: ignore
     texts = ["Denver won Super Bowl 50.", "Photosynthesis happens in leaves.", "The Panthers lost."]
     s = scorer.score_batch("Who won Super Bowl 50?", texts)
     assert s.shape == (3,) and s[0] == s.min()
+
+
+@pytest.mark.parametrize("kind", ["relative", "fusion"])
+def test_calibrate_scores_whole_lists_for_list_dependent_scores(kind: str, xquad_en, minilm_scorer) -> None:  # type: ignore[no-untyped-def]
+    """A relative / fused score is calibrated in each query's whole list, not among relevant pairs only."""
+    from ragsieve.calibration import SplitConformalCalibrator
+
+    fit_idx, cal_idx = group_splits([p.group for p in xquad_en], n_splits=1, seed=1)[0]
+    scorer = (RelativeScorer(minilm_scorer, kind="gap") if kind == "relative"
+              else FusedScorer.fit([xquad_en[i] for i in fit_idx], minilm_scorer))
+    assert scorer.list_dependent and not minilm_scorer.list_dependent
+    cal = [xquad_en[i] for i in cal_idx]
+    flt = ConformalFilter(scorer, alpha=0.1).calibrate(cal)
+    relevant = np.array([p.relevant == 1 for p in cal])
+    expected = SplitConformalCalibrator(alpha=0.1).fit(scorer.score_pairs(cal)[relevant]).threshold_
+    assert flt.threshold == pytest.approx(expected, abs=1e-12)
+    # scoring the relevant pairs alone puts each in a list of its own: another, wrong threshold
+    alone = SplitConformalCalibrator(alpha=0.1).fit(scorer.score_pairs([p for p in cal if p.relevant == 1]))
+    assert abs(alone.threshold_ - flt.threshold) > 0.01

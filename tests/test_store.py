@@ -188,6 +188,29 @@ def test_query_with_list_relative_filter(  # type: ignore[no-untyped-def]
         idx.query_with_filter(query, other)
 
 
+def test_memory_search_matches_lancedb_and_sees_updates(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
+    """The in-memory exact search returns LanceDB's hits and reloads when the table changes."""
+    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    assert idx.search_backend == "memory" and idx.search("anything") == []  # empty index
+    idx.index_directory(docs)
+    on_disk = SnippetIndex.open(tmp_path / "idx", model=model, search="lancedb")
+    for query in ("Which planet is the biggest?", "potassium", "When was the tower built?"):
+        for k in (1, 3, 50):
+            mem, disk = idx.search(query, k=k), on_disk.search(query, k=k)
+            assert [h.snippet_id for h in mem] == [h.snippet_id for h in disk]
+            np.testing.assert_allclose([h.score for h in mem], [h.score for h in disk], atol=1e-6)
+    n = idx.count()
+    assert len(idx.search("planet", k=50)) == n
+    reader = SnippetIndex.open(tmp_path / "idx", model=model)  # e.g. a server holding the index open
+    assert len(reader.search("planet", k=50)) == n
+    _write(docs, {"rome.txt": "Rome was founded, according to legend, in 753 BC by Romulus and Remus."})
+    idx.index_directory(docs)  # another instance writes
+    hits = reader.search("Who founded Rome?", k=50)
+    assert len(hits) == n + 1 and hits[0].path == "rome.txt"
+    with pytest.raises(ValueError, match="search == 'faiss'"):
+        SnippetIndex.open(tmp_path / "idx", search="faiss")
+
+
 def test_html_to_text() -> None:
     text = html_to_text("<p>a &amp; b</p><script>x()</script><div>c</div>")
     assert text == "a & b\nc"

@@ -142,7 +142,11 @@ class ConformalFilter:
     def calibrate(self, pairs: Sequence[Pair], *, progress: bool = False) -> ConformalFilter:
         """Score the relevant calibration pairs and fit the calibrator.
 
-        Only relevant pairs are scored: the threshold depends on them alone.
+        The threshold depends on the relevant pairs' scores alone, so only they are
+        scored -- except for a list-dependent score (``scorer.list_dependent``: relative
+        and fused scores), whose value for a snippet depends on the rest of its query's
+        list: then every pair is scored, in its query's whole list, and the relevant
+        pairs' scores are kept.
 
         Parameters
         ----------
@@ -177,7 +181,11 @@ class ConformalFilter:
                 f"no relevant calibration snippet among {len(pairs)} pairs; "
                 "need at least one pair with relevant == 1."
             )
-        scores = self.scorer.score_pairs(relevant, progress=progress)
+        if self.scorer.list_dependent:
+            all_scores = self.scorer.score_pairs(pairs, progress=progress)
+            scores = all_scores[np.array([p.relevant == 1 for p in pairs])]
+        else:
+            scores = self.scorer.score_pairs(relevant, progress=progress)
         self.calibrator.fit(scores)
         from .data.jsonl import fingerprint_pairs
 

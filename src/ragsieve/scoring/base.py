@@ -114,6 +114,9 @@ class Scorer(ABC):
     """
 
     name: ClassVar[str]
+    #: True when a snippet's score depends on the other snippets of its query's list
+    #: (relative and fused scores); calibration must then score whole lists.
+    list_dependent: ClassVar[bool] = False
 
     @abstractmethod
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:

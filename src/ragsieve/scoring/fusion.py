@@ -94,6 +94,7 @@ class FusedScorer(Scorer):
     """
 
     name: ClassVar[str] = "fusion"
+    list_dependent: ClassVar[bool] = True
 
     def __init__(self, base: Any = "embedding", *, weights: Sequence[float] | None = None,
                  bias: float = 0.0, mean: Sequence[float] | None = None,

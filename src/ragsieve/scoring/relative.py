@@ -99,6 +99,7 @@ class RelativeScorer(Scorer):
     """
 
     name: ClassVar[str] = "relative"
+    list_dependent: ClassVar[bool] = True
 
     def __init__(self, base: Any = "embedding", *, kind: str = "gap", **base_options: Any) -> None:
         from . import resolve_scorer
