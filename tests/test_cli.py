@@ -144,13 +144,24 @@ def test_evaluate_best_reports_calibrated_baselines(small_jsonl: Path, embedding
     assert {"top-k (calibrated)", "threshold (calibrated)"} <= methods
 
 
+def _docs(root: Path, **extra: str | bytes) -> Path:
+    """A small document folder: two readable files plus ``extra`` (name -> content)."""
+    docs = root / "docs"
+    docs.mkdir()
+    files: dict[str, str | bytes] = {
+        "jupiter.txt": "Jupiter is the largest planet in the Solar System. It has 95 moons.",
+        "tesla.md": "Nikola Tesla was an inventor known for alternating current systems.", **extra}
+    for name, content in files.items():
+        if isinstance(content, bytes):
+            (docs / name).write_bytes(content)
+        else:
+            (docs / name).write_text(content)
+    return docs
+
+
 def test_index_and_query_commands(tmp_path: Path, embedding_cache_dir: Path, small_jsonl: Path,
                                   capsys: pytest.CaptureFixture[str]) -> None:
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "jupiter.txt").write_text("Jupiter is the largest planet in the Solar System. It has 95 moons.")
-    (docs / "tesla.md").write_text("Nikola Tesla was an inventor known for alternating current systems.")
-    (docs / "bad.txt").write_bytes(b"\xff\xfe not utf-8 \xff")
+    docs = _docs(tmp_path, **{"bad.txt": b"\xff\xfe not utf-8 \xff"})
     code, out, _ = run(["-q", "index", str(docs), "--index", str(tmp_path / "idx")], capsys)
     assert code == 0 and "2 file(s) added" in out and "skipped" in out and "bad.txt" in out
     code, out, _ = run(["-q", "index", str(docs), "--index", str(tmp_path / "idx")], capsys)
@@ -174,11 +185,7 @@ def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cach
 
     import httpx
 
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    (docs / "jupiter.txt").write_text("Jupiter is the largest planet in the Solar System. It has 95 moons.")
-    (docs / "tesla.md").write_text("Nikola Tesla was an inventor known for alternating current systems.")
-    (docs / "rome.txt").write_text("Rome was founded, according to legend, in 753 BC by Romulus.")
+    docs = _docs(tmp_path, **{"rome.txt": "Rome was founded, according to legend, in 753 BC by Romulus."})
     idx = str(tmp_path / "idx")
     assert run(["-q", "index", str(docs), "--index", idx], capsys)[0] == 0
     best = tmp_path / "best.json"

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 from collections.abc import Sequence
 from typing import Any
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY
+from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY, FromFileMixin
 
 require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
@@ -29,7 +28,7 @@ __all__ = ["ConformalCompressor"]
 logger = logging.getLogger(__name__)
 
 
-class ConformalCompressor(BaseDocumentCompressor):
+class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
     """Keep the documents a calibrated conformal filter keeps.
 
     Parameters
@@ -52,19 +51,6 @@ class ConformalCompressor(BaseDocumentCompressor):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     filter: ConformalFilter
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> ConformalCompressor:
-        """Load a saved filter artifact.
-
-        Parameters
-        ----------
-        path : path-like
-            JSON artifact written by ``ConformalFilter.save``.
-        **scorer_options
-            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
-        """
-        return cls(filter=ConformalFilter.load(path, scorer_options=scorer_options or None))
 
     def compress_documents(
         self,

@@ -8,12 +8,10 @@ Requires ``pip install 'ragsieve[llamaindex]'`` (llama-index-core).
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY
+from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY, FromFileMixin
 
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -27,7 +25,7 @@ logger = logging.getLogger(__name__)
 ORIGINAL_SCORE_KEY = "ragsieve_original_score"
 
 
-class ConformalPostprocessor(BaseNodePostprocessor):
+class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     """Keep the nodes a calibrated conformal filter keeps.
 
     Parameters
@@ -56,19 +54,6 @@ class ConformalPostprocessor(BaseNodePostprocessor):
     def class_name(cls) -> str:
         """Name used by LlamaIndex serialisation."""
         return "RagsieveConformalPostprocessor"
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> ConformalPostprocessor:
-        """Load a saved filter artifact.
-
-        Parameters
-        ----------
-        path : path-like
-            JSON artifact written by ``ConformalFilter.save``.
-        **scorer_options
-            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
-        """
-        return cls(filter=ConformalFilter.load(path, scorer_options=scorer_options or None))
 
     def _postprocess_nodes(
         self,
