@@ -183,7 +183,8 @@ def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cach
     import socket
     import time
 
-    import httpx
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
 
     docs = _docs(tmp_path, **{"rome.txt": "Rome was founded, according to legend, in 753 BC by Romulus."})
     idx = str(tmp_path / "idx")

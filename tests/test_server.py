@@ -320,7 +320,9 @@ def test_query_min_keep(index_url: str) -> None:
     r = httpx.post(index_url + "/query", headers={"X-API-Key": API_KEY}, timeout=60,
                    json={"query": "zebra migration patterns in the serengeti", "k": 3, "min_keep": 2})
     assert r.status_code == 200, r.text
-    assert r.json()["n_kept"] >= 2
+    body = r.json()
+    assert body["n_kept"] >= 2
+    assert body["note"] is not None and "min_keep=2" in body["note"]  # kept by the policy, not by tau
 
 
 @pytest.mark.parametrize(

@@ -427,16 +427,17 @@ def create_app(
 
 def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
     """Open a served index, sharing the filter's loaded model, and check they match."""
+    from .scoring import EmbeddingScorer
     from .store import SnippetIndex
 
     if not Path(index_path).is_dir():
         raise FileNotFoundError(f"index {str(index_path)!r} is not a directory; build one with `ragsieve index`.")
-    embedding = getattr(flt.scorer, "base", flt.scorer)
-    model = getattr(embedding, "model", None) if embedding.spec().get("scorer") == "embedding" else None
-    index = SnippetIndex.open(index_path)
-    if model is not None and model.model_id == index.model_id:
-        index = SnippetIndex.open(index_path, model=model)  # share the loaded weights
+    index = SnippetIndex.open(index_path)  # reads metadata only, loads no weights
     index.list_scorer(flt)  # raises ScorerMismatchError now, not on the first request
+    # the filter's score is the index's 1 - cos (or built on it): share the loaded model
+    embedding = getattr(flt.scorer, "base", flt.scorer)
+    if isinstance(embedding, EmbeddingScorer):
+        return SnippetIndex.open(index_path, model=embedding.model)
     return index
 
 
@@ -446,12 +447,8 @@ def run_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     api_key: str | None = None,
-    max_body_bytes: int = 1_000_000,
-    max_snippets: int = 1000,
-    scorer_options: dict[str, Any] | None = None,
     log_level: str = "info",
-    index_path: str | Path | None = None,
-    max_k: int = 100,
+    **app_options: Any,
 ) -> None:
     """Serve a filter artifact with uvicorn (blocks until stopped).
 
@@ -463,10 +460,11 @@ def run_server(
         Where to listen. A non-loopback host requires ``api_key``.
     api_key : str, optional
         See :func:`create_app`.
-    max_body_bytes, max_snippets, scorer_options, index_path, max_k
-        See :func:`create_app`.
     log_level : str
         uvicorn's log level.
+    **app_options
+        The other options of :func:`create_app` (``max_body_bytes``, ``max_snippets``,
+        ``scorer_options``, ``index_path``, ``max_k``).
 
     Raises
     ------
@@ -479,15 +477,7 @@ def run_server(
             "serve the filter unauthenticated on the network. Set an API key or bind to 127.0.0.1."
         )
     uvicorn = require("uvicorn", "server")
-    app = create_app(
-        filter_path,
-        api_key=api_key,
-        max_body_bytes=max_body_bytes,
-        max_snippets=max_snippets,
-        scorer_options=scorer_options,
-        index_path=index_path,
-        max_k=max_k,
-    )
+    app = create_app(filter_path, api_key=api_key, **app_options)
     logger.info("ragsieve server on http://%s:%d", host, port)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
 
