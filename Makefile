@@ -42,4 +42,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_server.py --warm
 
 clean:
-	rm -rf $(VENV) ragsieve-demo .pytest_cache
+	rm -rf $(VENV) ragsieve-demo ragsieve-rag ragsieve-shift .pytest_cache

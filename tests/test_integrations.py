@@ -1,9 +1,15 @@
-"""LangChain and LlamaIndex components against a real calibrated filter artifact."""
+"""LangChain and LlamaIndex components against real calibrated filter artifacts.
+
+Three artifacts: a marginal filter on the embedding score, a ``group``-mode filter whose
+group is each document's ``metadata["language"]``, and a filter on an outside score
+(``metadata["rerank"]``). The components must keep exactly what the filter keeps.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -12,20 +18,23 @@ from typing import Any
 import pytest
 
 from ragsieve import ConformalFilter, Pair
+from ragsieve.errors import DataError
 
 CAL_GROUPS = ("Warsaw", "Normans", "Computational_complexity_theory")
 TEST_GROUP = "Nikola_Tesla"
 
 
 @pytest.fixture(scope="module")
-def filter_path(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path, embedding_cache_dir: Path) -> Path:
+def filter_path(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path,
+                embedding_cache_dir: Path) -> Path:
     """A filter calibrated on three XQuAD articles (paragraph context), saved to disk."""
     from ragsieve.data import load_xquad
     from ragsieve.scoring import EmbeddingScorer
 
     pairs = load_xquad("en", data_dir=shared_data_dir, context="paragraph")
     cal = [p for p in pairs if p.group in CAL_GROUPS]
-    flt = ConformalFilter(EmbeddingScorer(cache_dir=embedding_cache_dir), alpha=0.2).calibrate(cal)
+    scorer = EmbeddingScorer(cache_dir=embedding_cache_dir)
+    flt = ConformalFilter(scorer, alpha=0.2).calibrate(cal)
     return flt.save(tmp_path_factory.mktemp("filter") / "filter.json")
 
 
@@ -65,7 +74,8 @@ def _documents(ps: list[Pair]) -> list[Any]:
     from langchain_core.documents import Document
 
     return [
-        Document(page_content=p.text, metadata={"sid": p.snippet_id, "tags": ["x"]}, id=p.snippet_id)
+        Document(page_content=p.text, metadata={"sid": p.snippet_id, "tags": ["x"]},
+                 id=p.snippet_id)
         for p in ps
     ]
 
@@ -88,13 +98,15 @@ def test_package_imports_without_frameworks() -> None:
         "        raise SystemExit('imported ' + mod)\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 
 
-def test_compressor_matches_filter_and_does_not_mutate(compressor: Any, flt: ConformalFilter,
-                                                        queries: list[tuple[str, list[Pair]]]) -> None:
+def test_compressor_matches_filter_and_does_not_mutate(
+    compressor: Any, flt: ConformalFilter, queries: list[tuple[str, list[Pair]]]
+) -> None:
     n_kept = n_dropped = 0
     for query, ps in queries:
         docs = _documents(ps)
@@ -108,6 +120,7 @@ def test_compressor_matches_filter_and_does_not_mutate(compressor: Any, flt: Con
             assert d.metadata["ragsieve_score"] == pytest.approx(k.score)
             assert d.metadata["ragsieve_score"] <= d.metadata["ragsieve_threshold"]
             assert d.metadata["ragsieve_threshold"] == pytest.approx(res.threshold)
+            assert d.metadata["ragsieve_mode"] == "marginal"
         assert docs == before  # caller's documents unchanged, metadata included
         assert all("ragsieve_score" not in d.metadata for d in docs)
         assert not any(o is d or o.metadata is d.metadata for o in out for d in docs)
@@ -132,7 +145,8 @@ def test_compressor_async(compressor: Any, queries: list[tuple[str, list[Pair]]]
     assert got == sync
 
 
-def test_compressor_in_retriever_pipeline(compressor: Any, queries: list[tuple[str, list[Pair]]]) -> None:
+def test_compressor_in_retriever_pipeline(compressor: Any,
+                                          queries: list[tuple[str, list[Pair]]]) -> None:
     """LangChain's own ContextualCompressionRetriever (langchain-classic) with our compressor."""
     classic = pytest.importorskip("langchain_classic.retrievers")
     from langchain_core.callbacks import CallbackManagerForRetrieverRun
@@ -142,7 +156,8 @@ def test_compressor_in_retriever_pipeline(compressor: Any, queries: list[tuple[s
     class ListRetriever(BaseRetriever):
         docs: list[Document]
 
-        def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+        def _get_relevant_documents(self, query: str, *,
+                                    run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
             return [d.model_copy(deep=True) for d in self.docs]
 
     # a held-out question on which the filter removes something
@@ -166,7 +181,8 @@ def test_postprocessor_matches_filter(postprocessor: Any, flt: ConformalFilter,
 
     for query, ps in queries:
         nodes = [
-            NodeWithScore(node=TextNode(text=p.text, id_=p.snippet_id, metadata={"title": "T"}), score=1.0 - i / 100)
+            NodeWithScore(node=TextNode(text=p.text, id_=p.snippet_id, metadata={"title": "T"}),
+                          score=1.0 - i / 100)
             for i, p in enumerate(ps)
         ]
         before = copy.deepcopy(nodes)
@@ -180,7 +196,9 @@ def test_postprocessor_matches_filter(postprocessor: Any, flt: ConformalFilter,
             assert n.node.metadata["ragsieve_score"] == pytest.approx(k.score)
             assert n.node.metadata["ragsieve_threshold"] == pytest.approx(res.threshold)
             assert n.node.metadata["title"] == "T"
-            assert "ragsieve_score" not in n.node.get_content(metadata_mode=MetadataMode.LLM)
+            assert n.node.metadata["ragsieve_mode"] == "marginal"
+            llm_text = n.node.get_content(metadata_mode=MetadataMode.LLM)
+            assert "ragsieve_score" not in llm_text and "ragsieve_mode" not in llm_text
         assert [n.model_dump() for n in nodes] == [n.model_dump() for n in before]
         via_bundle = postprocessor.postprocess_nodes(nodes, query_bundle=QueryBundle(query))
         assert [n.node.node_id for n in via_bundle] == [n.node.node_id for n in out]
@@ -203,3 +221,160 @@ def test_postprocessor_requires_query(postprocessor: Any) -> None:
     nodes = [NodeWithScore(node=TextNode(text="some text"), score=0.5)]
     with pytest.raises(ValueError, match="query_str="):
         postprocessor.postprocess_nodes(nodes)
+
+
+# ------------------------------------------------------------------ every mode through metadata
+
+LANGUAGES = ("en", "de")
+
+
+@pytest.fixture(scope="module")
+def group_filter_path(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path,
+                      embedding_cache_dir: Path) -> Path:
+    """A group-mode filter, one threshold per ``language``, on English and German XQuAD."""
+    from ragsieve.data import load_xquad
+    from ragsieve.scoring import EmbeddingScorer
+
+    cal = [p for lang in LANGUAGES
+           for p in load_xquad(lang, data_dir=shared_data_dir, context="paragraph")
+           if p.group in CAL_GROUPS]
+    flt = ConformalFilter(EmbeddingScorer(cache_dir=embedding_cache_dir), "group", alpha=0.2)
+    flt.calibrate(cal, group_by="language")
+    return flt.save(tmp_path_factory.mktemp("group-filter") / "filter.json")
+
+
+@pytest.fixture(scope="module")
+def group_flt(group_filter_path: Path, embedding_cache_dir: Path) -> ConformalFilter:
+    flt = ConformalFilter.load(group_filter_path, scorer_options={"cache_dir": embedding_cache_dir})
+    assert (flt.mode, flt.group_by) == ("group", "language")
+    return flt
+
+
+@pytest.fixture(scope="module")
+def bilingual_queries(shared_data_dir: Path) -> list[tuple[str, str, list[Pair]]]:
+    """Four held-out questions per language: (language, query, every snippet of its article)."""
+    from ragsieve.data import load_xquad
+
+    out = []
+    for lang in LANGUAGES:
+        by_q: dict[str, list[Pair]] = {}
+        for p in load_xquad(lang, data_dir=shared_data_dir):
+            if p.group == TEST_GROUP:
+                by_q.setdefault(p.query_id, []).append(p)
+        out += [(lang, ps[0].query, ps) for ps in list(by_q.values())[:4]]
+    return out
+
+
+def test_compressor_group_mode_reads_the_group_from_metadata(
+    group_filter_path: Path, group_flt: ConformalFilter, embedding_cache_dir: Path,
+    bilingual_queries: list[tuple[str, str, list[Pair]]],
+) -> None:
+    from langchain_core.documents import Document
+
+    from ragsieve.integrations.langchain import ConformalCompressor
+
+    comp = ConformalCompressor.from_file(group_filter_path, cache_dir=embedding_cache_dir)
+    taus = {lang: group_flt.calibrator.threshold_for(lang) for lang in LANGUAGES}
+    assert taus["en"] != taus["de"]  # one threshold per language: the group matters
+    n_kept = n_dropped = 0
+    for lang, query, ps in bilingual_queries:
+        # a decoy "group" key must not stand in for the filter's group field
+        docs = [Document(page_content=p.text, metadata={"language": lang, "group": "xx"})
+                for p in ps]
+        out = comp.compress_documents(docs, query)
+        res = group_flt.filter(query, [p.text for p in ps], group=lang)
+        assert [d.page_content for d in out] == [k.text for k in res.kept]
+        for d, k in zip(out, res.kept, strict=True):
+            assert d.metadata["ragsieve_mode"] == "group"
+            assert d.metadata["ragsieve_threshold"] == pytest.approx(taus[lang])
+            assert d.metadata["ragsieve_score"] == pytest.approx(k.score)
+            assert k.score <= taus[lang]
+        n_kept += len(out)
+        n_dropped += len(ps) - len(out)
+    assert n_kept > 0 and n_dropped > 0
+    # without its group field a document cannot be filtered by group: the filter says so
+    lang, query, ps = bilingual_queries[0]
+    for meta in ({}, {"group": lang}):
+        docs = [Document(page_content=p.text, metadata=dict(meta)) for p in ps]
+        with pytest.raises(DataError, match="'language'"):
+            comp.compress_documents(docs, query)
+
+
+def test_postprocessor_group_mode_reads_the_group_from_metadata(
+    group_filter_path: Path, group_flt: ConformalFilter, embedding_cache_dir: Path,
+    bilingual_queries: list[tuple[str, str, list[Pair]]],
+) -> None:
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from ragsieve.integrations.llamaindex import ConformalPostprocessor
+
+    post = ConformalPostprocessor.from_file(group_filter_path, cache_dir=embedding_cache_dir)
+    for lang, query, ps in bilingual_queries:
+        nodes = [NodeWithScore(node=TextNode(text=p.text, id_=p.snippet_id,
+                                             metadata={"language": lang}), score=0.5)
+                 for p in ps]
+        out = post.postprocess_nodes(nodes, query_str=query)
+        res = group_flt.filter(query, [p.text for p in ps], group=lang)
+        assert [n.node.node_id for n in out] == [ps[k.index].snippet_id for k in res.kept]
+        assert all(n.node.metadata["ragsieve_mode"] == "group" for n in out)
+        assert all(n.node.metadata["ragsieve_threshold"] == pytest.approx(res.threshold)
+                   for n in out)
+    nodes = [NodeWithScore(node=TextNode(text=p.text), score=0.5) for p in ps]
+    with pytest.raises(DataError, match="'language'"):
+        post.postprocess_nodes(nodes, query_str=query)
+
+
+@pytest.fixture(scope="module")
+def rerank_filter_path(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path,
+                       embedding_cache_dir: Path) -> Path:
+    """A filter on an outside score: ``meta["rerank"]`` (a cosine; higher is better)."""
+    from ragsieve.data import load_xquad
+    from ragsieve.scoring import EmbeddingScorer, FieldScorer
+
+    pairs = load_xquad("en", data_dir=shared_data_dir, context="paragraph")
+    cal = [p for p in pairs if p.group in CAL_GROUPS]
+    cos = 1.0 - EmbeddingScorer(cache_dir=embedding_cache_dir).score_pairs(cal)
+    cal = [dataclasses.replace(p, meta={**p.meta, "rerank": float(c)})
+           for p, c in zip(cal, cos, strict=True)]
+    flt = ConformalFilter(FieldScorer(field="rerank", higher_is_better=True), alpha=0.2)
+    return flt.calibrate(cal).save(tmp_path_factory.mktemp("rerank-filter") / "filter.json")
+
+
+def test_components_filter_on_an_outside_score_from_metadata(
+    rerank_filter_path: Path, embedding_cache_dir: Path,
+    queries: list[tuple[str, list[Pair]]],
+) -> None:
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from ragsieve.integrations.langchain import ConformalCompressor
+    from ragsieve.integrations.llamaindex import ConformalPostprocessor
+    from ragsieve.scoring import EmbeddingScorer
+
+    flt = ConformalFilter.load(rerank_filter_path)
+    comp = ConformalCompressor.from_file(rerank_filter_path)
+    post = ConformalPostprocessor.from_file(rerank_filter_path)
+    embed = EmbeddingScorer(cache_dir=embedding_cache_dir)
+    n_kept = n_dropped = 0
+    for query, ps in queries:
+        rerank = [float(c) for c in 1.0 - embed.score_batch(query, [p.text for p in ps])]
+        res = flt.filter(query, [{"text": p.text, "rerank": r} for p, r in zip(ps, rerank)])
+        # a decoy "score" (say, the retriever's) must not be read as the outside score
+        metas = [{"rerank": r, "score": -1e9} for r in rerank]
+        docs = [Document(page_content=p.text, metadata=m) for p, m in zip(ps, metas)]
+        out = comp.compress_documents(docs, query)
+        assert [d.page_content for d in out] == [k.text for k in res.kept]
+        for d, k in zip(out, res.kept, strict=True):
+            assert d.metadata["ragsieve_score"] == pytest.approx(-rerank[k.index])
+            assert d.metadata["ragsieve_score"] <= d.metadata["ragsieve_threshold"]
+            assert d.metadata["ragsieve_mode"] == "marginal"
+        nodes = [NodeWithScore(node=TextNode(text=p.text, id_=p.snippet_id, metadata=m),
+                               score=0.5) for p, m in zip(ps, metas)]
+        got = post.postprocess_nodes(nodes, query_str=query)
+        assert [n.node.node_id for n in got] == [ps[k.index].snippet_id for k in res.kept]
+        n_kept += len(out)
+        n_dropped += len(ps) - len(out)
+    assert n_kept > 0 and n_dropped > 0
+    docs = [Document(page_content=p.text, metadata={"score": 0.9}) for p in ps]
+    with pytest.raises(DataError, match="'rerank'"):
+        comp.compress_documents(docs, query)

@@ -1,4 +1,4 @@
-"""The local LLM server: real llama.cpp (xllamacpp), real Gemma 3 270M / SmolLM2 weights, no mocks."""
+"""The local LLM server, no mocks: real llama.cpp (xllamacpp), real Gemma 3 / SmolLM2 weights."""
 
 from __future__ import annotations
 
@@ -149,21 +149,24 @@ def test_exit_stops_even_with_a_request_in_flight(client: httpx.Client) -> None:
         try:
             outcome["status"] = client.post(
                 f"{url}/completions",
-                json={"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}).status_code
+                json={"prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0},
+            ).status_code
         except httpx.HTTPError as exc:
             outcome["error"] = exc
 
     with pytest.raises(KeyError), LocalLLMServer(n_ctx=2048) as server:
         url, port = server.base_url, _port(server.base_url)
+        proc = server._proc
+        assert proc is not None
         worker = threading.Thread(target=long_request, args=(url,))
         worker.start()
         time.sleep(0.5)
-        t0 = time.perf_counter()
         raise KeyError("leave the with block while the request runs")
-    elapsed = time.perf_counter() - t0
     worker.join(timeout=30)
     assert not worker.is_alive()
-    assert elapsed < 5, f"stop took {elapsed:.1f} s"
+    # the child left by itself when its stdin closed (exit code 0), without waiting for the
+    # request; a child stuck on its clients would have been killed after the grace period
+    assert proc.returncode == 0, f"server process ended with {proc.returncode}"
     assert "error" in outcome, outcome  # the request was cut off, not answered
     assert not server.is_running and server.pid is None
     assert _refuses(port)

@@ -78,7 +78,7 @@ def test_mondrian_per_group_and_fallback(caplog: pytest.LogCaptureFixture) -> No
         cal = MondrianCalibrator(alpha=0.1).fit(s, None, groups=g)
     assert cal.threshold_for("a") < 1.0 < cal.threshold_for("b") < 2.0
     assert cal.fallback_groups_ == ["tiny"] and "tiny" in caplog.text
-    assert cal.threshold_for("tiny") == cal.threshold_for("never-seen") == cal.pooled_.threshold_
+    assert cal.threshold_for("tiny") == cal.threshold_for("never-seen") == cal.threshold_
     keep = cal.predict([0.99, 0.99], groups=["a", "b"])
     assert keep.tolist() == [False, True]
 

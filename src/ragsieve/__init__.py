@@ -10,10 +10,13 @@ when a model is loaded or a plot is drawn, so ``import ragsieve`` stays light.
 """
 
 from ._version import __version__
-from .adaptive import AdaptiveConformalFilter, drift_check
-from .budget import BudgetCalibrator, select_within_budget
 from .calibration import (
     MODES,
+    AdaptiveCalibrator,
+    AdaptiveConformalFilter,
+    BaseCalibrator,
+    BudgetCalibrator,
+    Guarantee,
     MondrianCalibrator,
     PACCalibrator,
     QueryAllCalibrator,
@@ -22,6 +25,7 @@ from .calibration import (
     TopicCalibrator,
     make_calibrator,
     min_calibration_size,
+    select_within_budget,
 )
 from .chunking import Chunker, chunk_documents, chunk_text
 from .errors import (
@@ -37,8 +41,10 @@ from .errors import (
 )
 from .filter import ConformalFilter
 from .labeling import LLMLabeler
+from .monitoring import drift_check
 from .scoring import (
     EmbeddingScorer,
+    FieldScorer,
     FusedScorer,
     LLMScorer,
     RelativeScorer,
@@ -50,16 +56,20 @@ from .types import FilterResult, Pair, Scored, Snippet
 
 __all__ = [
     "MODES",
+    "AdaptiveCalibrator",
     "AdaptiveConformalFilter",
     "ArtifactError",
+    "BaseCalibrator",
     "BudgetCalibrator",
     "CalibrationError",
     "Chunker",
     "ConformalFilter",
     "DataError",
     "EmbeddingScorer",
+    "FieldScorer",
     "FilterResult",
     "FusedScorer",
+    "Guarantee",
     "LLMError",
     "LLMLabeler",
     "LLMResponseError",

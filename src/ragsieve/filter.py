@@ -1,16 +1,32 @@
-"""``ConformalFilter``: a scorer plus a calibrated threshold, and its JSON artifact.
+"""``ConformalFilter``: a scorer plus a calibrator of any guarantee mode, and its artifact.
 
 A filter is calibrated once on labelled pairs from *other* topics and then applied
-to each query's retrieved snippets: it keeps the snippets whose nonconformity score
-is at most the calibrated threshold tau, in their original order.
+to each query's retrieved snippets: it keeps what its calibrator keeps (for most modes
+the snippets whose nonconformity score is at most the calibrated threshold tau), in
+their original order.
+
+Snippets
+--------
+A snippet is a ``str``, a :class:`~ragsieve.types.Snippet`, a :class:`~ragsieve.types.Pair`
+or a mapping with any of ``"text"``, ``"score"`` (an outside score, for filters calibrated
+on one with :class:`~ragsieve.scoring.FieldScorer`; the field's own name works too),
+``"snippet_id"`` / ``"id"``, and the group value of the ``group`` mode under the filter's
+``group_by`` key or ``"group"``. :meth:`ConformalFilter.filter_vectors` scores from the
+caller's own embeddings instead of texts.
 
 Empty-result policy
 -------------------
-When no snippet scores at or below tau, the default (``min_keep=0``) returns an
-empty ``kept`` tuple and says so in ``FilterResult.note`` (and an INFO log line):
-an empty context is a legitimate outcome ("nothing retrieved looks like evidence").
-With ``min_keep=k`` the ``k`` best-scoring snippets are kept instead; the note says
-that these snippets were kept by the policy, not by the calibrated threshold.
+When nothing is kept, the default (``min_keep=0``) returns an empty ``kept`` tuple and
+says so in ``FilterResult.note`` (and an INFO log line): an empty context is a legitimate
+outcome ("nothing retrieved looks like evidence"). With ``min_keep=k`` the ``k``
+best-scoring snippets are kept instead; the note says that these snippets were kept by
+the policy, not by the calibrated rule.
+
+Artifact
+--------
+``save`` writes JSON format version 2: the scorer spec, the calibration block (mode,
+params, learned state, threshold, group field, the guarantee), the policy and a
+fingerprint of the calibration data. Version 1 artifacts (marginal only) still load.
 """
 
 from __future__ import annotations
@@ -27,53 +43,84 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write_text
+from ._validation import check_scores
 from ._version import __version__
-from .calibration import SplitConformalCalibrator, check_scores
+from .calibration import (
+    BaseCalibrator,
+    MondrianCalibrator,
+    SplitConformalCalibrator,
+    calibrator_from_state,
+    make_calibrator,
+)
 from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
-from .scoring import Scorer, resolve_scorer
-from .types import FilterResult, Pair, Scored, Snippet
+from .scoring import FusedScorer, Scorer, resolve_scorer
+from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
-__all__ = ["ARTIFACT_FORMAT", "ConformalFilter", "SnippetLike", "read_artifact"]
+__all__ = ["ARTIFACT_FORMAT", "ARTIFACT_VERSION", "ConformalFilter", "SnippetLike", "read_artifact"]
 
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "ragsieve.filter"
-ARTIFACT_VERSION = 1
+ARTIFACT_VERSION = 2
 
 SnippetLike = str | Snippet | Pair | Mapping[str, Any]
-_ACCEPTED = "str, ragsieve.Snippet, ragsieve.Pair, or a mapping with a 'text' key"
+_ACCEPTED = (
+    "str, ragsieve.Snippet, ragsieve.Pair, or a mapping with 'text' (or an outside 'score')"
+)
 
 
-def _as_text_and_id(item: Any, index: int) -> tuple[str, str]:
-    """Convert one accepted snippet form to ``(text, snippet_id)``."""
+def _as_item(item: Any, index: int) -> dict[str, Any]:
+    """One accepted snippet form as a dict with ``snippet_id`` and, where known, ``text``."""
     if isinstance(item, str):
-        return item, str(index)
+        return {"text": item, "snippet_id": str(index)}
     if isinstance(item, Snippet):
-        return item.text, item.snippet_id
+        return {"text": item.text, "snippet_id": item.snippet_id}
     if isinstance(item, Pair):
-        return item.text, item.snippet_id
-    if isinstance(item, Mapping) and isinstance(item.get("text"), str):
-        sid = item.get("snippet_id", item.get("id", index))
-        return item["text"], str(sid)
-    raise TypeError(
-        f"snippet {index} has type {type(item).__name__}; expected {_ACCEPTED}."
-    )
+        return {**item.meta, "text": item.text, "snippet_id": item.snippet_id}
+    if isinstance(item, Mapping):
+        out = dict(item)
+        text = out.get("text")
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"snippet {index}: 'text' has type {type(text).__name__}, expected str.")
+        out["snippet_id"] = str(out.get("snippet_id", out.get("id", index)))
+        return out
+    raise TypeError(f"snippet {index} has type {type(item).__name__}; expected {_ACCEPTED}.")
+
+
+def _topic_halves(pairs: Sequence[Pair], seed: int) -> tuple[list[int], list[int]]:
+    """Split pair positions by topic (``Pair.group``) into two halves (fit, calibrate)."""
+    topics = sorted({p.group for p in pairs})
+    if len(topics) < 2:
+        raise CalibrationError(
+            f"the fused ('best') score is fitted on half of the calibration topics and "
+            f"calibrated on the other half; got {len(topics)} topic(s), need at least 2."
+        )
+    rng = np.random.default_rng(seed)
+    fit_topics = set(np.asarray(topics, dtype=object)[rng.permutation(len(topics))[: len(topics) // 2]])
+    fit = [i for i, p in enumerate(pairs) if p.group in fit_topics]
+    cal = [i for i, p in enumerate(pairs) if p.group not in fit_topics]
+    return fit, cal
 
 
 class ConformalFilter:
-    """Keep the snippets whose nonconformity score is at most a calibrated tau.
+    """Keep the snippets a calibrated guarantee mode keeps.
 
     Parameters
     ----------
     scorer : Scorer or str
-        The nonconformity score (an alias such as ``"embedding"`` is resolved).
-    calibrator : SplitConformalCalibrator, optional
-        A calibrator; fitted already, or fitted by :meth:`calibrate`.
-        Defaults to ``SplitConformalCalibrator(alpha=alpha)``.
+        The nonconformity score (an alias such as ``"embedding"`` or ``"best"`` is
+        resolved; ``"best"`` is fitted by :meth:`calibrate`).
+    calibrator : BaseCalibrator or str, optional
+        A calibrator of any mode, fitted already or fitted by :meth:`calibrate`, or a
+        mode name (``"marginal"``, ``"query-all"``, ...) built with ``alpha``.
+        Defaults to the marginal mode.
     alpha : float, default=0.1
-        Used only when ``calibrator`` is None.
+        Used only when ``calibrator`` is None or a mode name.
     min_keep : int, default=0
         Empty-result policy: keep at least this many best-scoring snippets.
+    group_by : str, optional
+        ``group`` mode: the field holding each snippet's group (``Pair.meta`` key at
+        calibration, snippet key at filtering).
 
     Examples
     --------
@@ -93,23 +140,42 @@ class ConformalFilter:
     def __init__(
         self,
         scorer: Scorer | str,
-        calibrator: SplitConformalCalibrator | None = None,
+        calibrator: BaseCalibrator | str | None = None,
         *,
         alpha: float = 0.1,
         min_keep: int = 0,
+        group_by: str | None = None,
     ) -> None:
         self.scorer = resolve_scorer(scorer)
-        self.calibrator = calibrator if calibrator is not None else SplitConformalCalibrator(alpha=alpha)
+        if calibrator is None or isinstance(calibrator, str):
+            calibrator = make_calibrator(calibrator or "marginal", alpha=alpha)
+        if not isinstance(calibrator, BaseCalibrator):
+            raise TypeError(
+                f"calibrator is {type(calibrator).__name__}; expected a ragsieve calibrator "
+                "(ragsieve.calibration.make_calibrator(mode, ...)) or a mode name."
+            )
+        self.calibrator = calibrator
         if isinstance(min_keep, bool) or not isinstance(min_keep, int) or min_keep < 0:
             raise ValueError(f"min_keep == {min_keep!r}, must be an int >= 0.")
+        if group_by is not None and (not isinstance(group_by, str) or not group_by):
+            raise ValueError(f"group_by == {group_by!r}, must be a non-empty field name or None.")
         self.min_keep = min_keep
+        self.group_by = group_by
         self.calibration_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ state
     @property
-    def alpha(self) -> float:
-        """Target miscoverage of the calibrator."""
-        return float(self.calibrator.alpha)
+    def mode(self) -> str:
+        """The guarantee mode of the calibrator."""
+        return self.calibrator.mode
+
+    @property
+    def alpha(self) -> float | None:
+        """Target miscoverage (``None`` for a budget without a coverage target)."""
+        if hasattr(self.calibrator, "alpha"):
+            return float(self.calibrator.alpha)
+        target = getattr(self.calibrator, "target", None)
+        return None if target is None else 1.0 - float(target)
 
     def _check_calibrated(self) -> None:
         if not hasattr(self.calibrator, "threshold_"):
@@ -120,33 +186,39 @@ class ConformalFilter:
 
     @property
     def threshold(self) -> float:
-        """The calibrated threshold tau (raises ``NotFittedError`` before calibration)."""
+        """The calibrated threshold tau (group mode: the pooled one; budget: its cap)."""
         self._check_calibrated()
         return float(self.calibrator.threshold_)
 
     def guarantee(self) -> dict[str, Any]:
-        """Plain description of the guarantee the filter carries."""
-        band = self.calibrator.coverage_band()
-        return {
-            "mode": "marginal",
-            "statement": (
-                f"a relevant snippet exchangeable with the calibration data is kept with "
-                f"probability >= {1 - self.alpha:.3g}"
-            ),
-            "alpha": self.alpha,
-            "coverage_band": list(band),
-            "n_calibration": int(self.calibrator.n_calibration_),
-        }
+        """What the filter promises: the calibrator's :class:`~ragsieve.calibration.Guarantee`
+        as a dict (mode, metric, target, statement, alpha, n_calibration, n_required,
+        infinite, details), plus ``coverage_band`` for the marginal mode."""
+        self._check_calibrated()
+        out = self.calibrator.guarantee().to_dict()
+        if "coverage_band" in out["details"]:
+            out["coverage_band"] = list(out["details"]["coverage_band"])
+        if self.group_by is not None:
+            out["group_by"] = self.group_by
+        return out
 
     # ------------------------------------------------------------ calibrate
-    def calibrate(self, pairs: Sequence[Pair], *, progress: bool = False) -> ConformalFilter:
-        """Score the relevant calibration pairs and fit the calibrator.
+    def calibrate(
+        self,
+        pairs: Sequence[Pair],
+        *,
+        progress: bool = False,
+        group_by: str | None = None,
+        seed: int = 0,
+    ) -> ConformalFilter:
+        """Score labelled calibration pairs and fit the calibrator.
 
-        The threshold depends on the relevant pairs' scores alone, so only they are
-        scored -- except for a list-dependent score (``scorer.list_dependent``: relative
-        and fused scores), whose value for a snippet depends on the rest of its query's
-        list: then every pair is scored, in its query's whole list, and the relevant
-        pairs' scores are kept.
+        Only the relevant pairs are scored when the mode learns from them alone and the
+        score of a snippet does not depend on its list; otherwise (list-dependent scores:
+        relative, fused; budgets) every pair is scored, in its query's whole list. An
+        unfitted fused score (``"best"``) is first fitted on a random half of the
+        calibration topics (``Pair.group``, drawn with ``seed``) and calibrated on the
+        other half, so the score is fixed before the data it is calibrated on is seen.
 
         Parameters
         ----------
@@ -154,6 +226,11 @@ class ConformalFilter:
             Labelled calibration pairs (``relevant`` in {0, 1} for every pair).
         progress : bool
             Show a progress bar while scoring.
+        group_by : str, optional
+            ``group`` mode: the ``Pair.meta`` field holding each pair's group (stored in
+            the artifact; filtering reads the same field). Defaults to the constructor's.
+        seed : int
+            Seed of the fit/calibration topic split of an unfitted fused score.
 
         Returns
         -------
@@ -163,7 +240,7 @@ class ConformalFilter:
         Raises
         ------
         DataError
-            A pair is unlabelled.
+            A pair is unlabelled, or lacks the group field in group mode.
         CalibrationError
             No relevant pair.
         """
@@ -175,110 +252,192 @@ class ConformalFilter:
                 f"query_id={unlabelled[0].query_id!r}, snippet_id={unlabelled[0].snippet_id!r}); "
                 "calibration needs relevant = 0 or 1 on every pair."
             )
-        relevant = [p for p in pairs if p.relevant == 1]
-        if not relevant:
+        if not any(p.relevant == 1 for p in pairs):
             raise CalibrationError(
                 f"no relevant calibration snippet among {len(pairs)} pairs; "
                 "need at least one pair with relevant == 1."
             )
-        if self.scorer.list_dependent:
-            all_scores = self.scorer.score_pairs(pairs, progress=progress)
-            scores = all_scores[np.array([p.relevant == 1 for p in pairs])]
-        else:
-            scores = self.scorer.score_pairs(relevant, progress=progress)
-        self.calibrator.fit(scores)
-        from .data.jsonl import fingerprint_pairs
-
+        self.group_by = group_by or self.group_by
+        if self.calibrator.group_kind == "attribute" and self.group_by is None:
+            raise ValueError(
+                "mode 'group' needs group_by: the Pair.meta field holding each snippet's group "
+                "(e.g. group_by='language'; CLI --group-by FIELD)."
+            )
+        info: dict[str, Any] = {}
+        if isinstance(self.scorer, FusedScorer) and not self.scorer.is_fitted:
+            fit_idx, cal_idx = _topic_halves(pairs, seed)
+            self.scorer = self.scorer.fitted_on([pairs[i] for i in fit_idx])
+            logger.info("fused score fitted on %d pairs of half the topics; calibrating on the other %d",
+                        len(fit_idx), len(cal_idx))
+            info["fusion_fit_pairs"] = len(fit_idx)
+            pairs = [pairs[i] for i in cal_idx]
+            if not any(p.relevant == 1 for p in pairs):
+                raise CalibrationError("the calibration half of the topics has no relevant pair.")
+        if self.scorer.list_dependent or self.calibrator.uses_irrelevant:
+            used = pairs
+            scores = self.scorer.score_pairs(used, progress=progress)
+        else:  # the threshold depends on the relevant pairs' scores alone
+            used = [p for p in pairs if p.relevant == 1]
+            scores = self.scorer.score_pairs(used, progress=progress)
+        self.calibrator.fit(
+            scores,
+            np.array([p.relevant == 1 for p in used], dtype=bool),
+            query_ids=[p.query_id for p in used],
+            groups=self._calibration_groups(used),
+            lengths=[p.text for p in used],
+        )
         self.calibration_info = {
             "fingerprint": fingerprint_pairs(pairs),
             "n_pairs": len(pairs),
             "n_queries": len({p.query_id for p in pairs}),
-            "n_relevant": len(relevant),
+            "n_relevant": sum(p.relevant == 1 for p in pairs),
             "n_groups": len({p.group for p in pairs}),
+            **info,
         }
+        self._warn_if_short()
         return self
 
+    def _calibration_groups(self, pairs: Sequence[Pair]) -> list[Any] | None:
+        """The ``groups`` a mode needs: the group field (group mode) or the topic."""
+        if self.calibrator.group_kind is None:
+            return None
+        if self.calibrator.group_kind == "topic":
+            return [p.group for p in pairs]
+        missing = [p for p in pairs if self.group_by not in p.meta]
+        if missing:
+            raise DataError(
+                f"{len(missing)} calibration pair(s) lack the group field {self.group_by!r} "
+                f"(first: query_id={missing[0].query_id!r}, snippet_id={missing[0].snippet_id!r})."
+            )
+        return [str(p.meta[self.group_by]) for p in pairs]
+
+    def _warn_if_short(self) -> None:
+        g = self.calibrator.guarantee()
+        if g.infinite:
+            logger.warning("%s: the calibration data is too small for alpha=%s (has %d, needs %s); "
+                           "the filter keeps everything.", g.mode, g.alpha, g.n_calibration,
+                           g.n_required)
+
     # ---------------------------------------------------------------- apply
-    def filter_scores(
-        self, query: str, scores: Any, snippets: Sequence[SnippetLike]
-    ) -> FilterResult:
-        """Apply the threshold to precomputed scores (no scoring).
+    def _groups_of(self, items: Sequence[Mapping[str, Any]], group: Any) -> list[Any]:
+        keys = [k for k in (self.group_by, "group") if k]
+        out = []
+        for i, item in enumerate(items):
+            value = next((item[k] for k in keys if item.get(k) is not None), group)
+            if value is None:
+                raise DataError(
+                    f"snippet {i} has no group: mode 'group' needs a {' or '.join(map(repr, keys))} "
+                    "value on each snippet, or a per-query group."
+                )
+            out.append(value)
+        return out
 
-        Parameters
-        ----------
-        query : str
-            The query (recorded in the result).
-        scores : array-like of float
-            Nonconformity scores aligned with ``snippets``.
-        snippets : sequence
-            The snippets (any accepted form).
-
-        Returns
-        -------
-        FilterResult
-        """
-        tau = self.threshold
+    def _apply(self, query: str, scores: Any, items: Sequence[Mapping[str, Any]], group: Any) -> FilterResult:
+        self._check_calibrated()
         arr = check_scores(scores, name="snippet scores")
-        items = [_as_text_and_id(s, i) for i, s in enumerate(snippets)]
-        if len(items) != arr.size:
-            raise ValueError(f"got {arr.size} scores for {len(items)} snippets; they must align.")
-        keep = arr <= tau
+        n = len(items)
+        if n != arr.size:
+            raise ValueError(f"got {arr.size} scores for {n} snippets; they must align.")
+        needs = self.calibrator.predict_requires
+        groups = self._groups_of(items, group) if "groups" in needs and n else None
+        keep = self.calibrator.predict(
+            arr,
+            query_ids=np.zeros(n, dtype=int) if "query_ids" in needs else None,
+            groups=groups,
+            lengths=[str(it.get("text") or "") for it in items] if "lengths" in needs else None,
+        ) if n else np.zeros(0, dtype=bool)
+        tau = self.threshold
+        if groups and isinstance(self.calibrator, MondrianCalibrator) and len(set(map(str, groups))) == 1:
+            tau = self.calibrator.threshold_for(groups[0])
         note = None
-        if len(items) and not keep.any():
+        if n and not keep.any():
             if self.min_keep:
                 order = np.argsort(arr, kind="stable")[: self.min_keep]
                 keep[order] = True
                 note = (
-                    f"no snippet scored <= tau={tau:.4g} (best {arr.min():.4g}); kept the "
-                    f"{int(keep.sum())} best by the min_keep={self.min_keep} policy, outside "
-                    "the calibrated guarantee"
+                    f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
+                    f"{arr.min():.4g}); kept the {int(keep.sum())} best by the "
+                    f"min_keep={self.min_keep} policy, outside the calibrated guarantee"
                 )
             else:
                 note = (
-                    f"no snippet scored <= tau={tau:.4g} (best {arr.min():.4g}); returning an "
-                    "empty context (set min_keep to keep the best ones anyway)"
+                    f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
+                    f"{arr.min():.4g}); returning an empty context (set min_keep to keep the "
+                    "best ones anyway)"
                 )
             logger.info("query %r: %s", query[:80], note)
         kept = tuple(
-            Scored(index=i, snippet_id=sid, text=text, score=float(arr[i]))
-            for i, (text, sid) in enumerate(items)
+            Scored(index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
+                   score=float(arr[i]))
+            for i, it in enumerate(items)
             if keep[i]
         )
-        return FilterResult(
-            query=query,
-            kept=kept,
-            scores=tuple(float(x) for x in arr),
-            threshold=tau,
-            n_input=len(items),
-            note=note,
-        )
+        return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in arr),
+                            threshold=tau, n_input=n, note=note)
 
-    def filter(self, query: str, snippets: Sequence[SnippetLike]) -> FilterResult:
-        """Score one query's snippets and keep those with score <= tau.
+    def filter(self, query: str, snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
+        """Score one query's snippets and keep what the calibrated mode keeps.
 
         Parameters
         ----------
         query : str
             The query.
         snippets : sequence
-            Each a ``str``, ``Snippet``, ``Pair`` or mapping with a ``"text"`` key.
+            Each a ``str``, ``Snippet``, ``Pair`` or mapping (see the module docstring).
+        group : optional
+            ``group`` mode: the group of snippets that carry none of their own.
 
         Returns
         -------
         FilterResult
             Kept snippets in input order, all scores, tau and a note for unusual results.
+
+        Raises
+        ------
+        DataError
+            A snippet lacks what the score or the mode needs (text, outside score, group).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}.")
         self._check_calibrated()  # fail before scoring
-        items = [_as_text_and_id(s, i) for i, s in enumerate(snippets)]
-        scores = self.scorer.score_batch(query, [t for t, _ in items]) if items else np.zeros(0)
-        return self.filter_scores(query, scores, snippets)
+        items = [_as_item(s, i) for i, s in enumerate(snippets)]
+        scores = self.scorer.score_items(query, items) if items else np.zeros(0)
+        return self._apply(query, scores, items, group)
 
-    def filter_pairs(
-        self, pairs: Sequence[Pair], *, progress: bool = False
-    ) -> dict[str, FilterResult]:
-        """Filter many queries at once (batched scoring), keyed by query_id."""
+    def filter_scores(self, query: str, scores: Any, snippets: Sequence[SnippetLike], *,
+                      group: Any = None) -> FilterResult:
+        """Apply the calibrated rule to precomputed scores of this filter's score (no scoring)."""
+        return self._apply(query, scores, [_as_item(s, i) for i, s in enumerate(snippets)], group)
+
+    def filter_vectors(self, query: str, query_vector: Any, snippet_vectors: Any,
+                       snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
+        """Filter with the caller's own embeddings: a dot product, no model call.
+
+        For filters on the embedding score (``1 - cos``) and the relative / fused scores
+        built on it. The vectors must come from the filter's embedding model
+        (``scorer.spec()``); they are normalised here.
+
+        Raises
+        ------
+        TypeError
+            The filter's score cannot be computed from vectors (an LLM, an outside score).
+        ValueError
+            Vectors that are not finite, zero, or of mismatched dimension or count.
+        """
+        self._check_calibrated()
+        items = [_as_item(s, i) for i, s in enumerate(snippets)]
+        sv = np.asarray(snippet_vectors, dtype=float) if len(items) else np.zeros((0, 1))
+        if sv.ndim != 2 or sv.shape[0] != len(items):
+            raise ValueError(f"got snippet_vectors of shape {sv.shape} for {len(items)} snippets; "
+                             "expected one vector per snippet.")
+        scores = self.scorer.scores_from_vectors(query_vector, sv) if items else np.zeros(0)
+        return self._apply(query, scores, items, group)
+
+    def filter_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> dict[str, FilterResult]:
+        """Filter many queries at once (batched scoring), keyed by query_id.
+
+        A group-mode filter reads each pair's group from ``Pair.meta[group_by]``.
+        """
         self._check_calibrated()
         pairs = list(pairs)
         scores = self.scorer.score_pairs(pairs, progress=progress)
@@ -292,36 +451,39 @@ class ConformalFilter:
 
     # ------------------------------------------------------------- artifact
     def to_dict(self) -> dict[str, Any]:
-        """The JSON artifact as a dict (see :meth:`save`)."""
+        """The JSON artifact (format version 2) as a dict (see :meth:`save`)."""
         tau = self.threshold
         cal = self.calibrator
+        params = cal.get_params()
+        if params.get("tokenizer") is not None:
+            raise ArtifactError("a budget with a custom tokenizer cannot be saved; the artifact "
+                                "stores parameters as JSON (use unit='tokens' without a tokenizer).")
+        block: dict[str, Any] = {
+            "mode": cal.mode,
+            "params": {k: v for k, v in params.items() if k != "tokenizer"},
+            "state": cal.to_state(),
+            "alpha": self.alpha,
+            "threshold": None if math.isinf(tau) else tau,
+            "threshold_is_infinite": math.isinf(tau),
+            "group_by": self.group_by,
+            "n_calibration": int(cal.n_calibration_),
+            "guarantee": self.guarantee(),
+        }
         return {
             "format": ARTIFACT_FORMAT,
             "format_version": ARTIFACT_VERSION,
             "library_version": __version__,
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "scorer": self.scorer.spec(),
-            "calibration": {
-                "mode": "marginal",
-                "method": "split-conformal",
-                "alpha": float(cal.alpha),
-                "threshold": None if math.isinf(tau) else tau,
-                "threshold_is_infinite": math.isinf(tau),
-                "n_calibration": int(cal.n_calibration_),
-                "rank": int(cal.rank_),
-                "coverage_band": list(cal.coverage_band()),
-            },
+            "calibration": block,
             "policy": {"min_keep": self.min_keep},
             "data": dict(self.calibration_info),
         }
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the calibrated filter as a JSON artifact (atomically).
-
-        The artifact records the scorer id and model, alpha, tau, n, the data
-        fingerprint and the library version.
-        """
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        """Write the calibrated filter as a JSON artifact (atomically)."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
+        return atomic_write_text(path, text + "\n")
 
     @classmethod
     def from_dict(
@@ -333,36 +495,33 @@ class ConformalFilter:
     ) -> ConformalFilter:
         """Rebuild a filter from an artifact dict; see :meth:`load`."""
         if not isinstance(payload, Mapping) or payload.get("format") != ARTIFACT_FORMAT:
+            got = payload.get("format") if isinstance(payload, Mapping) else type(payload).__name__
             raise ArtifactError(
-                f"not a ragsieve filter artifact: format == {payload.get('format') if isinstance(payload, Mapping) else type(payload).__name__!r}, "
-                f"expected {ARTIFACT_FORMAT!r}."
+                f"not a ragsieve filter artifact: format == {got!r}, expected {ARTIFACT_FORMAT!r}."
             )
         version = payload.get("format_version")
-        if version != ARTIFACT_VERSION:
+        if version not in (1, ARTIFACT_VERSION) or isinstance(version, bool):
             raise ArtifactError(
                 f"artifact format_version == {version!r}; this ragsieve ({__version__}) reads "
-                f"version {ARTIFACT_VERSION}."
+                f"versions 1 and {ARTIFACT_VERSION}."
             )
-        try:
-            spec = dict(payload["scorer"])
-            cal = payload["calibration"]
-            alpha = float(cal["alpha"])
-            tau = math.inf if cal["threshold_is_infinite"] else float(cal["threshold"])
-            n = int(cal["n_calibration"])
-            min_keep = int(payload.get("policy", {}).get("min_keep", 0))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"malformed filter artifact: missing or invalid field ({exc!r}).") from exc
+        spec, calibrator, group_by, min_keep = _read_payload(payload, version)
         if scorer is None:
-            scorer = resolve_scorer(spec, **dict(scorer_options or {}))
+            try:
+                scorer = resolve_scorer(spec, **dict(scorer_options or {}))
+            except (TypeError, ValueError) as exc:
+                if isinstance(exc, ArtifactError):
+                    raise
+                raise ArtifactError(f"artifact scorer {spec!r} cannot be rebuilt: {exc}") from exc
         if scorer.spec() != spec:
             raise ScorerMismatchError(
                 f"the artifact was calibrated with scorer {spec!r} but the supplied scorer is "
                 f"{scorer.spec()!r}; a threshold is only valid for the score it was calibrated on. "
                 "Recalibrate with this scorer or load without passing one."
             )
-        calibrator = SplitConformalCalibrator.from_threshold(alpha=alpha, threshold=tau, n_calibration=n)
-        flt = cls(scorer, calibrator, min_keep=min_keep)
-        flt.calibration_info = dict(payload.get("data", {}))
+        flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by)
+        data = payload.get("data", {})
+        flt.calibration_info = dict(data) if isinstance(data, Mapping) else {}
         return flt
 
     @classmethod
@@ -389,7 +548,8 @@ class ConformalFilter:
         Raises
         ------
         ArtifactError
-            Unreadable, non-JSON or malformed file, or an unknown format version.
+            Unreadable, non-JSON or malformed file, an unknown format version, or a
+            threshold that disagrees with the stored calibration state.
         ScorerMismatchError
             The supplied scorer differs from the one the threshold was calibrated with.
         """
@@ -397,7 +557,55 @@ class ConformalFilter:
 
     def __repr__(self) -> str:
         tau = getattr(self.calibrator, "threshold_", None)
-        return f"ConformalFilter(scorer={self.scorer.spec()!r}, alpha={self.alpha}, threshold={tau})"
+        return (f"ConformalFilter(scorer={self.scorer.spec()!r}, mode={self.mode!r}, "
+                f"alpha={self.alpha}, threshold={tau})")
+
+
+def _strict_bool(block: Mapping[str, Any], key: str) -> bool:
+    value = block.get(key)
+    if not isinstance(value, bool):
+        raise ArtifactError(f"artifact calibration {key!r} == {value!r}, expected true or false.")
+    return value
+
+
+def _stored_threshold(block: Mapping[str, Any]) -> float:
+    if _strict_bool(block, "threshold_is_infinite"):
+        if block.get("threshold") is not None:
+            raise ArtifactError("artifact calibration says threshold_is_infinite but holds a threshold.")
+        return math.inf
+    value = block.get("threshold")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ArtifactError(f"artifact calibration threshold == {value!r}, expected a finite number.")
+    return float(value)
+
+
+def _read_payload(payload: Mapping[str, Any], version: int) -> tuple[dict[str, Any], BaseCalibrator, str | None, int]:
+    """Scorer spec, fitted calibrator, group field and min_keep of an artifact."""
+    spec, block = payload.get("scorer"), payload.get("calibration")
+    if not isinstance(spec, Mapping) or not isinstance(block, Mapping):
+        raise ArtifactError("malformed filter artifact: 'scorer' and 'calibration' must be objects.")
+    policy = payload.get("policy", {})
+    min_keep = policy.get("min_keep", 0) if isinstance(policy, Mapping) else None
+    if isinstance(min_keep, bool) or not isinstance(min_keep, int) or min_keep < 0:
+        raise ArtifactError(f"artifact policy min_keep == {min_keep!r}, expected an int >= 0.")
+    tau = _stored_threshold(block)
+    if version == 1:
+        try:
+            calibrator: BaseCalibrator = SplitConformalCalibrator.from_threshold(
+                alpha=block["alpha"], threshold=tau, n_calibration=block["n_calibration"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"malformed filter artifact: missing or invalid field ({exc!r}).") from exc
+        return dict(spec), calibrator, None, min_keep
+    calibrator = calibrator_from_state(block.get("mode"), block.get("params"), block.get("state"))
+    if calibrator.threshold_ != tau:
+        raise ArtifactError(
+            f"artifact threshold {tau!r} disagrees with its calibration state "
+            f"({calibrator.threshold_!r}); the artifact was edited or corrupted: recalibrate."
+        )
+    group_by = block.get("group_by")
+    if group_by is not None and not isinstance(group_by, str):
+        raise ArtifactError(f"artifact group_by == {group_by!r}, expected a field name or null.")
+    return dict(spec), calibrator, group_by, min_keep
 
 
 def read_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:

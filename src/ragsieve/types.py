@@ -6,12 +6,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FilterResult", "Pair", "Scored", "Snippet"]
+__all__ = ["FilterResult", "Pair", "Scored", "Snippet", "fingerprint_pairs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +142,41 @@ class FilterResult:
     def keeps_all(self) -> bool:
         """True when the threshold is infinite."""
         return math.isinf(self.threshold)
+
+
+def fingerprint_pairs(pairs: Iterable[Pair]) -> str:
+    """SHA-256 of the labelled content of ``pairs``, independent of their order.
+
+    Each pair is serialised canonically as the compact JSON array
+    ``[query_id, snippet_id, text, relevant]``; the sorted lines are hashed. Query
+    text, group and meta are not part of the fingerprint.
+
+    Parameters
+    ----------
+    pairs : iterable of Pair
+
+    Returns
+    -------
+    str
+        64 hexadecimal characters.
+
+    Examples
+    --------
+    >>> a = Pair("q", "Who?", "s1", "Ada.", 1)
+    >>> b = Pair("q", "Who?", "s2", "Bob.", 0)
+    >>> fingerprint_pairs([a, b]) == fingerprint_pairs([b, a])
+    True
+    """
+    lines = sorted(
+        json.dumps(
+            [p.query_id, p.snippet_id, p.text, p.relevant],
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+        for p in pairs
+    )
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()

@@ -1,42 +1,52 @@
-"""Calibration of the keep-threshold: split conformal and the other guarantee modes.
+"""Calibration of the keep-rule: one estimator contract, one class per guarantee mode.
 
-* :mod:`~ragsieve.calibration.split` -- ``SplitConformalCalibrator`` (the marginal rule)
-  and the shared validation helpers.
-* :mod:`~ragsieve.calibration.modes` -- per-query (risk control, all-evidence),
-  training-conditional (PAC), per-group (Mondrian) and per-topic (two-layer) calibrators,
-  resolved by name with :func:`make_calibrator`.
+* :mod:`~ragsieve.calibration.base` -- the contract (``BaseCalibrator``, ``Guarantee``).
+* :mod:`~ragsieve.calibration.split` -- marginal split conformal.
+* :mod:`~ragsieve.calibration.query` -- per query: risk control, all evidence.
+* :mod:`~ragsieve.calibration.pac` -- training-conditional (PAC).
+* :mod:`~ragsieve.calibration.mondrian` -- per group.
+* :mod:`~ragsieve.calibration.topic` -- per new topic.
+* :mod:`~ragsieve.calibration.budget` -- a per-query context budget.
+* :mod:`~ragsieve.calibration.adaptive` -- adaptive conformal inference on feedback.
+* :mod:`~ragsieve.calibration.stats` -- ranks, binomial tails, pooled CDFs.
+* :mod:`~ragsieve.calibration.modes` -- mode names resolved (``make_calibrator``).
 """
 
-from .modes import (
-    MODES,
-    MondrianCalibrator,
-    PACCalibrator,
-    QueryAllCalibrator,
-    QueryRecallCalibrator,
-    TopicCalibrator,
-    binomial_sf,
-    make_calibrator,
-)
-from .split import (
-    SplitConformalCalibrator,
-    check_alpha,
-    check_scores,
-    conformal_rank,
-    min_calibration_size,
-)
+from .._validation import check_alpha, check_scores
+from .adaptive import AdaptiveCalibrator, AdaptiveConformalFilter
+from .base import BaseCalibrator, Guarantee
+from .budget import BudgetCalibrator, BudgetReport, approx_tokens, select_within_budget
+from .modes import CALIBRATORS, MODES, calibrator_from_state, make_calibrator
+from .mondrian import MondrianCalibrator
+from .pac import PACCalibrator
+from .query import QueryAllCalibrator, QueryRecallCalibrator
+from .split import SplitConformalCalibrator
+from .stats import binomial_sf, clopper_pearson_lower, conformal_rank, min_calibration_size
+from .topic import TopicCalibrator
 
 __all__ = [
+    "CALIBRATORS",
     "MODES",
+    "AdaptiveCalibrator",
+    "AdaptiveConformalFilter",
+    "BaseCalibrator",
+    "BudgetCalibrator",
+    "BudgetReport",
+    "Guarantee",
     "MondrianCalibrator",
     "PACCalibrator",
     "QueryAllCalibrator",
     "QueryRecallCalibrator",
     "SplitConformalCalibrator",
     "TopicCalibrator",
+    "approx_tokens",
     "binomial_sf",
+    "calibrator_from_state",
     "check_alpha",
     "check_scores",
+    "clopper_pearson_lower",
     "conformal_rank",
     "make_calibrator",
     "min_calibration_size",
+    "select_within_budget",
 ]

@@ -9,9 +9,9 @@ written back, so a read/write round trip loses nothing. See ``docs/data-format.m
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from ragsieve._io import create_temp
 from ragsieve.errors import DataError
-from ragsieve.types import Pair
+from ragsieve.types import Pair, fingerprint_pairs
 
 __all__ = [
     "OPTIONAL_KEYS",
@@ -196,7 +196,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def iter_pairs(source: PathOrFile, *, require_labels: bool = False) -> Iterator[Pair]:
+def _check_score_field(pair: Pair, field: str, where: str) -> None:
+    value = pair.meta.get(field, ...)
+    if value is ...:
+        raise DataError(f"{where}: no {field!r} field; every line needs the outside score {field!r}.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise DataError(f"{where}: {field!r} == {value!r}, expected a finite number (the outside score).")
+
+
+def iter_pairs(
+    source: PathOrFile, *, require_labels: bool = False, score_field: str | None = None
+) -> Iterator[Pair]:
     """Stream the pairs of a JSONL file, validating every line.
 
     Parameters
@@ -205,6 +215,9 @@ def iter_pairs(source: PathOrFile, *, require_labels: bool = False) -> Iterator[
         Path of the file, ``"-"`` for standard input, or an open (text or binary) file.
     require_labels : bool, default False
         If True, a missing or null ``relevant`` is an error (needed for calibration).
+    score_field : str, optional
+        A key every line must carry as a finite number (an outside score, see
+        ``FieldScorer``); a missing, non-numeric or NaN value is an error naming file:line.
 
     Yields
     ------
@@ -242,6 +255,8 @@ def iter_pairs(source: PathOrFile, *, require_labels: bool = False) -> Iterator[
         except ValueError as exc:
             raise DataError(f"{where}: malformed JSON ({exc}).") from None
         pair = _pair_from_record(record, where, require_labels)
+        if score_field is not None:
+            _check_score_field(pair, score_field, where)
         consistency.check(pair, where)
         n += 1
         yield pair
@@ -249,7 +264,9 @@ def iter_pairs(source: PathOrFile, *, require_labels: bool = False) -> Iterator[
         raise DataError(f"{name}: contains no pairs; expected one JSON object per line.")
 
 
-def read_pairs(source: PathOrFile, *, require_labels: bool = False) -> list[Pair]:
+def read_pairs(
+    source: PathOrFile, *, require_labels: bool = False, score_field: str | None = None
+) -> list[Pair]:
     """Read and validate a JSONL file of (query, snippet) pairs.
 
     Parameters
@@ -258,6 +275,8 @@ def read_pairs(source: PathOrFile, *, require_labels: bool = False) -> list[Pair
         Path of the file, ``"-"`` for standard input, or an open file.
     require_labels : bool, default False
         If True, every line must have ``relevant`` equal to 0 or 1.
+    score_field : str, optional
+        A key every line must hold as a finite number (see :func:`iter_pairs`).
 
     Returns
     -------
@@ -276,7 +295,7 @@ def read_pairs(source: PathOrFile, *, require_labels: bool = False) -> list[Pair
     >>> read_pairs(io.StringIO(line))[0].group
     'q1'
     """
-    return list(iter_pairs(source, require_labels=require_labels))
+    return list(iter_pairs(source, require_labels=require_labels, score_field=score_field))
 
 
 # --------------------------------------------------------------------------- writing
@@ -370,44 +389,6 @@ def write_pairs(pairs: Iterable[Pair], destination: PathOrFile) -> int:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def fingerprint_pairs(pairs: Iterable[Pair]) -> str:
-    """SHA-256 of the labelled content of ``pairs``, independent of their order.
-
-    Each pair is serialised canonically as the compact JSON array
-    ``[query_id, snippet_id, text, relevant]``; the sorted lines are hashed. Query
-    text, group and meta are not part of the fingerprint.
-
-    Parameters
-    ----------
-    pairs : iterable of Pair
-
-    Returns
-    -------
-    str
-        64 hexadecimal characters.
-
-    Examples
-    --------
-    >>> a = Pair("q", "Who?", "s1", "Ada.", 1)
-    >>> b = Pair("q", "Who?", "s2", "Bob.", 0)
-    >>> fingerprint_pairs([a, b]) == fingerprint_pairs([b, a])
-    True
-    """
-    lines = sorted(
-        json.dumps(
-            [p.query_id, p.snippet_id, p.text, p.relevant],
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
-        for p in pairs
-    )
-    digest = hashlib.sha256()
-    for line in lines:
-        digest.update(line.encode("utf-8"))
-        digest.update(b"\n")
-    return digest.hexdigest()
 
 
 def group_by_query(pairs: Iterable[Pair]) -> dict[str, list[int]]:

@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path, PurePosixPath
 
 from ragsieve._io import create_temp
+from ragsieve._paths import CACHE_ENV, cache_dir  # re-exported: defined below data/ and llm/
 from ragsieve.errors import DataError
 
 __all__ = [
@@ -37,9 +38,6 @@ logger = logging.getLogger(__name__)
 
 DATA_ENV = "RAGSIEVE_DATA"
 """Environment variable naming the data directory."""
-
-CACHE_ENV = "RAGSIEVE_CACHE"
-"""Environment variable naming the cache directory (default ``~/.cache/ragsieve``)."""
 
 DOWNLOAD_TIMEOUT = 60.0
 """Seconds to wait for the server before a download fails."""
@@ -101,15 +99,6 @@ def data_dir(explicit: str | os.PathLike[str] | None = None) -> Path | None:
 
 
 _locate_data_dir = data_dir  # reachable inside functions whose parameter is named data_dir
-
-
-def cache_dir() -> Path:
-    """The ragsieve cache directory: ``$RAGSIEVE_CACHE`` or ``~/.cache/ragsieve``.
-
-    The directory is not created here.
-    """
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ragsieve"
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from ragsieve.data.jsonl import read_pairs
 from ragsieve.data.selqa import SELQA_SPLITS, load_selqa
 from ragsieve.data.xquad import XQUAD_LANGUAGES, load_xquad
+from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
 __all__ = ["available_datasets", "load_dataset"]
@@ -37,7 +38,8 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
         Passed on to :func:`~ragsieve.data.xquad.load_xquad` (``data_dir``,
         ``context``, ``chunker``, ``download``), :func:`~ragsieve.data.selqa.load_selqa`
         (``data_dir``, ``chunker``, ``download``) or
-        :func:`~ragsieve.data.jsonl.read_pairs` (``require_labels``).
+        :func:`~ragsieve.data.jsonl.read_pairs` (``require_labels``), and
+        ``score_field``: a numeric field every pair must carry (an outside score).
 
     Returns
     -------
@@ -56,6 +58,7 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
     ``write_pairs(load_dataset("xquad-en"), "xquad-en.jsonl")``.
     """
     text = os.fspath(name)
+    score_field = kwargs.pop("score_field", None)
     if not isinstance(name, os.PathLike):
         key = text.strip().lower()
         key = {"xquad": "xquad-en", "selqa": "selqa-dev"}.get(key, key)
@@ -63,19 +66,29 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
         if family == "xquad" and variant in XQUAD_LANGUAGES:
             if "language" in kwargs:
                 raise TypeError(f"dataset {text!r} fixes the language; do not pass language=.")
-            return load_xquad(variant, **kwargs)
+            return _with_field(load_xquad(variant, **kwargs), text, score_field)
         if family == "selqa" and variant in SELQA_SPLITS:
             if "split" in kwargs:
                 raise TypeError(f"dataset {text!r} fixes the split; do not pass split=.")
-            return load_selqa(variant, **kwargs)
+            return _with_field(load_selqa(variant, **kwargs), text, score_field)
     if (
         isinstance(name, os.PathLike)
         or text == "-"
         or text.endswith(".jsonl")
         or Path(text).is_file()
     ):
-        return read_pairs(text, **kwargs)
+        return read_pairs(text, score_field=score_field, **kwargs)
     raise ValueError(
         f"dataset == {text!r}, must be one of {', '.join(available_datasets())}, "
         "or a path to a JSONL file."
     )
+
+
+def _with_field(pairs: list[Pair], name: str, score_field: str | None) -> list[Pair]:
+    """Built-in datasets carry no outside score: refuse a score field they lack."""
+    if score_field is not None and any(score_field not in p.meta for p in pairs):
+        raise DataError(
+            f"dataset {name!r} has no {score_field!r} field; an outside score needs a JSONL "
+            "file that carries it on every line."
+        )
+    return pairs

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# defined with the scores that need it (the "rank" relative score); re-exported here
+from ..scoring.relative import within_query_rank
+
 __all__ = ["char_removal", "coverage", "query_coverage", "removal", "within_query_rank"]
 
 
@@ -34,7 +37,8 @@ def query_coverage(kept: np.ndarray, relevant: np.ndarray, query_index: np.ndarr
 
     Examples
     --------
-    >>> query_coverage(np.array([1, 0, 1, 1], bool), np.array([1, 1, 1, 0], bool), np.array([0, 0, 1, 1]))
+    >>> kept, relevant = np.array([1, 0, 1, 1], bool), np.array([1, 1, 1, 0], bool)
+    >>> query_coverage(kept, relevant, np.array([0, 0, 1, 1]))
     array([0.5, 1. ])
     """
     rel = np.asarray(relevant, dtype=bool)
@@ -60,24 +64,3 @@ def char_removal(kept: np.ndarray, lengths: np.ndarray) -> float:
     ln = np.asarray(lengths, dtype=float)
     total = ln.sum()
     return 0.0 if total == 0 else float(1.0 - ln[k].sum() / total)
-
-
-def within_query_rank(scores: np.ndarray, query_index: np.ndarray) -> np.ndarray:
-    """0-based rank of each snippet within its query's list by increasing score.
-
-    Ties are broken by position (stable), so top-k keeps exactly k per query.
-
-    Examples
-    --------
-    >>> within_query_rank(np.array([0.3, 0.1, 0.2, 0.5, 0.4]), np.array([0, 0, 0, 1, 1]))
-    array([2, 0, 1, 1, 0])
-    """
-    s = np.asarray(scores, dtype=float)
-    q = np.asarray(query_index)
-    order = np.lexsort((np.arange(s.size), s, q))  # by query, then score, then position
-    ranks = np.empty(s.size, dtype=np.int64)
-    sorted_q = q[order]
-    starts = np.r_[0, np.flatnonzero(sorted_q[1:] != sorted_q[:-1]) + 1]
-    first = np.repeat(starts, np.diff(np.r_[starts, s.size]))
-    ranks[order] = np.arange(s.size) - first
-    return ranks

@@ -1,8 +1,9 @@
-"""Matplotlib figures of an evaluation run (one PNG per run)."""
+"""Matplotlib figures of evaluation runs (one PNG per figure)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,56 @@ from .sweep import EvaluationReport
 
 __all__ = ["plot_report", "save_figure"]
 
+_COLOURS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:cyan")
 
-def plot_report(report: EvaluationReport, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+
+def _as_reports(
+    reports: EvaluationReport | Mapping[str, EvaluationReport],
+) -> dict[str, EvaluationReport]:
+    if isinstance(reports, EvaluationReport):
+        return {"conformal": reports}
+    if isinstance(reports, Mapping) and reports:
+        bad = [k for k, v in reports.items() if not isinstance(v, EvaluationReport)]
+        if not bad:
+            return {str(k): v for k, v in reports.items()}
+        raise TypeError(f"reports[{bad[0]!r}] is {type(reports[bad[0]]).__name__}, "
+                        "expected an EvaluationReport.")
+    raise TypeError(f"reports is {type(reports).__name__}; expected an EvaluationReport or a "
+                    "non-empty mapping label -> EvaluationReport.")
+
+
+def _series(reports: dict[str, EvaluationReport]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """One (label, conformal rows sorted by target) series per report and guarantee mode."""
+    out: list[tuple[str, list[dict[str, Any]]]] = []
+    for label, report in reports.items():
+        by_mode: dict[str, list[dict[str, Any]]] = {}
+        for row in report.rows("conformal"):
+            by_mode.setdefault(row.get("mode", "marginal"), []).append(row)
+        for mode, rows in by_mode.items():
+            name = label if len(by_mode) == 1 and mode == "marginal" else f"{label}, {mode}"
+            out.append((name, sorted(rows, key=lambda r: r["target"])))
+    if not out:
+        raise ValueError("the report has no conformal rows to plot.")
+    return out
+
+
+def plot_report(
+    reports: EvaluationReport | Mapping[str, EvaluationReport],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+) -> Path:
     """Plot coverage vs target (valid band shaded), removal vs target, and the trade-off.
+
+    With several reports (one per score, evaluated on the same splits) every panel shows
+    one conformal curve per report; the top-k and fixed-threshold baselines of the
+    trade-off panel come from the first report.
 
     Parameters
     ----------
-    report : EvaluationReport
-        Output of :func:`ragsieve.evaluation.evaluate`.
+    reports : EvaluationReport or Mapping[str, EvaluationReport]
+        Output of :func:`ragsieve.evaluation.evaluate`, or several keyed by the label
+        to show in the legend (e.g. ``{"1 - cos": r1, "fused": r2}``).
     path : path-like
         PNG file to write.
     title : str, optional
@@ -28,53 +71,74 @@ def plot_report(report: EvaluationReport, path: str | os.PathLike[str], *, title
     -------
     pathlib.Path
         The written file.
+
+    Raises
+    ------
+    TypeError
+        ``reports`` is neither a report nor a non-empty mapping of reports.
+    ValueError
+        No report has conformal rows.
+    ImportError
+        matplotlib is missing (``pip install 'ragsieve[plot]'``).
     """
+    named = _as_reports(reports)
+    series = _series(named)
     matplotlib = require("matplotlib", "plot")
     matplotlib.use("Agg", force=False)
     plt = require("matplotlib.pyplot", "plot")
 
-    conf = sorted(report.rows("conformal"), key=lambda r: r["target"])
-    if not conf:
-        raise ValueError("the report has no conformal rows to plot.")
-    target = [r["target"] for r in conf]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
-    ax = axes[0]
-    ax.fill_between(target, [r["band_low"] for r in conf], [r["band_high"] for r in conf],
-                    color="tab:green", alpha=0.35, edgecolor="tab:green", linewidth=1.5, label="valid band [1-α, 1-α+1/(n+1)]")
-    ax.plot(target, target, "k--", lw=1, label="target 1-α")
-    ax.errorbar(target, [r["coverage_mean"] for r in conf], yerr=[r["coverage_std"] for r in conf],
-                fmt="o-", color="tab:blue", capsize=3, label="conformal: coverage (±1 sd over splits)")
-    ax.plot(target, [r["query_coverage_mean"] for r in conf], "s:", color="tab:purple",
-            label="conformal: mean per-query coverage")
-    ax.set_xlabel("target coverage 1-α")
-    ax.set_ylabel("coverage of relevant test snippets")
-    ax.set_title("coverage vs target")
-    ax.legend(fontsize=7, loc="upper left")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
+    cov_ax, rm_ax, trade_ax = axes
+    banded = False
+    for j, (name, rows) in enumerate(series):
+        colour = _COLOURS[j % len(_COLOURS)]
+        target = [r["target"] for r in rows]
+        if not banded and all(r.get("mode", "marginal") == "marginal" for r in rows):
+            cov_ax.fill_between(target, [r["band_low"] for r in rows],
+                                [r["band_high"] for r in rows], color="tab:green", alpha=0.3,
+                                edgecolor="tab:green", linewidth=1.5,
+                                label="valid band [1-α, 1-α+1/(n+1)]")
+            banded = True
+        cov_ax.errorbar(target, [r["coverage_mean"] for r in rows],
+                        yerr=[r["coverage_std"] for r in rows], fmt="o-", color=colour,
+                        capsize=3, label=f"{name}: coverage (±1 sd over splits)")
+        cov_ax.plot(target, [r["query_coverage_mean"] for r in rows], "s:", color=colour,
+                    alpha=0.7, label=f"{name}: mean per-query coverage")
+        rm_ax.plot(target, [r["removal_mean"] for r in rows], "o-", color=colour,
+                   label=f"{name}: snippets removed")
+        rm_ax.plot(target, [r["removal_chars_mean"] for r in rows], "s--", color=colour,
+                   alpha=0.7, label=f"{name}: characters removed")
+        trade_ax.plot([r["removal_mean"] for r in rows], [r["coverage_mean"] for r in rows],
+                      "o-", color=colour, label=f"conformal, {name} (α sweep)")
+    lo = min(r["target"] for _, rows in series for r in rows)
+    hi = max(r["target"] for _, rows in series for r in rows)
+    cov_ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="target 1-α")
+    cov_ax.set_xlabel("target coverage 1-α")
+    cov_ax.set_ylabel("coverage of relevant test snippets")
+    cov_ax.set_title("coverage vs target")
+    cov_ax.legend(fontsize=7, loc="upper left")
+    rm_ax.set_xlabel("target coverage 1-α")
+    rm_ax.set_ylabel("fraction of context removed")
+    rm_ax.set_ylim(0, 1)
+    rm_ax.set_title("removal vs target")
+    rm_ax.legend(fontsize=7)
 
-    ax = axes[1]
-    ax.plot(target, [r["removal_mean"] for r in conf], "o-", color="tab:orange", label="snippets removed")
-    ax.plot(target, [r["removal_chars_mean"] for r in conf], "s--", color="tab:red", label="characters removed")
-    ax.set_xlabel("target coverage 1-α")
-    ax.set_ylabel("fraction of context removed")
-    ax.set_ylim(0, 1)
-    ax.set_title("removal vs target")
-    ax.legend(fontsize=7)
-
-    ax = axes[2]
-    ax.plot([r["removal_mean"] for r in conf], [r["coverage_mean"] for r in conf], "o-",
-            color="tab:blue", label="conformal (α sweep)")
-    for method, key, marker, color in (("top-k", "k", "^", "tab:gray"), ("threshold", "theta", "v", "tab:brown")):
-        rows = report.rows(method)
-        if rows:
-            ax.scatter([r["removal_mean"] for r in rows], [r["coverage_mean"] for r in rows],
-                       marker=marker, color=color, label=method)
-            for r in rows:
-                ax.annotate(f"{key}={r[key]}", (r["removal_mean"], r["coverage_mean"]), fontsize=6,
-                            xytext=(3, 3), textcoords="offset points")
-    ax.set_xlabel("fraction of snippets removed")
-    ax.set_ylabel("coverage")
-    ax.set_title("trade-off on the same test splits")
-    ax.legend(fontsize=7)
+    first_label, first = next(iter(named.items()))
+    suffix = f" ({first_label})" if len(named) > 1 else ""
+    for method, key, marker, colour in (("top-k", "k", "^", "tab:gray"),
+                                        ("threshold", "theta", "v", "tab:brown")):
+        rows = first.rows(method)
+        if not rows:
+            continue
+        trade_ax.scatter([r["removal_mean"] for r in rows], [r["coverage_mean"] for r in rows],
+                         marker=marker, color=colour, label=method + suffix)
+        for r in rows:
+            trade_ax.annotate(f"{key}={r[key]}", (r["removal_mean"], r["coverage_mean"]),
+                              fontsize=6, xytext=(3, 3), textcoords="offset points")
+    trade_ax.set_xlabel("fraction of snippets removed")
+    trade_ax.set_ylabel("coverage")
+    trade_ax.set_title("trade-off on the same test splits")
+    trade_ax.legend(fontsize=7)
     return save_figure(fig, path, title=title)
 
 

@@ -3,8 +3,8 @@
 A labelled stream of query batches switches source midway (e.g. English XQuAD, then
 German XQuAD scored by the same English model). A static split-conformal threshold
 calibrated on held-out topics of the first source keeps its coverage in phase 1 and
-loses it after the switch; :class:`~ragsieve.adaptive.AdaptiveConformalFilter`, fed the
-same labelled feedback, recovers the target. :func:`~ragsieve.adaptive.drift_check`
+loses it after the switch; :class:`~ragsieve.calibration.AdaptiveCalibrator`, fed the
+same labelled feedback, recovers the target. :func:`~ragsieve.monitoring.drift_check`
 flags the switch. :func:`run_shift_demo` writes ``shift.png`` and ``shift.json``.
 """
 
@@ -16,19 +16,21 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._optional import require
-from ..adaptive import AdaptiveConformalFilter, drift_check
-from ..calibration import SplitConformalCalibrator, check_alpha, check_scores
+from .._validation import check_alpha, check_scores
+from ..calibration import AdaptiveCalibrator, SplitConformalCalibrator
 from ..errors import DataError
+from ..monitoring import drift_check
 from ..types import Pair
 from .plots import save_figure
 
-__all__ = ["plot_shift", "rolling_coverage", "run_shift_demo", "run_stream"]
+__all__ = ["ShiftDemoConfig", "plot_shift", "rolling_coverage", "run_shift_demo", "run_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ def run_stream(
         raise ValueError(f"phase must hold only 1 and 2, got {sorted(set(ph.tolist()))}.")
     static = SplitConformalCalibrator(alpha=alpha).fit(cal)
     kept_static = s <= static.threshold_
-    aci = AdaptiveConformalFilter(alpha=alpha, gamma=gamma, window=window).fit(cal)
+    aci = AdaptiveCalibrator(alpha=alpha, gamma=gamma, window=window).fit(cal)
     kept_aci = aci.update_batch(s, rel)
 
     summary: dict[str, Any] = {
@@ -186,21 +188,49 @@ def _query_batches(pairs: Sequence[Pair], rng: np.random.Generator) -> list[list
     return [batches[j] for j in order]
 
 
+@dataclass(frozen=True)
+class ShiftDemoConfig:
+    """What :func:`run_shift_demo` streams.
+
+    Attributes
+    ----------
+    seed : int
+        Seed of the topic split and the query order.
+    phase1, phase2 : str
+        Dataset names before and after the switch (see ``ragsieve.data.load_dataset``).
+    model : str
+        Embedding model of the scorer used for every phase.
+    alpha, gamma, window, rolling, drift_alpha
+        See :func:`run_stream`.
+    calibration_fraction : float
+        Share of ``phase1``'s topics used for calibration, in (0, 1).
+    cache_dir : path-like, optional
+        Embedding cache; default ``ragsieve.data.paths.cache_dir() / "embeddings"``.
+    data_dir : path-like, optional
+        Dataset directory (``RAGSIEVE_DATA`` by default).
+    """
+
+    seed: int = 0
+    phase1: str = "xquad-en"
+    phase2: str = "xquad-de"
+    model: str = "minilm"
+    alpha: float = 0.1
+    gamma: float = 0.005
+    window: int | None = 500
+    rolling: int = 200
+    calibration_fraction: float = 0.5
+    drift_alpha: float = 0.01
+    cache_dir: str | os.PathLike[str] | None = None
+    data_dir: str | os.PathLike[str] | None = None
+
+    def __post_init__(self) -> None:
+        check_alpha(self.alpha)
+        check_alpha(self.drift_alpha, name="drift_alpha")
+        check_alpha(self.calibration_fraction, name="calibration_fraction")
+
+
 def run_shift_demo(
-    out_dir: str | os.PathLike[str],
-    *,
-    seed: int = 0,
-    phase1: str = "xquad-en",
-    phase2: str = "xquad-de",
-    model: str = "minilm",
-    alpha: float = 0.1,
-    gamma: float = 0.005,
-    window: int | None = 500,
-    rolling: int = 200,
-    calibration_fraction: float = 0.5,
-    drift_alpha: float = 0.01,
-    cache_dir: str | os.PathLike[str] | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
+    out_dir: str | os.PathLike[str], config: ShiftDemoConfig | None = None, **config_kwargs: Any
 ) -> dict[str, Any]:
     """Run the shift stream on real data; write ``shift.png`` and ``shift.json``.
 
@@ -213,20 +243,8 @@ def run_shift_demo(
     ----------
     out_dir : path-like
         Directory for ``shift.png`` and ``shift.json`` (created).
-    seed : int
-        Seed of the topic split and the query order.
-    phase1, phase2 : str
-        Dataset names before and after the switch (see ``ragsieve.data.load_dataset``).
-    model : str
-        Embedding model of the scorer used for every phase.
-    alpha, gamma, window, rolling, drift_alpha
-        See :func:`run_stream`.
-    calibration_fraction : float
-        Fraction of ``phase1`` topics held out for calibration, in (0, 1).
-    cache_dir : path-like, optional
-        Embedding cache; default ``ragsieve.data.paths.cache_dir() / "embeddings"``.
-    data_dir : path-like, optional
-        Dataset directory passed to the loaders.
+    config : ShiftDemoConfig, optional
+        The stream's settings; or pass its fields as keyword arguments.
 
     Returns
     -------
@@ -238,8 +256,13 @@ def run_shift_demo(
     from ..data.paths import cache_dir as default_cache_dir
     from ..scoring import EmbeddingScorer
 
-    if not (0.0 < float(calibration_fraction) < 1.0):
-        raise ValueError(f"calibration_fraction == {calibration_fraction!r}, must be in (0, 1).")
+    if config is None:
+        config = ShiftDemoConfig(**config_kwargs)
+    elif config_kwargs:
+        raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    c = config
+    seed, phase1, phase2, model, alpha = c.seed, c.phase1, c.phase2, c.model, c.alpha
+    calibration_fraction, cache_dir, data_dir = c.calibration_fraction, c.cache_dir, c.data_dir
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -270,8 +293,8 @@ def run_shift_demo(
     relevant = np.concatenate([src_rel[idx1], np.array([tgt_pairs[i].relevant == 1 for i in idx2])])
     phase = np.r_[np.ones(len(idx1), dtype=int), np.full(len(idx2), 2)]
 
-    result = run_stream(cal_scores, scores, relevant, phase, alpha=alpha, gamma=gamma, window=window,
-                        rolling=rolling, drift_alpha=drift_alpha)
+    result = run_stream(cal_scores, scores, relevant, phase, alpha=alpha, gamma=c.gamma,
+                        window=c.window, rolling=c.rolling, drift_alpha=c.drift_alpha)
     summary = result["summary"]
     summary.update({
         "phase1_dataset": phase1, "phase2_dataset": phase2, "scorer": scorer.spec(), "seed": seed,

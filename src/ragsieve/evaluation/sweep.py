@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..calibration import MODES, check_alpha, check_scores, make_calibrator
+from .._validation import check_alpha, check_scores
+from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
 from ..data.splits import group_splits
 from ..errors import DataError, ScorerError
 from ..types import Pair
@@ -28,6 +29,7 @@ __all__ = [
     "DEFAULT_THETAS",
     "DEFAULT_TOP_K",
     "TOLERANCE_SE",
+    "EvaluationConfig",
     "EvaluationReport",
     "ScoredData",
     "evaluate",
@@ -42,6 +44,82 @@ DEFAULT_THETAS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5)
 #: A conformal row passes when coverage_mean >= target - TOLERANCE_SE * standard error
 #: of the mean over splits (about a 3-sigma sampling tolerance).
 TOLERANCE_SE = 3.0
+
+
+@dataclass(frozen=True)
+class EvaluationConfig:
+    """What :func:`evaluate_scores` sweeps.
+
+    Attributes
+    ----------
+    alphas : tuple of float
+        Miscoverage levels of the conformal rows.
+    top_k : tuple of int
+        Per-query top-k baselines (keep the k lowest scores of each query).
+    thetas : tuple of float
+        Fixed similarity cut-offs: keep when ``1 - score >= theta`` (for the embedding
+        scorer ``1 - score`` is the cosine).
+    n_splits : int
+        Number R of random group-disjoint splits.
+    calibration_fraction : float
+        Fraction of groups used for calibration in each split.
+    seed : int
+        Seed of the split generator.
+    modes : tuple of str
+        Guarantee modes to calibrate (see :mod:`ragsieve.calibration.modes`); each
+        conformal row carries ``mode``, ``guaranteed_metric`` and ``guaranteed_value``.
+    delta : float
+        Confidence parameter of the ``pac`` mode.
+    min_group_size : int or None
+        Minimum group size of the ``group`` mode.
+    budgets : tuple of int
+        Character budgets per query: each gets a ``budget`` row with the coverage measured
+        on the test topics and ``predicted_coverage_lower``, the lower bound that the
+        calibration topics gave for it. The ``budget`` mode's conformal rows use the first.
+    calibrated_baselines : bool
+        Also report, per alpha, top-k and threshold baselines whose k / theta is chosen on
+        the calibration topics to reach 1 - alpha (without the conformal correction).
+    """
+
+    alphas: tuple[float, ...] = DEFAULT_ALPHAS
+    top_k: tuple[int, ...] = DEFAULT_TOP_K
+    thetas: tuple[float, ...] = DEFAULT_THETAS
+    n_splits: int = 20
+    calibration_fraction: float = 0.5
+    seed: int = 0
+    modes: tuple[str, ...] = ("marginal",)
+    delta: float = 0.1
+    min_group_size: int | None = None
+    budgets: tuple[int, ...] = ()
+    calibrated_baselines: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "alphas", tuple(check_alpha(a) for a in self.alphas))
+        top_k = tuple(int(k) for k in self.top_k)
+        if any(k < 1 for k in top_k):
+            raise ValueError(f"top_k values must be >= 1, got {list(top_k)}.")
+        object.__setattr__(self, "top_k", top_k)
+        thetas = tuple(float(t) for t in self.thetas)
+        if any(not math.isfinite(t) for t in thetas):
+            raise ValueError(f"thetas must be finite numbers, got {list(thetas)}.")
+        object.__setattr__(self, "thetas", thetas)
+        modes = tuple(self.modes)
+        for mode in modes:
+            if mode not in MODES:
+                raise ValueError(f"mode == {mode!r}; accepted modes: {', '.join(MODES)}.")
+        object.__setattr__(self, "modes", modes)
+        object.__setattr__(self, "budgets", tuple(int(b) for b in self.budgets))
+        if "budget" in modes and not self.budgets:
+            raise ValueError("mode 'budget' needs a budget: pass budgets=(N,) (CLI --budget N).")
+        check_alpha(self.delta, name="delta")
+        if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 1:
+            raise ValueError(f"n_splits == {self.n_splits!r}, must be an int >= 1.")
+
+    def calibrator(self, mode: str, alpha: float) -> BaseCalibrator:
+        """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters."""
+        return make_calibrator(mode, alpha=alpha, delta=self.delta,
+                               min_group_size=self.min_group_size,
+                               budget=self.budgets[0] if self.budgets else None)
 
 
 @dataclass(frozen=True)
@@ -204,15 +282,8 @@ class _OncePerMessage(logging.Filter):
 
 def _budget_split(data: ScoredData, budget: int, cal_idx: np.ndarray, test: np.ndarray) -> dict[str, Any]:
     """One split of a character budget: calibration-side prediction, test-side measurement."""
-    from ..budget import BudgetCalibrator, select_within_budget
-
-    cal = BudgetCalibrator(budget=budget).fit(
-        data.scores[cal_idx], data.relevant[cal_idx], data.query_index[cal_idx], data.lengths[cal_idx]
-    )
-    kept = np.zeros(data.scores.size, dtype=bool)
-    for q in np.unique(data.query_index[test]):
-        idx = np.flatnonzero(test & (data.query_index == q))
-        kept[idx] = select_within_budget(data.scores[idx], data.lengths[idx], budget)
+    cal = make_calibrator("budget", budget=budget)
+    kept = _calibrate_split(data, cal, cal_idx)
     m: dict[str, Any] = _split_metrics(data, kept, test)
     m["predicted_coverage_lower"] = cal.report_.coverage_lower
     return m
@@ -226,34 +297,31 @@ def _per_group_coverage(kept: np.ndarray, relevant: np.ndarray, groups: np.ndarr
     return out
 
 
-def _guaranteed(mode: str, ms: list[dict[str, Any]], delta: float) -> tuple[str, dict[str, Any]]:
-    """The quantity a mode guarantees, measured over the splits (value, its standard error)."""
+def _guaranteed(metric: str, ms: list[dict[str, Any]], delta: float) -> dict[str, Any]:
+    """The measured value of a mode's guaranteed metric over the splits, with its standard error."""
 
-    def mean_se(key: str) -> dict[str, float]:
+    def mean_se(key: str) -> dict[str, Any]:
         v = np.array([m[key] for m in ms], dtype=float)
         v = v[np.isfinite(v)]
         se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
         return {"value": float(v.mean()) if v.size else math.nan, "se": se}
 
-    if mode == "query-recall":
-        return "query_coverage", mean_se("query_coverage_mean")
-    if mode == "query-all":
-        return "query_all_kept", mean_se("query_all_kept")
-    if mode == "topic":
-        return "topic_coverage", mean_se("topic_coverage")
-    if mode == "pac":
+    if metric.startswith("coverage_quantile_"):
+        # the PAC guarantee: coverage >= 1 - alpha in at least a 1 - delta share of draws
         cov = np.array([m["coverage"] for m in ms], dtype=float)
-        # the guarantee: coverage >= 1 - alpha in at least a 1 - delta share of calibration draws
-        return f"coverage_quantile_{delta:g}", {"value": float(np.quantile(cov, delta)), "se": 0.0}
-    if mode == "group":
+        return {"value": float(np.quantile(cov, delta)), "se": 0.0}
+    if metric == "group_coverage_min":
         groups = sorted({g for m in ms for g in m["per_group"]})
-        per = {g: float(np.mean([m["per_group"][g] for m in ms if g in m["per_group"]])) for g in groups}
-        ses = {g: float(np.std([m["per_group"][g] for m in ms if g in m["per_group"]], ddof=1)
-                        / math.sqrt(sum(g in m["per_group"] for m in ms))) if len(ms) > 1 else math.nan
-               for g in groups}
+        if not groups:
+            return {"value": math.nan, "se": math.nan, "per_group_coverage": {}}
+        vals = {g: [m["per_group"][g] for m in ms if g in m["per_group"]] for g in groups}
+        per = {g: float(np.mean(v)) for g, v in vals.items()}
+        ses = {g: float(np.std(v, ddof=1) / math.sqrt(len(v))) if len(v) > 1 else math.nan
+               for g, v in vals.items()}
         worst = min(per, key=lambda g: per[g])
-        return "group_coverage_min", {"value": per[worst], "se": ses[worst], "per_group_coverage": per}
-    return "coverage", mean_se("coverage")
+        return {"value": per[worst], "se": ses[worst], "per_group_coverage": per}
+    key = {"query_coverage": "query_coverage_mean", "miss_rate": "coverage"}.get(metric, metric)
+    return mean_se(key)
 
 
 def _aggregate(per_split: list[dict[str, float]]) -> dict[str, float]:
@@ -284,19 +352,10 @@ def _aggregate(per_split: list[dict[str, float]]) -> dict[str, float]:
 
 def evaluate_scores(
     data: ScoredData,
+    config: EvaluationConfig | None = None,
     *,
-    alphas: Iterable[float] = DEFAULT_ALPHAS,
-    top_k: Iterable[int] = DEFAULT_TOP_K,
-    thetas: Iterable[float] = DEFAULT_THETAS,
-    n_splits: int = 20,
-    calibration_fraction: float = 0.5,
-    seed: int = 0,
-    modes: Iterable[str] = ("marginal",),
-    delta: float = 0.1,
-    min_group_size: int | None = None,
-    budgets: Iterable[int] = (),
     fusion_features: np.ndarray | None = None,
-    calibrated_baselines: bool = True,
+    **config_kwargs: Any,
 ) -> EvaluationReport:
     """Run the split sweep on precomputed scores.
 
@@ -304,74 +363,47 @@ def evaluate_scores(
     ----------
     data : ScoredData
         Scores, labels, queries and groups.
-    alphas : iterable of float
-        Miscoverage levels for the conformal filter.
-    top_k : iterable of int
-        Per-query top-k baselines (keep the k lowest scores of each query).
-    thetas : iterable of float
-        Fixed similarity cut-offs: keep when ``1 - score >= theta`` (for the
-        embedding scorer ``1 - score`` is the cosine).
-    n_splits : int
-        Number R of random group-disjoint splits.
-    calibration_fraction : float
-        Fraction of groups used for calibration in each split.
-    seed : int
-        Seed of the split generator.
-    modes : iterable of str
-        Guarantee modes to calibrate (see :mod:`ragsieve.calibration.modes`); each
-        conformal row carries ``mode``, ``guaranteed_metric`` and ``guaranteed_value``.
-    delta : float
-        Confidence parameter of the ``pac`` mode.
-    min_group_size : int, optional
-        Minimum group size of the ``group`` mode.
-    budgets : iterable of int
-        Character budgets per query: each gets a ``budget`` row with the coverage measured
-        on the test topics and ``predicted_coverage_lower``, the lower bound that the
-        calibration topics gave for it (see :mod:`ragsieve.budget`).
+    config : EvaluationConfig, optional
+        What to sweep; built from ``config_kwargs`` when None (the field names of
+        :class:`EvaluationConfig`: ``alphas``, ``top_k``, ``thetas``, ``n_splits``, ...).
     fusion_features : numpy.ndarray, optional
         Feature matrix (see :func:`ragsieve.scoring.fusion.feature_matrix`). When given,
         the conformal rows use a fused score fitted per split on a random half of the
         calibration topics and calibrated on the other half (``--scorer best``).
-    calibrated_baselines : bool
-        Also report, per alpha, top-k and threshold baselines whose k / theta is chosen on
-        the calibration topics to reach 1 - alpha (without the conformal correction) and
-        evaluated on the test topics: what a careful user would do without conformal.
+    **config_kwargs
+        Fields of :class:`EvaluationConfig` (not allowed together with ``config``).
 
     Returns
     -------
     EvaluationReport
         One row per method and parameter, averaged over splits. Conformal rows carry
         the theoretical band for the mean calibration size and ``within_tolerance``:
-        ``coverage_mean >= target - TOLERANCE_SE * coverage_se``.
+        ``guaranteed_value >= target - TOLERANCE_SE * its standard error``.
     """
-    alphas = [check_alpha(a) for a in alphas]
-    top_k = [int(k) for k in top_k]
-    if any(k < 1 for k in top_k):
-        raise ValueError(f"top_k values must be >= 1, got {top_k}.")
-    thetas = [float(t) for t in thetas]
-    modes = list(modes)
-    for mode in modes:
-        if mode not in MODES:
-            raise ValueError(f"mode == {mode!r}; accepted modes: {', '.join(MODES)}.")
-    if "group" in modes and data.attribute is None:
-        raise ValueError("mode 'group' needs a per-pair attribute: pass group_by (CLI --group-by FIELD).")
-    budgets = [int(b) for b in budgets]
+    if config is None:
+        config = EvaluationConfig(**config_kwargs)
+    elif config_kwargs:
+        raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    needs_attribute = [m for m in config.modes if CALIBRATORS[m].group_kind == "attribute"]
+    if needs_attribute and data.attribute is None:
+        raise ValueError(f"mode(s) {needs_attribute} need a per-pair attribute: pass group_by "
+                         "(CLI --group-by FIELD).")
     splits = group_splits(
         data.group_index.tolist(),
-        calibration_fraction=calibration_fraction,
-        n_splits=n_splits,
-        seed=seed,
+        calibration_fraction=config.calibration_fraction,
+        n_splits=config.n_splits,
+        seed=config.seed,
     )
     ranks = within_query_rank(data.scores, data.query_index)
     # the same calibration warning from every split is shown once (logger filters apply to
     # the logger that emits the record, so each calibration module gets the filter)
-    loggers = [logging.getLogger(f"ragsieve.calibration.{m}") for m in ("split", "modes")]
+    loggers = [logging.getLogger(name) for name in logging.root.manager.loggerDict
+               if name.startswith("ragsieve.calibration.")]
     once = _OncePerMessage()
     for lg in loggers:
         lg.addFilter(once)
     try:
-        results = _sweep(data, splits, ranks, alphas, top_k, thetas, modes, delta, min_group_size,
-                         budgets, fusion_features, calibrated_baselines, seed)
+        results = _sweep(data, splits, ranks, config, fusion_features)
     finally:
         for lg in loggers:
             lg.removeFilter(once)
@@ -381,93 +413,85 @@ def evaluate_scores(
         n_relevant=int(data.relevant.sum()),
         n_groups=int(np.unique(data.group_index).size),
         n_splits=len(splits),
-        calibration_fraction=calibration_fraction,
-        seed=seed,
+        calibration_fraction=config.calibration_fraction,
+        seed=config.seed,
         results=results,
         info={"tolerance_se": TOLERANCE_SE},
     )
 
 
+def _calibrate_split(data: ScoredData, cal: BaseCalibrator, cal_idx: np.ndarray) -> np.ndarray:
+    """Fit ``cal`` on the calibration indices and return its keep-mask over every pair.
+
+    Each calibrator gets the inputs it declares: query ids, lengths, and as ``groups``
+    the topics or the attribute, as its ``group_kind`` says.
+    """
+    groups = data.attribute if cal.group_kind == "attribute" else data.group_index
+    cal.fit(data.scores[cal_idx], data.relevant[cal_idx], query_ids=data.query_index[cal_idx],
+            groups=None if groups is None else groups[cal_idx], lengths=data.lengths[cal_idx])
+    return cal.predict(data.scores, query_ids=data.query_index, groups=groups, lengths=data.lengths)
+
+
+def _conformal_metrics(data: ScoredData, cal: BaseCalibrator, kept: np.ndarray,
+                       test: np.ndarray) -> dict[str, Any]:
+    metrics: dict[str, Any] = _split_metrics(data, kept, test)
+    g = cal.guarantee()
+    metrics["threshold"] = cal.threshold_
+    metrics["n_calibration"] = g.n_calibration
+    metrics["n_required"] = g.n_required
+    metrics["metric"] = g.metric
+    if g.metric == "group_coverage_min" and data.attribute is not None:
+        # groups calibrated on their own (fallback ones carry the marginal guarantee only)
+        own_groups = [k for k in g.details["groups"] if k not in g.details["fallback_groups"]]
+        own = test & np.isin(data.attribute.astype(str), own_groups)
+        metrics["per_group"] = _per_group_coverage(kept[own], data.relevant[own], data.attribute[own])
+    return metrics
+
+
 def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks: np.ndarray,
-           alphas: list[float], top_k: list[int], thetas: list[float], modes: list[str],
-           delta: float, min_group_size: int | None, budgets: list[int],
-           fusion_features: np.ndarray | None, calibrated_baselines: bool, seed: int) -> list[dict[str, Any]]:
+           config: EvaluationConfig, fusion_features: np.ndarray | None) -> list[dict[str, Any]]:
     """The loop over splits of :func:`evaluate_scores`; returns the aggregated rows."""
+    alphas, modes = config.alphas, config.modes
     conf: dict[tuple[str, float], list[dict[str, Any]]] = {(md, a): [] for md in modes for a in alphas}
-    cal_topk: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if calibrated_baselines else {}
-    cal_thr: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if calibrated_baselines else {}
-    topk: dict[int, list[dict[str, float]]] = {k: [] for k in top_k}
-    budget_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in budgets}
-    thr: dict[float, list[dict[str, float]]] = {t: [] for t in thetas}
+    with_baselines = config.calibrated_baselines
+    cal_topk: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if with_baselines else {}
+    cal_thr: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if with_baselines else {}
+    topk: dict[int, list[dict[str, float]]] = {k: [] for k in config.top_k}
+    budget_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in config.budgets}
+    thr: dict[float, list[dict[str, float]]] = {t: [] for t in config.thetas}
     for split_no, (cal_idx, test_idx) in enumerate(splits):
         test = np.zeros(data.scores.size, dtype=bool)
         test[test_idx] = True
-        cal_rel = data.scores[cal_idx][data.relevant[cal_idx]]
-        if cal_rel.size == 0 or not data.relevant[test].any():
+        if not data.relevant[cal_idx].any() or not data.relevant[test].any():
             logger.warning("split skipped: no relevant snippet on the calibration or test side")
             continue
-        base_data = data
-        conf_cal_idx = cal_idx
+        scored, conf_cal_idx = data, cal_idx
         if fusion_features is not None:  # fit the fusion on half of the calibration topics
-            data, conf_cal_idx = _fuse_split(base_data, fusion_features, cal_idx, seed, split_no)
+            scored, conf_cal_idx = _fuse_split(data, fusion_features, cal_idx, config.seed, split_no)
         for a, rows in cal_topk.items():
-            rows.append(_calibrated_topk(base_data, ranks, cal_idx, test, a))
-            cal_thr[a].append(_calibrated_threshold(base_data, cal_idx, test, a))
-        for mode in modes:
-            topics = data.attribute if mode == "group" else data.group_index
-            for a in alphas:
-                cal = make_calibrator(mode, alpha=a, delta=delta, min_group_size=min_group_size)
-                cal.fit(data.scores[conf_cal_idx], data.relevant[conf_cal_idx],
-                        query_ids=data.query_index[conf_cal_idx],
-                        groups=None if topics is None else topics[conf_cal_idx])
-                kept = cal.predict(data.scores, groups=topics) if mode == "group" else data.scores <= cal.threshold_
-                metrics: dict[str, Any] = _split_metrics(data, kept, test)
-                metrics["threshold"] = cal.threshold_
-                metrics["n_calibration"] = cal.n_calibration_
-                for attr in ("topics_required_", "n_required_"):  # topic / pac: what they need
-                    if hasattr(cal, attr):
-                        metrics[attr.rstrip("_")] = getattr(cal, attr)
-                if mode == "group":  # groups calibrated on their own (fallback ones: marginal only)
-                    assert topics is not None  # checked in evaluate_scores
-                    own = test & np.isin(topics, list(cal.thresholds_))
-                    metrics["per_group"] = _per_group_coverage(kept[own], data.relevant[own], topics[own])
-                conf[(mode, a)].append(metrics)
-        data = base_data
-        for k in top_k:
+            rows.append(_calibrated_topk(data, ranks, cal_idx, test, a))
+            cal_thr[a].append(_calibrated_threshold(data, cal_idx, test, a))
+        for (mode, a), rows in conf.items():
+            cal = config.calibrator(mode, a)
+            kept = _calibrate_split(scored, cal, conf_cal_idx)
+            rows.append(_conformal_metrics(scored, cal, kept, test))
+        for k in config.top_k:
             topk[k].append(_split_metrics(data, ranks < k, test))
-        for b in budgets:
+        for b in config.budgets:
             budget_rows[b].append(_budget_split(data, b, cal_idx, test))
-        for t in thetas:
+        for t in config.thetas:
             thr[t].append(_split_metrics(data, (1.0 - data.scores) >= t, test))
     if not any(conf.values()) and alphas:
         raise DataError("no usable split: every split lacked relevant snippets on one side.")
-    results: list[dict[str, Any]] = []
-    for (mode, a), ms in conf.items():
-        row: dict[str, Any] = {"method": "conformal", "mode": mode, "alpha": a, "target": 1.0 - a}
-        row.update(_aggregate(ms))
-        n_mean = float(np.mean([m["n_calibration"] for m in ms]))
-        row["n_calibration_mean"] = n_mean
-        for key in ("topics_required", "n_required"):
-            if key in ms[0]:
-                row[key] = ms[0][key]
-        row["band_low"] = 1.0 - a
-        row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
-        metric, values = _guaranteed(mode, ms, delta)
-        row["guaranteed_metric"] = metric
-        row["guaranteed_value"] = values["value"]
-        row.update({k: v for k, v in values.items() if k != "value"})
-        se = values.get("se", row["coverage_se"])
-        tol = TOLERANCE_SE * (se if math.isfinite(se) else 0.0)
-        row["within_tolerance"] = bool(row["guaranteed_value"] >= row["target"] - tol)
-        results.append(row)
+    results: list[dict[str, Any]] = [_conformal_row(mode, a, ms, config.delta)
+                                     for (mode, a), ms in conf.items()]
     for k, ms in topk.items():
         results.append({"method": "top-k", "k": k, "target": None, **_aggregate(ms), "threshold_mean": None})
     for a, ms in cal_topk.items():
         results.append({"method": "top-k (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms),
                         "k_mean": float(np.mean([m["k"] for m in ms])), "threshold_mean": None})
     for a, ms in cal_thr.items():
-        row = {"method": "threshold (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms)}
-        results.append(row)
+        results.append({"method": "threshold (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms)})
     for b, ms in budget_rows.items():
         row = {"method": "budget", "budget": b, "target": None, **_aggregate(ms), "threshold_mean": None}
         row["predicted_coverage_lower_mean"] = float(np.mean([m["predicted_coverage_lower"] for m in ms]))
@@ -479,6 +503,27 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
     return results
 
 
+def _conformal_row(mode: str, a: float, ms: list[dict[str, Any]], delta: float) -> dict[str, Any]:
+    """One conformal row: averages over splits and the guaranteed metric against its target."""
+    row: dict[str, Any] = {"method": "conformal", "mode": mode, "alpha": a, "target": 1.0 - a}
+    row.update(_aggregate(ms))
+    n_mean = float(np.mean([m["n_calibration"] for m in ms]))
+    row["n_calibration_mean"] = n_mean
+    row["n_required"] = ms[0]["n_required"]
+    if ms[0]["metric"] == "topic_coverage":
+        row["topics_required"] = ms[0]["n_required"]
+    row["band_low"] = 1.0 - a
+    row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
+    values = _guaranteed(ms[0]["metric"], ms, delta)
+    row["guaranteed_metric"] = ms[0]["metric"]
+    row["guaranteed_value"] = values["value"]
+    row.update({k: v for k, v in values.items() if k != "value"})
+    se = values.get("se", row["coverage_se"])
+    tol = TOLERANCE_SE * (se if math.isfinite(se) else 0.0)
+    row["within_tolerance"] = bool(row["guaranteed_value"] >= row["target"] - tol)
+    return row
+
+
 def evaluate(
     pairs: Sequence[Pair],
     scorer: Any,
@@ -487,7 +532,8 @@ def evaluate(
     on_error: str = "raise",
     group_by: str | None = None,
     scorer_options: dict[str, Any] | None = None,
-    **kwargs: Any,
+    config: EvaluationConfig | None = None,
+    **config_kwargs: Any,
 ) -> EvaluationReport:
     """Score labelled pairs once and run :func:`evaluate_scores`.
 
@@ -496,10 +542,9 @@ def evaluate(
     pairs : sequence of Pair
         Labelled pairs with groups.
     scorer : Scorer or str
-        The nonconformity score (alias resolved by ``resolve_scorer``), or ``"best"``:
-        the fused score of :mod:`ragsieve.scoring.fusion` on top of the embedding score,
-        fitted in every split on half of the calibration topics and calibrated on the
-        other half.
+        The nonconformity score (alias or spec resolved by ``resolve_scorer``). An
+        unfitted fused score (``"best"``) is fitted in every split on half of the
+        calibration topics and calibrated on the other half.
     progress : bool
         Progress bar while scoring.
     on_error : {"raise", "drop"}
@@ -510,24 +555,55 @@ def evaluate(
         ``Pair.meta`` key giving the attribute of the ``group`` mode.
     scorer_options : dict, optional
         Keyword arguments for the scorer built from an alias.
-    **kwargs
-        Passed to :func:`evaluate_scores`.
+    config : EvaluationConfig, optional
+        What to sweep; or pass its fields as keyword arguments.
+    **config_kwargs
+        Fields of :class:`EvaluationConfig`.
     """
-    from ..scoring import resolve_scorer
+    from ..scoring import FusedScorer, resolve_scorer
 
     pairs = list(pairs)
     if not pairs:
         raise DataError("no pairs to evaluate: the dataset is empty.")
     if on_error not in ("raise", "drop"):
         raise ValueError(f"on_error == {on_error!r}, must be 'raise' or 'drop'.")
-    fusion = isinstance(scorer, str) and scorer == "best"
-    if fusion:  # fused score on top of the embedding score, fitted per split (see evaluate_scores)
-        scorer = resolve_scorer("embedding", **(scorer_options or {}))
-    else:
-        scorer = resolve_scorer(scorer, **(scorer_options or {}))
-    n_dropped = 0
+    if config is None:
+        config = EvaluationConfig(**config_kwargs)
+    elif config_kwargs:
+        raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    scorer = resolve_scorer(scorer, **(scorer_options or {}))
+    fusion = isinstance(scorer, FusedScorer) and not scorer.is_fitted
+    base = scorer.base if fusion else scorer  # the fused score is fitted per split on its base
+    pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
+    needs_attribute = any(CALIBRATORS[m].group_kind == "attribute" for m in config.modes)
+    if group_by is None and needs_attribute:
+        group_by = "language"
+        logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
+                       "(pairs without it form one group); pass group_by / --group-by FIELD")
+    features = None
+    if fusion:
+        from ..scoring.fusion import feature_matrix
+        from ..scoring.relative import query_index_of
+
+        features = feature_matrix(scores, query_index_of(pairs))
+    report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), config,
+                             fusion_features=features)
+    report.info["group_by"] = group_by
+    report.info["scorer"] = scorer.spec()
+    if fusion:
+        from ..scoring.fusion import FEATURES
+
+        report.info["scorer"] = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
+                                 "fitted": "per split, on a random half of the calibration topics"}
+    report.info["n_dropped_errors"] = n_dropped
+    return report
+
+
+def _score_or_drop(scorer: Any, pairs: list[Pair], progress: bool,
+                   on_error: str) -> tuple[list[Pair], np.ndarray, int]:
+    """Score every pair; with ``on_error="drop"`` drop those the scorer could not score."""
     try:
-        scores = scorer.score_pairs(pairs, progress=progress)
+        return pairs, scorer.score_pairs(pairs, progress=progress), 0
     except ScorerError as exc:
         partial = getattr(exc, "scores", None)
         if on_error == "raise" or partial is None:
@@ -538,22 +614,4 @@ def evaluate(
             "dropping %d of %d pairs whose score could not be computed (%s); coverage is "
             "measured on the remaining pairs only", n_dropped, len(pairs), exc,
         )
-        pairs = [p for p, k in zip(pairs, keep) if k]
-        scores = partial[keep]
-    if group_by is None and "group" in kwargs.get("modes", ()):
-        group_by = "language"
-        logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
-                       "(pairs without it form one group); pass group_by / --group-by FIELD")
-    if fusion:
-        from ..scoring.fusion import FEATURES, feature_matrix
-        from ..scoring.relative import query_index_of
-
-        kwargs["fusion_features"] = feature_matrix(scores, query_index_of(pairs))
-    report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), **kwargs)
-    report.info["group_by"] = group_by
-    report.info["scorer"] = scorer.spec()
-    if fusion:
-        report.info["scorer"] = {"scorer": "fusion", "base": scorer.spec(), "features": list(FEATURES),
-                                 "fitted": "per split, on a random half of the calibration topics"}
-    report.info["n_dropped_errors"] = n_dropped
-    return report
+        return [p for p, k in zip(pairs, keep, strict=True) if k], partial[keep], n_dropped

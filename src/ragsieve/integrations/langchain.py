@@ -15,7 +15,7 @@ from typing import Any
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY, FromFileMixin
+from ragsieve.integrations import MODE_KEY, SCORE_KEY, THRESHOLD_KEY, FromFileMixin, filter_items
 
 require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
@@ -38,9 +38,15 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
 
     Notes
     -----
+    Each document goes to the filter with its metadata (see
+    :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
+    ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
+    reads ``metadata[field]``; a document without it raises ``DataError``.
+
     Returns new ``Document`` objects in input order; each carries a copy of the
     original metadata plus ``"ragsieve_score"`` (nonconformity score, lower = more
-    relevant) and ``"ragsieve_threshold"`` (the calibrated tau). ``id`` is kept.
+    relevant), ``"ragsieve_threshold"`` (the calibrated tau) and ``"ragsieve_mode"``
+    (the guarantee mode). ``id`` is kept.
 
     Examples
     --------
@@ -72,24 +78,33 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
         Returns
         -------
         list of Document
-            Copies of the kept documents with score and threshold in ``metadata``.
+            Copies of the kept documents with score, threshold and mode in ``metadata``.
+
+        Raises
+        ------
+        DataError
+            A document lacks what the filter's mode or score needs in its metadata (the
+            group under ``filter.group_by``, an outside score).
         """
         docs = list(documents)
         if not docs:
             return []
         for i, d in enumerate(docs):
             if not isinstance(d, Document):
-                raise TypeError(
-                    f"documents[{i}] has type {type(d).__name__}; expected langchain_core.documents.Document."
-                )
-        result = self.filter.filter(query, [d.page_content for d in docs])
-        logger.debug("kept %d of %d documents (tau=%s)", len(result.kept), len(docs), result.threshold)
+                raise TypeError(f"documents[{i}] has type {type(d).__name__}; expected "
+                                "langchain_core.documents.Document.")
+        items = filter_items(self.filter, [d.page_content for d in docs],
+                             [d.metadata for d in docs])
+        result = self.filter.filter(query, items)
+        logger.debug("kept %d of %d documents (tau=%s)", len(result.kept), len(docs),
+                     result.threshold)
         out: list[Document] = []
         for kept in result.kept:
             src = docs[kept.index]
             meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
             meta[SCORE_KEY] = float(kept.score)
             meta[THRESHOLD_KEY] = float(result.threshold)
+            meta[MODE_KEY] = self.filter.mode
             out.append(Document(page_content=src.page_content, metadata=meta, id=src.id))
         return out
 

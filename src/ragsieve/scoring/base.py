@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -177,6 +177,48 @@ class Scorer(ABC):
             raw = self.score_batch(query, [pairs[i].text for i in idx])
             out[idx] = check_score_array(raw, len(idx), query_id=qid)
         return out
+
+    def score_items(self, query: str, items: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """Score one query's snippets given as mappings (``"text"``, and any other keys).
+
+        The default scores ``item["text"]`` with :meth:`score_batch`; a scorer that reads
+        another key (an outside score, see ``FieldScorer``) overrides it.
+
+        Raises
+        ------
+        DataError
+            An item has no ``"text"`` string.
+        """
+        texts = []
+        for i, item in enumerate(items):
+            text = item.get("text")
+            if not isinstance(text, str):
+                raise DataError(
+                    f"snippet {i} has no text (got {type(text).__name__}); the "
+                    f"{getattr(self, 'name', type(self).__name__)} scorer scores snippet texts."
+                )
+            texts.append(text)
+        return self.score_batch(query, texts)
+
+    def scores_from_vectors(self, query_vector: Any, snippet_vectors: Any) -> np.ndarray:
+        """Scores from the caller's own embeddings, without a model call.
+
+        Supported by the embedding scorer (``1 - cos``) and by the scores built on it
+        (``relative``, ``fusion``); the vectors must come from the scorer's model.
+
+        Raises
+        ------
+        TypeError
+            This scorer cannot be computed from vectors.
+        """
+        base = getattr(self, "base", None)
+        transform = getattr(self, "scores_from_base", None)
+        if isinstance(base, Scorer) and callable(transform):
+            return np.asarray(transform(base.scores_from_vectors(query_vector, snippet_vectors)))
+        raise TypeError(
+            f"the {getattr(self, 'name', type(self).__name__)} scorer cannot score from vectors; "
+            "only embedding scorers and the relative / fused scores built on them can."
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"

@@ -133,6 +133,26 @@ class EmbeddingScorer(Scorer):
         scores = 1.0 - s @ q
         return np.clip(scores, 0.0, 2.0, out=scores)
 
+    def scores_from_vectors(self, query_vector: Any, snippet_vectors: Any) -> np.ndarray:
+        """``1 - cos`` from the caller's own vectors (normalised here; no model call).
+
+        The vectors must come from this scorer's model (``spec()["model"]``): a threshold
+        calibrated on one model's cosines means nothing for another's.
+
+        Raises
+        ------
+        ValueError
+            Non-finite or zero vectors, or dimensions that do not match.
+        """
+        q = _unit_rows(query_vector, "query_vector", one=True)
+        s = _unit_rows(snippet_vectors, "snippet_vectors")
+        if s.shape[0] and s.shape[1] != q.shape[1]:
+            raise ValueError(
+                f"snippet_vectors have dimension {s.shape[1]}, query_vector has {q.shape[1]}; "
+                "they must come from the same model."
+            )
+        return self.scores_from_embeddings(q[0], s) if s.shape[0] else np.empty(0)
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's snippets; see :meth:`Scorer.score_batch`."""
         if not isinstance(query, str):
@@ -180,3 +200,25 @@ class EmbeddingScorer(Scorer):
 
     def __repr__(self) -> str:
         return f"EmbeddingScorer(model={self.model_id!r}, cache_dir={self.cache_dir!r})"
+
+
+def _unit_rows(vectors: Any, name: str, *, one: bool = False) -> np.ndarray:
+    """Rows scaled to unit norm; a 1-d input is one row."""
+    try:
+        arr = np.asarray(vectors, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name} must be numbers: {exc}") from exc
+    if arr.ndim == 1:
+        arr = arr[None, :]
+    if arr.ndim != 2 or (one and arr.shape[0] != 1):
+        want = "(dim,)" if one else "(n, dim)"
+        raise ValueError(f"{name} has shape {np.shape(vectors)}, expected {want}.")
+    if arr.size == 0:
+        return arr.reshape(0, arr.shape[1] if arr.ndim == 2 else 0)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} holds NaN or inf values; expected finite numbers.")
+    norms = np.linalg.norm(arr, axis=1)
+    zero = np.flatnonzero(norms == 0)
+    if zero.size:
+        raise ValueError(f"{name}[{int(zero[0])}] is a zero vector; its cosine is undefined.")
+    return arr / norms[:, None]

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..errors import CalibrationError
+from ..errors import CalibrationError, ScorerError
 from ..types import Pair
 from .base import Scorer
 from .relative import query_index_of, relative_scores
@@ -113,23 +113,51 @@ class FusedScorer(Scorer):
             if arr.shape != (k,) or not np.all(np.isfinite(arr)):
                 raise ValueError(f"{name} must be {k} finite numbers, got {arr.tolist()!r}.")
         self.bias = float(bias)
+        self.is_fitted = weights is not None
+
+    @classmethod
+    def unfitted(cls, base: Any = "embedding", **base_options: Any) -> FusedScorer:
+        """The fused score before its weights are learned (the ``"best"`` alias).
+
+        ``evaluate`` fits it in every split on half of the calibration topics, and
+        ``ConformalFilter.calibrate`` on half of the calibration topics, calibrating on
+        the other half; scoring with it before then raises ``ScorerError``.
+        """
+        return cls(base, **base_options)
 
     @classmethod
     def fit(cls, pairs: Sequence[Pair], base: Any = "embedding", *, base_scores: np.ndarray | None = None,
             **base_options: Any) -> FusedScorer:
         """Fit the weights on labelled pairs (use a fold *not* used for calibration)."""
-        scorer = cls(base, **base_options)
+        return cls(base, **base_options).fitted_on(pairs, base_scores=base_scores)
+
+    def fitted_on(self, pairs: Sequence[Pair], *, base_scores: np.ndarray | None = None) -> FusedScorer:
+        """A fitted copy sharing this scorer's base (and its loaded model)."""
         pairs = list(pairs)
-        scores = scorer.base.score_pairs(pairs) if base_scores is None else np.asarray(base_scores, float)
-        x = feature_matrix(scores, query_index_of(pairs))
+        scores = self.base.score_pairs(pairs) if base_scores is None else np.asarray(base_scores, float)
         y = np.array([p.relevant == 1 for p in pairs], dtype=float)
-        scorer.weights, scorer.bias, scorer.mean, scorer.scale = fit_logistic(x, y)
-        return scorer
+        return self.fitted_on_features(feature_matrix(scores, query_index_of(pairs)), y)
+
+    def fitted_on_features(self, x: np.ndarray, y: np.ndarray) -> FusedScorer:
+        """A fitted copy from a feature matrix (see :func:`feature_matrix`) and 0/1 labels."""
+        w, b, mean, scale = fit_logistic(x, y)
+        return type(self)(self.base, weights=w, bias=b, mean=mean, scale=scale)
+
+    def _check_fitted(self) -> None:
+        if not self.is_fitted:
+            raise ScorerError(
+                "the fused ('best') score has no weights yet; calibrate it first "
+                "(ConformalFilter.calibrate or `ragsieve calibrate --scorer best` fit it on "
+                "half of the calibration topics)."
+            )
 
     def scores_from_features(self, x: np.ndarray) -> np.ndarray:
+        self._check_fitted()
         return -(((x - self.mean) / self.scale) @ self.weights + self.bias)
 
     def spec(self) -> dict[str, Any]:
+        if not self.is_fitted:
+            return {"scorer": "best", "base": self.base.spec()}
         return {"scorer": self.name, "base": self.base.spec(), "features": list(FEATURES),
                 "weights": [float(v) for v in self.weights], "bias": self.bias,
                 "mean": [float(v) for v in self.mean], "scale": [float(v) for v in self.scale]}
@@ -141,9 +169,11 @@ class FusedScorer(Scorer):
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (the features need the list)."""
+        self._check_fitted()
         return self.scores_from_base(self.base.score_batch(query, snippets))
 
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        self._check_fitted()
         pairs = list(pairs)
         base = self.base.score_pairs(pairs, progress=progress)
         return self.scores_from_features(feature_matrix(base, query_index_of(pairs)))

@@ -47,7 +47,7 @@ from ..types import Pair
 from .base import Scorer
 
 if TYPE_CHECKING:
-    from ..llm.connect import LLMConnection
+    from ..llm.connect import LLMConnection, LLMTarget
     from ..llm.judge import RelevanceJudge
 
 __all__ = ["LLM_MODES", "TIE_JITTER", "LLMScorer"]
@@ -57,6 +57,13 @@ logger = logging.getLogger(__name__)
 LLM_MODES = ("logprob", "rating")
 TIE_BREAKING = ("none", "random")
 TIE_JITTER = 1e-4
+
+
+def _prompt_version(mode: str, style: str) -> str:
+    """Version of the prompt ``mode`` uses in ``style`` (as ``RelevanceJudge.prompt_version``)."""
+    from ..llm.prompts import build_prompt
+
+    return build_prompt("rating" if mode == "rating" else "judge", "q", "s", style=style).version
 
 
 def _jitter(seed: int, query: str, snippet: str) -> float:
@@ -117,8 +124,7 @@ class LLMScorer(Scorer):
         self._expected_version = prompt_version
         self.errors: list[dict[str, Any]] = []
         self._judge: RelevanceJudge | None = None
-        if connection is not None:
-            self._check_version()
+        self._check_version()
 
     # ------------------------------------------------------------ connection
     @property
@@ -131,16 +137,29 @@ class LLMScorer(Scorer):
             self._check_version()
         return self._connection
 
-    def _check_version(self) -> None:
-        from ..llm.judge import RelevanceJudge
+    def _target(self) -> LLMTarget:
+        """Model name and prompt style in use, or that the first use will open.
+
+        Never connects: with no connection yet, they come from the constructor arguments
+        and the environment, resolved exactly as :func:`ragsieve.llm.connect` will resolve
+        them (the local model's name is the one its server will answer to).
+        """
+        from ..llm.connect import LLMTarget, resolve_target
 
         conn = self._connection
-        assert conn is not None
-        version = RelevanceJudge(conn.client, style=conn.style).prompt_version(self.mode)
+        if conn is not None:
+            return LLMTarget(base_url=conn.base_url, model=conn.model, style=conn.style)
+        args = self._connect_args
+        return resolve_target(base_url=args["base_url"], model=args["model"],
+                              style=args.get("style"))
+
+    def _check_version(self) -> None:
+        style = self._target().style
+        version = _prompt_version(self.mode, style)
         if self._expected_version is not None and self._expected_version != version:
             raise ValueError(
                 f"prompt_version == {self._expected_version!r}, but this ragsieve uses "
-                f"{version!r} for mode={self.mode!r} with {conn.style} prompts; "
+                f"{version!r} for mode={self.mode!r} with {style} prompts; "
                 "recalibrate with the current prompt."
             )
 
@@ -161,13 +180,24 @@ class LLMScorer(Scorer):
             self._connection = None
 
     def spec(self) -> dict[str, Any]:
-        """``{"scorer": "llm", "mode", "model", "prompt_version", "tie_breaking", "seed"}``."""
-        conn = self.connection
+        """``{"scorer": "llm", "mode", "model", "prompt_version", "tie_breaking", "seed"}``.
+
+        Derived from the constructor arguments (or the open connection): asking for the
+        spec never starts a server or opens a connection. Without a ``base_url`` the
+        model is the local model's name (``"gemma3-270m"`` by default), the name its
+        server answers to once started, so artifacts match either way.
+
+        Raises
+        ------
+        ValueError
+            For a ``base_url`` without a model name (as the first use would).
+        """
+        target = self._target()
         return {
             "scorer": self.name,
             "mode": self.mode,
-            "model": conn.model,
-            "prompt_version": self.judge.prompt_version(self.mode),
+            "model": target.require_model(),
+            "prompt_version": _prompt_version(self.mode, target.style),
             "tie_breaking": self.tie_breaking,
             "seed": self.seed,
         }

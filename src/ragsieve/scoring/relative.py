@@ -35,9 +35,36 @@ import numpy as np
 from ..types import Pair
 from .base import Scorer, group_pairs
 
-__all__ = ["RELATIVE_KINDS", "RelativeScorer", "query_index_of", "relative_scores"]
+__all__ = [
+    "RELATIVE_KINDS",
+    "RelativeScorer",
+    "query_index_of",
+    "relative_scores",
+    "within_query_rank",
+]
 
 RELATIVE_KINDS = ("gap", "z", "rank", "ratio")
+
+
+def within_query_rank(scores: np.ndarray, query_index: np.ndarray) -> np.ndarray:
+    """0-based rank of each snippet within its query's list by increasing score.
+
+    Ties are broken by position (stable), so top-k keeps exactly k per query.
+
+    Examples
+    --------
+    >>> within_query_rank(np.array([0.3, 0.1, 0.2, 0.5, 0.4]), np.array([0, 0, 0, 1, 1]))
+    array([2, 0, 1, 1, 0])
+    """
+    s = np.asarray(scores, dtype=float)
+    q = np.asarray(query_index)
+    order = np.lexsort((np.arange(s.size), s, q))  # by query, then score, then position
+    ranks = np.empty(s.size, dtype=np.int64)
+    sorted_q = q[order]
+    starts = np.r_[0, np.flatnonzero(sorted_q[1:] != sorted_q[:-1]) + 1]
+    first = np.repeat(starts, np.diff(np.r_[starts, s.size]))
+    ranks[order] = np.arange(s.size) - first
+    return ranks
 
 
 def relative_scores(base: np.ndarray, query_index: np.ndarray, kind: str) -> np.ndarray:
@@ -68,8 +95,6 @@ def relative_scores(base: np.ndarray, query_index: np.ndarray, kind: str) -> np.
     _, inv = np.unique(q, return_inverse=True)
     sim = 1.0 - s
     if kind == "rank":
-        from ..evaluation.metrics import within_query_rank
-
         return within_query_rank(s, inv).astype(float)
     best = np.full(inv.max() + 1 if inv.size else 0, -np.inf)
     np.maximum.at(best, inv, sim)
@@ -107,7 +132,9 @@ class RelativeScorer(Scorer):
         if kind not in RELATIVE_KINDS:
             raise ValueError(f"kind == {kind!r}, must be one of {RELATIVE_KINDS}.")
         self.kind = kind
-        self.base = resolve_scorer(base, **base_options) if base_options or not isinstance(base, Scorer) else base
+        if base_options or not isinstance(base, Scorer):
+            base = resolve_scorer(base, **base_options)
+        self.base = base
 
     def spec(self) -> dict[str, Any]:
         return {"scorer": self.name, "kind": self.kind, "base": self.base.spec()}

@@ -1,12 +1,9 @@
-"""Adaptive recalibration of a deployed filter and a drift check.
+"""Adaptive mode: adaptive conformal inference (ACI, Gibbs & Candès 2021) on feedback.
 
-* :class:`AdaptiveConformalFilter` -- adaptive conformal inference (ACI, Gibbs & Candès
-  2021) on labelled feedback: after each relevant live snippet the working miscoverage
-  ``alpha_t`` moves by ``gamma * (alpha - err_t)``, and the threshold is recomputed on a
-  sliding window of the most recent relevant scores. Whatever the score distribution
-  does, the long-run miss rate of relevant snippets stays close to ``alpha``.
-* :func:`drift_check` -- a two-sample Kolmogorov-Smirnov test of whether calibration and
-  live relevant scores still look exchangeable (numpy only; no scipy needed).
+After each relevant live snippet the working miscoverage ``alpha_t`` moves by
+``gamma * (alpha - err_t)``, and the threshold is recomputed on a sliding window of the
+most recent relevant scores. Whatever the score distribution does, the long-run miss
+rate of relevant snippets stays close to ``alpha``.
 """
 
 from __future__ import annotations
@@ -14,20 +11,17 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from .calibration import check_alpha, check_scores, conformal_rank
-from .errors import CalibrationError, NotFittedError
+from .._validation import check_alpha, check_relevant, check_scores
+from ..errors import ArtifactError
+from .base import BaseCalibrator, Guarantee, _json_float, _read_float
+from .split import relevant_scores
+from .stats import conformal_rank
 
-__all__ = [
-    "AdaptiveConformalFilter",
-    "DriftResult",
-    "drift_check",
-    "kolmogorov_sf",
-    "ks_2samp_pvalue",
-]
+__all__ = ["AdaptiveCalibrator", "AdaptiveConformalFilter"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +60,7 @@ def _check_score(value: Any) -> float:
     return score
 
 
-class AdaptiveConformalFilter:
+class AdaptiveCalibrator(BaseCalibrator):
     """Conformal keep-threshold that follows a shifting score distribution (ACI).
 
     ``fit`` starts from split-conformal calibration. Each labelled live snippet then goes
@@ -109,7 +103,7 @@ class AdaptiveConformalFilter:
 
     Examples
     --------
-    >>> f = AdaptiveConformalFilter(alpha=0.2, gamma=0.05).fit([0.1, 0.2, 0.3, 0.4, 0.5])
+    >>> f = AdaptiveCalibrator(alpha=0.2, gamma=0.05).fit([0.1, 0.2, 0.3, 0.4, 0.5])
     >>> f.threshold_
     0.5
     >>> f.update(0.9, relevant=True)  # a miss: alpha_t drops, the threshold will rise
@@ -131,14 +125,19 @@ class AdaptiveConformalFilter:
         self.window = window
         self.keep_history = keep_history
 
-    def fit(self, scores: Any) -> AdaptiveConformalFilter:
+    mode = "adaptive"
+
+    def fit(self, scores: Any, relevant: Any = None, *, query_ids: Any = None,
+            groups: Any = None, lengths: Any = None) -> AdaptiveCalibrator:
         """Start from the scores of relevant calibration snippets.
 
         Parameters
         ----------
         scores : array-like of float
-            Nonconformity scores of relevant calibration snippets. With a finite
-            ``window`` only the last ``window`` of them enter the pool.
+            Nonconformity scores of calibration snippets. With a finite ``window`` only
+            the last ``window`` relevant ones enter the pool.
+        relevant : array-like of {0, 1} or bool, optional
+            Relevance labels; None means every score is relevant.
 
         Returns
         -------
@@ -155,15 +154,12 @@ class AdaptiveConformalFilter:
         self._alpha = check_alpha(self.alpha)
         self._gamma = _check_gamma(self.gamma)
         window = _check_window(self.window)
-        arr = check_scores(scores)
-        if arr.size == 0:
-            raise CalibrationError(
-                "no relevant calibration snippet: got 0 scores, need at least 1."
-            )
-        self._pool: deque[float] = deque(arr.tolist(), maxlen=window)
+        arr, rel = relevant_scores(scores, relevant)
+        self._pool: deque[float] = deque(arr[rel].tolist(), maxlen=window)
         self.alpha_t_ = self._alpha
         self.n_updates_ = 0
         self.n_errors_ = 0
+        self.n_calibration_ = int(rel.sum())
         self.history_: dict[str, list[float]] = {
             "threshold": [], "alpha_t": [], "err": [], "kept": [], "relevant": []
         }
@@ -187,14 +183,10 @@ class AdaptiveConformalFilter:
         else:
             pool = np.fromiter(self._pool, dtype=np.float64, count=m)
             self.threshold_ = float(np.partition(pool, rank - 1)[rank - 1])
+        self.infinite_ = math.isinf(self.threshold_) and self.threshold_ > 0
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "threshold_"):
-            raise NotFittedError(
-                f"This {type(self).__name__} is not fitted yet; call fit(scores) first."
-            )
-
-    def predict(self, scores: Any) -> np.ndarray:
+    def predict(self, scores: Any, *, query_ids: Any = None, groups: Any = None,
+                lengths: Any = None) -> np.ndarray:
         """Keep-mask ``scores <= threshold_`` under the current threshold (no update)."""
         self._check_fitted()
         return check_scores(scores) <= self.threshold_
@@ -252,14 +244,7 @@ class AdaptiveConformalFilter:
         """
         self._check_fitted()
         arr = check_scores(scores)
-        rel = np.asarray(relevant)
-        if rel.shape != arr.shape:
-            raise ValueError(f"relevant has shape {rel.shape}, expected {arr.shape} to match scores.")
-        if rel.dtype != bool:
-            values = set(np.unique(rel).tolist())
-            if not values <= {0, 1}:
-                raise ValueError(f"relevant must hold only 0/1 or booleans, got values {sorted(values)!r}.")
-            rel = rel.astype(bool)
+        rel = check_relevant(relevant, arr.size)
         return np.fromiter(
             (self.update(float(s), bool(r)) for s, r in zip(arr, rel)), dtype=bool, count=arr.size
         )
@@ -272,121 +257,39 @@ class AdaptiveConformalFilter:
         a = self._alpha
         return (max(a, 1.0 - a) + self._gamma) / (self._gamma * self.n_updates_)
 
-    def get_params(self) -> dict[str, Any]:
-        """Constructor parameters (scikit-learn convention)."""
-        return {"alpha": self.alpha, "gamma": self.gamma, "window": self.window,
-                "keep_history": self.keep_history}
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(alpha={self.alpha!r}, gamma={self.gamma!r}, window={self.window!r})"
-
-
-# --------------------------------------------------------------------------- drift check
-
-
-class DriftResult(NamedTuple):
-    """Outcome of :func:`drift_check`.
-
-    Attributes
-    ----------
-    statistic : float
-        KS statistic ``D = sup |F_cal - F_live|``.
-    p_value : float
-        Asymptotic p-value of exchangeability.
-    drifted : bool
-        ``p_value < alpha``.
-    n_cal, n_live : int
-        Sample sizes.
-    """
-
-    statistic: float
-    p_value: float
-    drifted: bool
-    n_cal: int
-    n_live: int
-
-
-def kolmogorov_sf(x: Any) -> np.ndarray:
-    """Survival function of the Kolmogorov distribution, ``P(K > x)``.
-
-    Uses the alternating series ``2 sum (-1)^(k-1) exp(-2 k^2 x^2)`` for ``x >= 1`` and the
-    theta-function form ``1 - sqrt(2 pi)/x sum exp(-(2k-1)^2 pi^2 / (8 x^2))`` below, both
-    accurate to machine precision with 100 terms.
-
-    Examples
-    --------
-    >>> float(kolmogorov_sf(0.0)), round(float(kolmogorov_sf(1.3581)), 4)
-    (1.0, 0.05)
-    """
-    arr = np.asarray(x, dtype=np.float64)
-    x = arr.reshape(-1)
-    out = np.ones_like(x)
-    k = np.arange(1, 101, dtype=np.float64)[:, None]
-    big = x >= 1.0
-    if big.any():
-        xb = x[big]
-        out[big] = 2.0 * np.sum((-1.0) ** (k - 1) * np.exp(-2.0 * k**2 * xb**2), axis=0)
-    small = (~big) & (x > 0)
-    if small.any():
-        xs = x[small]
-        out[small] = 1.0 - math.sqrt(2 * math.pi) / xs * np.sum(
-            np.exp(-((2 * k - 1) ** 2) * math.pi**2 / (8.0 * xs**2)), axis=0
+    def guarantee(self) -> Guarantee:
+        self._check_fitted()
+        a = check_alpha(self.alpha)
+        bound = self.error_bound()
+        return Guarantee(
+            mode=self.mode, metric="miss_rate", target=1 - a, alpha=a,
+            statement=(f"long-run share of relevant live snippets kept -> {1 - a:.3g} under any "
+                       f"shift, within (max(alpha, 1 - alpha) + gamma) / (gamma T) after T "
+                       "labelled relevant snippets (feedback via update())"),
+            n_calibration=self.n_calibration_, n_required=None, infinite=self.infinite_,
+            details={"alpha_t": self.alpha_t_, "n_updates": self.n_updates_,
+                     "n_errors": self.n_errors_, "error_bound": _json_float(bound)},
         )
-    return np.clip(out, 0.0, 1.0).reshape(arr.shape)
+
+    def _state(self) -> dict[str, Any]:
+        return {"pool": list(self._pool), "alpha_t": self.alpha_t_, "n_updates": self.n_updates_,
+                "n_errors": self.n_errors_, "n_calibration": self.n_calibration_}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self._alpha = check_alpha(self.alpha)
+        self._gamma = _check_gamma(self.gamma)
+        pool = check_scores(state["pool"], name="adaptive state pool")
+        if pool.size == 0:
+            raise ArtifactError("adaptive calibration state has an empty pool.")
+        self._pool = deque(pool.tolist(), maxlen=_check_window(self.window))
+        self.alpha_t_ = _read_float(state, "alpha_t", allow_inf=False)
+        counts = [state[k] for k in ("n_updates", "n_errors", "n_calibration")]
+        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
+            raise ArtifactError(f"adaptive state counts {counts!r} must be ints >= 0.")
+        self.n_updates_, self.n_errors_, self.n_calibration_ = counts
+        self.history_ = {"threshold": [], "alpha_t": [], "err": [], "kept": [], "relevant": []}
+        self._refresh()
 
 
-def ks_2samp_pvalue(d: float, n1: int, n2: int) -> float:
-    """Two-sided asymptotic p-value of a two-sample KS statistic.
-
-    With the effective size ``n = round(n1 n2 / (n1 + n2))`` (as ``scipy.stats.ks_2samp``
-    with ``method="asymp"``), the finite-``n`` law of ``sqrt(n) D`` is approximated by the
-    Kolmogorov distribution at ``x + 1/(6 sqrt(n)) + (x - 1)/(4 n)`` (Vrbik 2018), with
-    ``x = sqrt(n) D``. Agrees with scipy to ~5e-4 for n >= 20 and ~2e-5 for n >= 1000.
-    """
-    en = max(1.0, float(round(n1 * n2 / (n1 + n2))))
-    sn = math.sqrt(en)
-    x = sn * float(d)
-    return float(kolmogorov_sf(x + 1.0 / (6.0 * sn) + (x - 1.0) / (4.0 * en)))
-
-
-def drift_check(calibration_scores: Any, live_scores: Any, *, alpha: float = 0.01) -> DriftResult:
-    """Test whether live relevant scores are still exchangeable with the calibration ones.
-
-    A two-sample Kolmogorov-Smirnov test; a small p-value says the live scores come from a
-    different distribution, so the split-conformal guarantee of a static threshold no
-    longer holds (recalibrate, or use :class:`AdaptiveConformalFilter`).
-
-    Parameters
-    ----------
-    calibration_scores : array-like of float
-        Scores of relevant calibration snippets (at least 1).
-    live_scores : array-like of float
-        Scores of relevant live snippets (at least 1).
-    alpha : float, default=0.01
-        False-alarm level in (0, 1): ``drifted = p_value < alpha``.
-
-    Returns
-    -------
-    DriftResult
-
-    Examples
-    --------
-    >>> r = drift_check([0.1, 0.2, 0.3, 0.4] * 10, [0.6, 0.7, 0.8, 0.9] * 10)
-    >>> r.statistic, r.drifted
-    (1.0, True)
-    """
-    alpha = check_alpha(alpha)
-    cal = check_scores(calibration_scores, name="calibration_scores")
-    live = check_scores(live_scores, name="live_scores")
-    if cal.size == 0 or live.size == 0:
-        raise ValueError(
-            f"drift_check needs at least 1 score on each side, got n_cal={cal.size}, n_live={live.size}."
-        )
-    cal_s, live_s = np.sort(cal), np.sort(live)
-    grid = np.concatenate([cal_s, live_s])
-    cdf_cal = np.searchsorted(cal_s, grid, side="right") / cal.size
-    cdf_live = np.searchsorted(live_s, grid, side="right") / live.size
-    d = float(np.max(np.abs(cdf_cal - cdf_live)))
-    p = ks_2samp_pvalue(d, cal.size, live.size)
-    return DriftResult(statistic=d, p_value=p, drifted=bool(p < alpha), n_cal=int(cal.size),
-                       n_live=int(live.size))
+#: The earlier name of :class:`AdaptiveCalibrator`.
+AdaptiveConformalFilter = AdaptiveCalibrator

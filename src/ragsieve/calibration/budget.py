@@ -21,18 +21,27 @@ calibration relevant snippets are independent draws (see :class:`BudgetCalibrato
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
 import numbers
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from .calibration.split import check_scores
-from .errors import CalibrationError, DataError, NotFittedError
+from .._validation import (
+    check_codes,
+    check_lengths,
+    check_relevant,
+    check_scores,
+    check_unit_interval,
+)
+from ..errors import ArtifactError, CalibrationError
+from .base import BaseCalibrator, Guarantee, _json_float, _read_float
+from .stats import clopper_pearson_lower
 
 __all__ = [
     "BudgetCalibrator",
@@ -63,27 +72,6 @@ def _check_budget(budget: Any) -> int:
     return int(budget)
 
 
-def _check_lengths(lengths: Any, n: int, name: str = "lengths") -> np.ndarray:
-    arr = np.asarray(lengths)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-dimensional, got shape {arr.shape}.")
-    if arr.size != n:
-        raise ValueError(f"got {arr.size} {name} for {n} scores; they must align.")
-    if arr.size and not (np.issubdtype(arr.dtype, np.integer) and arr.dtype != np.bool_):
-        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
-            raise TypeError(
-                f"{name} must be non-negative integers (characters or tokens), got dtype "
-                f"{arr.dtype}; pass e.g. [len(text) for text in texts]."
-            )
-    arr = arr.astype(np.int64)
-    neg = np.flatnonzero(arr < 0)
-    if neg.size:
-        raise ValueError(f"{name}[{int(neg[0])}] == {int(arr[neg[0]])}, lengths must be >= 0.")
-    return arr
-
-
 def _check_threshold(threshold: Any) -> float:
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
         raise TypeError(f"threshold must be a real number, got {type(threshold).__name__}.")
@@ -91,17 +79,6 @@ def _check_threshold(threshold: Any) -> float:
     if math.isnan(value):
         raise ValueError("threshold is NaN, must be a number (inf keeps every snippet that fits).")
     return value
-
-
-def _check_unit_interval(value: Any, name: str, *, closed_right: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}).")
-    v = float(value)
-    ok = 0.0 < v <= 1.0 if closed_right else 0.0 < v < 1.0
-    if not ok:
-        interval = "(0, 1]" if closed_right else "(0, 1)"
-        raise ValueError(f"{name} == {value!r}, must be in {interval}.")
-    return v
 
 
 # --------------------------------------------------------------------------- selection
@@ -169,7 +146,7 @@ def select_within_budget(
     """
     b = _check_budget(budget)
     s = check_scores(scores)
-    ln = _check_lengths(lengths, s.size)
+    ln = check_lengths(lengths, s.size)
     t = _check_threshold(threshold)
     order = np.lexsort((np.arange(s.size), s))
     return _greedy(order, ln, s <= t, b)
@@ -195,47 +172,6 @@ def approx_tokens(text: str) -> int:
 
 
 # --------------------------------------------------------------------------- confidence bounds
-
-
-def clopper_pearson_lower(k: int, n: int, delta: float) -> float:
-    """One-sided Clopper-Pearson lower bound at level ``1 - delta`` for a proportion.
-
-    The ``p`` with ``P(Binomial(n, p) >= k) == delta`` (equivalently the ``delta``
-    quantile of ``Beta(k, n - k + 1)``), found by bisection on the binomial tail in
-    numpy; 0 when ``k == 0``.
-
-    Examples
-    --------
-    >>> round(clopper_pearson_lower(10, 10, 0.05), 4)  # 0.05 ** (1 / 10)
-    0.7411
-    >>> clopper_pearson_lower(0, 10, 0.05)
-    0.0
-    """
-    if not 0 <= k <= n or n < 1:
-        raise ValueError(f"need 0 <= k <= n and n >= 1, got k == {k}, n == {n}.")
-    if k == 0:
-        return 0.0
-    if k == n:
-        return float(delta ** (1.0 / n))
-    j = np.arange(k, n + 1, dtype=np.float64)
-    log_fact = np.concatenate(([0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))))
-    log_binom = log_fact[n] - log_fact[k : n + 1] - log_fact[n - np.arange(k, n + 1)]
-
-    def upper_tail(p: float) -> float:
-        logs = log_binom + j * math.log(p) + (n - j) * math.log1p(-p)
-        m = logs.max()
-        return float(math.exp(m) * np.exp(logs - m).sum())
-
-    lo, hi = 0.0, 1.0  # upper_tail increases in p
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid <= lo or mid >= hi:
-            break
-        if upper_tail(mid) < delta:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _group_bootstrap_lower(
@@ -328,42 +264,11 @@ class BudgetReport:
 # --------------------------------------------------------------------------- calibrator
 
 
-def _query_codes(query_ids: Any, n: int, name: str = "query_ids") -> np.ndarray:
-    if isinstance(query_ids, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence with one id per snippet, got a single string.")
-    ids = list(query_ids)
-    if len(ids) != n:
-        raise ValueError(f"got {len(ids)} {name} for {n} scores; they must align.")
-    codes: dict[Hashable, int] = {}
-    try:
-        return np.fromiter((codes.setdefault(q, len(codes)) for q in ids), dtype=np.int64, count=n)
-    except TypeError as exc:
-        raise TypeError(f"{name} must be hashable (str or int): {exc}") from exc
+class BudgetCalibrator(BaseCalibrator):
+    """Budget mode: keep the best snippets that fit a per-query budget; measure what it buys.
 
-
-def _relevance(relevant: Any, n: int) -> np.ndarray:
-    arr = np.asarray(relevant)
-    if arr.ndim != 1 or arr.size != n:
-        raise ValueError(
-            f"relevant has shape {arr.shape}, must be 1-d with {n} entries (one per score)."
-        )
-    if arr.dtype == np.bool_:
-        return arr
-    try:
-        values = arr.astype(np.float64)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"relevant must hold 0/1 or bool, got dtype {arr.dtype}.") from exc
-    bad = np.flatnonzero((values != 0) & (values != 1))
-    if bad.size:
-        raise DataError(
-            f"relevant[{int(bad[0])}] == {arr[bad[0]]!r}, must be 0 or 1 (unlabelled pairs "
-            "cannot be used for calibration)."
-        )
-    return values == 1
-
-
-class BudgetCalibrator:
-    """Measure on labelled data what coverage a per-query budget buys.
+    ``predict`` keeps, per query, the lowest-score snippets whose total length fits
+    ``budget`` (see :func:`select_within_budget`), so it needs ``query_ids`` and ``lengths``.
 
     ``fit`` applies :func:`select_within_budget` to every calibration query and
     stores a :class:`BudgetReport` in ``report_``. Its ``coverage_lower`` is a
@@ -388,8 +293,8 @@ class BudgetCalibrator:
         that would be needed, when ``coverage_lower < target``.
     tokenizer : callable str -> int, optional
         Token counter for ``unit="tokens"``; defaults to :func:`approx_tokens`.
-    threshold : float, default inf
-        Score threshold combined with the budget (e.g. a calibrated ``tau``).
+    threshold : float or None, default None
+        Score threshold combined with the budget (e.g. a calibrated ``tau``); None: no cap.
 
     Attributes
     ----------
@@ -400,7 +305,8 @@ class BudgetCalibrator:
     Examples
     --------
     >>> cal = BudgetCalibrator(budget=10).fit(
-    ...     [0.1, 0.5, 0.2, 0.3], [1, 0, 0, 1], ["q1", "q1", "q2", "q2"], [8, 5, 6, 6])
+    ...     [0.1, 0.5, 0.2, 0.3], [1, 0, 0, 1], query_ids=["q1", "q1", "q2", "q2"],
+    ...     lengths=[8, 5, 6, 6])
     >>> cal.report_.coverage, cal.budget_for(1.0)
     (0.5, 12)
     """
@@ -413,7 +319,7 @@ class BudgetCalibrator:
         delta: float = 0.05,
         target: float | None = None,
         tokenizer: Callable[[str], int] | None = None,
-        threshold: float = math.inf,
+        threshold: float | None = None,
     ) -> None:
         self.budget = budget
         self.unit = unit
@@ -428,9 +334,9 @@ class BudgetCalibrator:
         _check_budget(self.budget)
         if self.unit not in UNITS:
             raise ValueError(f"unit == {self.unit!r}, must be one of {UNITS}.")
-        _check_unit_interval(self.delta, "delta", closed_right=False)
+        check_unit_interval(self.delta, "delta", closed_right=False)
         if self.target is not None:
-            _check_unit_interval(self.target, "target", closed_right=True)
+            check_unit_interval(self.target, "target", closed_right=True)
         if self.tokenizer is not None:
             if not callable(self.tokenizer):
                 raise TypeError(
@@ -440,7 +346,11 @@ class BudgetCalibrator:
                 raise ValueError(
                     f"a tokenizer was given with unit == {self.unit!r}; use unit='tokens'."
                 )
-        _check_threshold(self.threshold)
+        self._cap()
+
+    def _cap(self) -> float:
+        """The score cap: ``threshold``, or ``inf`` when None."""
+        return math.inf if self.threshold is None else _check_threshold(self.threshold)
 
     def _measure(self, text: str) -> int:
         if self.unit == "chars":
@@ -451,6 +361,8 @@ class BudgetCalibrator:
         return int(count)
 
     def _lengths(self, lengths_or_texts: Any, n: int) -> np.ndarray:
+        if lengths_or_texts is None:
+            raise ValueError(f"mode {self.mode!r} needs lengths (texts or sizes in {self.unit}); got None.")
         """Accept a sequence of texts (measured in ``unit``) or of integer lengths."""
         if isinstance(lengths_or_texts, (str, bytes)):
             raise TypeError(
@@ -468,18 +380,23 @@ class BudgetCalibrator:
                 "lengths_or_texts mixes texts and numbers; pass either all texts (str) or all "
                 "integer lengths."
             )
-        return _check_lengths(items, n, name="lengths_or_texts")
+        return check_lengths(items, n, name="lengths_or_texts")
 
     # ---- estimator API
+
+    mode = "budget"
+    fit_requires: ClassVar[frozenset[str]] = frozenset({"query_ids", "lengths"})
+    predict_requires: ClassVar[frozenset[str]] = frozenset({"query_ids", "lengths"})
+    uses_irrelevant: ClassVar[bool] = True
 
     def fit(
         self,
         scores: Any,
-        relevant: Any,
-        query_ids: Any,
-        lengths_or_texts: Any,
+        relevant: Any = None,
         *,
-        groups: Sequence[Hashable] | None = None,
+        query_ids: Any = None,
+        groups: Any = None,
+        lengths: Any = None,
     ) -> BudgetCalibrator:
         """Apply the budget to every calibration query and measure it.
 
@@ -492,7 +409,7 @@ class BudgetCalibrator:
         query_ids : sequence of str or int
             Query of each pair; the pairs of one query form its retrieved list, in
             input order (which breaks score ties).
-        lengths_or_texts : sequence of int or of str
+        lengths : sequence of int or of str
             Sizes in ``unit``, or the snippet texts (measured with ``len`` for chars,
             the tokenizer or :func:`approx_tokens` for tokens).
         groups : sequence of str or int, optional
@@ -511,17 +428,17 @@ class BudgetCalibrator:
         self._check_params()
         s = check_scores(scores)
         n = s.size
-        rel = _relevance(relevant, n)
-        q = _query_codes(query_ids, n)
-        ln = self._lengths(lengths_or_texts, n)
-        g = _query_codes(groups, n, name="groups") if groups is not None else None
+        rel = check_relevant(relevant, n)
+        q = check_codes(query_ids, n, "query_ids", mode=self.mode)
+        ln = self._lengths(lengths, n)
+        g = check_codes(groups, n, "groups") if groups is not None else None
         n_rel = int(rel.sum())
         if n_rel == 0:
             raise CalibrationError(
                 f"no relevant snippet among {n} calibration pairs; a budget's coverage "
                 "cannot be measured without relevant = 1 labels."
             )
-        threshold = float(self.threshold)
+        threshold = self._cap()
         budget = int(self.budget)
 
         # Pairs sorted by query, then score, then position: each query is a contiguous run
@@ -556,6 +473,8 @@ class BudgetCalibrator:
         target = None if self.target is None else float(self.target)
 
         self.n_calibration_ = n
+        self.threshold_ = threshold
+        self.infinite_ = False
         self._hits_curve(runs, ln, rel, eligible)
         self.report_ = BudgetReport(
             budget=budget,
@@ -636,19 +555,12 @@ class BudgetCalibrator:
         self._curve_budgets = keys
         self._curve_hits = np.cumsum([events[k] for k in keys]).astype(np.int64)
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "report_"):
-            raise NotFittedError(
-                "this BudgetCalibrator is not fitted yet; call fit(scores, relevant, "
-                "query_ids, lengths_or_texts) first."
-            )
-
     def coverage_at(self, budget: int) -> float:
         """Calibration coverage (micro) of another budget, without refitting.
 
         Examples
         --------
-        >>> cal = BudgetCalibrator(budget=10).fit([0.1, 0.2], [1, 1], ["q", "q"], [8, 5])
+        >>> cal = BudgetCalibrator(budget=10).fit([0.1, 0.2], [1, 1], query_ids=["q", "q"], lengths=[8, 5])
         >>> cal.coverage_at(12), cal.coverage_at(13)
         (0.5, 1.0)
         """
@@ -687,7 +599,7 @@ class BudgetCalibrator:
             lower bound cannot reach it with this many relevant snippets).
         """
         self._check_fitted()
-        t = _check_unit_interval(target, "target", closed_right=True)
+        t = check_unit_interval(target, "target", closed_right=True)
         n_rel = self.report_.n_relevant
         if lower:
             delta = self.report_.delta
@@ -721,20 +633,78 @@ class BudgetCalibrator:
         self._check_params()
         s = check_scores(scores)
         ln = self._lengths(lengths_or_texts, s.size)
-        t = min(_check_threshold(threshold), float(self.threshold))
+        t = min(_check_threshold(threshold), self._cap())
         return select_within_budget(s, ln, int(self.budget), threshold=t)
 
-    def get_params(self) -> dict[str, Any]:
-        """Constructor parameters (scikit-learn style)."""
-        return {
-            "budget": self.budget,
-            "unit": self.unit,
-            "delta": self.delta,
-            "target": self.target,
-            "tokenizer": self.tokenizer,
-            "threshold": self.threshold,
-        }
+    def predict(self, scores: Any, *, query_ids: Any = None, groups: Any = None,
+                lengths: Any = None) -> np.ndarray:
+        """Keep-mask: per query, the best snippets that fit the budget (and the threshold).
 
-    def __repr__(self) -> str:
-        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items() if v is not None)
-        return f"BudgetCalibrator({params})"
+        The budget is a parameter, not learned, but ``fit`` is still required (as for every
+        mode) so that a deployed budget always carries its measured coverage; use
+        :meth:`select` or :func:`select_within_budget` for a budget without calibration data.
+        """
+        self._check_fitted()
+        self._check_params()
+        s = check_scores(scores)
+        q = check_codes(query_ids, s.size, "query_ids", mode=self.mode)
+        ln = self._lengths(lengths, s.size)
+        eligible = s <= self._cap()
+        order = np.lexsort((np.arange(s.size), s, q))
+        starts = np.r_[0, np.flatnonzero(np.diff(q[order]) != 0) + 1, s.size]
+        kept = np.zeros(s.size, dtype=bool)
+        for a, b in itertools.pairwise(starts):
+            idx = order[a:b]
+            kept[idx] = _greedy(np.arange(idx.size), ln[idx], eligible[idx], int(self.budget))
+        return kept
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "report_"):
+            from ..errors import NotFittedError
+
+            raise NotFittedError(
+                "this BudgetCalibrator is not fitted yet; call fit(scores, relevant, "
+                "query_ids=..., lengths=...) first."
+            )
+
+    def guarantee(self) -> Guarantee:
+        self._check_fitted()
+        r = self.report_
+        return Guarantee(
+            mode=self.mode, metric="coverage", target=r.target,
+            alpha=None if r.target is None else 1.0 - r.target,
+            statement=(f"keeps the best snippets within {r.budget:,} {r.unit} per query; an "
+                       f"estimate, not a guarantee: {r.summary()}"),
+            n_calibration=r.n_relevant, n_required=None, infinite=False,
+            details={"budget": r.budget, "unit": r.unit, "coverage": r.coverage,
+                     "coverage_lower": r.coverage_lower, "delta": r.delta,
+                     "meets_target": r.meets_target, "bound": r.bound},
+        )
+
+    def _state(self) -> dict[str, Any]:
+        report = {k: _json_float(v) if isinstance(v, float) else v
+                  for k, v in dataclasses.asdict(self.report_).items()}
+        return {"report": report, "n_calibration": self.n_calibration_,
+                "curve_budgets": self._curve_budgets.tolist(),
+                "curve_hits": self._curve_hits.tolist()}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        self._check_params()
+        raw = dict(state["report"])
+        for key in ("coverage", "coverage_lower", "query_coverage", "removal", "delta"):
+            raw[key] = _read_float(raw, key, allow_inf=False)
+        raw["threshold"] = _read_float(raw, "threshold")
+        try:
+            self.report_ = BudgetReport(**raw)
+        except TypeError as exc:
+            raise ArtifactError(f"malformed budget report in calibration state: {exc}") from exc
+        if self.report_.budget != self.budget or self.report_.unit != self.unit:
+            raise ArtifactError(
+                f"budget calibration state is for {self.report_.budget} {self.report_.unit}, "
+                f"but the params say {self.budget} {self.unit}."
+            )
+        self.n_calibration_ = int(state["n_calibration"])
+        self._curve_budgets = np.asarray(state["curve_budgets"], dtype=np.int64)
+        self._curve_hits = np.asarray(state["curve_hits"], dtype=np.int64)
+        self.threshold_ = self._cap()
+        self.infinite_ = False

@@ -1,0 +1,270 @@
+"""``ragsieve`` command line: parse, call the library, print.
+
+Library errors become one-line messages with exit code 2 (no traceback); a
+``TypeError`` is a bug and keeps its traceback. ``--json`` gives machine-readable output
+next to the human tables. Options are declared once, in the groups of
+:mod:`~ragsieve.cli.options`; the commands are in :mod:`~ragsieve.cli.commands`, the
+demos in :mod:`~ragsieve.cli.demos`. No parser accepts abbreviated options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .._version import __version__
+from ..errors import RagsieveError
+from . import commands, demos
+from .options import (
+    add_cache_options,
+    add_data_options,
+    add_embedding_options,
+    add_guarantee_options,
+    add_json_option,
+    add_llm_options,
+    add_scorer_options,
+    floats,
+    ints,
+    one_line,
+    subparser,
+)
+
+__all__ = ["build_parser", "main"]
+
+CLEAN_ERRORS: tuple[type[BaseException], ...] = (RagsieveError, ValueError, OSError, ImportError)
+"""Exceptions ``main`` reports as one line with exit code 2 (a ``TypeError`` is a bug and
+is not among them)."""
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "evaluate", "topic-disjoint coverage/removal sweep with baselines")
+    add_data_options(p)
+    add_scorer_options(p)
+    add_guarantee_options(p, several=True)
+    g = p.add_argument_group("sweep")
+    g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
+    g.add_argument("--top-k", type=ints, default=[1, 2, 3, 5])
+    g.add_argument("--theta", type=floats, default=[0.2, 0.3, 0.4, 0.5],
+                   help="fixed similarity cut-offs (keep when 1 - score >= theta)")
+    g.add_argument("--splits", type=int, default=20)
+    g.add_argument("--calibration-fraction", type=float, default=0.5)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--limit-queries", type=int, default=None,
+                   help="evaluate on N queries drawn at random across topics (bounds LLM cost)")
+    g.add_argument("--on-error", choices=["raise", "drop"], default="raise",
+                   help="pairs the scorer cannot score: fail (default) or drop them and report "
+                        "how many")
+    add_json_option(p)
+    p.add_argument("--plot", default=None, help="write the figure to this PNG")
+    p.set_defaults(func=commands.cmd_evaluate)
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "calibrate", "calibrate a filter of one guarantee mode and save it")
+    add_data_options(p)
+    add_scorer_options(p)
+    add_guarantee_options(p, several=False)
+    p.add_argument("--alpha", type=float, default=0.1, help="target miscoverage (default 0.1)")
+    p.add_argument("--min-keep", type=int, default=0, help="empty-result policy (default 0)")
+    p.add_argument("--out", required=True, help="artifact to write (JSON)")
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_calibrate)
+
+
+def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query)")
+    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    add_data_options(p)
+    add_embedding_options(p, model=False)
+    add_cache_options(p)
+    add_llm_options(p)
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_filter)
+
+
+def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "label", "label pairs with an LLM (relevant + raw answer), resumable")
+    add_data_options(p)
+    p.add_argument("--out", required=True, help="labelled generic JSONL")
+    p.add_argument("--method", choices=["auto", "logprob", "yes-no"], default="auto")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="P(yes) threshold of --method logprob")
+    p.add_argument("--limit-queries", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--price-per-million-tokens", type=float, default=0.0,
+                   help="for the cost estimate (0 for a local model)")
+    add_cache_options(p, embeddings=False)
+    add_llm_options(p)
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_label)
+
+
+def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "llm", "the local LLM")
+    llm_sub = p.add_subparsers(dest="llm_command", required=True, metavar="COMMAND")
+    q = subparser(llm_sub, "serve", "serve the local model (OpenAI-compatible) until Ctrl-C")
+    q.add_argument("--model", default="gemma3-270m",
+                   help="gemma3-270m, smollm2-135m or a .gguf path")
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=8080)
+    q.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (env RAGSIEVE_LLM_THREADS, default 1)")
+    q.add_argument("--n-ctx", type=int, default=4096)
+    q.add_argument("--parallel", type=int, default=1, help="parallel slots")
+    q.set_defaults(func=commands.cmd_llm_serve)
+    q = subparser(llm_sub, "injection", "measure how far injected instructions move judgements")
+    add_data_options(q)
+    q.add_argument("--n-pairs", type=int, default=40, help="non-relevant pairs to test")
+    q.add_argument("--seed", type=int, default=0)
+    add_llm_options(q)
+    add_json_option(q)
+    q.set_defaults(func=commands.cmd_llm_injection)
+
+
+def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "shift-demo", "a stream that switches dataset/language: static vs adaptive")
+    p.add_argument("--out", default="ragsieve-shift", help="output folder (default ragsieve-shift)")
+    p.add_argument("--phase1", default="xquad-en")
+    p.add_argument("--phase2", default="xquad-de")
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--gamma", type=float, default=0.005, help="ACI step size")
+    p.add_argument("--window", type=int, default=None,
+                   help="recent scores the adaptive filter keeps (default: the library's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
+    add_json_option(p)
+    p.set_defaults(func=demos.cmd_shift_demo)
+
+
+def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "index", "chunk, embed and store a folder of documents (LanceDB)")
+    p.add_argument("docs_dir")
+    p.add_argument("--index", required=True, help="index directory (created if missing)")
+    p.add_argument("--model", default=None,
+                   help="embedding model (default: the index's, or MiniLM)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.set_defaults(func=commands.cmd_index)
+
+    p = subparser(sub, "query", "retrieve from an index, filtered by a calibrated filter")
+    p.add_argument("query")
+    p.add_argument("--index", required=True)
+    p.add_argument("--filter", default=None,
+                   help="filter artifact: embedding, relative or best scorer on the index's model")
+    p.add_argument("-k", type=int, default=20, help="snippets to retrieve")
+    p.add_argument("--generate", action="store_true",
+                   help="ask the LLM for an answer grounded in the kept snippets, with citations")
+    add_llm_options(p)
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_query)
+
+
+def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "rag-demo",
+                  "index the XQuAD English articles and ask a question, filter in the loop")
+    p.add_argument("--out", default="ragsieve-rag",
+                   help="folder for the documents, the index and the filter (default ragsieve-rag)")
+    p.add_argument("--question", default=None,
+                   help="default: a question from the held-out articles")
+    p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("-k", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
+    add_cache_options(p)
+    p.set_defaults(func=demos.cmd_rag_demo)
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "serve",
+                  "HTTP service: POST /filter (and /query with --index) with a calibrated filter")
+    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    p.add_argument("--index", default=None,
+                   help="index directory served by POST /query (see `ragsieve index`)")
+    p.add_argument("--max-k", type=int, default=100, help="largest k a /query request may ask for")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key-env", default=None,
+                   help="env var holding the API key (required to bind a non-loopback host)")
+    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    p.add_argument("--max-snippets", type=int, default=1000)
+    add_cache_options(p)
+    p.set_defaults(func=commands.cmd_serve)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "export", "write a dataset in the generic JSONL format")
+    add_data_options(p)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=commands.cmd_export)
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "demo", "XQuAD end to end: 1 - cos vs the fused score, table, plot, "
+                               "an example query")
+    p.add_argument("--out", default="ragsieve-demo")
+    p.add_argument("--splits", type=int, default=20)
+    p.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
+    p.add_argument("--scorer", choices=["best", "relative", "embedding"], default="best",
+                   help="the score compared with 1 - cos (default best, the fused score; "
+                        "embedding shows 1 - cos alone)")
+    add_embedding_options(p)
+    p.set_defaults(language="en")
+    add_cache_options(p)
+    p.set_defaults(func=demos.cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ragsieve`` argument parser (no prefix abbreviations on any level).
+
+    Returns
+    -------
+    argparse.ArgumentParser
+    """
+    parser = argparse.ArgumentParser(
+        prog="ragsieve", allow_abbrev=False,
+        description="ragsieve: calibrated filters for retrieved context (evaluate, calibrate, "
+                    "filter, serve). Errors: one line on stderr, exit code 2.")
+    parser.add_argument("--version", action="version", version=f"ragsieve {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_evaluate, _add_calibrate, _add_filter, _add_label, _add_llm,
+                _add_shift_demo, _add_index_and_query, _add_rag_demo, _add_serve, _add_export,
+                _add_demo):
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ragsieve`` command.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments without the program name (default ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 on success; 2 for a usage error or a library error (``RagsieveError``,
+        ``ValueError``, ``OSError``, ``ImportError``), printed as one line on stderr;
+        130 when interrupted. Other exceptions, ``TypeError`` among them, propagate
+        with their traceback: they are bugs.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except CLEAN_ERRORS as exc:
+        print(f"ragsieve {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

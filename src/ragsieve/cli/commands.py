@@ -1,0 +1,327 @@
+"""The ``ragsieve`` subcommands: each parses nothing, calls the library once, prints.
+
+Options come from :mod:`ragsieve.cli.options`; the demos live in
+:mod:`ragsieve.cli.demos`. Every ``cmd_*`` takes the parsed namespace and returns the
+exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from .options import (
+    artifact_score_field,
+    artifact_scorer_options,
+    calibrator_params,
+    check_scorer_options,
+    dumps,
+    eprint,
+    llm_options,
+    load_pairs,
+    make_scorer,
+    score_field_of,
+)
+
+__all__ = [
+    "cmd_calibrate",
+    "cmd_evaluate",
+    "cmd_export",
+    "cmd_filter",
+    "cmd_index",
+    "cmd_label",
+    "cmd_llm_injection",
+    "cmd_llm_serve",
+    "cmd_query",
+    "cmd_serve",
+]
+
+
+def _tau(value: float) -> str:
+    return f"{value:.4f}"
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``ragsieve evaluate``: topic-disjoint sweep of the guarantee modes and baselines."""
+    from ..evaluation import evaluate, format_table
+
+    check_scorer_options(args)
+    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
+    if args.limit_queries:
+        from ..data import sample_queries
+
+        pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
+    scorer = make_scorer(args)
+    t0 = time.perf_counter()
+    report = evaluate(
+        pairs,
+        scorer,
+        progress=not args.quiet,
+        on_error=args.on_error,
+        group_by=args.group_by,
+        modes=args.mode,
+        delta=args.delta,
+        min_group_size=args.min_group_size,
+        budgets=args.budget,
+        alphas=args.alpha,
+        top_k=args.top_k,
+        thetas=args.theta,
+        n_splits=args.splits,
+        calibration_fraction=args.calibration_fraction,
+        seed=args.seed,
+    )
+    seconds = time.perf_counter() - t0
+    report.info["dataset"] = str(args.data)
+    report.info["scoring_seconds"] = round(seconds, 2)
+    report.info["pairs_per_second"] = round(len(pairs) / max(seconds, 1e-9), 3)
+    if args.limit_queries:
+        report.info["limit_queries"] = args.limit_queries
+    # print the computed results before plotting, so a plotting failure loses nothing
+    if args.json:
+        print(dumps(report.to_dict()), flush=True)
+    else:
+        print(format_table(report), flush=True)
+    if args.plot:
+        from ..evaluation.plots import plot_report
+
+        plot_report({args.scorer: report}, args.plot, title=f"ragsieve evaluate: {args.data}")
+        eprint(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``ragsieve calibrate``: fit a filter of one guarantee mode and save the artifact."""
+    from ..calibration import make_calibrator
+    from ..filter import ConformalFilter
+
+    check_scorer_options(args)
+    calibrator = make_calibrator(args.mode, **calibrator_params(args))
+    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
+    flt = ConformalFilter(make_scorer(args), calibrator, min_keep=args.min_keep)
+    flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet)
+    flt.save(args.out)
+    info = flt.to_dict()
+    if args.json:
+        print(dumps(info))
+        return 0
+    guarantee = flt.guarantee()
+    tau = _tau(flt.threshold)
+    if guarantee.get("infinite"):
+        tau += " (too few calibration points: keeps everything)"
+    data = info.get("data") or {}
+    print(f"mode {flt.mode}: {guarantee['statement']}")
+    line = f"tau={tau}, n={guarantee.get('n_calibration')}"
+    band = guarantee.get("coverage_band")
+    if band:
+        line += f", coverage band [{band[0]:.3f}, {band[1]:.3f}]"
+    if data:
+        line += (f"; calibrated on {data.get('n_relevant')} relevant snippets "
+                 f"({data.get('n_queries')} queries, {data.get('n_groups')} groups)")
+    print(f"{line} -> {args.out}")
+    return 0
+
+
+def cmd_filter(args: argparse.Namespace) -> int:
+    """``ragsieve filter``: apply a saved filter to pairs, one line (or object) per query."""
+    from ..filter import ConformalFilter, read_artifact
+
+    payload = read_artifact(args.filter)
+    flt = ConformalFilter.from_dict(payload,
+                                    scorer_options=artifact_scorer_options(args, payload))
+    pairs = load_pairs(args, score_field=artifact_score_field(payload))
+    results = flt.filter_pairs(pairs, progress=not args.quiet)
+    total_in = sum(r.n_input for r in results.values())
+    total_kept = sum(len(r.kept) for r in results.values())
+    for qid, r in results.items():
+        if args.json:
+            print(dumps({
+                "query_id": qid, "query": r.query, "kept": list(r.kept_ids),
+                "scores": [s.score for s in r.kept], "n_input": r.n_input,
+                "removal": r.removal, "threshold": r.threshold, "note": r.note,
+            }))
+            continue
+        print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
+        for s in r.kept:
+            print(f"    {s.score:.4f}  {s.snippet_id}")
+        if r.note:
+            print(f"    note: {r.note}")
+    if not args.json:
+        rm = 1 - total_kept / total_in if total_in else 0.0
+        print(f"{len(results)} queries, kept {total_kept}/{total_in} snippets (removed {rm:.1%}), "
+              f"tau={_tau(flt.threshold)}, alpha={flt.alpha:g}")
+        print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
+    return 0
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    """``ragsieve label``: label pairs with an LLM (resumable through the reply cache)."""
+    from ..data import sample_queries, write_pairs
+    from ..labeling import LLMLabeler
+
+    pairs = load_pairs(args)
+    if args.limit_queries:
+        pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
+    options = llm_options(args)
+    if args.no_cache:
+        options["cache"] = False
+    labeler = LLMLabeler(method=args.method, threshold=args.threshold, **options)
+    try:
+        if labeler.connection.is_local:
+            eprint(f"no --base-url: started the local model {labeler.connection.model} at "
+                   f"{labeler.connection.base_url} for this command")
+        labelled, report = labeler.label_pairs(pairs, progress=not args.quiet)
+    finally:
+        labeler.close()
+    write_pairs(labelled, args.out)
+    info = report.to_dict()
+    tokens = report.prompt_tokens + report.completion_tokens
+    info["cost"] = report.new_tokens * args.price_per_million_tokens / 1e6
+    if args.json:
+        print(dumps(info))
+        return 0
+    print(f"labelled {report.n_labelled}/{report.n_pairs} pairs ({report.n_errors} errors, "
+          f"label null) -> {args.out}")
+    print(f"  model {report.model}, method {report.method}, prompt {report.prompt_version}")
+    print(f"  {report.n_requests} requests, {report.n_cache_hits} answers from the cache; "
+          f"{tokens} tokens in all ({report.prompt_tokens} prompt + {report.completion_tokens} "
+          f"completion), {report.new_tokens} new in this run: cost {info['cost']:.4f} at "
+          f"{args.price_per_million_tokens:g}/M tokens")
+    print(f"  {report.seconds:.1f} s, {report.pairs_per_second:.2f} pairs/s")
+    if report.agreement:
+        a = report.agreement
+        print(f"  agreement with the existing labels on {a['n']} pairs: accuracy "
+              f"{a['accuracy']:.3f}, Cohen's kappa {a['kappa']:.3f} (tp {a['tp']}, fp {a['fp']}, "
+              f"fn {a['fn']}, tn {a['tn']})")
+    return 0
+
+
+def cmd_llm_serve(args: argparse.Namespace) -> int:
+    """``ragsieve llm serve``: the local model as an OpenAI-compatible server."""
+    from ..llm.local import serve
+
+    serve(args.model, host=args.host, port=args.port, threads=args.threads, n_ctx=args.n_ctx,
+          n_parallel=args.parallel)
+    return 0
+
+
+def cmd_llm_injection(args: argparse.Namespace) -> int:
+    """``ragsieve llm injection``: how far injected instructions move the LLM's judgements."""
+    import random
+
+    from ..llm.connect import connect
+    from ..llm.injection import measure_injection
+    from ..llm.judge import RelevanceJudge
+
+    pairs = [p for p in load_pairs(args, require_labels=True) if p.relevant == 0]
+    random.Random(args.seed).shuffle(pairs)
+    items = [(p.query, p.text) for p in pairs[: args.n_pairs]]
+    with connect(**llm_options(args)) as conn:
+        if conn.is_local:
+            eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")
+        result = measure_injection(RelevanceJudge(conn.client, style=conn.style), items,
+                                   progress=not args.quiet)
+    result["model"] = conn.model
+    if args.json:
+        print(dumps(result))
+        return 0
+    print(f"prompt injection on {result['n_pairs']} non-relevant pairs x "
+          f"{len(result['injections'])} injections ({conn.model}):")
+    for variant in ("defended", "undefended"):
+        if variant in result:
+            r = result[variant]
+            print(f"  {variant:<11} mean P(yes) shift {r['mean_shift']:+.3f}, max "
+                  f"{r['max_shift']:+.3f}, label flips {r['flip_rate']:.1%} "
+                  f"({r['n_judged']} judged, {r['n_errors']} errors)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """``ragsieve serve``: the HTTP service around a saved filter (and an index)."""
+    from ..filter import read_artifact
+    from ..server import api_key_from_env, run_server
+
+    key = api_key_from_env(args.api_key_env) if args.api_key_env else None
+    options = artifact_scorer_options(args, read_artifact(args.filter))
+    run_server(args.filter, host=args.host, port=args.port, api_key=key,
+               max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
+               scorer_options=options or None, index_path=args.index, max_k=args.max_k)
+    return 0
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """``ragsieve index``: chunk, embed and store a folder of documents."""
+    from ..store import SnippetIndex
+
+    index = SnippetIndex.open(args.index, model=args.model)
+    report = index.index_directory(args.docs_dir, batch_size=args.batch_size,
+                                   progress=not args.quiet)
+    print(f"{args.index}: {report.added} file(s) added or changed, {report.unchanged} unchanged, "
+          f"{report.removed} removed; {report.n_embedded} snippet(s) embedded; "
+          f"{index.count()} in the index")
+    for path, reason in report.skipped:
+        print(f"  skipped {path}: {reason}")
+    return 0
+
+
+def _query_json(args: argparse.Namespace, hits: list[Any], res: Any,
+                kept: set[int] | None) -> dict[str, Any]:
+    return {
+        "query": args.query,
+        "hits": [{"snippet_id": h.snippet_id, "path": str(h.path), "score": h.score,
+                  "text": h.text, "filter_score": None if res is None else res.scores[i],
+                  "kept": None if kept is None else i in kept} for i, h in enumerate(hits)],
+        "threshold": None if res is None else res.threshold,
+        "removal": None if res is None else res.removal,
+        "note": None if res is None else res.note,
+    }
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    """``ragsieve query``: retrieve from an index, filtered, optionally answered by the LLM."""
+    from ..filter import ConformalFilter
+    from ..store import SnippetIndex
+
+    if args.generate and args.json:
+        raise ValueError("--generate prints a text answer; use it without --json.")
+    index = SnippetIndex.open(args.index)
+    if args.filter:
+        hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k)
+        kept: set[int] | None = {s.index for s in res.kept}
+    else:
+        hits, res, kept = index.search(args.query, k=args.k), None, None
+    if args.json:
+        print(dumps(_query_json(args, hits, res, kept)))
+        return 0
+    for i, h in enumerate(hits):
+        if kept is None or i in kept:
+            score = h.score if res is None else res.scores[i]
+            print(f"[{score:.3f}] {h.snippet_id}  {h.text[:110]!r}")
+    if res is not None:
+        print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} "
+              f"removed), tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
+    if args.generate:
+        from ..generation import answer_with_citations
+        from ..llm.connect import connect
+
+        context = [s.text for s in res.kept] if res is not None else [h.text for h in hits]
+        with connect(**llm_options(args)) as conn:
+            if conn.is_local:
+                eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")
+            answer = answer_with_citations(conn, args.query, context)
+        print(f"\nAnswer ({conn.model}): {answer.text}")
+        if answer.citations:
+            print("cited: " + ", ".join(f"[{n}] {context[n - 1][:80]!r}"
+                                        for n in answer.citations))
+        if answer.unknown_citations:
+            print(f"cites snippets that do not exist: {list(answer.unknown_citations)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``ragsieve export``: write a dataset in the generic JSONL format."""
+    from ..data import write_pairs
+
+    n = write_pairs(load_pairs(args), args.out)
+    eprint(f"wrote {n} pairs to {args.out}")
+    return 0

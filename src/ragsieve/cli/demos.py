@@ -1,0 +1,217 @@
+"""The demos: ``ragsieve demo`` (``make demo``), ``rag-demo`` and ``shift-demo``.
+
+They are longer than a command and print a story, so they live apart from
+:mod:`ragsieve.cli.commands`; like the commands they only call the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .options import dumps, embedding_cache_dir, embedding_options, eprint
+
+__all__ = ["cmd_demo", "cmd_rag_demo", "cmd_shift_demo"]
+
+EXAMPLE_ALPHA = 0.1
+"""Miscoverage of the filters shown on the demo's example query."""
+
+_LABELS = {"embedding": "1 - cos", "best": "fused (best)", "relative": "relative"}
+
+
+def _demo_scorer(alias: str, args: argparse.Namespace) -> Any:
+    from ..scoring import resolve_scorer
+
+    options = embedding_options(args)
+    if alias == "relative":
+        return resolve_scorer("relative", base=resolve_scorer("embedding", **options))
+    return resolve_scorer(alias, **options)
+
+
+def _summary(results: dict[str, Any], relevant: dict[str, set[str]]) -> dict[str, float]:
+    """Removal, and coverage of the relevant snippets, over many filter results."""
+    n_in = sum(r.n_input for r in results.values())
+    n_kept = sum(len(r.kept) for r in results.values())
+    n_rel = sum(len(ids) for ids in relevant.values())
+    n_rel_kept = sum(len(relevant.get(q, set()) & set(r.kept_ids)) for q, r in results.items())
+    return {
+        "removal": 1 - n_kept / n_in if n_in else 0.0,
+        "coverage": n_rel_kept / n_rel if n_rel else float("nan"),
+    }
+
+
+def _keeps_evidence(results: dict[str, Any], relevant: dict[str, set[str]]) -> list[str]:
+    """The queries with relevant snippets that kept all of them."""
+    return [q for q, r in results.items()
+            if relevant.get(q) and relevant[q] <= set(r.kept_ids)]
+
+
+def _pick_example(results: dict[str, Any], relevant: dict[str, set[str]],
+                  baseline: dict[str, Any]) -> str:
+    """The query with the largest removal among those that kept all their relevant
+    snippets; ties go to the query the ``baseline`` results removed least from, then to
+    the first. The first query when none kept its relevant snippets."""
+    candidates = _keeps_evidence(results, relevant)
+    if not candidates:
+        return next(iter(results))
+    return max(candidates, key=lambda q: (results[q].removal, -baseline[q].removal))
+
+
+def _print_result(label: str, res: Any, tau: float, relevant: set[str], *, texts: bool) -> None:
+    n_rel = len(relevant & set(res.kept_ids))
+    print(f"  {label} (tau={tau:.4f}): kept {len(res.kept)} of {res.n_input} snippets "
+          f"({res.removal:.0%} removed), {n_rel} of {len(relevant)} relevant"
+          + (f"; {res.note}" if res.note else ""))
+    if not texts:
+        return
+    for s in res.kept:
+        rel = "relevant" if s.snippet_id in relevant else "not relevant"
+        print(f"    [{s.score:.3f}, {rel}] {s.text[:100]!r}...")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``ragsieve demo`` (``make demo``): XQuAD end to end, ``1 - cos`` against the fused
+    score on the same topic-disjoint splits, a plot, and one held-out query filtered."""
+    from .._io import atomic_write_text
+    from ..data import load_dataset
+    from ..data.splits import group_splits
+    from ..evaluation import evaluate, format_table
+    from ..evaluation.plots import plot_report
+    from ..filter import ConformalFilter
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    args.data = f"xquad-{args.language or 'en'}"
+    aliases = ["embedding"] if args.scorer == "embedding" else ["embedding", args.scorer]
+    labels = {a: _LABELS.get(a, a) for a in aliases}
+    eprint(f"[1/5] loading {args.data} (topic = Wikipedia article)")
+    pairs = load_dataset(args.data, **({"data_dir": args.data_dir} if args.data_dir else {}))
+
+    reports = {}
+    for alias in aliases:
+        scorer = _demo_scorer(alias, args)
+        eprint(f"[2/5] {labels[alias]}: scoring {len(pairs)} (query, snippet) pairs with "
+               f"{scorer.spec()} (embeddings are cached per text)")
+        t0 = time.perf_counter()
+        report = evaluate(pairs, scorer, progress=not args.quiet, alphas=args.alpha,
+                          n_splits=args.splits, seed=args.seed)
+        report.info["dataset"] = args.data
+        report.info["seconds"] = round(time.perf_counter() - t0, 1)
+        reports[alias] = report
+    eprint(f"[3/5] {reports['embedding'].n_splits} topic-disjoint splits evaluated, the same "
+           f"splits for {' and '.join(labels.values())}")
+    for alias, report in reports.items():
+        print(f"\n== score: {labels[alias]} ==")
+        print(format_table(report))
+    plot = plot_report({labels[a]: r for a, r in reports.items()}, out / "coverage.png",
+                       title=f"ragsieve demo: {args.data}, " + " vs ".join(labels.values()))
+
+    # filters calibrated on half of the topics, applied to the queries of the other half
+    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=args.seed)[0]
+    cal, test = [pairs[i] for i in cal_idx], [pairs[i] for i in test_idx]
+    relevant: dict[str, set[str]] = {}
+    for p in test:
+        if p.relevant:
+            relevant.setdefault(p.query_id, set()).add(p.snippet_id)
+    filters, results = {}, {}
+    for alias in aliases:
+        filters[alias] = ConformalFilter(_demo_scorer(alias, args), alpha=EXAMPLE_ALPHA)
+        filters[alias].calibrate(cal)
+        results[alias] = filters[alias].filter_pairs(test)
+    shown = aliases[-1]
+    filters[shown].save(out / "filter.json")
+    report_path = atomic_write_text(out / "report.json", dumps({
+        "dataset": args.data,
+        "reports": {a: r.to_dict() for a, r in reports.items()},
+        "held_out": {a: _summary(results[a], relevant) for a in aliases},
+    }, indent=2) + "\n")
+    eprint(f"[4/5] wrote {report_path}, {plot}, {out / 'filter.json'} ({labels[shown]})")
+
+    qid = _pick_example(results[shown], relevant, results["embedding"])
+    n_test = len(results[shown])
+    n_all = len(_keeps_evidence(results[shown], relevant))
+    print(f"\n[5/5] Filters at alpha={EXAMPLE_ALPHA:g}, calibrated on half of the articles, "
+          f"applied to the {n_test} queries of the other half:")
+    for alias in aliases:
+        s = _summary(results[alias], relevant)
+        print(f"  {labels[alias]:<13} removes {s['removal']:.1%} of the snippets, keeps "
+              f"{s['coverage']:.1%} of the relevant ones")
+    ties = f" (ties: where {labels['embedding']} removed the least)" if len(aliases) > 1 else ""
+    print(f"Example: of the {n_all} held-out queries whose relevant snippets the "
+          f"{labels[shown]} filter kept, the one where it removed the most{ties}:")
+    print(f"  Q: {results[shown][qid].query}")
+    for alias in reversed(aliases):
+        _print_result(labels[alias], results[alias][qid], filters[alias].threshold,
+                      relevant.get(qid, set()), texts=alias == shown)
+    return 0
+
+
+def cmd_rag_demo(args: argparse.Namespace) -> int:
+    """``ragsieve rag-demo``: XQuAD English articles -> index -> calibrated filter -> a
+    question answered from the kept snippets. Everything is written under ``--out``."""
+    from .._io import atomic_write_text
+    from ..data import group_splits, load_xquad
+    from ..data.xquad import xquad_file
+    from ..filter import ConformalFilter
+    from ..scoring import resolve_scorer
+    from ..store import SnippetIndex
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    docs = out / "docs"
+    raw = json.loads(xquad_file("en", data_dir=args.data_dir).read_text(encoding="utf-8"))
+    for article in raw["data"]:
+        text = "\n\n".join(p["context"] for p in article["paragraphs"])
+        atomic_write_text(docs / f"{article['title']}.txt", text + "\n")
+    eprint(f"[1/3] wrote {len(raw['data'])} XQuAD articles to {docs}; indexing")
+    index = SnippetIndex.open(out / "index")
+    report = index.index_directory(docs, progress=not args.quiet)
+    eprint(f"      {report.n_embedded} snippet(s) embedded, {index.count()} in the index")
+    pairs = load_xquad("en", data_dir=args.data_dir)
+    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=args.seed)[0]
+    cache: dict[str, Any] = {} if args.no_cache else {"cache_dir": embedding_cache_dir(args)}
+    flt = ConformalFilter(resolve_scorer("embedding", **cache), alpha=args.alpha)
+    flt.calibrate([pairs[i] for i in cal_idx])
+    flt.save(out / "filter.json")
+    eprint(f"[2/3] filter calibrated on half of the articles: alpha={args.alpha:g}, "
+           f"tau={flt.threshold:.4f} -> {out / 'filter.json'}")
+    question = args.question or pairs[int(test_idx[0])].query
+    hits, res = index.query_with_filter(question, flt, k=args.k)
+    print(f"[3/3] Q: {question}")
+    print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} removed), "
+          f"tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
+    for s in res.kept:
+        print(f"  [{s.score:.3f}] {hits[s.index].snippet_id}: {s.text[:110]!r}")
+    return 0
+
+
+def cmd_shift_demo(args: argparse.Namespace) -> int:
+    """``ragsieve shift-demo``: a stream that switches dataset/language, static vs adaptive."""
+    from ..evaluation.shift import run_shift_demo
+
+    kw: dict[str, Any] = {}
+    if args.data_dir:
+        kw["data_dir"] = args.data_dir
+    if args.window is not None:
+        kw["window"] = args.window
+    eprint(f"stream: {args.phase1} then {args.phase2}, scored with MiniLM; static vs adaptive "
+           f"(ACI) filter at alpha={args.alpha:g}")
+    res = run_shift_demo(args.out, seed=args.seed, phase1=args.phase1, phase2=args.phase2,
+                         alpha=args.alpha, gamma=args.gamma, **kw)
+    if args.json:
+        print(dumps(res))
+        return 0
+    print(f"static threshold {res['static_threshold']:.4f} (calibrated on held-out "
+          f"{args.phase1} topics)")
+    for phase in ("phase1", "phase2"):
+        r = res[phase]
+        print(f"{phase} ({res[phase + '_dataset']}): static coverage "
+              f"{r['static']['coverage']:.3f} removal {r['static']['removal']:.3f} | adaptive "
+              f"coverage {r['adaptive']['coverage']:.3f} removal {r['adaptive']['removal']:.3f} "
+              f"| drift p={r['drift']['p_value']:.3g}"
+              f"{' DRIFT' if r['drift']['drifted'] else ''}")
+    print(f"wrote {res['png']} and {res['json']}")
+    return 0

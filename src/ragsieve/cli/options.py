@@ -1,0 +1,417 @@
+"""Option groups shared by the subcommands, and the helpers that turn options into objects.
+
+Every option is declared once, in one group function (``add_data_options``,
+``add_scorer_options``, ``add_cache_options``, ``add_llm_options``,
+``add_guarantee_options``); a subcommand calls the groups it needs. No parser accepts
+prefix abbreviations (:func:`subparser` sets ``allow_abbrev=False``), so ``--mode`` can
+never be read as ``--model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "add_cache_options",
+    "add_data_options",
+    "add_embedding_options",
+    "add_guarantee_options",
+    "add_json_option",
+    "add_llm_options",
+    "add_scorer_options",
+    "artifact_score_field",
+    "artifact_scorer_options",
+    "calibrator_params",
+    "check_scorer_options",
+    "dumps",
+    "embedding_cache_dir",
+    "embedding_options",
+    "eprint",
+    "floats",
+    "ints",
+    "language_of",
+    "llm_options",
+    "load_pairs",
+    "make_scorer",
+    "modes",
+    "one_line",
+    "score_field_of",
+    "subparser",
+]
+
+# ------------------------------------------------------------------ argparse types
+def floats(text: str) -> list[float]:
+    """Parse ``"0.1,0.2"`` into floats (an ``argparse`` type)."""
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from exc
+
+
+def ints(text: str) -> list[int]:
+    """Parse ``"1,2,3"`` into integers (an ``argparse`` type)."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from exc
+
+
+def _known_modes() -> tuple[str, ...]:
+    from ..calibration import MODES
+
+    return tuple(MODES)
+
+
+def modes(text: str) -> list[str]:
+    """Parse comma-separated guarantee modes, each one of ``ragsieve.calibration.MODES``."""
+    accepted = _known_modes()
+    found = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in found if m not in accepted]
+    if bad or not found:
+        raise argparse.ArgumentTypeError(
+            f"unknown mode(s) {bad}; accepted: {', '.join(accepted)}")
+    return found
+
+
+# ------------------------------------------------------------------ output helpers
+def _finite(obj: Any) -> Any:
+    """Replace inf/nan floats by None so the output is strict JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy scalars
+        return _finite(obj.item())
+    if hasattr(obj, "tolist"):  # numpy arrays
+        return _finite(obj.tolist())
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def dumps(obj: Any, **kw: Any) -> str:
+    """Strict JSON (inf/nan become null, numpy values plain numbers)."""
+    return json.dumps(_finite(obj), default=_json_default, ensure_ascii=False, **kw)
+
+
+def eprint(*parts: Any) -> None:
+    """Print to stderr (progress and notes; results go to stdout)."""
+    print(*parts, file=sys.stderr)
+
+
+def one_line(text: Any) -> str:
+    """``text`` with its whitespace runs (newlines included) collapsed to single spaces."""
+    return " ".join(str(text).split())
+
+
+# ------------------------------------------------------------------ parser helpers
+def subparser(sub: Any, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand parser (``summary`` is its help line) that rejects prefix
+    abbreviations of its options."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=summary, allow_abbrev=False)
+    return parser
+
+
+def add_json_option(p: argparse.ArgumentParser) -> None:
+    """``--json``: machine-readable output instead of the human text."""
+    p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+
+
+def add_data_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """``--data`` and ``--data-dir``."""
+    g = p.add_argument_group("data")
+    g.add_argument("--data", required=required,
+                   help="generic JSONL file, or a dataset name: xquad-en, xquad-de, xquad-es, "
+                        "xquad-zh, selqa-dev")
+    g.add_argument("--data-dir", default=None,
+                   help="dataset directory (env RAGSIEVE_DATA; default ../shared/datasets)")
+
+
+def add_cache_options(p: argparse.ArgumentParser, *, embeddings: bool = True) -> None:
+    """``--cache-dir`` (embedding cache, when ``embeddings``) and ``--no-cache``."""
+    g = p.add_argument_group("cache")
+    if embeddings:
+        g.add_argument("--cache-dir", default=os.environ.get("RAGSIEVE_CACHE"),
+                       help="embedding cache directory (env RAGSIEVE_CACHE; default "
+                            "~/.cache/ragsieve/embeddings)")
+    g.add_argument("--no-cache", action="store_true",
+                   help="persist nothing on disk (embeddings, LLM replies)")
+
+
+def add_embedding_options(p: argparse.ArgumentParser, *, model: bool = True) -> None:
+    """``--model`` (when ``model``) and ``--language`` of the embedding scorer."""
+    g = p.add_argument_group("embedding model")
+    if model:
+        g.add_argument("--model", default=None,
+                       help="embedding model: minilm, use, or any sentence-transformers "
+                            "name/path (default: per language, MiniLM for en, multilingual "
+                            "USE otherwise)")
+    g.add_argument("--language", default=None,
+                   help="language of the data (default: en, or the dataset's)")
+
+
+def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None:
+    """The LLM endpoint (``--base-url``, ``--llm-model``, ...); with ``scorer``, also
+    ``--llm-mode`` and ``--tie-breaking`` of the LLM scorer."""
+    g = p.add_argument_group("LLM (scorer llm, labelling, answers)")
+    g.add_argument("--base-url", default=os.environ.get("RAGSIEVE_LLM_BASE_URL"),
+                   help="OpenAI-compatible base URL incl. /v1 (env RAGSIEVE_LLM_BASE_URL); "
+                        "default: start the local model on 127.0.0.1 for this command")
+    g.add_argument("--llm-model", default=os.environ.get("RAGSIEVE_LLM_MODEL"),
+                   help="model name for --base-url, or the local model (gemma3-270m, "
+                        "smollm2-135m, a .gguf path) (env RAGSIEVE_LLM_MODEL)")
+    g.add_argument("--llm-style", choices=["completion", "chat"], default=None,
+                   help="prompt style (default: the local model's, chat for endpoints)")
+    g.add_argument("--llm-threads", type=int, default=None,
+                   help="CPU threads of the local model (env RAGSIEVE_LLM_THREADS, default 1)")
+    g.add_argument("--llm-concurrency", type=int, default=None, help="requests in flight")
+    g.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="env var holding the API key")
+    if scorer:
+        g.add_argument("--llm-mode", choices=["logprob", "rating"], default="logprob",
+                       help="scorer llm: P(yes) from logprobs (default) or a verbal rating "
+                            "in [0, 1]")
+        g.add_argument("--tie-breaking", choices=["none", "random"], default="none",
+                       help="scorer llm: random jitter so tied (discrete) scores cover exactly")
+
+
+def add_scorer_options(p: argparse.ArgumentParser) -> None:
+    """Everything that builds a scorer: ``--scorer`` and its options, the embedding
+    model, the cache and the LLM endpoint."""
+    g = p.add_argument_group("score")
+    g.add_argument("--scorer", default="embedding",
+                   help="embedding (1 - cos), relative (query-relative, see --relative-kind), "
+                        "best (fused score, fitted on part of the calibration data), llm, or "
+                        "field (an outside score read from --score-field)")
+    g.add_argument("--relative-kind", choices=["gap", "z", "rank", "ratio"], default="gap",
+                   help="scorer relative: how a snippet's cosine is compared with its list")
+    g.add_argument("--score-field", default=None, metavar="NAME",
+                   help="scorer field: the JSONL key holding each pair's score (e.g. a "
+                        "reranker's); every line must hold a finite number there")
+    g.add_argument("--higher-is-better", action="store_true",
+                   help="scorer field: higher values mean more relevant (default: lower)")
+    add_embedding_options(p)
+    add_cache_options(p)
+    add_llm_options(p, scorer=True)
+
+
+def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
+    """``--mode`` and the parameters of the guarantee modes.
+
+    Parameters
+    ----------
+    p : argparse.ArgumentParser
+        The subcommand parser.
+    several : bool
+        ``evaluate``: ``--mode`` takes a comma-separated list and ``--budget`` a list of
+        character budgets to report; ``calibrate``: one mode and the parameters of the
+        ``budget`` and ``adaptive`` calibrators.
+    """
+    accepted = ", ".join(_known_modes())
+    g = p.add_argument_group("guarantee")
+    if several:
+        g.add_argument("--mode", type=modes, default=["marginal"], metavar="M[,M...]",
+                       help=f"guarantee modes, comma-separated: {accepted} (default marginal)")
+    else:
+        g.add_argument("--mode", choices=_known_modes(), default="marginal", metavar="M",
+                       help=f"guarantee mode: {accepted} (default marginal)")
+    g.add_argument("--delta", type=float, default=0.1,
+                   help="pac mode: probability that the calibration draw is unlucky")
+    g.add_argument("--group-by", default=None, metavar="FIELD",
+                   help="group mode: the meta field (JSONL key) to calibrate per, e.g. language")
+    g.add_argument("--min-group-size", type=int, default=None,
+                   help="group mode: smaller groups fall back to the pooled threshold")
+    if several:
+        g.add_argument("--budget", type=ints, default=[],
+                       help="character budgets per query to report next to the guarantee, "
+                            "e.g. 1000,1500")
+        return
+    g.add_argument("--budget", type=int, default=None, metavar="N",
+                   help="budget mode: context budget per query, in --unit")
+    g.add_argument("--unit", choices=["chars", "tokens"], default="chars",
+                   help="budget mode: unit of --budget (default chars)")
+    g.add_argument("--gamma", type=float, default=None,
+                   help="adaptive mode: step size of the online update")
+    g.add_argument("--window", type=int, default=None,
+                   help="adaptive mode: number of recent scores kept")
+
+
+# ------------------------------------------------------------------ options -> objects
+def language_of(args: argparse.Namespace) -> str:
+    """``--language``, or the language of an ``xquad-XX`` dataset, or ``en``."""
+    if getattr(args, "language", None):
+        return str(args.language)
+    name = str(getattr(args, "data", "") or "")
+    if name.startswith("xquad-"):
+        return name.split("-", 1)[1]
+    return "en"
+
+
+def embedding_cache_dir(args: argparse.Namespace) -> Path:
+    """``--cache-dir``, or ``<ragsieve cache>/embeddings``."""
+    from .._paths import cache_dir
+
+    return Path(args.cache_dir) if args.cache_dir else cache_dir() / "embeddings"
+
+
+def embedding_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of an embedding-based scorer: model, language, cache."""
+    opts: dict[str, Any] = {"model": getattr(args, "model", None), "language": language_of(args)}
+    if not args.no_cache:
+        opts["cache_dir"] = embedding_cache_dir(args)
+    return opts
+
+
+def llm_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of ``ragsieve.llm.connect`` from the LLM options."""
+    return {
+        "base_url": args.base_url, "model": args.llm_model, "style": args.llm_style,
+        "threads": args.llm_threads, "concurrency": args.llm_concurrency,
+        "api_key_env": args.api_key_env,
+    }
+
+
+def check_scorer_options(args: argparse.Namespace) -> None:
+    """Reject scorer options that do not go together (before any data is read).
+
+    Raises
+    ------
+    ValueError
+        ``--score-field`` or ``--higher-is-better`` without ``--scorer field``, or
+        ``--scorer field`` without ``--score-field``.
+    """
+    if args.scorer == "field":
+        if not args.score_field:
+            raise ValueError("--scorer field needs --score-field NAME, the JSONL key that "
+                             "holds each pair's score.")
+        return
+    if args.score_field is not None:
+        raise ValueError(f"--score-field {args.score_field} applies to --scorer field only "
+                         f"(got --scorer {args.scorer}); add --scorer field.")
+    if args.higher_is_better:
+        raise ValueError(f"--higher-is-better applies to --scorer field only "
+                         f"(got --scorer {args.scorer}).")
+
+
+def make_scorer(args: argparse.Namespace) -> Any:
+    """The scorer named by ``--scorer`` with its options (``resolve_scorer`` does the rest).
+
+    ``best`` gives an unfitted fused scorer: ``evaluate`` fits it in every split and
+    ``ConformalFilter.calibrate`` on half of the calibration topics.
+    """
+    from ..scoring import resolve_scorer
+
+    check_scorer_options(args)
+    if args.scorer == "field":
+        return resolve_scorer("field", field=args.score_field,
+                              higher_is_better=bool(args.higher_is_better))
+    if args.scorer == "llm":
+        kwargs: dict[str, Any] = {"mode": args.llm_mode, "tie_breaking": args.tie_breaking,
+                                  **llm_options(args)}
+        if args.no_cache:
+            kwargs["cache"] = False
+        return resolve_scorer("llm", **kwargs)
+    if args.scorer == "relative":
+        base = resolve_scorer("embedding", **embedding_options(args))
+        return resolve_scorer("relative", kind=args.relative_kind, base=base)
+    return resolve_scorer(args.scorer, **embedding_options(args))
+
+
+def score_field_of(args: argparse.Namespace) -> str | None:
+    """The JSONL key the pairs must hold a score in (``--scorer field``), else None."""
+    return args.score_field if getattr(args, "scorer", None) == "field" else None
+
+
+def artifact_scorer_options(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
+    """Options that do not change scores, to rebuild an artifact's scorer from its spec:
+    the embedding cache for embedding-based scorers, the endpoint and cache for the LLM."""
+    spec = payload.get("scorer")
+    kind = spec.get("scorer") if isinstance(spec, dict) else None
+    if kind in ("embedding", "relative", "fusion"):
+        return {} if args.no_cache else {"cache_dir": embedding_cache_dir(args)}
+    if kind == "llm" and hasattr(args, "base_url"):
+        options = {k: v for k, v in llm_options(args).items() if v is not None and k != "model"}
+        return {**options, "cache": False} if args.no_cache else options
+    return {}
+
+
+def artifact_score_field(payload: dict[str, Any]) -> str | None:
+    """The field an artifact's outside-score (``field``) scorer reads, else None."""
+    spec = payload.get("scorer")
+    if isinstance(spec, dict) and spec.get("scorer") == "field":
+        field = spec.get("field")
+        return str(field) if field else None
+    return None
+
+
+def calibrator_params(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword arguments of ``make_calibrator`` from ``calibrate``'s options.
+
+    Options left at None are not passed, so the calibrator keeps its own defaults.
+
+    Raises
+    ------
+    ValueError
+        ``--mode budget`` without ``--budget``, or ``--mode group`` without ``--group-by``.
+    """
+    if args.mode == "budget" and args.budget is None:
+        raise ValueError("--mode budget needs --budget N, the context budget per query "
+                         "(in --unit, default chars).")
+    if args.mode == "group" and not args.group_by:
+        raise ValueError("--mode group needs --group-by FIELD, the meta field (JSONL key) to "
+                         "calibrate per, e.g. --group-by language.")
+    params = {
+        "alpha": args.alpha, "delta": args.delta, "min_group_size": args.min_group_size,
+        "budget": args.budget, "unit": args.unit, "gamma": args.gamma, "window": args.window,
+    }
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def load_pairs(args: argparse.Namespace, *, require_labels: bool = False,
+               score_field: str | None = None) -> list[Any]:
+    """Load ``--data`` (a JSONL file or a dataset name).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        With ``data`` and ``data_dir``.
+    require_labels : bool
+        Every pair of a JSONL file must carry a 0/1 label.
+    score_field : str, optional
+        Every pair must hold a finite number under this key (``DataError`` naming
+        file:line otherwise).
+    """
+    from ..data import load_dataset
+
+    kw: dict[str, Any] = {}
+    if str(args.data).endswith(".jsonl") or Path(args.data).is_file():
+        if require_labels:
+            kw["require_labels"] = True
+    elif args.data_dir:
+        kw["data_dir"] = args.data_dir
+    if score_field is not None:
+        kw["score_field"] = score_field
+    t0 = time.perf_counter()
+    pairs = load_dataset(args.data, **kw)
+    logger.info("loaded %d pairs from %s in %.1fs", len(pairs), args.data,
+                time.perf_counter() - t0)
+    return pairs

@@ -1,0 +1,100 @@
+"""An outside score: a reranker's, a retriever's or any number the data already carries.
+
+``FieldScorer`` reads a numeric field of each pair (a key of the generic JSONL line, kept
+in ``Pair.meta``) or of each snippet mapping given to a filter, so that scores ragsieve
+does not compute -- cross-encoders, hosted rerank APIs, hybrid BM25 + vector scores --
+can be calibrated and filtered with the same guarantees. Higher-is-better scores are
+negated, so that lower means more relevant, as for every nonconformity score.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import DataError, ScorerError
+from ..types import Pair
+from .base import Scorer
+
+__all__ = ["FieldScorer"]
+
+
+class FieldScorer(Scorer):
+    """The value of a numeric field as the nonconformity score.
+
+    Parameters
+    ----------
+    field : str, default="score"
+        The key holding the score (``Pair.meta[field]``; for snippet mappings given to a
+        filter, ``item[field]`` or else ``item["score"]``).
+    higher_is_better : bool, default=False
+        True for similarities and reranker relevance scores: the score is then ``-value``.
+
+    Examples
+    --------
+    >>> s = FieldScorer(field="rerank", higher_is_better=True)
+    >>> s.score_pairs([Pair("q", "Q?", "a", "x", meta={"rerank": 0.9})]).tolist()
+    [-0.9]
+    """
+
+    name: ClassVar[str] = "field"
+
+    def __init__(self, field: str = "score", *, higher_is_better: bool = False) -> None:
+        if not isinstance(field, str) or not field.strip():
+            raise ValueError(f"field == {field!r}, must be a non-empty string.")
+        if not isinstance(higher_is_better, bool):
+            raise TypeError(f"higher_is_better must be a bool, got {higher_is_better!r}.")
+        self.field = field
+        self.higher_is_better = higher_is_better
+
+    def spec(self) -> dict[str, Any]:
+        return {"scorer": self.name, "field": self.field, "higher_is_better": self.higher_is_better}
+
+    def _value(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise DataError(
+                f"{where}: field {self.field!r} == {value!r}, expected a number (the outside score)."
+            )
+        x = float(value)
+        if not math.isfinite(x):
+            raise DataError(f"{where}: field {self.field!r} == {value!r}, expected a finite number.")
+        return -x if self.higher_is_better else x
+
+    def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        """Read the field of every pair.
+
+        Raises
+        ------
+        DataError
+            A pair lacks the field or holds a non-numeric or non-finite value.
+        """
+        out = np.empty(len(pairs), dtype=np.float64)
+        for i, p in enumerate(pairs):
+            where = f"pair {i} (query_id={p.query_id!r}, snippet_id={p.snippet_id!r})"
+            if self.field not in p.meta:
+                raise DataError(f"{where} has no field {self.field!r}; the filter was calibrated on it.")
+            out[i] = self._value(p.meta[self.field], where)
+        return out
+
+    def score_items(self, query: str, items: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """Read ``item[field]`` (or ``item["score"]``) of each snippet mapping."""
+        out = np.empty(len(items), dtype=np.float64)
+        for i, item in enumerate(items):
+            key = self.field if self.field in item else "score"
+            if key not in item:
+                raise DataError(
+                    f"snippet {i} has no {self.field!r} (or 'score') value; this filter was "
+                    f"calibrated on the outside score {self.field!r}."
+                )
+            out[i] = self._value(item[key], f"snippet {i}")
+        return out
+
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        raise ScorerError(
+            f"the field scorer reads the outside score {self.field!r}; texts alone carry none. "
+            "Pass snippets as mappings with that key (or 'score'), or pairs with it in meta."
+        )
