@@ -214,3 +214,25 @@ def test_memory_search_matches_lancedb_and_sees_updates(tmp_path: Path, docs: Pa
 def test_html_to_text() -> None:
     text = html_to_text("<p>a &amp; b</p><script>x()</script><div>c</div>")
     assert text == "a & b\nc"
+
+
+def test_query_with_group_and_query_all_filters(  # type: ignore[no-untyped-def]
+    tmp_path: Path, docs: Path, model: EmbeddingModel, xquad_en
+) -> None:
+    """Any mode applies to an index's hits; a group filter needs the query's group."""
+    from ragsieve.errors import DataError
+
+    pairs = xquad_en[:600]
+    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx.index_directory(docs)
+    query = "Which planet is the biggest?"
+    all_ev = ConformalFilter(EmbeddingScorer(model), "query-all", alpha=0.2).calibrate(pairs)
+    hits, result = idx.query_with_filter(query, all_ev, k=5)
+    assert result.kept_ids == [h.snippet_id for h in hits if h.score <= all_ev.threshold]
+    by_lang = ConformalFilter(EmbeddingScorer(model), "group", alpha=0.2).calibrate(
+        pairs, group_by="language")
+    with pytest.raises(DataError, match="no group"):
+        idx.query_with_filter(query, by_lang, k=5)
+    hits, result = idx.query_with_filter(query, by_lang, k=5, group="en")
+    tau = by_lang.calibrator.threshold_for("en")
+    assert result.kept_ids == [h.snippet_id for h in hits if h.score <= tau]

@@ -549,7 +549,7 @@ class SnippetIndex:
         )
 
     def query_with_filter(
-        self, query: str, flt: ConformalFilter, k: int = 20
+        self, query: str, flt: ConformalFilter, k: int = 20, *, group: Any = None
     ) -> tuple[list[Hit], FilterResult]:
         """Search, then apply a calibrated filter to the hits, scored from stored vectors.
 
@@ -562,6 +562,8 @@ class SnippetIndex:
             the embedding scorer of this index's model, or a relative / fused score on it.
         k : int
             Number of hits to retrieve before filtering.
+        group : optional
+            The query's group, for a filter of the ``group`` mode.
 
         Returns
         -------
@@ -584,7 +586,7 @@ class SnippetIndex:
         hits = self.search(query, k=k)
         snippets = [Snippet(h.doc_id, h.start, h.end, h.text) for h in hits]
         base = np.array([h.score for h in hits], dtype=float)
-        result = flt.filter_scores(query, to_scores(base) if hits else base, snippets)
+        result = flt.filter_scores(query, to_scores(base) if hits else base, snippets, group=group)
         return hits, result
 
     def __repr__(self) -> str:

@@ -153,6 +153,8 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.add_argument("--filter", default=None,
                    help="filter artifact: embedding, relative or best scorer on the index's model")
     p.add_argument("-k", type=int, default=20, help="snippets to retrieve")
+    p.add_argument("--group", default=None,
+                   help="the query's group, for a filter of the group mode (e.g. its language)")
     p.add_argument("--generate", action="store_true",
                    help="ask the LLM for an answer grounded in the kept snippets, with citations")
     add_llm_options(p)

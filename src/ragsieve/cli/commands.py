@@ -286,7 +286,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise ValueError("--generate prints a text answer; use it without --json.")
     index = SnippetIndex.open(args.index)
     if args.filter:
-        hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k)
+        hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k,
+                                            group=args.group)
         kept: set[int] | None = {s.index for s in res.kept}
     else:
         hits, res, kept = index.search(args.query, k=args.k), None, None

@@ -203,7 +203,8 @@ class _Service:
             raise _http_error(413, f"k == {request.k}; the limit is {self.max_k}.")
         use = self.filter_for(request.min_keep)
         with _bad_request_as_422(), self.index_lock:
-            hits, res = self.index.query_with_filter(request.query, use, k=request.k)
+            hits, res = self.index.query_with_filter(request.query, use, k=request.k,
+                                                     group=request.group)
         kept = {s.index for s in res.kept}
         return QueryResponse(
             hits=[

@@ -144,6 +144,9 @@ class QueryRequest(BaseModel):
         default=20, ge=1, description="Snippets to retrieve; at most the service's max_k."
     )
     min_keep: StrictInt | None = Field(default=None, ge=0, description=_MIN_KEEP)
+    group: StrictStr | None = Field(
+        default=None, description="The query's group, for a filter of the group mode."
+    )
 
 
 class HitOut(BaseModel):
