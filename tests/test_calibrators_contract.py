@@ -175,19 +175,47 @@ def test_filter_of_every_mode_survives_the_artifact(mode: str, tmp_path) -> None
     assert back.filter(test[0].query, items).kept_ids == a[qid].kept_ids
 
 
-def test_edited_threshold_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def _resealed(payload: dict) -> dict:
+    from ragsieve.filter import _checksum
+
+    payload["checksum"]["value"] = _checksum(payload)
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("threshold", 0.99), ("threshold", -5), ("threshold", "0.2"),
+     ("threshold_is_infinite", "false"), ("threshold_is_infinite", True)],
+)
+def test_edited_artifact_is_refused(key: str, value: object, tmp_path) -> None:  # type: ignore[no-untyped-def]
     scorer = resolve_scorer("field", field="rerank", higher_is_better=True)
     path = ConformalFilter(scorer, "marginal", alpha=0.2).calibrate(_pairs(0)).save(tmp_path / "f.json")
     payload = json.loads(path.read_text())
-    for key, value in (("threshold", 0.99), ("threshold", "0.2"), ("threshold_is_infinite", "false")):
+    assert ConformalFilter.from_dict(payload).threshold == payload["calibration"]["threshold"]
+    edited = json.loads(json.dumps(payload))
+    edited["calibration"][key] = value
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        ConformalFilter.from_dict(edited)
+    # a forger who also recomputes the checksum is still caught by the stored state or types
+    with pytest.raises(ArtifactError):
+        ConformalFilter.from_dict(_resealed(edited))
+
+
+def test_every_sealed_block_is_checked(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    scorer = resolve_scorer("field", field="rerank", higher_is_better=True)
+    path = ConformalFilter(scorer, "query-all", alpha=0.2).calibrate(_pairs(0)).save(tmp_path / "f.json")
+    payload = json.loads(path.read_text())
+    for edit in (lambda p: p["policy"].update(min_keep=3),
+                 lambda p: p["scorer"].update(higher_is_better=False),
+                 lambda p: p["calibration"]["state"].update(threshold=0.0),
+                 lambda p: p.pop("checksum")):
         edited = json.loads(json.dumps(payload))
-        edited["calibration"][key] = value
-        with pytest.raises(ArtifactError):
+        edit(edited)
+        with pytest.raises(ArtifactError, match="checksum"):
             ConformalFilter.from_dict(edited)
     edited = json.loads(json.dumps(payload))
-    edited["calibration"]["state"]["scores"][0] = -5.0  # still sorted, changes nothing above tau?
-    edited["calibration"]["state"]["scores"][-1] += 10.0
-    ConformalFilter.from_dict(edited)  # a tail edit that leaves tau unchanged still loads
+    edited["data"]["note"] = "free-form provenance is not sealed"
+    assert ConformalFilter.from_dict(edited).mode == "query-all"
 
 
 def test_v1_artifact_still_loads(tmp_path) -> None:  # type: ignore[no-untyped-def]

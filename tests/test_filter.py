@@ -169,3 +169,31 @@ def test_uncalibrated_and_bad_calibration_data(minilm_scorer) -> None:  # type: 
 def test_filter_rejects_nan_scores(calibrated) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="non-finite"):
         calibrated.filter_scores("q", [0.1, float("nan")], ["a", "b"])
+
+
+def test_long_input_is_cut_into_pieces_and_mapped_back(minilm_scorer, xquad_en) -> None:  # type: ignore[no-untyped-def]
+    """Evidence placed after 3.5k characters of filler must not be lost to truncation."""
+    cal = [p for p in xquad_en if p.group != "Super_Bowl_50"][:4000]
+    flt = ConformalFilter(minilm_scorer, alpha=0.1).calibrate(cal)
+    evidence = next(p for p in xquad_en if p.group == "Super_Bowl_50" and p.relevant == 1)
+    filler = " ".join(
+        f"Recipe step {i}: stir the flour, butter and sugar slowly until the dough is smooth."
+        for i in range(45)
+    )
+    doc = filler + " " + evidence.text
+    assert len(filler) > 3500
+    query = evidence.query
+    assert flt.filter(query, [evidence.text]).kept  # the evidence alone is kept
+    whole = ConformalFilter(flt.scorer, flt.calibrator, max_chars=10**7)  # no cutting: truncated
+    assert whole.filter(query, [doc]).kept == ()  # the defect: the model never sees the evidence
+    res = flt.filter(query, [doc, "A short unrelated note about gardening tools."])
+    assert res.n_cut == 1 and "cut into" in (res.note or "")
+    assert [s.index for s in res.kept] == [0]
+    kept = res.kept[0]
+    assert kept.text == doc  # the input comes back whole, with the kept parts named
+    assert any(a <= doc.index(evidence.text) + 50 < b for a, b in kept.spans)
+    assert kept.spans[0][0] > 0 and all(b - a < len(doc) for a, b in kept.spans)
+    # filter_pairs cuts the same way and agrees
+    pairs = [Pair("q", query, "long", doc), Pair("q", query, "short", "Gardening tools.")]
+    by_pairs = flt.filter_pairs(pairs)["q"]
+    assert by_pairs.kept_ids == ["long"] and by_pairs.kept[0].spans == kept.spans

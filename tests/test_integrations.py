@@ -378,3 +378,24 @@ def test_components_filter_on_an_outside_score_from_metadata(
     docs = [Document(page_content=p.text, metadata={"score": 0.9}) for p in ps]
     with pytest.raises(DataError, match="'rerank'"):
         comp.compress_documents(docs, query)
+
+
+def test_components_cut_long_documents_and_report_spans(
+    compressor: Any, postprocessor: Any, xquad_en: list[Pair]
+) -> None:
+    """A document longer than the window is scored piece by piece; kept spans are reported."""
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    evidence = next(p for p in xquad_en if p.group == "Super_Bowl_50" and p.relevant == 1)
+    filler = " ".join(f"Recipe step {i}: stir the flour slowly until smooth." for i in range(70))
+    long_doc = filler + " " + evidence.text
+    docs = [Document(page_content=long_doc), Document(page_content="Gardening tools and seeds.")]
+    out = compressor.compress_documents(docs, evidence.query)
+    assert [d.page_content for d in out] == [long_doc]
+    spans = out[0].metadata["ragsieve_spans"]
+    assert any(a <= long_doc.index(evidence.text) + 50 < b for a, b in spans)
+    nodes = [NodeWithScore(node=TextNode(text=d.page_content), score=1.0) for d in docs]
+    got = postprocessor.postprocess_nodes(nodes, query_str=evidence.query)
+    assert [n.node.get_content() for n in got] == [long_doc]
+    assert got[0].node.metadata["ragsieve_spans"] == spans

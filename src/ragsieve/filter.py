@@ -37,6 +37,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,24 @@ from .calibration import (
     calibrator_from_state,
     make_calibrator,
 )
+from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
 from .scoring import FusedScorer, Scorer, resolve_scorer
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
-__all__ = ["ARTIFACT_FORMAT", "ARTIFACT_VERSION", "ConformalFilter", "SnippetLike", "read_artifact"]
+__all__ = [
+    "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "MAX_CHARS", "ConformalFilter", "SnippetLike",
+    "read_artifact",
+]
 
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "ragsieve.filter"
 ARTIFACT_VERSION = 2
+#: Artifact blocks sealed by the sha256 checksum.
+CHECKSUM_COVERS = ("scorer", "calibration", "policy")
+#: Inputs longer than this many characters are cut into calibration-sized pieces.
+MAX_CHARS = int(1.2 * DEFAULT_SIZE)
 
 SnippetLike = str | Snippet | Pair | Mapping[str, Any]
 _ACCEPTED = (
@@ -102,6 +111,32 @@ def _topic_halves(pairs: Sequence[Pair], seed: int) -> tuple[list[int], list[int
     return fit, cal
 
 
+@dataclass(frozen=True)
+class _Pieces:
+    """Input snippets and what is scored: the snippets, or pieces of the long ones."""
+
+    items: list[dict[str, Any]]
+    pieces: list[dict[str, Any]]
+    owner: np.ndarray  # item of each piece
+    spans: list[tuple[int, int] | None]  # span of each piece in its item (None: whole)
+
+    @classmethod
+    def whole(cls, items: list[dict[str, Any]]) -> _Pieces:
+        return cls(items, items, np.arange(len(items)), [None] * len(items))
+
+    def kept_spans(self, item: int, keep_piece: np.ndarray) -> tuple[tuple[int, int], ...]:
+        """Merged spans of the item's kept pieces (empty when it was scored whole)."""
+        spans = sorted(sp for sp, o, k in zip(self.spans, self.owner, keep_piece, strict=True)
+                       if o == item and k and sp is not None)
+        merged: list[tuple[int, int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+            else:
+                merged.append((a, b))
+        return tuple(merged)
+
+
 class ConformalFilter:
     """Keep the snippets a calibrated guarantee mode keeps.
 
@@ -121,6 +156,12 @@ class ConformalFilter:
     group_by : str, optional
         ``group`` mode: the field holding each snippet's group (``Pair.meta`` key at
         calibration, snippet key at filtering).
+    max_chars : int, optional
+        Snippets whose text is longer are cut into sentence-aware pieces of the size the
+        filter was calibrated on (500 characters, 100 of overlap) and scored piece by piece;
+        the snippet is kept when any piece is kept, and ``Scored.spans`` says which parts.
+        Defaults to ``MAX_CHARS`` (600). An embedding model would otherwise read only its
+        first few hundred tokens and silently drop evidence placed further in.
 
     Examples
     --------
@@ -145,6 +186,7 @@ class ConformalFilter:
         alpha: float = 0.1,
         min_keep: int = 0,
         group_by: str | None = None,
+        max_chars: int | None = None,
     ) -> None:
         self.scorer = resolve_scorer(scorer)
         if calibrator is None or isinstance(calibrator, str):
@@ -159,8 +201,13 @@ class ConformalFilter:
             raise ValueError(f"min_keep == {min_keep!r}, must be an int >= 0.")
         if group_by is not None and (not isinstance(group_by, str) or not group_by):
             raise ValueError(f"group_by == {group_by!r}, must be a non-empty field name or None.")
+        if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
+                                      or max_chars < DEFAULT_SIZE):
+            raise ValueError(f"max_chars == {max_chars!r}, must be None or an int >= {DEFAULT_SIZE} "
+                             "(the snippet size the pieces are cut to).")
         self.min_keep = min_keep
         self.group_by = group_by
+        self.max_chars = MAX_CHARS if max_chars is None else max_chars
         self.calibration_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ state
@@ -332,48 +379,76 @@ class ConformalFilter:
             out.append(value)
         return out
 
-    def _apply(self, query: str, scores: Any, items: Sequence[Mapping[str, Any]], group: Any) -> FilterResult:
+    def _cut(self, items: Sequence[dict[str, Any]]) -> _Pieces:
+        """Cut the texts longer than ``max_chars`` into calibration-sized pieces."""
+        pieces: list[dict[str, Any]] = []
+        owner: list[int] = []
+        spans: list[tuple[int, int] | None] = []
+        for i, item in enumerate(items):
+            text = item.get("text")
+            if self.scorer.reads_text and isinstance(text, str) and len(text) > self.max_chars:
+                for sn in chunk_text(text, str(item["snippet_id"])):
+                    pieces.append({**item, "text": sn.text})
+                    owner.append(i)
+                    spans.append((sn.start, sn.end))
+            else:
+                pieces.append(item)
+                owner.append(i)
+                spans.append(None)
+        return _Pieces(items=list(items), pieces=pieces, owner=np.asarray(owner, dtype=int),
+                       spans=spans)
+
+    def _apply(self, query: str, scores: Any, cut: _Pieces, group: Any) -> FilterResult:
+        """Apply the calibrated rule to the pieces' scores; map the result back to the items."""
         self._check_calibrated()
         arr = check_scores(scores, name="snippet scores")
-        n = len(items)
-        if n != arr.size:
-            raise ValueError(f"got {arr.size} scores for {n} snippets; they must align.")
+        pieces, n = cut.pieces, len(cut.items)
+        if len(pieces) != arr.size:
+            raise ValueError(f"got {arr.size} scores for {len(pieces)} snippets; they must align.")
         needs = self.calibrator.predict_requires
-        groups = self._groups_of(items, group) if "groups" in needs and n else None
-        keep = self.calibrator.predict(
+        groups = self._groups_of(pieces, group) if "groups" in needs and pieces else None
+        keep_piece = self.calibrator.predict(
             arr,
-            query_ids=np.zeros(n, dtype=int) if "query_ids" in needs else None,
+            query_ids=np.zeros(arr.size, dtype=int) if "query_ids" in needs else None,
             groups=groups,
-            lengths=[str(it.get("text") or "") for it in items] if "lengths" in needs else None,
-        ) if n else np.zeros(0, dtype=bool)
+            lengths=[str(it.get("text") or "") for it in pieces] if "lengths" in needs else None,
+        ) if pieces else np.zeros(0, dtype=bool)
+        item_scores = np.full(n, np.inf)
+        np.minimum.at(item_scores, cut.owner, arr)
+        keep = np.zeros(n, dtype=bool)
+        np.logical_or.at(keep, cut.owner, keep_piece)
         tau = self.threshold
         if groups and isinstance(self.calibrator, MondrianCalibrator) and len(set(map(str, groups))) == 1:
             tau = self.calibrator.threshold_for(groups[0])
-        note = None
+        notes = []
+        n_cut = len({int(o) for o, sp in zip(cut.owner, cut.spans, strict=True) if sp is not None})
+        if n_cut:
+            notes.append(f"{n_cut} snippet(s) longer than {self.max_chars} characters were cut into "
+                         f"{sum(sp is not None for sp in cut.spans)} pieces and scored piece by "
+                         "piece (kept when any piece is kept; see spans)")
         if n and not keep.any():
-            if self.min_keep:
-                order = np.argsort(arr, kind="stable")[: self.min_keep]
-                keep[order] = True
-                note = (
-                    f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
-                    f"{arr.min():.4g}); kept the {int(keep.sum())} best by the "
-                    f"min_keep={self.min_keep} policy, outside the calibrated guarantee"
-                )
-            else:
-                note = (
-                    f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
-                    f"{arr.min():.4g}); returning an empty context (set min_keep to keep the "
-                    "best ones anyway)"
-                )
-            logger.info("query %r: %s", query[:80], note)
+            notes.append(self._empty_policy(keep, item_scores, tau))
+            logger.info("query %r: %s", query[:80], notes[-1])
         kept = tuple(
             Scored(index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
-                   score=float(arr[i]))
-            for i, it in enumerate(items)
+                   score=float(item_scores[i]), spans=cut.kept_spans(i, keep_piece))
+            for i, it in enumerate(cut.items)
             if keep[i]
         )
-        return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in arr),
-                            threshold=tau, n_input=n, note=note)
+        return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in item_scores),
+                            threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut)
+
+    def _empty_policy(self, keep: np.ndarray, scores: np.ndarray, tau: float) -> str:
+        """Nothing passed the rule: keep the ``min_keep`` best (in place) and say why."""
+        if self.min_keep:
+            order = np.argsort(scores, kind="stable")[: self.min_keep]
+            keep[order] = True
+            return (f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
+                    f"{scores.min():.4g}); kept the {int(keep.sum())} best by the "
+                    f"min_keep={self.min_keep} policy, outside the calibrated guarantee")
+        return (f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
+                f"{scores.min():.4g}); returning an empty context (set min_keep to keep the "
+                "best ones anyway)")
 
     def filter(self, query: str, snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
         """Score one query's snippets and keep what the calibrated mode keeps.
@@ -400,14 +475,15 @@ class ConformalFilter:
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}.")
         self._check_calibrated()  # fail before scoring
-        items = [_as_item(s, i) for i, s in enumerate(snippets)]
-        scores = self.scorer.score_items(query, items) if items else np.zeros(0)
-        return self._apply(query, scores, items, group)
+        cut = self._cut([_as_item(s, i) for i, s in enumerate(snippets)])
+        scores = self.scorer.score_items(query, cut.pieces) if cut.pieces else np.zeros(0)
+        return self._apply(query, scores, cut, group)
 
     def filter_scores(self, query: str, scores: Any, snippets: Sequence[SnippetLike], *,
                       group: Any = None) -> FilterResult:
         """Apply the calibrated rule to precomputed scores of this filter's score (no scoring)."""
-        return self._apply(query, scores, [_as_item(s, i) for i, s in enumerate(snippets)], group)
+        return self._apply(query, scores, _Pieces.whole([_as_item(s, i) for i, s in enumerate(snippets)]),
+                           group)
 
     def filter_vectors(self, query: str, query_vector: Any, snippet_vectors: Any,
                        snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
@@ -431,7 +507,7 @@ class ConformalFilter:
             raise ValueError(f"got snippet_vectors of shape {sv.shape} for {len(items)} snippets; "
                              "expected one vector per snippet.")
         scores = self.scorer.scores_from_vectors(query_vector, sv) if items else np.zeros(0)
-        return self._apply(query, scores, items, group)
+        return self._apply(query, scores, _Pieces.whole(items), group)
 
     def filter_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> dict[str, FilterResult]:
         """Filter many queries at once (batched scoring), keyed by query_id.
@@ -440,14 +516,22 @@ class ConformalFilter:
         """
         self._check_calibrated()
         pairs = list(pairs)
-        scores = self.scorer.score_pairs(pairs, progress=progress)
         by_query: dict[str, list[int]] = {}
         for i, p in enumerate(pairs):
             by_query.setdefault(p.query_id, []).append(i)
-        return {
-            qid: self.filter_scores(pairs[idx[0]].query, scores[idx], [pairs[i] for i in idx])
-            for qid, idx in by_query.items()
-        }
+        cuts = {qid: self._cut([_as_item(pairs[i], i) for i in idx]) for qid, idx in by_query.items()}
+        piece_pairs = [  # scored in one batch, so the scorer can batch across queries
+            Pair(qid, pairs[idx[0]].query, f"{it['snippet_id']}#{k}", str(it.get("text") or ""),
+                 meta=it)
+            for qid, idx in by_query.items() for k, it in enumerate(cuts[qid].pieces)
+        ]
+        scores = self.scorer.score_pairs(piece_pairs, progress=progress)
+        out, start = {}, 0
+        for qid, idx in by_query.items():
+            m = len(cuts[qid].pieces)
+            out[qid] = self._apply(pairs[idx[0]].query, scores[start:start + m], cuts[qid], None)
+            start += m
+        return out
 
     # ------------------------------------------------------------- artifact
     def to_dict(self) -> dict[str, Any]:
@@ -469,16 +553,20 @@ class ConformalFilter:
             "n_calibration": int(cal.n_calibration_),
             "guarantee": self.guarantee(),
         }
-        return {
+        payload: dict[str, Any] = {
             "format": ARTIFACT_FORMAT,
             "format_version": ARTIFACT_VERSION,
             "library_version": __version__,
             "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             "scorer": self.scorer.spec(),
             "calibration": block,
-            "policy": {"min_keep": self.min_keep},
+            "policy": {"min_keep": self.min_keep, "max_chars": self.max_chars},
             "data": dict(self.calibration_info),
         }
+        # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
+        payload["checksum"] = {"algorithm": "sha256", "covers": list(CHECKSUM_COVERS),
+                               "value": _checksum(payload)}
+        return payload
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the calibrated filter as a JSON artifact (atomically)."""
@@ -505,6 +593,8 @@ class ConformalFilter:
                 f"artifact format_version == {version!r}; this ragsieve ({__version__}) reads "
                 f"versions 1 and {ARTIFACT_VERSION}."
             )
+        if version == ARTIFACT_VERSION:
+            _check_checksum(payload)
         spec, calibrator, group_by, min_keep = _read_payload(payload, version)
         if scorer is None:
             try:
@@ -519,7 +609,12 @@ class ConformalFilter:
                 f"{scorer.spec()!r}; a threshold is only valid for the score it was calibrated on. "
                 "Recalibrate with this scorer or load without passing one."
             )
-        flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by)
+        policy = payload.get("policy")
+        max_chars = policy.get("max_chars") if isinstance(policy, Mapping) else None
+        try:
+            flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by, max_chars=max_chars)
+        except ValueError as exc:
+            raise ArtifactError(f"artifact policy: {exc}") from exc
         data = payload.get("data", {})
         flt.calibration_info = dict(data) if isinstance(data, Mapping) else {}
         return flt
@@ -559,6 +654,35 @@ class ConformalFilter:
         tau = getattr(self.calibrator, "threshold_", None)
         return (f"ConformalFilter(scorer={self.scorer.spec()!r}, mode={self.mode!r}, "
                 f"alpha={self.alpha}, threshold={tau})")
+
+
+def _checksum(payload: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of the sealed blocks."""
+    import hashlib
+
+    sealed = {k: payload.get(k) for k in CHECKSUM_COVERS}
+    text = json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_checksum(payload: Mapping[str, Any]) -> None:
+    seal = payload.get("checksum")
+    if not isinstance(seal, Mapping) or not isinstance(seal.get("value"), str):
+        raise ArtifactError("artifact has no checksum; version 2 artifacts are sealed by "
+                            "`calibrate`: recalibrate instead of writing one by hand.")
+    if seal.get("algorithm") != "sha256" or list(seal.get("covers", [])) != list(CHECKSUM_COVERS):
+        raise ArtifactError(f"artifact checksum {dict(seal)!r} is not the sha256 over "
+                            f"{list(CHECKSUM_COVERS)} this ragsieve writes.")
+    try:
+        actual = _checksum(payload)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
+    if actual != seal["value"]:
+        raise ArtifactError(
+            "artifact checksum mismatch: its scorer, calibration or policy was edited after "
+            "`calibrate` wrote it; recalibrate rather than editing a filter by hand."
+        )
 
 
 def _strict_bool(block: Mapping[str, Any], key: str) -> bool:

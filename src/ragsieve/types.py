@@ -90,13 +90,18 @@ class Scored:
     text : str
         The snippet text.
     score : float
-        Nonconformity score.
+        Nonconformity score (for a snippet cut into pieces, its best piece's score).
+    spans : tuple of (int, int)
+        When the snippet was longer than the filter's window and was cut into pieces,
+        the character spans ``(start, end)`` of ``text`` whose pieces were kept (merged
+        where they overlap); empty when the snippet was scored whole.
     """
 
     index: int
     snippet_id: str
     text: str
     score: float
+    spans: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +121,11 @@ class FilterResult:
     n_input : int
         Number of snippets given.
     note : str or None
-        Why the result is unusual (empty result, ``min_keep`` applied), else ``None``.
+        Why the result is unusual (empty result, ``min_keep`` applied, long snippets cut),
+        else ``None``.
+    n_cut : int
+        Input snippets longer than the filter's window, cut into pieces and scored piece
+        by piece (kept when any piece is kept).
     """
 
     query: str
@@ -125,6 +134,7 @@ class FilterResult:
     threshold: float
     n_input: int
     note: str | None = None
+    n_cut: int = 0
 
     @property
     def kept_ids(self) -> list[str]:

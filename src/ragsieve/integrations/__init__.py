@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:
     from ragsieve.filter import ConformalFilter
 
-__all__ = ["MODE_KEY", "SCORE_KEY", "THRESHOLD_KEY", "filter_items"]
+__all__ = ["MODE_KEY", "SCORE_KEY", "SPANS_KEY", "THRESHOLD_KEY", "filter_items"]
 
 SCORE_KEY = "ragsieve_score"
 THRESHOLD_KEY = "ragsieve_threshold"
 MODE_KEY = "ragsieve_mode"
+#: kept character spans of a document longer than the filter's window (cut into pieces)
+SPANS_KEY = "ragsieve_spans"
 
 # keys a filter reads from a snippet mapping besides the metadata it is told to read
 _FILTER_KEYS = frozenset({"text", "snippet_id", "id", "score", "group"})

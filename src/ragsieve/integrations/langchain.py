@@ -15,7 +15,14 @@ from typing import Any
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import MODE_KEY, SCORE_KEY, THRESHOLD_KEY, FromFileMixin, filter_items
+from ragsieve.integrations import (
+    MODE_KEY,
+    SCORE_KEY,
+    SPANS_KEY,
+    THRESHOLD_KEY,
+    FromFileMixin,
+    filter_items,
+)
 
 require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
@@ -105,6 +112,8 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
             meta[SCORE_KEY] = float(kept.score)
             meta[THRESHOLD_KEY] = float(result.threshold)
             meta[MODE_KEY] = self.filter.mode
+            if kept.spans:
+                meta[SPANS_KEY] = [list(sp) for sp in kept.spans]
             out.append(Document(page_content=src.page_content, metadata=meta, id=src.id))
         return out
 

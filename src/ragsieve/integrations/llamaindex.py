@@ -11,7 +11,14 @@ import logging
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import MODE_KEY, SCORE_KEY, THRESHOLD_KEY, FromFileMixin, filter_items
+from ragsieve.integrations import (
+    MODE_KEY,
+    SCORE_KEY,
+    SPANS_KEY,
+    THRESHOLD_KEY,
+    FromFileMixin,
+    filter_items,
+)
 
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -93,8 +100,10 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
             node.metadata[SCORE_KEY] = float(kept.score)
             node.metadata[THRESHOLD_KEY] = float(result.threshold)
             node.metadata[MODE_KEY] = self.filter.mode
+            if kept.spans:
+                node.metadata[SPANS_KEY] = [list(sp) for sp in kept.spans]
             node.metadata[ORIGINAL_SCORE_KEY] = src.score
-            for key in (SCORE_KEY, THRESHOLD_KEY, MODE_KEY, ORIGINAL_SCORE_KEY):
+            for key in (SCORE_KEY, THRESHOLD_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY):
                 for excluded in (node.excluded_embed_metadata_keys,
                                  node.excluded_llm_metadata_keys):
                     if key not in excluded:

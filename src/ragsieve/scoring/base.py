@@ -117,6 +117,9 @@ class Scorer(ABC):
     #: True when a snippet's score depends on the other snippets of its query's list
     #: (relative and fused scores); calibration must then score whole lists.
     list_dependent: ClassVar[bool] = False
+    #: True when the score is computed from the snippet's text (so a text longer than the
+    #: model's window must be cut into pieces); False for scores handed in (``field``)
+    reads_text: ClassVar[bool] = True
 
     @abstractmethod
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:

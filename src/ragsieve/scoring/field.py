@@ -42,6 +42,7 @@ class FieldScorer(Scorer):
     """
 
     name: ClassVar[str] = "field"
+    reads_text: ClassVar[bool] = False
 
     def __init__(self, field: str = "score", *, higher_is_better: bool = False) -> None:
         if not isinstance(field, str) or not field.strip():
