@@ -6,6 +6,8 @@
 * :mod:`~ragsieve.calibration.pac` -- training-conditional (PAC).
 * :mod:`~ragsieve.calibration.mondrian` -- per group.
 * :mod:`~ragsieve.calibration.topic` -- per new topic.
+* :mod:`~ragsieve.calibration.topic_pac` -- per new topic, with confidence (RCPS).
+* :mod:`~ragsieve.calibration.bounds` -- Hoeffding-Bentkus and betting confidence bounds.
 * :mod:`~ragsieve.calibration.budget` -- a per-query context budget.
 * :mod:`~ragsieve.calibration.adaptive` -- adaptive conformal inference on feedback.
 * :mod:`~ragsieve.calibration.stats` -- ranks, binomial tails, pooled CDFs.
@@ -23,6 +25,7 @@ from .query import QueryAllCalibrator, QueryRecallCalibrator
 from .split import SplitConformalCalibrator
 from .stats import binomial_sf, clopper_pearson_lower, conformal_rank, min_calibration_size
 from .topic import TopicCalibrator
+from .topic_pac import TopicPACCalibrator
 
 __all__ = [
     "CALIBRATORS",
@@ -39,6 +42,7 @@ __all__ = [
     "QueryRecallCalibrator",
     "SplitConformalCalibrator",
     "TopicCalibrator",
+    "TopicPACCalibrator",
     "approx_tokens",
     "binomial_sf",
     "calibrator_from_state",

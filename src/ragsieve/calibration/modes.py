@@ -9,6 +9,7 @@ query-all       P(all of a query's evidence kept) >= 1 - a    QueryAllCalibrator
 pac             P_cal(coverage >= 1 - alpha) >= 1 - delta     PACCalibrator
 group           coverage >= 1 - alpha within every group      MondrianCalibrator
 topic           coverage on a new topic >= 1 - alpha          TopicCalibrator
+topic-pac       ... with confidence 1 - delta (RCPS)          TopicPACCalibrator
 budget          best snippets within N chars/tokens a query   BudgetCalibrator
 adaptive        long-run coverage under shift (feedback)      AdaptiveCalibrator
 =============== ============================================= ============================
@@ -29,6 +30,7 @@ from .pac import PACCalibrator
 from .query import QueryAllCalibrator, QueryRecallCalibrator
 from .split import SplitConformalCalibrator
 from .topic import TopicCalibrator
+from .topic_pac import TopicPACCalibrator
 
 __all__ = ["CALIBRATORS", "MODES", "calibrator_from_state", "make_calibrator"]
 
@@ -37,8 +39,8 @@ logger = logging.getLogger(__name__)
 CALIBRATORS: dict[str, type[BaseCalibrator]] = {
     cls.mode: cls
     for cls in (SplitConformalCalibrator, QueryRecallCalibrator, QueryAllCalibrator,
-                PACCalibrator, MondrianCalibrator, TopicCalibrator, BudgetCalibrator,
-                AdaptiveCalibrator)
+                PACCalibrator, MondrianCalibrator, TopicCalibrator, TopicPACCalibrator,
+                BudgetCalibrator, AdaptiveCalibrator)
 }
 MODES: tuple[str, ...] = tuple(CALIBRATORS)
 

@@ -79,6 +79,8 @@ class EvaluationConfig:
     calibrated_baselines : bool
         Also report, per alpha, top-k and threshold baselines whose k / theta is chosen on
         the calibration topics to reach 1 - alpha (without the conformal correction).
+    bound : {"auto", "wsr", "hb"}
+        Confidence bound of the ``topic-pac`` mode.
     """
 
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
@@ -92,6 +94,7 @@ class EvaluationConfig:
     min_group_size: int | None = None
     budgets: tuple[int, ...] = ()
     calibrated_baselines: bool = True
+    bound: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alphas", tuple(check_alpha(a) for a in self.alphas))
@@ -119,7 +122,8 @@ class EvaluationConfig:
         """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters."""
         return make_calibrator(mode, alpha=alpha, delta=self.delta,
                                min_group_size=self.min_group_size,
-                               budget=self.budgets[0] if self.budgets else None)
+                               budget=self.budgets[0] if self.budgets else None,
+                               bound=self.bound)
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,30 @@ def _per_group_coverage(kept: np.ndarray, relevant: np.ndarray, groups: np.ndarr
     return out
 
 
+_PER_SPLIT = {"coverage": "coverage", "query_coverage": "query_coverage_mean",
+              "query_all_kept": "query_all_kept", "topic_coverage": "topic_coverage",
+              "miss_rate": "coverage"}
+
+
+def _per_split_values(metric: str, ms: list[dict[str, Any]]) -> np.ndarray:
+    """The mode's own metric in each split (the PAC metrics: the quantity they bound)."""
+    if metric == "group_coverage_min":
+        return np.array([min(m["per_group"].values()) if m["per_group"] else math.nan for m in ms])
+    base = metric.split("_quantile_")[0]
+    return np.array([m[_PER_SPLIT[base]] for m in ms], dtype=float)
+
+
+def _spread(metric: str, ms: list[dict[str, Any]], target: float, delta: float) -> dict[str, float]:
+    """How one deployment fares: the delta-quantile of the metric over splits, and the share
+    of splits at or above target (a split is one calibration, as a user deploys it)."""
+    v = _per_split_values(metric, ms)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return {"coverage_q": math.nan, "share_at_target": math.nan}
+    return {"coverage_q": float(np.quantile(v, delta)),
+            "share_at_target": float(np.mean(v >= target - 1e-12))}
+
+
 def _guaranteed(metric: str, ms: list[dict[str, Any]], delta: float) -> dict[str, Any]:
     """The measured value of a mode's guaranteed metric over the splits, with its standard error."""
 
@@ -306,10 +334,9 @@ def _guaranteed(metric: str, ms: list[dict[str, Any]], delta: float) -> dict[str
         se = float(v.std(ddof=1) / math.sqrt(v.size)) if v.size > 1 else math.nan
         return {"value": float(v.mean()) if v.size else math.nan, "se": se}
 
-    if metric.startswith("coverage_quantile_"):
-        # the PAC guarantee: coverage >= 1 - alpha in at least a 1 - delta share of draws
-        cov = np.array([m["coverage"] for m in ms], dtype=float)
-        return {"value": float(np.quantile(cov, delta)), "se": 0.0}
+    if "_quantile_" in metric:
+        # a PAC guarantee: the metric >= target in at least a 1 - delta share of draws
+        return {"value": float(np.quantile(_per_split_values(metric, ms), delta)), "se": 0.0}
     if metric == "group_coverage_min":
         groups = sorted({g for m in ms for g in m["per_group"]})
         if not groups:
@@ -515,6 +542,8 @@ def _conformal_row(mode: str, a: float, ms: list[dict[str, Any]], delta: float) 
     row["band_low"] = 1.0 - a
     row["band_high"] = min(1.0, 1.0 - a + 1.0 / (n_mean + 1.0))
     values = _guaranteed(ms[0]["metric"], ms, delta)
+    row.update(_spread(ms[0]["metric"], ms, 1.0 - a, delta))
+    row["delta"] = delta
     row["guaranteed_metric"] = ms[0]["metric"]
     row["guaranteed_value"] = values["value"]
     row.update({k: v for k, v in values.items() if k != "value"})
