@@ -56,6 +56,7 @@ from .calibration import (
 from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
 from .scoring import FusedScorer, Scorer, resolve_scorer
+from .scoring.fusion import FUSION_FIT_FRACTION
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
 __all__ = [
@@ -97,15 +98,17 @@ def _as_item(item: Any, index: int) -> dict[str, Any]:
 
 
 def _topic_halves(pairs: Sequence[Pair], seed: int) -> tuple[list[int], list[int]]:
-    """Split pair positions by topic (``Pair.group``) into two halves (fit, calibrate)."""
+    """Split pair positions by topic (``Pair.group``): ``FUSION_FIT_FRACTION`` of the topics
+    fit the fused score, the rest calibrate it."""
     topics = sorted({p.group for p in pairs})
     if len(topics) < 2:
         raise CalibrationError(
-            f"the fused ('best') score is fitted on half of the calibration topics and "
-            f"calibrated on the other half; got {len(topics)} topic(s), need at least 2."
+            f"the fused ('best') score is fitted on some of the calibration topics and "
+            f"calibrated on the others; got {len(topics)} topic(s), need at least 2."
         )
     rng = np.random.default_rng(seed)
-    fit_topics = set(np.asarray(topics, dtype=object)[rng.permutation(len(topics))[: len(topics) // 2]])
+    n_fit = min(len(topics) - 1, max(1, round(FUSION_FIT_FRACTION * len(topics))))
+    fit_topics = set(np.asarray(topics, dtype=object)[rng.permutation(len(topics))[:n_fit]])
     fit = [i for i, p in enumerate(pairs) if p.group in fit_topics]
     cal = [i for i, p in enumerate(pairs) if p.group not in fit_topics]
     return fit, cal
@@ -263,9 +266,10 @@ class ConformalFilter:
         Only the relevant pairs are scored when the mode learns from them alone and the
         score of a snippet does not depend on its list; otherwise (list-dependent scores:
         relative, fused; budgets) every pair is scored, in its query's whole list. An
-        unfitted fused score (``"best"``) is first fitted on a random half of the
-        calibration topics (``Pair.group``, drawn with ``seed``) and calibrated on the
-        other half, so the score is fixed before the data it is calibrated on is seen.
+        unfitted fused score (``"best"``) is first fitted on a random quarter
+        (``FUSION_FIT_FRACTION``) of the calibration topics (``Pair.group``, drawn with
+        ``seed``) and calibrated on the rest, so the score is fixed before the data it is
+        calibrated on is seen.
 
         Parameters
         ----------
@@ -314,12 +318,12 @@ class ConformalFilter:
         if isinstance(self.scorer, FusedScorer) and not self.scorer.is_fitted:
             fit_idx, cal_idx = _topic_halves(pairs, seed)
             self.scorer = self.scorer.fitted_on([pairs[i] for i in fit_idx])
-            logger.info("fused score fitted on %d pairs of half the topics; calibrating on the other %d",
+            logger.info("fused score fitted on %d pairs of some topics; calibrating on the other %d",
                         len(fit_idx), len(cal_idx))
             info["fusion_fit_pairs"] = len(fit_idx)
             pairs = [pairs[i] for i in cal_idx]
             if not any(p.relevant == 1 for p in pairs):
-                raise CalibrationError("the calibration half of the topics has no relevant pair.")
+                raise CalibrationError("the calibration share of the topics has no relevant pair.")
         if self.scorer.list_dependent or self.calibrator.uses_irrelevant:
             used = pairs
             scores = self.scorer.score_pairs(used, progress=progress)

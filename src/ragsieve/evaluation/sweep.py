@@ -21,6 +21,7 @@ from .._validation import check_alpha, check_scores
 from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
 from ..data.splits import group_splits
 from ..errors import DataError, ScorerError
+from ..scoring.fusion import FUSION_FIT_FRACTION
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
@@ -81,6 +82,9 @@ class EvaluationConfig:
         the calibration topics to reach 1 - alpha (without the conformal correction).
     bound : {"auto", "wsr", "hb"}
         Confidence bound of the ``topic-pac`` mode.
+    fusion_fraction : float
+        With ``fusion_features``: share of each split's calibration topics that fit the
+        fused score's weights (the rest calibrate the threshold).
     """
 
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
@@ -95,6 +99,7 @@ class EvaluationConfig:
     budgets: tuple[int, ...] = ()
     calibrated_baselines: bool = True
     bound: str = "auto"
+    fusion_fraction: float = FUSION_FIT_FRACTION
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alphas", tuple(check_alpha(a) for a in self.alphas))
@@ -231,8 +236,8 @@ def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict
 
 
 def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, seed: int,
-                salt: int) -> tuple[ScoredData, np.ndarray]:
-    """Fit the fused score on a random half of the calibration topics; score every pair.
+                salt: int, fraction: float) -> tuple[ScoredData, np.ndarray]:
+    """Fit the fused score on a random ``fraction`` of the calibration topics; score every pair.
 
     Returns the data with fused scores and the calibration indices left for conformal.
     """
@@ -240,7 +245,8 @@ def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, see
 
     topics = np.unique(data.group_index[cal_idx])
     rng = np.random.default_rng([seed, salt])
-    fit_topics = rng.permutation(topics)[: max(1, topics.size // 2)]
+    n_fit = min(topics.size - 1, max(1, round(fraction * topics.size)))
+    fit_topics = rng.permutation(topics)[:n_fit]
     fit_mask = np.isin(data.group_index[cal_idx], fit_topics)
     fit_idx, conf_idx = cal_idx[fit_mask], cal_idx[~fit_mask]
     w, b, mu, sc = fit_logistic(features[fit_idx], data.relevant[fit_idx])
@@ -395,8 +401,9 @@ def evaluate_scores(
         :class:`EvaluationConfig`: ``alphas``, ``top_k``, ``thetas``, ``n_splits``, ...).
     fusion_features : numpy.ndarray, optional
         Feature matrix (see :func:`ragsieve.scoring.fusion.feature_matrix`). When given,
-        the conformal rows use a fused score fitted per split on a random half of the
-        calibration topics and calibrated on the other half (``--scorer best``).
+        the conformal rows use a fused score fitted per split on a random
+        ``fusion_fraction`` of the calibration topics and calibrated on the rest
+        (``--scorer best``).
     **config_kwargs
         Fields of :class:`EvaluationConfig` (not allowed together with ``config``).
 
@@ -493,8 +500,9 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
             logger.warning("split skipped: no relevant snippet on the calibration or test side")
             continue
         scored, conf_cal_idx = data, cal_idx
-        if fusion_features is not None:  # fit the fusion on half of the calibration topics
-            scored, conf_cal_idx = _fuse_split(data, fusion_features, cal_idx, config.seed, split_no)
+        if fusion_features is not None:  # fit the fusion on some of the calibration topics
+            scored, conf_cal_idx = _fuse_split(data, fusion_features, cal_idx, config.seed, split_no,
+                                               config.fusion_fraction)
         for a, rows in cal_topk.items():
             rows.append(_calibrated_topk(data, ranks, cal_idx, test, a))
             cal_thr[a].append(_calibrated_threshold(data, cal_idx, test, a))
@@ -572,8 +580,8 @@ def evaluate(
         Labelled pairs with groups.
     scorer : Scorer or str
         The nonconformity score (alias or spec resolved by ``resolve_scorer``). An
-        unfitted fused score (``"best"``) is fitted in every split on half of the
-        calibration topics and calibrated on the other half.
+        unfitted fused score (``"best"``) is fitted in every split on ``fusion_fraction``
+        of the calibration topics and calibrated on the rest.
     progress : bool
         Progress bar while scoring.
     on_error : {"raise", "drop"}
@@ -623,7 +631,7 @@ def evaluate(
         from ..scoring.fusion import FEATURES
 
         report.info["scorer"] = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
-                                 "fitted": "per split, on a random half of the calibration topics"}
+                                 "fitted": f"per split, on a random {config.fusion_fraction:g} of the calibration topics"}
     report.info["n_dropped_errors"] = n_dropped
     return report
 

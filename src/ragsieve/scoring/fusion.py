@@ -25,9 +25,13 @@ from ..types import Pair
 from .base import Scorer
 from .relative import query_index_of, relative_scores
 
-__all__ = ["FEATURES", "FusedScorer", "feature_matrix", "fit_logistic"]
+__all__ = ["FEATURES", "FUSION_FIT_FRACTION", "FusedScorer", "feature_matrix", "fit_logistic"]
 
 FEATURES = ("score", "gap", "z", "log_rank", "ratio")
+#: Share of the calibration topics that fit the fusion weights; the rest calibrate the
+#: threshold. Five weights need few topics, and every topic left to calibration lowers the
+#: finite-sample inflation of the topic-level modes ((K+1)/K with K calibration topics).
+FUSION_FIT_FRACTION = 0.25
 
 
 def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
@@ -119,9 +123,9 @@ class FusedScorer(Scorer):
     def unfitted(cls, base: Any = "embedding", **base_options: Any) -> FusedScorer:
         """The fused score before its weights are learned (the ``"best"`` alias).
 
-        ``evaluate`` fits it in every split on half of the calibration topics, and
-        ``ConformalFilter.calibrate`` on half of the calibration topics, calibrating on
-        the other half; scoring with it before then raises ``ScorerError``.
+        ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
+        topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
+        the rest; scoring with it before then raises ``ScorerError``.
         """
         return cls(base, **base_options)
 
@@ -148,7 +152,7 @@ class FusedScorer(Scorer):
             raise ScorerError(
                 "the fused ('best') score has no weights yet; calibrate it first "
                 "(ConformalFilter.calibrate or `ragsieve calibrate --scorer best` fit it on "
-                "half of the calibration topics)."
+                "a quarter of the calibration topics)."
             )
 
     def scores_from_features(self, x: np.ndarray) -> np.ndarray:
