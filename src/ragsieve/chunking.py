@@ -1,39 +1,46 @@
-"""Sentence-aware chunking of documents into overlapping snippets with offsets.
+"""Sentence-preserving chunking of documents into overlapping snippets with offsets.
 
-A document is first cut into consecutive, non-overlapping *cores* of at most
-``size - overlap`` characters (the *window*; the first and the last core may also
-use the extension they lack at the document edge), each ending at the last sentence
-boundary in its window where possible. Each core is then widened by ``overlap // 2`` characters on
-the left and ``overlap - overlap // 2`` on the right, so neighbouring snippets share
-about ``overlap`` characters in total. Every snippet records its document id and its
+A document is split into sentences, and whole sentences are packed greedily into
+snippets of at most ``size`` characters. Consecutive snippets share whole sentences:
+the next snippet starts at the earliest sentence of the previous one (not its first)
+such that the shared sentences take at most ``overlap`` characters and the sentence
+after the previous snippet still fits; when even the last sentence alone is longer
+than ``overlap`` (or the next sentence would not fit), the next snippet starts after
+the previous one, without overlap. Every snippet records its document id and its
 character offsets, so ``source[s.start:s.end] == s.text`` always holds.
+
+The only exception is a sentence longer than ``size``: it becomes a snippet run of its
+own, cut into pieces of at most ``size`` characters at word boundaries (between any two
+characters in scripts without spaces), neighbouring pieces sharing about ``overlap``
+characters, snapped to whole words. A piece never reaches outside its sentence, and
+no other snippet overlaps it.
 
 Guarantees (for a text that is not whitespace-only)
 ---------------------------------------------------
 * No slack: every snippet has ``len(s.text) <= size``, for every script.
-* Consecutive snippets overlap by at most ``overlap`` characters; with
-  ``overlap=0`` they do not overlap.
+* Every snippet starts at a sentence start and ends at a sentence end, unless it lies
+  inside one sentence longer than ``size``.
+* Consecutive snippets overlap by at most ``overlap`` characters, in whole sentences
+  (or whole words inside an over-long sentence); with ``overlap=0`` they do not overlap.
 * Starts and ends are strictly increasing; no snippet is empty or starts or ends
   with whitespace; every non-whitespace character lies in at least one snippet.
 * A text whose stripped length is ``<= size`` is exactly one snippet.
 * Deterministic, linear time in the length of the text.
 
-How a core is cut (first rule that applies, searching right to left)
---------------------------------------------------------------------
-1. A sentence boundary in the last two thirds of the window: Latin ``. ! ? …`` followed
-   by optional closing quotes/brackets and then whitespace (not followed by a
-   lowercase ASCII letter, which skips most ``e.g. the`` abbreviations) or the end
-   of the text; CJK ``。 ！ ？ ； ．`` (with optional closing brackets, no space
-   needed); any line break.
-2. The last whitespace in the window.
-3. A hard cut at the window size (moved back so that a base character keeps up to
-   16 combining marks that follow it), so scripts without spaces or punctuation are
-   still cut.
+Where a sentence ends
+---------------------
+* Latin ``. ! ? …`` followed by optional closing quotes/brackets and then whitespace
+  (not followed by a lowercase ASCII letter, which skips most ``e.g. the``
+  abbreviations) or the end of the text, unless the punctuation follows an initial
+  (``John C. Smith``, ``U.S. Army``), ``Mr Mrs Ms Dr Prof St Mt Jr Sr`` or a number of
+  one or two digits (the ordinal of ``am 28. Mai``);
+* CJK ``。 ！ ？ ； ．`` with optional closing brackets (no space needed);
+* any line break.
 
-The overlap extensions are snapped to word boundaries: a partial word at the outer
-edge of an extension is dropped when the extension contains whitespace, so actual
-overlaps are often a little below ``overlap``. Text without spaces (CJK) is cut
-between any two characters.
+Text with none of these (Thai, which separates phrases by spaces but has no sentence
+punctuation, or CJK without punctuation) is one sentence; when it is longer than
+``size`` it is cut at spaces, or between characters where there are none, keeping a
+base character with up to 16 combining marks.
 """
 
 from __future__ import annotations
@@ -64,14 +71,20 @@ DEFAULT_OVERLAP = 100
 
 _CLOSERS = "\"'”’»)\\]}」』）》〉】〕］｝"
 # Latin sentence end: punctuation, optional closers, then whitespace that is not
-# followed by a lowercase ASCII letter, or the end of the text.
-# Possessive quantifiers and the look-behind keep long punctuation runs linear.
-_LATIN_END = re.compile(rf"(?<![.!?…])[.!?…]++[{_CLOSERS}]*+(?=\s+[^\sa-z]|\s*$)")
+# followed by a lowercase ASCII letter, or the end of the text; not after an initial
+# ("John C. Smith", "U.S. Army"), a title ("Mr. Smith") or a one- or two-digit number
+# (the German, Nordic, ... ordinal "am 28. Mai").
+# Possessive quantifiers and the first look-behind keep long punctuation runs linear.
+_NOT_AFTER = r"(?<!\b[A-Z\d])(?<!\b(?:\d\d|Mr|Ms|Dr|St|Mt|Jr|Sr))(?<!\bMrs)(?<!\bProf)"
+_LATIN_END = re.compile(  # the leading look-ahead skips the look-behinds off punctuation
+    rf"(?=[.!?…])(?<![.!?…]){_NOT_AFTER}[.!?…]++[{_CLOSERS}]*+(?=\s+[^\sa-z]|\s*$)"
+)
 # CJK sentence end: full-width punctuation, optional closers; no space needed.
 _CJK_END = re.compile(rf"[。！？；．｡]+[{_CLOSERS}]*")
 _NEWLINE = re.compile(r"[\n\r\u2028\u2029\x0b\x0c\x85]")
 _WS_RUN = re.compile(r"\s+")
 _WS = re.compile(r"\s")
+_FIRST_MARK = "\u0300"  # no combining mark (category M*) comes before U+0300
 _NON_WS = re.compile(r"\S")
 
 
@@ -111,31 +124,82 @@ def _last_in(sorted_positions: list[int], lo: int, hi: int) -> int | None:
     return None
 
 
-def _cores(
-    text: str, first: int, last: int, step: int, left: int, right: int
-) -> list[tuple[int, int]]:
-    """Cut ``text[first:last]`` into consecutive trimmed cores ``(start, end)``."""
-    # Candidate cut positions p: a core ending at p is text[pos:p] (right-trimmed).
-    sentence = sorted(
+def _sentences(text: str, first: int, last: int) -> list[tuple[int, int]]:
+    """Sentences ``(start, end)`` of ``text[first:last]``, in order, without edge whitespace.
+
+    They cover every non-whitespace character of the range exactly once. A sentence
+    ends at a Latin or CJK sentence end or before a line break (see the module
+    docstring), never just before a combining mark.
+    """
+    cuts = sorted(
         {m.end() for m in _LATIN_END.finditer(text, first, last)}
         | {m.end() for m in _CJK_END.finditer(text, first, last)}
         | {m.start() for m in _NEWLINE.finditer(text, first, last)}
     )
-    spaces = [m.start() for m in _WS_RUN.finditer(text, first, last)]
+    if not cuts or cuts[-1] != last:
+        cuts.append(last)
+    sentences: list[tuple[int, int]] = []
+    pos = first
+    for cut in cuts:
+        if cut < last and text[cut] >= _FIRST_MARK and _is_mark(text[cut]):
+            continue  # a combining mark stays with its base character
+        start = pos
+        if text[start].isspace():
+            m = _NON_WS.search(text, pos, cut)
+            start = cut if m is None else m.start()
+        if start < cut:
+            end = cut
+            while text[end - 1].isspace():  # terminates: text[start] is not whitespace
+                end -= 1
+            sentences.append((start, end))
+        pos = cut
+    return sentences
 
+
+def _pack(sentences: list[tuple[int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
+    """Pack sentences (each at most ``size`` long) greedily into overlapping windows.
+
+    A window is the longest run of whole sentences from its first one that fits in
+    ``size``. The next window starts at the earliest later sentence of the current
+    window such that the shared sentences take at most ``overlap`` characters and the
+    sentence after the current window still fits; failing that, right after it.
+    Both indices only move forward, so this is linear in the number of sentences.
+    """
+    windows: list[tuple[int, int]] = []
+    n = len(sentences)
+    i = j = 0
+    while True:
+        start = sentences[i][0]
+        while j + 1 < n and sentences[j + 1][1] - start <= size:
+            j += 1
+        windows.append((start, sentences[j][1]))
+        if j == n - 1:
+            return windows
+        end, following = sentences[j][1], sentences[j + 1][1]
+        i += 1
+        while i <= j and (end - sentences[i][0] > overlap or following - sentences[i][0] > size):
+            i += 1
+        j = max(j, i)
+
+
+def _cores(
+    text: str, first: int, last: int, step: int, left: int, right: int, spaces: list[int]
+) -> list[tuple[int, int]]:
+    """Cut ``text[first:last]`` into consecutive trimmed cores ``(start, end)``.
+
+    ``spaces`` holds the starts of the whitespace runs inside the range.
+    """
     cores: list[tuple[int, int]] = []
     pos = first
     while True:
         # The first core needs no left extension, the last no right extension:
-        # they may use that room themselves, so no snippet exceeds ``size``.
+        # they may use that room themselves, so no piece exceeds ``size``.
         budget = step + (left if not cores else 0)
         if last - pos <= budget + right:
             cores.append((pos, last))
             return cores
         hi = pos + budget
-        cut = _last_in(sentence, pos + max(1, budget // 3), hi)
-        if cut is None:
-            cut = _last_in(spaces, pos + 1, hi)
+        cut = _last_in(spaces, pos + 1, hi)
         if cut is None:
             # Keep a base character with its combining marks (up to 16 of them).
             cut = hi
@@ -153,10 +217,10 @@ def _cores(
         pos = nxt.start()
 
 
-def _extend_left(text: str, core_start: int, left: int) -> int:
-    """Start of a snippet whose core starts at ``core_start``."""
-    start = max(0, core_start - left)
-    if 0 < start < core_start and not text[start - 1].isspace() and not text[start].isspace():
+def _extend_left(text: str, core_start: int, left: int, lo: int) -> int:
+    """Start of a piece whose core starts at ``core_start``, not before ``lo``."""
+    start = max(lo, core_start - left)
+    if lo < start < core_start and not text[start - 1].isspace() and not text[start].isspace():
         # Mid-word: drop the partial word if there is a word boundary to move to.
         ws = _WS.search(text, start, core_start)
         if ws is not None:
@@ -166,10 +230,10 @@ def _extend_left(text: str, core_start: int, left: int) -> int:
     return start
 
 
-def _extend_right(text: str, core_end: int, right: int, spaces: list[int]) -> int:
-    """End of a snippet whose core ends at ``core_end``."""
-    end = min(len(text), core_end + right)
-    if core_end < end < len(text) and not text[end - 1].isspace() and not text[end].isspace():
+def _extend_right(text: str, core_end: int, right: int, hi: int, spaces: list[int]) -> int:
+    """End of a piece whose core ends at ``core_end``, not after ``hi``."""
+    end = min(hi, core_end + right)
+    if core_end < end < hi and not text[end - 1].isspace() and not text[end].isspace():
         # Mid-word: drop the partial word if there is a word boundary to move to.
         i = bisect_left(spaces, end) - 1
         if i >= 0 and spaces[i] >= core_end:
@@ -179,6 +243,44 @@ def _extend_right(text: str, core_end: int, right: int, spaces: list[int]) -> in
     return end
 
 
+def _pieces(text: str, first: int, last: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    """Cut one sentence longer than ``size`` into overlapping pieces at word boundaries.
+
+    The sentence is cut into consecutive cores of at most ``size - overlap`` characters
+    (the first and the last may also use the extension they lack at the sentence
+    edges), each ending at the last whitespace in its window, or hard-cut where there
+    is none. Each core is then widened by ``overlap // 2`` characters on the left and
+    the rest on the right, inside the sentence, dropping a partial word at the outer
+    edge when the extension contains whitespace.
+    """
+    left = overlap // 2
+    right = overlap - left
+    spaces = [m.start() for m in _WS_RUN.finditer(text, first, last)]
+    cores = _cores(text, first, last, size - overlap, left, right, spaces)
+    starts = [
+        cs if k == 0 else _extend_left(text, cs, left, first) for k, (cs, _) in enumerate(cores)
+    ]
+    ends = [
+        ce if k == len(cores) - 1 else _extend_right(text, ce, right, last, spaces)
+        for k, (_, ce) in enumerate(cores)
+    ]
+    # Snapping to word boundaries may reorder neighbours when cores are tiny:
+    # restore strictly increasing starts and ends by shrinking (never past a core).
+    for k in range(1, len(cores)):
+        if starts[k] <= starts[k - 1]:
+            s = starts[k - 1] + 1
+            while s < cores[k][0] and (text[s].isspace() or _is_mark(text[s])):
+                s += 1
+            starts[k] = s
+    for k in range(len(cores) - 2, -1, -1):
+        if ends[k] >= ends[k + 1]:
+            e = ends[k + 1] - 1
+            while e > cores[k][1] and (text[e - 1].isspace() or _is_mark(text[e])):
+                e -= 1
+            ends[k] = e
+    return list(zip(starts, ends, strict=True))
+
+
 def chunk_text(
     text: str,
     doc_id: str,
@@ -186,7 +288,7 @@ def chunk_text(
     size: int = DEFAULT_SIZE,
     overlap: int = DEFAULT_OVERLAP,
 ) -> list[Snippet]:
-    """Split one document into overlapping, sentence-aware snippets.
+    """Split one document into overlapping snippets of whole sentences.
 
     Parameters
     ----------
@@ -197,8 +299,10 @@ def chunk_text(
     size : int, default 500
         Maximum snippet length in characters (a hard bound: no slack).
     overlap : int, default 100
-        Characters shared by consecutive snippets in total (``overlap // 2`` taken
-        from before each core, the rest from after it); ``0 <= overlap < size``.
+        Most characters two consecutive snippets share: the longest run of whole
+        sentences that fits (none when the last sentence alone is longer); inside a
+        sentence longer than ``size``, about this many characters of whole words.
+        ``0 <= overlap < size``.
 
     Returns
     -------
@@ -216,13 +320,13 @@ def chunk_text(
 
     Examples
     --------
-    >>> doc = "The cat sat. The dog ran off. A bird sang."
+    >>> doc = "The cat sat. It ran. A bird sang. The end."
     >>> snippets = chunk_text(doc, "d1", size=30, overlap=10)
     >>> [s.text for s in snippets]
-    ['The cat sat. The', 'sat. The dog ran off. A', 'off. A bird sang.']
+    ['The cat sat. It ran.', 'It ran. A bird sang. The end.']
     >>> s = snippets[1]
     >>> (s.snippet_id, doc[s.start:s.end] == s.text)
-    ('d1:8-31', True)
+    ('d1:13-42', True)
     """
     size, overlap = _check_sizes(size, overlap)
     doc_id = _check_doc_id(doc_id)
@@ -234,34 +338,19 @@ def chunk_text(
             f"Document {doc_id!r} is empty or whitespace-only ({len(text)} characters); "
             "expected some text. chunk_documents skips such documents instead."
         )
-    first = first_m.start()
-    last = len(text.rstrip())
-
-    left = overlap // 2
-    right = overlap - left
-    cores = _cores(text, first, last, size - overlap, left, right)
-    spaces = [m.start() for m in _WS_RUN.finditer(text)] if right else []
-
-    starts = [cs if i == 0 else _extend_left(text, cs, left) for i, (cs, _) in enumerate(cores)]
-    ends = [
-        ce if i == len(cores) - 1 else _extend_right(text, ce, right, spaces)
-        for i, (_, ce) in enumerate(cores)
-    ]
-    # Snapping to word boundaries may reorder neighbours when cores are tiny:
-    # restore strictly increasing starts and ends by shrinking (never past a core).
-    for i in range(1, len(cores)):
-        if starts[i] <= starts[i - 1]:
-            s = starts[i - 1] + 1
-            while s < cores[i][0] and (text[s].isspace() or _is_mark(text[s])):
-                s += 1
-            starts[i] = s
-    for i in range(len(cores) - 2, -1, -1):
-        if ends[i] >= ends[i + 1]:
-            e = ends[i + 1] - 1
-            while e > cores[i][1] and (text[e - 1].isspace() or _is_mark(text[e])):
-                e -= 1
-            ends[i] = e
-    return [Snippet(doc_id, s, e, text[s:e]) for s, e in zip(starts, ends)]
+    spans: list[tuple[int, int]] = []
+    run: list[tuple[int, int]] = []  # consecutive sentences that fit in a snippet
+    for start, end in _sentences(text, first_m.start(), len(text.rstrip())):
+        if end - start <= size:
+            run.append((start, end))
+            continue
+        if run:
+            spans.extend(_pack(run, size, overlap))
+            run = []
+        spans.extend(_pieces(text, start, end, size, overlap))
+    if run:
+        spans.extend(_pack(run, size, overlap))
+    return [Snippet(doc_id, s, e, text[s:e]) for s, e in spans]
 
 
 def chunk_documents(
@@ -339,7 +428,8 @@ class Chunker:
     size : int, default 500
         Maximum snippet length in characters.
     overlap : int, default 100
-        Total overlap of consecutive snippets, ``0 <= overlap < size``.
+        Most characters two consecutive snippets share (whole sentences, see
+        :func:`chunk_text`), ``0 <= overlap < size``.
 
     Examples
     --------

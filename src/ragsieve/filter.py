@@ -391,7 +391,9 @@ class ConformalFilter:
         for i, item in enumerate(items):
             text = item.get("text")
             if self.scorer.reads_text and isinstance(text, str) and len(text) > self.max_chars:
-                for sn in chunk_text(text, str(item["snippet_id"])):
+                # pieces overlap by up to half a window (whole sentences), so evidence at a
+                # piece edge is also scored together with what follows it
+                for sn in chunk_text(text, str(item["snippet_id"]), overlap=DEFAULT_SIZE // 2):
                     pieces.append({**item, "text": sn.text})
                     owner.append(i)
                     spans.append((sn.start, sn.end))
