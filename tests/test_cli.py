@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -448,3 +449,148 @@ def test_type_error_is_a_bug_not_a_clean_error(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(commands, "cmd_export", broken)
     with pytest.raises(TypeError, match="unsupported operand"):
         main(["export", "--data", "selqa-dev", "--out", str(tmp_path / "x.jsonl")])
+
+
+# ------------------------------------------------------------ hardening (issue 11)
+@pytest.mark.parametrize("with_filter", [False, True])
+def test_query_refuses_a_missing_index(tmp_path: Path, with_filter: bool,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped index path is a one-line error (exit 2), and no directory is created."""
+    missing = tmp_path / "no-such-dir"
+    extra = ["--filter", str(tmp_path / "f.json")] if with_filter else []
+    code, out, err = run(["-q", "query", "Who?", "--index", str(missing), *extra], capsys)
+    assert code == 2 and out == ""
+    assert f"index {str(missing)!r} does not exist" in err and "ragsieve index" in err
+    assert len(err.strip().splitlines()) == 1 and not missing.exists()
+
+
+def test_serve_refuses_a_directory_that_is_not_an_index(tmp_path: Path, small_jsonl: Path,
+                                                        embedding_cache_dir: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("uvicorn")
+    filt = tmp_path / "f.json"
+    assert run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.2", "--out", str(filt),
+                "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run(  # a process: were the index accepted, it would serve until killed
+        [sys.executable, "-m", "ragsieve.cli", "serve", "--filter", str(filt), "--index",
+         str(empty), "--port", str(port), "--cache-dir", str(embedding_cache_dir)],
+        capture_output=True, text=True, timeout=120, check=False)
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and "not a ragsieve index" in err, err
+    assert len(err.splitlines()) == 1 and list(empty.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["evaluate", "--data", "x.jsonl", "--theta", "nan"], "--theta: expected finite numbers"),
+        (["evaluate", "--data", "x.jsonl", "--theta", "0.2,inf"], "expected finite numbers"),
+        (["evaluate", "--data", "x.jsonl", "--alpha", "nan"], "expected finite numbers"),
+        (["evaluate", "--data", "x.jsonl", "--theta", ","], "expected at least one number"),
+        (["evaluate", "--data", "x.jsonl", "--limit-queries", "0"],
+         "--limit-queries: expected an integer >= 1, got '0'"),
+        (["evaluate", "--data", "x.jsonl", "--limit-queries", "-3"], "integer >= 1"),
+        (["evaluate", "--data", "x.jsonl", "--splits", "0"], "--splits: expected an integer >= 1"),
+        (["evaluate", "--data", "x.jsonl", "--top-k", "2,0"], "--top-k: expected integers >= 1"),
+        (["evaluate", "--data", "x.jsonl", "--calibration-fraction", "1"],
+         "--calibration-fraction: expected a number in (0, 1), got '1'"),
+        (["evaluate", "--data", "x.jsonl", "--budget", "800,-1"], "--budget"),
+        (["evaluate", "--data", "x.jsonl", "--delta", "nan"], "--delta"),
+        (["calibrate", "--data", "x.jsonl", "--out", "f.json", "--alpha", "nan"], "--alpha"),
+        (["calibrate", "--data", "x.jsonl", "--out", "f.json", "--min-keep", "-1"],
+         "--min-keep: expected an integer >= 0"),
+        (["calibrate", "--data", "x.jsonl", "--out", "f.json", "--budget", "0"], "--budget"),
+        (["calibrate", "--data", "x.jsonl", "--out", "f.json", "--gamma", "inf"], "--gamma"),
+        (["calibrate", "--data", "x.jsonl", "--out", "f.json", "--window", "0"], "--window"),
+        (["calibrate", "--data", "x.jsonl", "--out", "f.json", "--min-group-size", "0"],
+         "--min-group-size"),
+        (["label", "--data", "x.jsonl", "--out", "o.jsonl", "--limit-queries", "0"],
+         "--limit-queries"),
+        (["label", "--data", "x.jsonl", "--out", "o.jsonl", "--threshold", "nan"], "--threshold"),
+        (["label", "--data", "x.jsonl", "--out", "o.jsonl", "--price-per-million-tokens", "-1"],
+         "--price-per-million-tokens"),
+        (["label", "--data", "x.jsonl", "--out", "o.jsonl", "--llm-concurrency", "0"],
+         "--llm-concurrency"),
+        (["query", "q", "--index", "idx", "-k", "0"], "-k"),
+        (["index", "docs", "--index", "idx", "--batch-size", "0"], "--batch-size"),
+        (["serve", "--filter", "f.json", "--port", "70000"],
+         "--port: expected a port number in [0, 65535]"),
+        (["serve", "--filter", "f.json", "--max-k", "0"], "--max-k"),
+        (["serve", "--filter", "f.json", "--max-body-bytes", "0"], "--max-body-bytes"),
+        (["rag-demo", "--alpha", "inf"], "--alpha"),
+        (["shift-demo", "--gamma", "nan"], "--gamma"),
+        (["demo", "--splits", "0"], "--splits"),
+        (["llm", "serve", "--n-ctx", "0"], "--n-ctx"),
+        (["llm", "injection", "--data", "x.jsonl", "--n-pairs", "0"], "--n-pairs"),
+    ],
+)
+def test_numeric_options_are_checked(argv: list[str], message: str, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN / inf and out-of-range counts are usage errors (exit 2) before any work."""
+    monkeypatch.chdir(tmp_path)  # were a value accepted, a demo would write its folder here
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "error:" in line]) == 1
+
+
+def test_filter_json_reports_the_kept_spans_of_a_cut_snippet(
+        small_jsonl: Path, embedding_cache_dir: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A snippet longer than the filter's window is cut; ``--json`` says which parts were kept."""
+    filt = tmp_path / "f.json"
+    assert run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.2", "--out", str(filt),
+                "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
+    filler = " ".join(f"The committee met on day {i} to discuss the annual budget of the town "
+                      "library and its opening hours." for i in range(40))
+    answer = "Jupiter is the largest planet in the Solar System."
+    long_text = f"{filler} {answer} {filler}"
+    data = tmp_path / "long.jsonl"
+    write_pairs([replace(p, query_id="q", query="Which planet is the largest?", snippet_id=sid,
+                         text=text, relevant=None)
+                 for p, (sid, text) in zip(read_pairs(small_jsonl)[:2],
+                                           [("long", long_text), ("short", answer)])], data)
+    code, out, _ = run(["-q", "filter", "--filter", str(filt), "--data", str(data), "--json",
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0
+    line = json.loads(out)
+    assert line["kept"] == ["long", "short"] and line["n_cut"] == 1
+    assert len(line["spans"]) == len(line["kept"]) and line["spans"][1] == []
+    spans = line["spans"][0]
+    assert spans and all(0 <= a < b <= len(long_text) for a, b in spans)
+    start = long_text.index(answer)
+    assert any(a <= start and start + len(answer) <= b for a, b in spans)
+    assert sum(b - a for a, b in spans) < len(long_text) / 2  # the filler far away is not kept
+    code, out, _ = run(["-q", "filter", "--filter", str(filt), "--data", str(data),
+                        "--cache-dir", str(embedding_cache_dir)], capsys)
+    assert code == 0 and "kept characters " in out
+
+
+@pytest.mark.slow
+def test_rag_demo_writes_only_under_out(tmp_path: Path, embedding_cache_dir: Path,
+                                        shared_data_dir: Path) -> None:
+    """``rag-demo`` run from a checkout-like folder leaves nothing there: everything goes
+    under ``--out`` (and the embedding cache under ``--cache-dir``)."""
+    cwd, out = tmp_path / "checkout", tmp_path / "elsewhere" / "rag"
+    cwd.mkdir()
+    env = {**os.environ, "RAGSIEVE_DATA": str(shared_data_dir)}
+    before = set(tmp_path.rglob("*"))
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ragsieve"), "-q", "rag-demo", "--out", str(out),
+         "--cache-dir", str(tmp_path / "cache"), "--question", "Which planet is the largest?"],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "kept " in proc.stdout and (out / "filter.json").is_file()
+    assert list(cwd.iterdir()) == []
+    new = set(tmp_path.rglob("*")) - before
+    outside = [p for p in new if not (p.is_relative_to(out) or p.is_relative_to(tmp_path / "cache")
+                                      or p in (out.parent, tmp_path / "cache"))]
+    assert outside == []

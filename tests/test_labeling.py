@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from llm_doubles import FakeLLMServer
 
 from ragsieve import LLMLabeler, Pair
 from ragsieve.data import load_selqa, read_pairs, sample_queries, write_pairs
+from ragsieve.errors import LLMError
 from ragsieve.labeling import label_agreement
 from ragsieve.llm import LLMCache, connect
 
@@ -105,3 +107,75 @@ def test_label_method_validation() -> None:
         LLMLabeler(method="vote")
     with pytest.raises(ValueError, match="threshold"):
         LLMLabeler(threshold=1.0)
+
+
+# ------------------------------------------------------------ a dead or dying endpoint
+def _closed_port() -> int:
+    """A loopback port nobody listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_label_against_a_dead_endpoint_fails_without_output(tmp_path: Path) -> None:
+    """``ragsieve label --base-url`` at a closed port: exit 2 after the retries, one line,
+    and no output file (not one full of null labels)."""
+    pairs = [Pair(f"q{i}", f"Question {i}?", f"s{i}", f"snippet {i}", relevant=i % 2)
+             for i in range(6)]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_pairs(pairs, src)
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ragsieve"), "-q", "label", "--data", str(src),
+         "--out", str(dst), "--base-url", url, "--llm-model", "m", "--json"],
+        env={**os.environ, "RAGSIEVE_CACHE": str(tmp_path / "cache")},
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith(f"ragsieve label: error: the LLM endpoint {url} is not answering")
+    assert "cannot reach" in err and "after their retries" in err and "rerun" in err
+    assert err.endswith(f"Nothing was written to {dst}.")
+    assert not dst.exists()
+
+
+YES = ("json", {"object": "chat.completion", "usage": {"prompt_tokens": 7, "completion_tokens": 1},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "Yes"},
+                             "finish_reason": "stop"}]})
+
+
+def test_endpoint_dying_midway_keeps_the_replies_and_a_rerun_resumes(tmp_path: Path) -> None:
+    """Replies obtained before the endpoint died stay in the cache; the run raises
+    ``LLMError`` instead of returning null labels; a rerun asks only for the rest."""
+    pairs = [Pair(f"q{i}", f"Question {i}?", f"s{i}", f"snippet {i}") for i in range(7)]
+    cache = tmp_path / "c.sqlite"
+    with FakeLLMServer() as fake, connect(base_url=fake.base_url, model="fake", style="chat",
+                                          cache=cache) as conn:
+        fake.script = [YES] * 3
+        first, _ = LLMLabeler(conn, method="yes-no").label_pairs(pairs[:3])
+        dead_url = fake.base_url
+    assert [p.relevant for p in first] == [1, 1, 1]
+    expected = ("is not answering: . pairs in a row failed after their retries .last: cannot "
+                "reach .*3 of 7 pairs were answered.*reply cache")
+    with (connect(base_url=dead_url, model="fake", style="chat", cache=cache) as conn,
+          pytest.raises(LLMError, match=expected)):
+        LLMLabeler(conn, method="yes-no").label_pairs(pairs)
+    assert len(LLMCache(cache)) == 3  # kept: what was answered
+    with FakeLLMServer() as fake, connect(base_url=fake.base_url, model="fake", style="chat",
+                                          cache=cache) as conn:
+        fake.script = [YES] * 4
+        out, report = LLMLabeler(conn, method="yes-no").label_pairs(pairs)
+    assert report.n_cache_hits == 3 and fake.n_requests == 4
+    assert [p.relevant for p in out] == [1] * 7 and len(LLMCache(cache)) == 7
+
+
+def test_a_malformed_reply_for_one_pair_keeps_the_run_going(tmp_path: Path) -> None:
+    """A pair whose replies stay unusable (not JSON) gets a null label with the reason; the
+    run does not fail for it."""
+    pairs = [Pair(f"q{i}", f"Question {i}?", f"s{i}", f"snippet {i}") for i in range(3)]
+    with FakeLLMServer() as fake, connect(base_url=fake.base_url, model="fake", style="chat",
+                                          cache=tmp_path / "c.sqlite", concurrency=1) as conn:
+        fake.script = [("garbage", "<html>busy</html>")] * (conn.client.max_retries + 1) + [YES] * 2
+        out, report = LLMLabeler(conn, method="yes-no").label_pairs(pairs)
+    assert [p.relevant for p in out] == [None, 1, 1] and report.n_errors == 1
+    assert "is not JSON" in out[0].meta["llm_error"]

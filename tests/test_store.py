@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +13,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("lancedb")
+pa = pytest.importorskip("pyarrow")
+pc = pytest.importorskip("pyarrow.compute")
 
 from ragsieve import ConformalFilter, EmbeddingScorer
 from ragsieve.embeddings import EmbeddingModel, load_embedding_model
@@ -69,7 +75,7 @@ def docs(tmp_path: Path) -> Path:
 
 
 def test_index_search_and_skips(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
-    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     report = idx.index_directory(docs)
     assert report.added == 4 and report.unchanged == 0 and report.removed == 0
     reasons = dict(report.skipped)
@@ -95,7 +101,7 @@ def test_index_search_and_skips(tmp_path: Path, docs: Path, model: EmbeddingMode
 
 
 def test_reindex_is_incremental(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
-    SnippetIndex.open(tmp_path / "idx", model=model).index_directory(docs)
+    SnippetIndex.open(tmp_path / "idx", model=model, create=True).index_directory(docs)
     idx = SnippetIndex.open(tmp_path / "idx")  # model taken from the index
     again = idx.index_directory(docs)
     assert (again.added, again.unchanged, again.removed, again.n_embedded) == (0, 4, 0, 0)
@@ -116,13 +122,13 @@ def test_reindex_is_incremental(tmp_path: Path, docs: Path, model: EmbeddingMode
 
 
 def test_interrupted_run_resumes(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
-    fresh = SnippetIndex.open(tmp_path / "ref", model=model)
+    fresh = SnippetIndex.open(tmp_path / "ref", model=model, create=True)
     fresh.index_directory(docs, batch_size=1)
-    killed = SnippetIndex.open(tmp_path / "idx", model=_FailAfter(model, 2))
+    killed = SnippetIndex.open(tmp_path / "idx", model=_FailAfter(model, 2), create=True)
     with pytest.raises(KeyboardInterrupt):
         killed.index_directory(docs, batch_size=1)
     assert 0 < killed.count() < fresh.count()
-    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     report = idx.index_directory(docs, batch_size=1)
     assert report.unchanged >= 1 and report.added >= 1
     rows = idx._table("snippets").to_arrow().column("snippet_id").to_pylist()
@@ -132,13 +138,13 @@ def test_interrupted_run_resumes(tmp_path: Path, docs: Path, model: EmbeddingMod
 
 
 def test_model_mismatch(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
-    SnippetIndex.open(tmp_path / "idx", model=model).index_directory(docs)
+    SnippetIndex.open(tmp_path / "idx", model=model, create=True).index_directory(docs)
     with pytest.raises(ScorerMismatchError, match="all-MiniLM-L6-v2"):
         SnippetIndex.open(tmp_path / "idx", model="usem3-multilingual")
 
 
 def test_query_with_filter(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
-    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     idx.index_directory(docs)
     calib = [
         Pair("q1", "largest planet", "s1", "Jupiter is the biggest planet.", 1),
@@ -172,7 +178,7 @@ def test_query_with_list_relative_filter(  # type: ignore[no-untyped-def]
     scorer = (RelativeScorer(base, kind="gap") if kind == "relative"
               else FusedScorer.fit(pairs[:120], base))
     flt = ConformalFilter(scorer, alpha=0.2).calibrate(pairs[120:])
-    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     idx.index_directory(docs)
     query = "Which planet is the biggest?"
     hits, result = idx.query_with_filter(query, flt, k=5)
@@ -190,7 +196,7 @@ def test_query_with_list_relative_filter(  # type: ignore[no-untyped-def]
 
 def test_memory_search_matches_lancedb_and_sees_updates(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
     """The in-memory exact search returns LanceDB's hits and reloads when the table changes."""
-    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     assert idx.search_backend == "memory" and idx.search("anything") == []  # empty index
     idx.index_directory(docs)
     on_disk = SnippetIndex.open(tmp_path / "idx", model=model, search="lancedb")
@@ -223,7 +229,7 @@ def test_query_with_group_and_query_all_filters(  # type: ignore[no-untyped-def]
     from ragsieve.errors import DataError
 
     pairs = xquad_en[:600]
-    idx = SnippetIndex.open(tmp_path / "idx", model=model)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     idx.index_directory(docs)
     query = "Which planet is the biggest?"
     all_ev = ConformalFilter(EmbeddingScorer(model), "query-all", alpha=0.2).calibrate(pairs)
@@ -236,3 +242,187 @@ def test_query_with_group_and_query_all_filters(  # type: ignore[no-untyped-def]
     hits, result = idx.query_with_filter(query, by_lang, k=5, group="en")
     tau = by_lang.calibrator.threshold_for("en")
     assert result.kept_ids == [h.snippet_id for h in hits if h.score <= tau]
+
+
+# ------------------------------------------------------------ writers, duplicates, odd files
+RAGSIEVE = str(Path(sys.executable).parent / "ragsieve")
+
+
+def _rows(idx: SnippetIndex) -> list[tuple[str, str]]:
+    """``(path, snippet_id)`` of every stored snippet row, duplicates included."""
+    table = idx._table("snippets").to_arrow()
+    return list(zip(table.column("path").to_pylist(), table.column("snippet_id").to_pylist()))
+
+
+def _many_docs(root: Path, n: int = 20) -> Path:
+    """``n`` small documents of a few sentences each (one or two snippets per file)."""
+    words = ["planet", "river", "mountain", "city", "forest", "ocean", "desert", "island"]
+    return _write(root, {
+        f"doc{i:03d}.txt": " ".join(
+            f"Document {i} sentence {j} is about the {words[(i + j) % len(words)]} number {j}."
+            for j in range(12))
+        for i in range(n)
+    })
+
+
+class _SecondWriter(EmbeddingModel):
+    """Test double of the *dependency*: the real model that, on its first call (the first
+    writer is then in the middle of its run), starts a second real ``ragsieve index`` process
+    on the same index and records how it ended."""
+
+    def __init__(self, real: EmbeddingModel, argv: list[str]) -> None:
+        self.real, self.argv = real, argv
+        self.model_id, self.dim = real.model_id, real.dim
+        self.second: subprocess.CompletedProcess[str] | None = None
+
+    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
+        if self.second is None:
+            self.second = subprocess.run(self.argv, capture_output=True, text=True, timeout=300,
+                                         check=False)
+        return self.real.embed_batch(texts)
+
+
+def test_second_index_writer_fails_fast_with_the_holder_pid(tmp_path: Path, docs: Path,
+                                                            model: EmbeddingModel) -> None:
+    """A ``ragsieve index`` started while another writer is mid-run exits 2 with one line
+    naming the writer's pid, and writes nothing."""
+    idx_dir = tmp_path / "idx"
+    first = _SecondWriter(model, [RAGSIEVE, "-q", "index", str(docs), "--index", str(idx_dir)])
+    idx = SnippetIndex.open(idx_dir, model=first, create=True)
+    report = idx.index_directory(docs, batch_size=1)
+    second = first.second
+    assert second is not None
+    assert second.returncode == 2, second.stdout + second.stderr
+    err = second.stderr.strip()
+    assert err == (f"ragsieve index: error: index {str(idx_dir)!r} is being written by pid "
+                   f"{os.getpid()}; wait for it to finish (or stop it) and run again.")
+    rows = _rows(idx)
+    assert len(rows) == len(set(rows)) == report.n_embedded == 5
+    # the lock went with the writer: a third run finds nothing to do and no duplicate
+    third = subprocess.run([RAGSIEVE, "-q", "index", str(docs), "--index", str(idx_dir)],
+                           capture_output=True, text=True, timeout=300, check=False)
+    assert third.returncode == 0 and "0 snippet(s) embedded; 5 in the index" in third.stdout
+
+
+def test_two_concurrent_index_processes_leave_no_duplicates(tmp_path: Path) -> None:
+    """The issue's reproduction: two ``ragsieve index`` processes on one index at once."""
+    docs = _many_docs(tmp_path / "docs")
+    argv = [RAGSIEVE, "-q", "index", str(docs), "--index", str(tmp_path / "idx"),
+            "--batch-size", "8"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    for code, out, err in results:
+        assert code == 0 or (code == 2 and "is being written by pid" in err), (code, out, err)
+    assert any(code == 0 for code, _, _ in results)
+    idx = SnippetIndex.open(tmp_path / "idx")
+    rows = _rows(idx)
+    assert len(rows) == len(set(rows)) and {p for p, _ in rows} == {
+        p.name for p in docs.iterdir()}
+    assert len(idx.indexed_files()) == len(idx._column("files", ["path"])) == 20
+
+
+def test_rerun_repairs_planted_duplicates(tmp_path: Path, docs: Path,
+                                          model: EmbeddingModel) -> None:
+    """An index holding duplicate rows (what two unlocked writers left) is repaired by a
+    rerun: extra copies deleted, nothing re-embedded, search returns each snippet once."""
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
+    idx.index_directory(docs)
+    clean = sorted(_rows(idx))
+    snippets, files = idx._table("snippets"), idx._table("files")
+    paris = snippets.to_arrow().filter(pc.equal(snippets.to_arrow()["path"], "paris.md"))
+    snippets.add(snippets.to_arrow())  # every row twice ...
+    snippets.add(paris)  # ... paris.md three times
+    files.add(files.to_arrow())  # and every file row twice, as two writers leave them
+    assert len(_rows(idx)) == 2 * len(clean) + 1
+    assert len(idx.search("Eiffel Tower", k=3)) == 3
+    assert len({h.snippet_id for h in idx.search("Eiffel Tower", k=3)}) == 1
+
+    report = SnippetIndex.open(tmp_path / "idx").index_directory(docs)
+    assert sorted(_rows(idx)) == clean
+    assert report.n_duplicates == len(clean) + 1 and report.n_embedded == 0
+    assert (report.added, report.unchanged) == (0, 4)
+    assert len(idx._column("files", ["path"])) == len(idx.indexed_files()) == 4
+    hits = idx.search("Eiffel Tower", k=3)
+    assert len({h.snippet_id for h in hits}) == 3 and hits[0].path == "paris.md"
+    again = idx.index_directory(docs)
+    assert again.n_duplicates == 0 and again.n_embedded == 0
+
+
+def test_rerun_redoes_a_file_with_rows_of_two_versions(tmp_path: Path, docs: Path,
+                                                       model: EmbeddingModel) -> None:
+    """Rows of two versions of one file (two writers around an edit) cannot be deduplicated:
+    the file is embedded again."""
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
+    idx.index_directory(docs)
+    clean = sorted(_rows(idx))
+    files = idx._table("files")
+    old = files.to_arrow().filter(pc.equal(files.to_arrow()["path"], "paris.md"))
+    files.add(old.set_column(1, "sha256", pa.array(["0" * 64])))
+    report = idx.index_directory(docs)
+    assert (report.added, report.unchanged, report.n_embedded) == (1, 3, 1)
+    assert sorted(_rows(idx)) == clean and len(idx._column("files", ["path"])) == 4
+
+
+def test_stale_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, docs: Path,
+                                                     model: EmbeddingModel) -> None:
+    """A writer killed with SIGKILL leaves its lock file; the next writer takes it over."""
+    idx_dir = tmp_path / "idx"
+    SnippetIndex.open(idx_dir, model=model, create=True)
+    code = ("import sys, time; from pathlib import Path; from ragsieve.store import _WriteLock; "
+            "_WriteLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
+            "time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(idx_dir)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        lock_file = idx_dir / ".ragsieve-write.lock"
+        assert lock_file.read_text().strip() == str(holder.pid)
+        with pytest.raises(BlockingIOError, match=f"being written by pid {holder.pid}"):
+            SnippetIndex.open(idx_dir, model=model).index_directory(docs)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    assert lock_file.read_text().strip() == str(holder.pid)  # stale: its holder is dead
+    idx = SnippetIndex.open(idx_dir, model=model)
+    report = idx.index_directory(docs)
+    assert report.added == 4 and len(_rows(idx)) == 5
+
+
+def test_open_for_reading_refuses_a_missing_index(tmp_path: Path, docs: Path,
+                                                  model: EmbeddingModel) -> None:
+    missing = tmp_path / "no-such-dir"
+    with pytest.raises(FileNotFoundError, match="no-such-dir.*does not exist.*ragsieve index"):
+        SnippetIndex.open(missing)
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="not a ragsieve index"):
+        SnippetIndex.open(empty, model=model)
+    assert list(empty.iterdir()) == []
+    idx = SnippetIndex.open(missing, model=model, create=True)  # writers create it
+    idx.index_directory(docs)
+    assert SnippetIndex.open(missing).count() == 5
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs symlinks and FIFOs (POSIX)")
+def test_odd_files_are_listed_as_skipped(tmp_path: Path, docs: Path,
+                                         model: EmbeddingModel) -> None:
+    """Symlink loops, dangling links and FIFOs are listed among the skipped files with the
+    reason (never read: a FIFO would block), and a linked regular file is indexed."""
+    (docs / "loop-a.txt").symlink_to("loop-b.txt")
+    (docs / "loop-b.txt").symlink_to("loop-a.txt")
+    (docs / "self.md").symlink_to("self.md")
+    (docs / "dangling.md").symlink_to("gone.md")
+    os.mkfifo(docs / "pipe.txt")
+    (docs / "linked.txt").symlink_to(docs / "paris.md")
+    (docs / "subdir-link").symlink_to(docs / "space", target_is_directory=True)
+    idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
+    report = idx.index_directory(docs)
+    reasons = dict(report.skipped)
+    assert reasons["loop-a.txt"] == reasons["loop-b.txt"] == reasons["self.md"] == "symlink loop"
+    assert reasons["dangling.md"] == "dangling symlink (its target 'gone.md' does not exist)"
+    assert reasons["pipe.txt"] == "not a regular file (FIFO)"
+    assert reasons["subdir-link"] == "symlink to a directory (not followed)"
+    assert {"latin1.txt", "empty.txt", "broken.jsonl"} < set(reasons)
+    assert report.added == 5 and "linked.txt" in idx.indexed_files()

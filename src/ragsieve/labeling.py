@@ -19,6 +19,13 @@ Resuming: every reply is stored in the persistent LLM cache as soon as it arrive
 the output file is written atomically at the end, so a labelling job that is killed
 leaves no half-written output and, rerun, asks the LLM only for the pairs it had not
 answered yet.
+
+A dead endpoint is an error, not a file of null labels: when ``max_failures_in_a_row``
+pairs in a row (or every pair of a smaller run) fail after the client's retries because
+the endpoint does not answer -- refused or reset connections, timeouts, HTTP 429 or 5xx
+-- no new pair is started and :class:`~ragsieve.errors.LLMError` is raised; the replies
+obtained so far stay in the cache, so a rerun resumes. A reply that arrives but cannot
+be used (not JSON, no yes/no) stays an error of its pair: label null, run goes on.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -33,16 +42,24 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .errors import LLMError
 from .types import Pair
 
 if TYPE_CHECKING:
     from .llm.connect import LLMConnection
+    from .llm.judge import Judgement, RelevanceJudge
 
 __all__ = ["LABEL_METHODS", "LLMLabeler", "LabelReport", "label_agreement"]
 
 logger = logging.getLogger(__name__)
 
 LABEL_METHODS = ("auto", "logprob", "yes-no")
+
+_FAILED = "request failed: "
+"""How :class:`~ragsieve.llm.judge.RelevanceJudge` records a request that failed for good."""
+_ENDPOINT_DOWN = re.compile(r"(cannot reach |request to \S+ timed out |HTTP (429|5\d\d) from )")
+"""The client's messages for failures of the endpoint itself (not of one reply)."""
+_NOT_ASKED = "not asked: the endpoint had stopped answering"
 
 
 def label_agreement(human: Sequence[int], llm: Sequence[int]) -> dict[str, float]:
@@ -129,6 +146,10 @@ class LLMLabeler:
         See the module docstring.
     threshold : float
         P(yes) at or above which ``logprob`` labels a pair relevant.
+    max_failures_in_a_row : int
+        Pairs in a row whose requests fail for good because the endpoint does not answer
+        (after the client's retries) that stop the run with ``LLMError``; see the module
+        docstring.
     **connect_options
         Passed to :func:`ragsieve.llm.connect`.
     """
@@ -139,14 +160,20 @@ class LLMLabeler:
         *,
         method: str = "auto",
         threshold: float = 0.5,
+        max_failures_in_a_row: int = 3,
         **connect_options: Any,
     ) -> None:
         if method not in LABEL_METHODS:
             raise ValueError(f"method == {method!r}, must be one of {LABEL_METHODS}.")
         if not (0.0 < float(threshold) < 1.0):
             raise ValueError(f"threshold == {threshold!r}, must be in (0, 1).")
+        if (isinstance(max_failures_in_a_row, bool) or not isinstance(max_failures_in_a_row, int)
+                or max_failures_in_a_row < 1):
+            raise ValueError(f"max_failures_in_a_row == {max_failures_in_a_row!r}, must be an "
+                             "int >= 1.")
         self.method = method
         self.threshold = float(threshold)
+        self.max_failures_in_a_row = max_failures_in_a_row
         self._connection = connection
         self._owns_connection = connection is None
         self._connect_options = connect_options
@@ -178,6 +205,12 @@ class LLMLabeler:
         ``meta`` extended with ``llm_answer``, ``llm_error``, ``llm_p_yes`` (logprob),
         ``llm_model``, ``llm_prompt_version`` and, when the input had a label,
         ``human_relevant``.
+
+        Raises
+        ------
+        LLMError
+            The endpoint stopped answering (see the module docstring); the replies
+            obtained so far are in the reply cache.
         """
         from .llm.judge import RelevanceJudge
 
@@ -189,8 +222,7 @@ class LLMLabeler:
         before = dict(conn.client.usage)
         t0 = time.perf_counter()
         items = list(dict.fromkeys((p.query, p.text) for p in pairs))
-        judgements = dict(zip(items, judge.judge_many(method, items, progress=progress,
-                                                      desc=f"labelling ({conn.model})")))
+        judgements = dict(zip(items, self._judge_all(judge, method, items, progress)))
         seconds = time.perf_counter() - t0
         out: list[Pair] = []
         human: list[int] = []
@@ -232,6 +264,55 @@ class LLMLabeler:
             logger.warning("%d of %d pairs got no usable LLM answer; their label is null "
                            "(see meta.llm_error)", n_err, len(pairs))
         return out, report
+
+    def _judge_all(self, judge: RelevanceJudge, method: str, items: list[tuple[str, str]],
+                   progress: bool) -> list[Judgement]:
+        """Judge every item concurrently; stop starting new ones, and raise ``LLMError``,
+        once the endpoint has stopped answering."""
+        from .llm.judge import Judgement
+
+        conn = self.connection
+        limit = min(self.max_failures_in_a_row, len(items))
+        lock = threading.Lock()
+        state: dict[str, Any] = {"in_a_row": 0, "down": None}
+
+        def ask(item: tuple[str, str]) -> Judgement:
+            if state["down"] is not None:
+                return Judgement(value=None, answer="", error=_NOT_ASKED)
+            j = judge.judge(method, item[0], item[1])
+            error = j.error or ""
+            with lock:
+                if error.startswith(_FAILED) and _ENDPOINT_DOWN.match(error, len(_FAILED)):
+                    state["in_a_row"] += 1
+                    if state["in_a_row"] >= limit and state["down"] is None:
+                        state["down"] = (state["in_a_row"], error[len(_FAILED):])
+                else:
+                    state["in_a_row"] = 0
+            return j
+
+        results: list[Judgement] = []
+        for r in conn.client.map(ask, items, progress=progress, desc=f"labelling ({conn.model})"):
+            if isinstance(r, BaseException):  # a bug or an interrupt, never a bad reply
+                raise r
+            results.append(r)
+        if state["down"] is not None:
+            in_a_row, last = state["down"]
+            n_ok = sum(1 for r in results if r.value is not None)
+            if not n_ok:
+                kept = f"None of the {len(items)} pairs was answered"
+            elif conn.client.cache is not None:
+                kept = (f"{n_ok} of {len(items)} pairs were answered and their replies are "
+                        "kept in the reply cache, so a rerun asks only for the rest")
+            else:
+                kept = (f"{n_ok} of {len(items)} pairs were answered, but no reply cache is in "
+                        "use (--no-cache): a rerun asks for every pair again")
+            pairs = "pair" if in_a_row == 1 else "pairs"
+            raise LLMError(
+                f"the LLM endpoint {conn.base_url} is not answering: {in_a_row} {pairs} in a row "
+                f"failed after their retries (last: {last}). {kept}. Check the endpoint "
+                "(--base-url), then rerun."
+            )
+        return results
 
     def label_file(self, source: str | os.PathLike[str], destination: str | os.PathLike[str], *,
                    progress: bool = False) -> LabelReport:

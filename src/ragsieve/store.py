@@ -6,12 +6,21 @@ Layout of an index directory::
       ragsieve_index.json   {"format": 1, "model": model_id, "dim": 384, "size": .., "overlap": ..}
       snippets.lance/       one row per snippet: text, offsets, file hash, unit vector
       files.lance/          one row per indexed file: path, sha256, number of snippets
+      .ragsieve-write.lock  held (``flock``) by the one process writing; records its pid
 
 Consistency under interruption: files are committed in groups; for a group the
 ``files`` rows are deleted first, then the old snippet rows, then the new snippets are
 added and only then the ``files`` rows. A file whose ``files`` row is missing or has
 another hash is re-done on the next run (its snippet rows deleted first), so a killed
 run leaves no duplicate and the rerun picks up the rest.
+
+One writer at a time: :meth:`SnippetIndex.index_directory` holds an exclusive advisory
+lock on ``.ragsieve-write.lock`` for the whole run, and a second writer fails at once
+with ``BlockingIOError`` naming the holder's pid. The kernel drops the lock when its
+holder exits, however it exits, so the file a killed writer leaves behind is taken over
+by the next one. Readers take no lock (LanceDB reads a consistent version). A run also
+repairs what unlocked writers of older versions left: extra copies of snippet and
+``files`` rows are deleted, and a file with rows of two versions is embedded again.
 
 Scores are ``1 - cos`` computed from the *stored* vectors: a query is embedded once
 and the snippets are never re-embedded, so a :class:`~ragsieve.filter.ConformalFilter`
@@ -27,18 +36,22 @@ The matrix costs ``4 * dim`` bytes per snippet (154 MB for 100k MiniLM snippets)
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import stat
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 
+from ._io import atomic_write_text
 from ._optional import require
 from .chunking import DEFAULT_OVERLAP, DEFAULT_SIZE, chunk_text
 from .embeddings import EmbeddingModel, load_embedding_model, resolve_model_id
@@ -56,6 +69,7 @@ logger = logging.getLogger(__name__)
 SUPPORTED_SUFFIXES = (".txt", ".md", ".html", ".htm", ".jsonl")
 SEARCH_BACKENDS = ("memory", "lancedb")
 _META_NAME = "ragsieve_index.json"
+_LOCK_NAME = ".ragsieve-write.lock"
 _FORMAT = 1
 _SNIPPETS = "snippets"
 _FILES = "files"
@@ -75,9 +89,14 @@ class IndexReport:
         Files that were indexed before and are gone (their rows deleted).
     skipped : list of (str, str)
         ``(path, reason)`` of files that could not be indexed (unreadable, not UTF-8,
-        empty, malformed JSONL); their old rows, if any, are deleted.
+        empty, malformed JSONL, symlink loops, dangling symlinks, FIFOs and other
+        non-regular files, symlinks to directories, which are not followed); their old
+        rows, if any, are deleted.
     n_embedded : int
         Snippets embedded in this run.
+    n_duplicates : int
+        Duplicate snippet rows found (copies of another row of the same file, left by
+        concurrent writers of a version without the write lock) and deleted.
     """
 
     added: int
@@ -85,6 +104,7 @@ class IndexReport:
     removed: int
     skipped: list[tuple[str, str]] = field(default_factory=list)
     n_embedded: int = 0
+    n_duplicates: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +209,106 @@ def _in_list(column: str, values: Sequence[str]) -> str:
     return f"{column} IN ({', '.join(_quote(v) for v in values)})"
 
 
+_LINKED_DIR = "symlink to a directory (not followed)"
+_FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+               (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
+
+
+def _not_indexable(path: Path) -> str | None:
+    """Why the directory entry ``path`` cannot be read as a document, without opening it.
+
+    Returns None for a regular file (or a symlink to one), ``""`` for a directory (its
+    files are listed by the walk itself), else the reason shown among the skipped files.
+    """
+    try:
+        info = path.stat()  # follows symlinks
+    except OSError as exc:
+        if not path.is_symlink():
+            return f"unreadable: {exc.strerror or exc}"
+        if exc.errno == errno.ELOOP:
+            return "symlink loop"
+        if exc.errno == errno.ENOENT:
+            return f"dangling symlink (its target {os.readlink(path)!r} does not exist)"
+        return f"unreadable symlink: {exc.strerror or exc}"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        return _LINKED_DIR if path.is_symlink() else ""
+    kind = next((name for test, name in _FILE_KINDS if test(info.st_mode)), "unknown kind")
+    return f"not a regular file ({kind})"
+
+
+class _WriteLock:
+    """Exclusive lock of one index directory's writers (an advisory ``flock``).
+
+    The lock file holds the pid of the writer for the error message only: the lock itself
+    is the kernel's, dropped when its holder exits (kill -9 included), so a lock file left
+    by a dead writer is simply taken over.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / _LOCK_NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise ``BlockingIOError`` naming the writer that holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _lock(fd)
+        except BlockingIOError:
+            os.lseek(fd, 0, os.SEEK_SET)
+            holder = os.read(fd, 32).decode("ascii", "replace").strip()
+            os.close(fd)
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise BlockingIOError(
+                f"index {str(self.directory)!r} is being written by {who}; wait for it to "
+                "finish (or stop it) and run again."
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode("ascii"))
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Clear the recorded pid and drop the lock."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.ftruncate(fd, 0)
+            finally:
+                os.close(fd)  # closing the descriptor drops the lock
+
+    def __enter__(self) -> Self:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _lock(fd: int) -> None:
+    """Lock ``fd`` exclusively without waiting; ``BlockingIOError`` when it is held."""
+    if sys.platform == "win32":  # pragma: no cover - lock one byte far past the pid
+        import msvcrt
+
+        os.lseek(fd, 1 << 20, os.SEEK_SET)
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            raise BlockingIOError(str(exc)) from exc
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
 class SnippetIndex:
     """A folder of documents chunked, embedded and stored in an embedded LanceDB.
 
@@ -230,8 +350,9 @@ class SnippetIndex:
         size: int = DEFAULT_SIZE,
         overlap: int = DEFAULT_OVERLAP,
         search: str = "memory",
+        create: bool = False,
     ) -> SnippetIndex:
-        """Open the index at ``path``, creating the directory if needed.
+        """Open the index at ``path``; with ``create``, make a new one if there is none.
 
         Parameters
         ----------
@@ -245,6 +366,11 @@ class SnippetIndex:
         search : {"memory", "lancedb"}
             Exact search on an in-memory copy of the vectors (fast; ``4 * dim`` bytes per
             snippet) or LanceDB's brute-force search on disk (no copy; slower).
+        create : bool
+            Create the directory and a new, empty index when ``path`` holds none (a
+            writer, like ``ragsieve index``). False (the default, for readers like
+            ``query`` and ``serve``): a missing index is an error and nothing is written,
+            so a mistyped path never becomes an empty index.
 
         Returns
         -------
@@ -252,11 +378,15 @@ class SnippetIndex:
 
         Raises
         ------
+        FileNotFoundError
+            ``create`` is False and ``path`` does not exist or holds no index.
         ScorerMismatchError
             The index was built with another embedding model than ``model``.
         ArtifactError
             ``path`` is a file, or its metadata file is unreadable.
         """
+        if not isinstance(create, bool):
+            raise TypeError(f"create is {type(create).__name__}, expected a bool.")
         require("lancedb", "store")
         root = Path(path)
         if root.exists() and not root.is_dir():
@@ -285,14 +415,21 @@ class SnippetIndex:
                         "or build a new index in another directory."
                     )
             return cls(root, meta, loaded, search)
+        if not create:
+            what = ("is not a ragsieve index (no ragsieve_index.json)" if root.is_dir()
+                    else "does not exist")
+            raise FileNotFoundError(
+                f"index {str(root)!r} {what}; build it first with `ragsieve index DOCS "
+                f"--index {root}` (in Python: SnippetIndex.open(path, create=True))."
+            )
         if loaded is None:
             loaded = load_embedding_model(model)  # type: ignore[arg-type]
         root.mkdir(parents=True, exist_ok=True)
         meta = {"format": _FORMAT, "model": loaded.model_id, "dim": int(loaded.dim),
                 "size": size, "overlap": overlap}
-        tmp = meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        os.replace(tmp, meta_path)
+        # through a unique temporary file: two writers creating one index at once both
+        # succeed (and then take turns at the write lock)
+        atomic_write_text(meta_path, json.dumps(meta, indent=2))
         logger.info("created index %s with model %s", root, loaded.model_id)
         return cls(root, meta, loaded, search)
 
@@ -321,7 +458,9 @@ class SnippetIndex:
         return self._db.create_table(name, schema=self._schemas()[name], exist_ok=True)
 
     def _column(self, name: str, columns: list[str]) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self._table(name).to_arrow().select(columns).to_pylist()
+        """``columns`` of every row of table ``name`` (the vectors are not read)."""
+        query = self._table(name).search().select(columns).limit(None)
+        rows: list[dict[str, Any]] = query.to_arrow().to_pylist()
         return rows
 
     def count(self) -> int:
@@ -340,13 +479,15 @@ class SnippetIndex:
 
         Only files whose sha256 changed are chunked and embedded; rows of changed and
         removed files are deleted. Files that cannot be read are listed in
-        ``skipped``, never abort the run.
+        ``skipped``, never abort the run. The run holds the index's write lock (see the
+        module docstring) and first repairs duplicate rows left by unlocked writers.
 
         Parameters
         ----------
         docs_dir : str or os.PathLike
             Folder with ``.txt``, ``.md``, ``.html`` and ``.jsonl`` files (a JSONL line is
-            one document with ``"text"`` and optional ``"id"``).
+            one document with ``"text"`` and optional ``"id"``). Symlinks to files are
+            read; symlinks to directories are not followed.
         batch_size : int
             Snippets per model call; also the commit granularity (files are committed
             once their pending snippets reach it).
@@ -356,18 +497,38 @@ class SnippetIndex:
         Returns
         -------
         IndexReport
+
+        Raises
+        ------
+        BlockingIOError
+            Another process is writing this index (the message gives its pid).
+        DataError
+            ``docs_dir`` is not a directory.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
         root = Path(docs_dir)
         if not root.is_dir():
             raise DataError(f"docs_dir {str(root)!r} is not a directory.")
+        with _WriteLock(self.path):
+            return self._index_locked(root, batch_size, progress)
+
+    def _index_locked(self, root: Path, batch_size: int, progress: bool) -> IndexReport:
+        """:meth:`index_directory` once the write lock is held."""
+        n_duplicates = self._repair()
         index_root = self.path.resolve()
-        paths = sorted(
-            p for p in root.rglob("*")
-            if p.suffix.lower() in SUPPORTED_SUFFIXES and p.is_file()
-            and index_root not in p.resolve().parents
-        )
+        skipped: list[tuple[str, str]] = []
+        paths = []
+        for p in sorted(root.rglob("*")):
+            supported = p.suffix.lower() in SUPPORTED_SUFFIXES
+            if not supported and not p.is_symlink():
+                continue
+            reason = _not_indexable(p)
+            if reason is None:
+                if supported and index_root not in p.resolve().parents:
+                    paths.append(p)
+            elif reason and (supported or reason == _LINKED_DIR):
+                skipped.append((p.relative_to(root).as_posix(), reason))
         known = self.indexed_files()
         stored_paths = {r["path"] for r in self._column(_SNIPPETS, ["path"])}
         current = {p.relative_to(root).as_posix() for p in paths}
@@ -378,7 +539,6 @@ class SnippetIndex:
 
         size, overlap = int(self._meta.get("size", DEFAULT_SIZE)), int(
             self._meta.get("overlap", DEFAULT_OVERLAP))
-        skipped: list[tuple[str, str]] = []
         unchanged = added = 0
         embedded_before = self.n_embedded
         pending: list[tuple[str, str, list[Snippet]]] = []  # (rel, sha, snippets)
@@ -419,9 +579,75 @@ class SnippetIndex:
         if pending:
             self._commit(pending, batch_size)
         report = IndexReport(added=added, unchanged=unchanged, removed=removed,
-                             skipped=skipped, n_embedded=self.n_embedded - embedded_before)
+                             skipped=sorted(skipped), n_embedded=self.n_embedded - embedded_before,
+                             n_duplicates=n_duplicates)
         logger.info("indexed %s: %s", root, report)
         return report
+
+    def _repair(self) -> int:
+        """Delete the duplicate rows concurrent unlocked writers left; return how many
+        snippet rows were copies of another.
+
+        A file is consistent when it has one ``files`` row and exactly its ``n_snippets``
+        snippet rows, all of its hash (a JSONL file may repeat a snippet id on purpose).
+        Otherwise, when the distinct snippet rows are exactly the ``n_snippets`` of the
+        one hash its rows carry, the extra copies are deleted (nothing is re-embedded);
+        when rows of two versions are mixed, every row of the file is deleted and the
+        file is embedded again by this run. Rewrites follow the commit order of the
+        module docstring, so a run killed here is repaired by the next.
+        """
+        files: dict[str, list[tuple[str, int]]] = {}
+        for r in self._column(_FILES, ["path", "sha256", "n_snippets"]):
+            files.setdefault(r["path"], []).append((r["sha256"], int(r["n_snippets"])))
+        rows: dict[str, list[tuple[str, int, int, str]]] = {}
+        for r in self._column(_SNIPPETS, ["path", "snippet_id", "start", "end", "file_sha256"]):
+            rows.setdefault(r["path"], []).append(
+                (r["snippet_id"], int(r["start"]), int(r["end"]), r["file_sha256"]))
+        dedupe: dict[str, tuple[str, int]] = {}
+        redo: list[str] = []
+        n_duplicates = 0
+        for path, entries in files.items():
+            mine = rows.get(path, [])
+            shas = {sha for sha, _ in entries} | {r[3] for r in mine}
+            if len(entries) == 1 and len(shas) == 1 and len(mine) == entries[0][1]:
+                continue
+            n_duplicates += len(mine) - len(set(mine))
+            if len(shas) == 1 and len(set(mine)) == entries[0][1]:
+                dedupe[path] = entries[0]
+            else:
+                redo.append(path)
+        if redo:
+            logger.warning("index %s: the rows of %s are inconsistent (two versions, or "
+                           "snippets missing); embedding them again", self.path, redo)
+            self._delete(redo)
+        if dedupe:
+            self._rewrite_distinct(dedupe)
+        if n_duplicates:
+            logger.warning("index %s: deleted %d duplicate snippet row(s) of %d file(s)",
+                           self.path, n_duplicates, len(dedupe) + len(redo))
+        return n_duplicates
+
+    def _rewrite_distinct(self, files: dict[str, tuple[str, int]]) -> None:
+        """Store one copy of each snippet row, and one ``files`` row, of ``files``."""
+        pa = require("pyarrow", "store")
+        rels = sorted(files)
+        snippets = self._table(_SNIPPETS)
+        table = pa.concat_tables([
+            snippets.search().where(_in_list("path", rels[i : i + 500])).limit(None).to_arrow()
+            for i in range(0, len(rels), 500)
+        ]).cast(self._schemas()[_SNIPPETS])
+        keys = zip(*(table.column(c).to_pylist()
+                     for c in ("path", "snippet_id", "start", "end", "file_sha256")))
+        first: dict[tuple[Any, ...], int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        distinct = table.take(pa.array(sorted(first.values()), type=pa.int64()))
+        self._delete(rels)
+        snippets.add(distinct)
+        self._table(_FILES).add(pa.table({
+            "path": rels, "sha256": [files[r][0] for r in rels],
+            "n_snippets": [files[r][1] for r in rels],
+        }, schema=self._schemas()[_FILES]))
 
     def _delete(self, rels: Sequence[str]) -> None:
         """Delete the file rows, then the snippet rows, of ``rels``."""

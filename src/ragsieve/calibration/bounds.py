@@ -124,7 +124,8 @@ def wsr_upper(losses: Any, delta: float) -> float:
 
     Examples
     --------
-    >>> wsr_upper([0.0] * 40, 0.1) < hb_upper([0.0] * 40, 0.1)
+    >>> x = [0.02, 0.05, 0.0, 0.04, 0.01, 0.03] * 10  # small, concentrated losses
+    >>> wsr_upper(x, 0.1) < hb_upper(x, 0.1)
     True
     """
     x = _check(losses, delta)

@@ -25,9 +25,16 @@ from .options import (
     add_json_option,
     add_llm_options,
     add_scorer_options,
+    finite_float,
     floats,
-    ints,
+    fraction,
+    nonnegative_float,
+    nonnegative_int,
     one_line,
+    port,
+    positive_float,
+    positive_int,
+    positive_ints,
     subparser,
 )
 
@@ -45,13 +52,13 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     add_guarantee_options(p, several=True)
     g = p.add_argument_group("sweep")
     g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
-    g.add_argument("--top-k", type=ints, default=[1, 2, 3, 5])
+    g.add_argument("--top-k", type=positive_ints, default=[1, 2, 3, 5])
     g.add_argument("--theta", type=floats, default=[0.2, 0.3, 0.4, 0.5],
                    help="fixed similarity cut-offs (keep when 1 - score >= theta)")
-    g.add_argument("--splits", type=int, default=20)
-    g.add_argument("--calibration-fraction", type=float, default=0.5)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--limit-queries", type=int, default=None,
+    g.add_argument("--splits", type=positive_int, default=20)
+    g.add_argument("--calibration-fraction", type=fraction, default=0.5)
+    g.add_argument("--seed", type=nonnegative_int, default=0)
+    g.add_argument("--limit-queries", type=positive_int, default=None,
                    help="evaluate on N queries drawn at random across topics (bounds LLM cost)")
     g.add_argument("--on-error", choices=["raise", "drop"], default="raise",
                    help="pairs the scorer cannot score: fail (default) or drop them and report "
@@ -66,8 +73,10 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     add_data_options(p)
     add_scorer_options(p)
     add_guarantee_options(p, several=False)
-    p.add_argument("--alpha", type=float, default=0.1, help="target miscoverage (default 0.1)")
-    p.add_argument("--min-keep", type=int, default=0, help="empty-result policy (default 0)")
+    p.add_argument("--alpha", type=finite_float, default=0.1,
+                   help="target miscoverage (default 0.1)")
+    p.add_argument("--min-keep", type=nonnegative_int, default=0,
+                   help="empty-result policy (default 0)")
     p.add_argument("--out", required=True, help="artifact to write (JSON)")
     add_json_option(p)
     p.set_defaults(func=commands.cmd_calibrate)
@@ -89,11 +98,11 @@ def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_data_options(p)
     p.add_argument("--out", required=True, help="labelled generic JSONL")
     p.add_argument("--method", choices=["auto", "logprob", "yes-no"], default="auto")
-    p.add_argument("--threshold", type=float, default=0.5,
+    p.add_argument("--threshold", type=fraction, default=0.5,
                    help="P(yes) threshold of --method logprob")
-    p.add_argument("--limit-queries", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--price-per-million-tokens", type=float, default=0.0,
+    p.add_argument("--limit-queries", type=positive_int, default=None)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    p.add_argument("--price-per-million-tokens", type=nonnegative_float, default=0.0,
                    help="for the cost estimate (0 for a local model)")
     add_cache_options(p, embeddings=False)
     add_llm_options(p)
@@ -108,16 +117,16 @@ def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     q.add_argument("--model", default="gemma3-270m",
                    help="gemma3-270m, smollm2-135m or a .gguf path")
     q.add_argument("--host", default="127.0.0.1")
-    q.add_argument("--port", type=int, default=8080)
-    q.add_argument("--threads", type=int, default=None,
+    q.add_argument("--port", type=port, default=8080)
+    q.add_argument("--threads", type=positive_int, default=None,
                    help="CPU threads (env RAGSIEVE_LLM_THREADS, default 1)")
-    q.add_argument("--n-ctx", type=int, default=4096)
-    q.add_argument("--parallel", type=int, default=1, help="parallel slots")
+    q.add_argument("--n-ctx", type=positive_int, default=4096)
+    q.add_argument("--parallel", type=positive_int, default=1, help="parallel slots")
     q.set_defaults(func=commands.cmd_llm_serve)
     q = subparser(llm_sub, "injection", "measure how far injected instructions move judgements")
     add_data_options(q)
-    q.add_argument("--n-pairs", type=int, default=40, help="non-relevant pairs to test")
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--n-pairs", type=positive_int, default=40, help="non-relevant pairs to test")
+    q.add_argument("--seed", type=nonnegative_int, default=0)
     add_llm_options(q)
     add_json_option(q)
     q.set_defaults(func=commands.cmd_llm_injection)
@@ -128,11 +137,11 @@ def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--out", default="ragsieve-shift", help="output folder (default ragsieve-shift)")
     p.add_argument("--phase1", default="xquad-en")
     p.add_argument("--phase2", default="xquad-de")
-    p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--gamma", type=float, default=0.005, help="ACI step size")
-    p.add_argument("--window", type=int, default=None,
+    p.add_argument("--alpha", type=finite_float, default=0.1)
+    p.add_argument("--gamma", type=positive_float, default=0.005, help="ACI step size")
+    p.add_argument("--window", type=positive_int, default=None,
                    help="recent scores the adaptive filter keeps (default: the library's)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
     add_json_option(p)
     p.set_defaults(func=demos.cmd_shift_demo)
@@ -141,18 +150,20 @@ def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "index", "chunk, embed and store a folder of documents (LanceDB)")
     p.add_argument("docs_dir")
-    p.add_argument("--index", required=True, help="index directory (created if missing)")
+    p.add_argument("--index", required=True,
+                   help="index directory (created if missing; one writer at a time)")
     p.add_argument("--model", default=None,
                    help="embedding model (default: the index's, or MiniLM)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.set_defaults(func=commands.cmd_index)
 
     p = subparser(sub, "query", "retrieve from an index, filtered by a calibrated filter")
     p.add_argument("query")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True,
+                   help="index directory built by `ragsieve index` (never created here)")
     p.add_argument("--filter", default=None,
                    help="filter artifact: embedding, relative or best scorer on the index's model")
-    p.add_argument("-k", type=int, default=20, help="snippets to retrieve")
+    p.add_argument("-k", type=positive_int, default=20, help="snippets to retrieve")
     p.add_argument("--group", default=None,
                    help="the query's group, for a filter of the group mode (e.g. its language)")
     p.add_argument("--generate", action="store_true",
@@ -169,9 +180,9 @@ def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                    help="folder for the documents, the index and the filter (default ragsieve-rag)")
     p.add_argument("--question", default=None,
                    help="default: a question from the held-out articles")
-    p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("-k", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--alpha", type=finite_float, default=0.1)
+    p.add_argument("-k", type=positive_int, default=20)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
     add_cache_options(p)
     p.set_defaults(func=demos.cmd_rag_demo)
@@ -183,13 +194,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
     p.add_argument("--index", default=None,
                    help="index directory served by POST /query (see `ragsieve index`)")
-    p.add_argument("--max-k", type=int, default=100, help="largest k a /query request may ask for")
+    p.add_argument("--max-k", type=positive_int, default=100,
+                   help="largest k a /query request may ask for")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--api-key-env", default=None,
                    help="env var holding the API key (required to bind a non-loopback host)")
-    p.add_argument("--max-body-bytes", type=int, default=1_000_000)
-    p.add_argument("--max-snippets", type=int, default=1000)
+    p.add_argument("--max-body-bytes", type=positive_int, default=1_000_000)
+    p.add_argument("--max-snippets", type=positive_int, default=1000)
     add_cache_options(p)
     p.set_defaults(func=commands.cmd_serve)
 
@@ -205,9 +217,9 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p = subparser(sub, "demo", "XQuAD end to end: 1 - cos vs the fused score, table, plot, "
                                "an example query")
     p.add_argument("--out", default="ragsieve-demo")
-    p.add_argument("--splits", type=int, default=20)
+    p.add_argument("--splits", type=positive_int, default=20)
     p.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
     p.add_argument("--scorer", choices=["best", "relative", "embedding"], default="best",
                    help="the score compared with 1 - cos (default best, the fused score; "

@@ -167,7 +167,7 @@ def cmd_rag_demo(args: argparse.Namespace) -> int:
         text = "\n\n".join(p["context"] for p in article["paragraphs"])
         atomic_write_text(docs / f"{article['title']}.txt", text + "\n")
     eprint(f"[1/3] wrote {len(raw['data'])} XQuAD articles to {docs}; indexing")
-    index = SnippetIndex.open(out / "index")
+    index = SnippetIndex.open(out / "index", create=True)
     report = index.index_directory(docs, progress=not args.quiet)
     eprint(f"      {report.n_embedded} snippet(s) embedded, {index.count()} in the index")
     pairs = load_xquad("en", data_dir=args.data_dir)

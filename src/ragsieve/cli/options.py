@@ -37,26 +37,112 @@ __all__ = [
     "embedding_cache_dir",
     "embedding_options",
     "eprint",
+    "finite_float",
     "floats",
+    "fraction",
     "ints",
     "language_of",
     "llm_options",
     "load_pairs",
     "make_scorer",
     "modes",
+    "nonnegative_float",
+    "nonnegative_int",
     "one_line",
+    "port",
+    "positive_float",
+    "positive_int",
+    "positive_ints",
     "score_field_of",
     "subparser",
 ]
 
 # ------------------------------------------------------------------ argparse types
-def floats(text: str) -> list[float]:
-    """Parse ``"0.1,0.2"`` into floats (an ``argparse`` type)."""
+# Each raises ``argparse.ArgumentTypeError`` with what it expected and what it got, so a bad
+# value is a usage error (exit 2) naming the option, before any work is done.
+def _float(text: str, expected: str) -> float:
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def _int(text: str, expected: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def finite_float(text: str) -> float:
+    """A finite number (``nan`` and ``inf`` refused); ranges are checked by the library."""
+    value = _float(text, "a finite number")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _float(text, "a finite number > 0")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0."""
+    value = _float(text, "a finite number >= 0")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in the open interval (0, 1) (``nan`` fails the comparison)."""
+    value = _float(text, "a number in (0, 1)")
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (counts, sizes, limits)."""
+    value = _int(text, "an integer >= 1")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _int(text, "an integer >= 0")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port number (0 lets the system choose)."""
+    value = _int(text, "a port number in [0, 65535]")
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}")
+    return value
+
+
+def floats(text: str) -> list[float]:
+    """Parse ``"0.1,0.2"`` into finite floats, at least one (an ``argparse`` type)."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated numbers, got {text!r}") from exc
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected at least one number, got {text!r}")
+    if not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(
+            f"expected finite numbers, comma-separated, got {text!r}")
+    return values
 
 
 def ints(text: str) -> list[int]:
@@ -66,6 +152,15 @@ def ints(text: str) -> list[int]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers, got {text!r}") from exc
+
+
+def positive_ints(text: str) -> list[int]:
+    """Parse ``"1,2,3"`` into integers >= 1, at least one (an ``argparse`` type)."""
+    values = ints(text)
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected integers >= 1, comma-separated, got {text!r}")
+    return values
 
 
 def _known_modes() -> tuple[str, ...]:
@@ -181,9 +276,10 @@ def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None
                         "smollm2-135m, a .gguf path) (env RAGSIEVE_LLM_MODEL)")
     g.add_argument("--llm-style", choices=["completion", "chat"], default=None,
                    help="prompt style (default: the local model's, chat for endpoints)")
-    g.add_argument("--llm-threads", type=int, default=None,
+    g.add_argument("--llm-threads", type=positive_int, default=None,
                    help="CPU threads of the local model (env RAGSIEVE_LLM_THREADS, default 1)")
-    g.add_argument("--llm-concurrency", type=int, default=None, help="requests in flight")
+    g.add_argument("--llm-concurrency", type=positive_int, default=None,
+                   help="requests in flight")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="env var holding the API key")
     if scorer:
@@ -234,24 +330,24 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
     else:
         g.add_argument("--mode", choices=_known_modes(), default="marginal", metavar="M",
                        help=f"guarantee mode: {accepted} (default marginal)")
-    g.add_argument("--delta", type=float, default=0.1,
+    g.add_argument("--delta", type=fraction, default=0.1,
                    help="pac mode: probability that the calibration draw is unlucky")
     g.add_argument("--group-by", default=None, metavar="FIELD",
                    help="group mode: the meta field (JSONL key) to calibrate per, e.g. language")
-    g.add_argument("--min-group-size", type=int, default=None,
+    g.add_argument("--min-group-size", type=positive_int, default=None,
                    help="group mode: smaller groups fall back to the pooled threshold")
     if several:
-        g.add_argument("--budget", type=ints, default=[],
+        g.add_argument("--budget", type=positive_ints, default=[],
                        help="character budgets per query to report next to the guarantee, "
                             "e.g. 1000,1500")
         return
-    g.add_argument("--budget", type=int, default=None, metavar="N",
+    g.add_argument("--budget", type=positive_int, default=None, metavar="N",
                    help="budget mode: context budget per query, in --unit")
     g.add_argument("--unit", choices=["chars", "tokens"], default="chars",
                    help="budget mode: unit of --budget (default chars)")
-    g.add_argument("--gamma", type=float, default=None,
+    g.add_argument("--gamma", type=positive_float, default=None,
                    help="adaptive mode: step size of the online update")
-    g.add_argument("--window", type=int, default=None,
+    g.add_argument("--window", type=positive_int, default=None,
                    help="adaptive mode: number of recent scores kept")
 
 
