@@ -63,10 +63,10 @@ def summarise(metric: str, per_split: list[dict], delta: float) -> tuple[float, 
         per = {g: np.array([m["per_group"][g] for m in per_split if g in m["per_group"]]) for g in groups}
         worst = min(per, key=lambda g: per[g].mean())
         return float(per[worst].mean()), float(per[worst].std(ddof=1) / math.sqrt(per[worst].size))
-    key = "coverage" if metric.startswith("coverage_quantile") else METRIC_KEY[metric]
-    v = np.array([m[key] for m in per_split])
+    base = metric.split("_quantile_")[0]  # the PAC modes bound a quantile of their metric
+    v = np.array([m[METRIC_KEY[base]] for m in per_split])
     se = float(v.std(ddof=1) / math.sqrt(v.size))
-    return (float(np.quantile(v, delta)) if metric.startswith("coverage_quantile") else float(v.mean())), se
+    return (float(np.quantile(v, delta)) if "_quantile_" in metric else float(v.mean())), se
 
 
 METRIC_KEY = {"coverage": "coverage", "query_coverage": "query_coverage", "miss_rate": "coverage",
