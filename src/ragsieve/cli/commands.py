@@ -122,6 +122,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spans(scored: Any) -> tuple[tuple[int, int], ...]:
+    """The kept character spans of a snippet that was cut into pieces (empty: scored whole)."""
+    return tuple(getattr(scored, "spans", ()) or ())
+
+
 def cmd_filter(args: argparse.Namespace) -> int:
     """``ragsieve filter``: apply a saved filter to pairs, one line (or object) per query."""
     from ..filter import ConformalFilter, read_artifact
@@ -137,13 +142,17 @@ def cmd_filter(args: argparse.Namespace) -> int:
         if args.json:
             print(dumps({
                 "query_id": qid, "query": r.query, "kept": list(r.kept_ids),
-                "scores": [s.score for s in r.kept], "n_input": r.n_input,
+                "scores": [s.score for s in r.kept],
+                "spans": [[list(span) for span in _spans(s)] for s in r.kept],
+                "n_input": r.n_input, "n_cut": getattr(r, "n_cut", 0),
                 "removal": r.removal, "threshold": r.threshold, "note": r.note,
             }))
             continue
         print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
         for s in r.kept:
-            print(f"    {s.score:.4f}  {s.snippet_id}")
+            spans = ", ".join(f"{a}-{b}" for a, b in _spans(s))
+            print(f"    {s.score:.4f}  {s.snippet_id}"
+                  + (f"  (cut; kept characters {spans})" if spans else ""))
         if r.note:
             print(f"    note: {r.note}")
     if not args.json:
@@ -157,6 +166,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
 def cmd_label(args: argparse.Namespace) -> int:
     """``ragsieve label``: label pairs with an LLM (resumable through the reply cache)."""
     from ..data import sample_queries, write_pairs
+    from ..errors import LLMError
     from ..labeling import LLMLabeler
 
     pairs = load_pairs(args)
@@ -171,6 +181,8 @@ def cmd_label(args: argparse.Namespace) -> int:
             eprint(f"no --base-url: started the local model {labeler.connection.model} at "
                    f"{labeler.connection.base_url} for this command")
         labelled, report = labeler.label_pairs(pairs, progress=not args.quiet)
+    except LLMError as exc:  # the endpoint stopped answering: no output of null labels
+        raise LLMError(f"{exc} Nothing was written to {args.out}.", status=exc.status) from exc
     finally:
         labeler.close()
     write_pairs(labelled, args.out)
@@ -210,8 +222,9 @@ def cmd_llm_injection(args: argparse.Namespace) -> int:
     import random
 
     from ..llm.connect import connect
-    from ..llm.injection import measure_injection
+    from ..llm.injection import measure_injection, summary_rows
     from ..llm.judge import RelevanceJudge
+    from ..llm.local import DEFAULT_LOCAL_MODEL
 
     pairs = [p for p in load_pairs(args, require_labels=True) if p.relevant == 0]
     random.Random(args.seed).shuffle(pairs)
@@ -225,14 +238,34 @@ def cmd_llm_injection(args: argparse.Namespace) -> int:
     if args.json:
         print(dumps(result))
         return 0
+    op, ref = result["operating_threshold"], result["reference_threshold"]
+    sets = {s: sum(i["set"] == s for i in result["injections"])
+            for s in ("tuned", "held-out", "control")}
     print(f"prompt injection on {result['n_pairs']} non-relevant pairs x "
-          f"{len(result['injections'])} injections ({conn.model}):")
-    for variant in ("defended", "undefended"):
-        if variant in result:
-            r = result[variant]
-            print(f"  {variant:<11} mean P(yes) shift {r['mean_shift']:+.3f}, max "
-                  f"{r['max_shift']:+.3f}, label flips {r['flip_rate']:.1%} "
-                  f"({r['n_judged']} judged, {r['n_errors']} errors)")
+          f"{sets['tuned'] + sets['held-out']} injections ({sets['tuned']} tuned, "
+          f"{sets['held-out']} held-out) + {sets['control']} harmless control; "
+          f"{conn.model}, {result['style']} prompts")
+    print("shift = injected - clean P(yes). flips@t: clean P(yes) < t <= injected P(yes), as a "
+          "share of all judgements and of those with clean P(yes) < t ('of dropped').")
+    print(f"t = {op:g}: the filter's operating point at alpha 0.1 with the local Gemma; "
+          f"t = {ref:g}: the labelling threshold.")
+    if conn.model != DEFAULT_LOCAL_MODEL or result["style"] != "completion":
+        print(f"note: t = {op:g} belongs to the local Gemma; {conn.model}'s operating point is "
+              f"1 - tau of a filter calibrated with it")
+    print(f"  {'prompt':<10} {'set':<8} {'mean|shift|':>11} {'mean':>6} {'max|shift|':>10} "
+          f"{'max up':>6} {f'flips@{op:g}':>15} {'of dropped':>13} {f'flips@{ref:g}':>15}")
+
+    def share(k: int, n: int) -> str:
+        return f"{k / n:.1%} ({k}/{n})" if n else f"- ({k}/{n})"
+
+    for variant, name, r in summary_rows(result):
+        print(f"  {variant:<10} {name:<8} {r['mean_abs_shift']:>11.3f} {r['mean_shift']:>+6.3f} "
+              f"{r['max_abs_shift']:>10.3f} {r['max_shift']:>+6.3f} "
+              f"{share(r['flips_op'], r['n_judged']):>15} "
+              f"{share(r['flips_op'], r['n_below_op']):>13} "
+              f"{share(r['flips_ref'], r['n_judged']):>15}"
+              + (f"  ({r['n_errors']} errors)" if r["n_errors"] else ""))
+    print("  (--json adds the figures per injection and the raw P(yes) values)")
     return 0
 
 
@@ -253,12 +286,14 @@ def cmd_index(args: argparse.Namespace) -> int:
     """``ragsieve index``: chunk, embed and store a folder of documents."""
     from ..store import SnippetIndex
 
-    index = SnippetIndex.open(args.index, model=args.model)
+    index = SnippetIndex.open(args.index, model=args.model, create=True)
     report = index.index_directory(args.docs_dir, batch_size=args.batch_size,
                                    progress=not args.quiet)
     print(f"{args.index}: {report.added} file(s) added or changed, {report.unchanged} unchanged, "
           f"{report.removed} removed; {report.n_embedded} snippet(s) embedded; "
           f"{index.count()} in the index")
+    if report.n_duplicates:
+        print(f"  repaired: deleted {report.n_duplicates} duplicate snippet row(s)")
     for path, reason in report.skipped:
         print(f"  skipped {path}: {reason}")
     return 0
@@ -284,7 +319,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.generate and args.json:
         raise ValueError("--generate prints a text answer; use it without --json.")
-    index = SnippetIndex.open(args.index)
+    index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
     if args.filter:
         hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k,
                                             group=args.group)
