@@ -52,7 +52,9 @@ def test_injection_command(local_llm, selqa_jsonl: Path, tmp_path: Path,  # type
                  *_llm_args(local_llm, tmp_path)])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["n_pairs"] == 2 and result["defended"]["n_judged"] == 2 * len(result["injections"])
+    assert result["n_pairs"] == 2
+    n_attacks = sum(i["set"] != "control" for i in result["injections"])
+    assert result["defended"]["all"]["n_judged"] == 2 * n_attacks
     assert "undefended" in result
 
 
