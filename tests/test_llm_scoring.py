@@ -136,7 +136,10 @@ def test_artifact_round_trip_with_llm_scorer(local_llm, selqa_small, tmp_path: P
     q = selqa_small[0].query
     texts = [p.text for p in selqa_small if p.query == q]
     assert loaded.filter(q, texts).kept_ids == flt.filter(q, texts).kept_ids
-    payload["scorer"]["prompt_version"] = "judge-completion-v0"
+    payload["scorer"]["prompt_version"] = "judge-completion-v0"  # as an older ragsieve wrote it
+    from ragsieve.filter import _checksum
+
+    payload["checksum"]["value"] = _checksum(payload)  # a genuine, sealed older artifact
     path.write_text(json.dumps(payload))
     with pytest.raises(ValueError, match="recalibrate with the current prompt"):
         ConformalFilter.load(path, scorer_options=options)
