@@ -13,8 +13,20 @@ in one run:
   built in a temporary directory: every request embeds its question once, searches the
   stored vectors and filters them (nothing else is embedded).
 
+``--long`` measures memory instead: the filter is served by ``run_server`` in a child
+process (so only the server is measured), started with an empty embedding cache, which
+gets ``--long-rounds`` (2) rounds of ``--long-clients`` (4) concurrent ``/filter``
+requests, each with one snippet of ``--long-chars`` (~1 MB) characters built from XQuAD
+paragraphs (no snippet sent twice). Reported: the child's RSS before, its peak RSS during
+each round (``VmHWM`` of ``/proc/PID/status``, reset before each round where the kernel
+allows; psutil's RSS where ``/proc`` is missing) and after it, the latencies and what the
+answers say (``n_cut``, kept spans). A second round that peaks no higher than the first
+shows the memory is bounded per request, not growing with what was sent.
+
 Usage: ``python benchmarks/bench_server.py [--requests 200] [--clients 4] [--snippets 10]
-[--k 20] [--endpoints filter,query] [--warm] [--json]``
+[--k 20] [--endpoints filter,query] [--warm] [--json]`` or ``python
+benchmarks/bench_server.py --long [--long-chars 1000000] [--long-clients 4]
+[--long-rounds 2] [--json]``
 """
 
 from __future__ import annotations
@@ -23,6 +35,8 @@ import argparse
 import json
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -58,7 +72,9 @@ def _serve(app: Any) -> Iterator[str]:
         sock.close()
 
 
-def _load(url: str, payloads: list[dict[str, Any]], n_requests: int, n_clients: int) -> dict[str, float]:
+def _load(
+    url: str, payloads: list[dict[str, Any]], n_requests: int, n_clients: int
+) -> dict[str, float]:
     """Send ``n_requests`` POSTs cycling over ``payloads`` from ``n_clients`` threads."""
     import httpx
 
@@ -86,6 +102,159 @@ def _load(url: str, payloads: list[dict[str, Any]], n_requests: int, n_clients: 
     }
 
 
+#: The child process of ``--long``: ``run_server`` on the artifact and port given.
+_SERVER_CHILD = """
+import sys
+from ragsieve.server import run_server
+run_server(sys.argv[1], port=int(sys.argv[2]), log_level="warning",
+           max_body_bytes=int(sys.argv[3]), scorer_options={"cache_dir": sys.argv[4]})
+"""
+
+
+def _memory_mb(pid: int) -> dict[str, float | None]:
+    """Current and peak resident memory of process ``pid`` in MB (peak: Linux only)."""
+    status = Path(f"/proc/{pid}/status")
+    if status.exists():
+        fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+
+        def kb(name: str) -> float | None:
+            value = fields.get(name)
+            return None if value is None else round(int(value.split()[0]) / 1024, 1)
+
+        return {"rss_mb": kb("VmRSS"), "peak_rss_mb": kb("VmHWM")}
+    import psutil  # no /proc: current RSS only
+
+    return {"rss_mb": round(psutil.Process(pid).memory_info().rss / 2**20, 1), "peak_rss_mb": None}
+
+
+def _reset_peak(pid: int) -> bool:
+    """Reset the kernel's peak-RSS counter of ``pid`` (Linux >= 4.0); False if refused."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _long_text(texts: list[str], n_chars: int, tag: str) -> str:
+    """About ``n_chars`` characters of paragraphs, each numbered ``(tag.n)`` so no two
+    requests (and no two repeats of a paragraph) share a piece: every piece is embedded."""
+    parts: list[str] = []
+    size = 0
+    while size < n_chars:
+        for t in texts:
+            parts.append(f"({tag}.{len(parts)}) {t}")
+            size += len(parts[-1]) + 1
+            if size >= n_chars:
+                break
+    return " ".join(parts)[:n_chars]
+
+
+def _run_long(args: argparse.Namespace) -> dict[str, Any]:
+    """Serve the filter in a child process and send it concurrent ~1 MB snippets."""
+    import httpx
+
+    from ragsieve import ConformalFilter
+    from ragsieve.data import load_xquad
+    from ragsieve.scoring import EmbeddingScorer
+
+    pairs = load_xquad("en")
+    contexts = list(dict.fromkeys(p.text for p in pairs))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "filter.json"
+        scorer = EmbeddingScorer(cache_dir=args.cache_dir)
+        ConformalFilter(scorer, alpha=0.2).calibrate(pairs[:300]).save(path)
+        port = _free_port()
+        max_body = args.long_chars * 2 + 10_000
+        cmd = [sys.executable, "-c", _SERVER_CHILD, str(path), str(port), str(max_body)]
+        # a fresh embedding cache for the server: every piece is embedded, none read back
+        child = subprocess.Popen([*cmd, str(Path(tmp) / "server-cache")])
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(base + "/healthz", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if child.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the server did not start (exit code {child.poll()})")
+                time.sleep(0.5)
+            before = _memory_mb(child.pid)
+            rounds = [
+                _long_round(base, child.pid, pairs, contexts, args, r)
+                for r in range(args.long_rounds)
+            ]
+        finally:
+            child.terminate()
+            child.wait(timeout=60)
+    return {
+        "requests_per_round": args.long_clients,
+        "chars_per_snippet": args.long_chars,
+        "rss_before_mb": before["rss_mb"],
+        "peak_rss_before_mb": before["peak_rss_mb"],
+        "rounds": rounds,
+    }
+
+
+def _long_round(
+    base: str, pid: int, pairs: list[Any], contexts: list[str], args: argparse.Namespace, r: int
+) -> dict[str, Any]:
+    """One round of concurrent long requests (snippets no earlier round sent)."""
+    import httpx
+
+    peak_reset = _reset_peak(pid)
+    payloads = []
+    for i in range(args.long_clients):
+        j = r * args.long_clients + i  # a different text (and rotation) per request
+        text = _long_text(contexts[37 * j :] + contexts[: 37 * j], args.long_chars, f"r{j}")
+        payloads.append({"query": pairs[300 + 13 * j].query, "snippets": [text]})
+
+    def call(payload: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        t0 = time.perf_counter()
+        resp = httpx.post(base + "/filter", json=payload, timeout=3600)
+        resp.raise_for_status()
+        return time.perf_counter() - t0, resp.json()
+
+    t_start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=args.long_clients) as pool:
+        results = list(pool.map(call, payloads))
+    wall = time.perf_counter() - t_start
+    after = _memory_mb(pid)
+    return {
+        "body_bytes": len(json.dumps(payloads[0]).encode()),
+        "peak_reset": peak_reset,
+        "peak_rss_mb": after["peak_rss_mb"],
+        "rss_after_mb": after["rss_mb"],
+        "wall_s": round(wall, 1),
+        "latency_s": [round(t, 1) for t, _ in results],
+        "n_cut": [body.get("n_cut") for _, body in results],
+        "kept_spans": [[len(s.get("spans", [])) for s in body["kept"]] for _, body in results],
+    }
+
+
+def _print_long(out: dict[str, Any]) -> None:
+    print(
+        f"{out['requests_per_round']} concurrent /filter requests per round, one snippet of "
+        f"{out['chars_per_snippet']:,} characters each; server RSS before: "
+        f"{out['rss_before_mb']} MB (peak since start {out['peak_rss_before_mb']} MB)"
+    )
+    for i, r in enumerate(out["rounds"], 1):
+        peak = "peak during" if r["peak_reset"] else "peak since start"
+        print(
+            f"round {i}: {peak} {r['peak_rss_mb']} MB, {r['rss_after_mb']} MB after; wall "
+            f"{r['wall_s']} s, latency {r['latency_s']} s; n_cut {r['n_cut']}; kept spans "
+            f"per kept snippet {r['kept_spans']}"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200)
@@ -95,12 +264,29 @@ def main() -> None:
     ap.add_argument("--distinct", type=int, default=50, help="distinct request payloads")
     ap.add_argument("--endpoints", default="filter,query", help="comma-separated: filter, query")
     ap.add_argument("--warm", action="store_true", help="embed all /filter payloads before timing")
-    ap.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "ragsieve-bench-cache"))
+    ap.add_argument(
+        "--cache-dir", default=str(Path(tempfile.gettempdir()) / "ragsieve-bench-cache")
+    )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--long", action="store_true", help="measure the server's memory on ~1 MB snippets"
+    )
+    ap.add_argument("--long-chars", type=int, default=1_000_000, help="characters per snippet")
+    ap.add_argument("--long-clients", type=int, default=4, help="concurrent long requests")
+    ap.add_argument("--long-rounds", type=int, default=2, help="rounds of long requests")
     args = ap.parse_args()
+    if args.long:
+        out_long = _run_long(args)
+        if args.json:
+            print(json.dumps(out_long))
+        else:
+            _print_long(out_long)
+        return
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
     if not endpoints or set(endpoints) - {"filter", "query"}:
-        ap.error(f"--endpoints == {args.endpoints!r}; expected a comma-separated subset of filter,query.")
+        ap.error(
+            f"--endpoints == {args.endpoints!r}; expected a comma-separated subset of filter,query."
+        )
 
     from ragsieve import ConformalFilter
     from ragsieve.data import load_xquad
@@ -116,7 +302,9 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "filter.json"
-        ConformalFilter(EmbeddingScorer(cache_dir=args.cache_dir), alpha=0.2).calibrate(pairs[:300]).save(path)
+        ConformalFilter(EmbeddingScorer(cache_dir=args.cache_dir), alpha=0.2).calibrate(
+            pairs[:300]
+        ).save(path)
         index_path = None
         if "query" in endpoints:
             docs = Path(tmp) / "docs"
@@ -131,33 +319,56 @@ def main() -> None:
         with _serve(app) as base:
             if "filter" in endpoints:
                 payloads = [
-                    {"query": test[i * 13].query,
-                     "snippets": [p.text for p in test[i * 13 : i * 13 + args.snippets]]}
+                    {
+                        "query": test[i * 13].query,
+                        "snippets": [p.text for p in test[i * 13 : i * 13 + args.snippets]],
+                    }
                     for i in range(args.distinct)
                 ]
                 if args.warm:
                     for p in payloads:
                         app.state.filter.filter(p["query"], p["snippets"])
-                rows.append({"endpoint": "/filter", "per_request": f"{args.snippets} snippets",
-                             "warm_cache": args.warm,
-                             **_load(base + "/filter", payloads, args.requests, args.clients)})
+                rows.append(
+                    {
+                        "endpoint": "/filter",
+                        "per_request": f"{args.snippets} snippets",
+                        "warm_cache": args.warm,
+                        **_load(base + "/filter", payloads, args.requests, args.clients),
+                    }
+                )
             if "query" in endpoints:
                 payloads = [{"query": q, "k": args.k} for q in questions]
-                rows.append({"endpoint": "/query", "per_request": f"k={args.k} of {app.state.index.count()}",
-                             "warm_cache": False,
-                             **_load(base + "/query", payloads, args.requests, args.clients)})
-    out = {"requests": args.requests, "clients": args.clients, "distinct_payloads": args.distinct,
-           "rows": rows, "load_avg_1m_start": round(load_start, 2),
-           "load_avg_1m_end": round(os.getloadavg()[0], 2)}
+                rows.append(
+                    {
+                        "endpoint": "/query",
+                        "per_request": f"k={args.k} of {app.state.index.count()}",
+                        "warm_cache": False,
+                        **_load(base + "/query", payloads, args.requests, args.clients),
+                    }
+                )
+    out = {
+        "requests": args.requests,
+        "clients": args.clients,
+        "distinct_payloads": args.distinct,
+        "rows": rows,
+        "load_avg_1m_start": round(load_start, 2),
+        "load_avg_1m_end": round(os.getloadavg()[0], 2),
+    }
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{args.requests} requests per endpoint, {args.clients} concurrent clients, "
-          f"{args.distinct} distinct payloads; load average {out['load_avg_1m_start']} -> {out['load_avg_1m_end']}")
-    print(f"{'endpoint':<9} {'per request':<16} {'req/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'wall s':>7}")
+    print(
+        f"{args.requests} requests per endpoint, {args.clients} concurrent clients, "
+        f"{args.distinct} distinct payloads; load average {out['load_avg_1m_start']} -> "
+        f"{out['load_avg_1m_end']}"
+    )
+    header = ("endpoint", "per request", "req/s", "p50 ms", "p99 ms", "wall s")
+    print("{:<9} {:<16} {:>7} {:>8} {:>8} {:>7}".format(*header))
     for r in rows:
-        print(f"{r['endpoint']:<9} {r['per_request']:<16} {r['requests_per_s']:>7} {r['p50_ms']:>8} "
-              f"{r['p99_ms']:>8} {r['wall_s']:>7}")
+        print(
+            f"{r['endpoint']:<9} {r['per_request']:<16} {r['requests_per_s']:>7} {r['p50_ms']:>8} "
+            f"{r['p99_ms']:>8} {r['wall_s']:>7}"
+        )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ httpx = pytest.importorskip("httpx")
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.scoring import EmbeddingScorer
-from ragsieve.server import create_app, is_loopback_host, run_server
+from ragsieve.server import create_app, is_loopback_host, run_server, uvicorn_config
 
 API_KEY = "s3cret-key"
 MAX_BODY = 200_000
@@ -46,13 +47,17 @@ def reference(artifact: Path, embedding_cache_dir: Path) -> ConformalFilter:
 
 
 class _ThreadServer:
-    """uvicorn in a background thread on an already-bound loopback socket."""
+    """uvicorn in a background thread on an already-bound loopback socket.
 
-    def __init__(self, app: Any) -> None:
+    It runs with the service's own uvicorn settings (``uvicorn_config``: keep-alive and
+    request-head timeouts); ``options`` override them.
+    """
+
+    def __init__(self, app: Any, **options: Any) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", **options))
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
         )
@@ -165,6 +170,52 @@ def test_openapi_is_typed(client: httpx.Client) -> None:
     schema = client.get("/openapi.json").json()
     assert "/filter" in schema["paths"]
     assert {"FilterRequest", "FilterResponse", "Health"} <= set(schema["components"]["schemas"])
+
+
+def _resolve(schema: dict[str, Any], ref_or_schema: dict[str, Any]) -> dict[str, Any]:
+    ref = ref_or_schema.get("$ref")
+    if ref is None:
+        return ref_or_schema
+    return schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def test_openapi_lists_errors_and_security(base_url: str, index_url: str) -> None:
+    """Every status the routes answer is in the schema with a JSON error model, and the
+    API key's two schemes are declared and required on the protected routes."""
+    schema = httpx.get(base_url + "/openapi.json").json()
+    schemes = schema["components"]["securitySchemes"]
+    bearer = [v for v in schemes.values() if v["type"] == "http"]
+    header = [v for v in schemes.values() if v["type"] == "apiKey"]
+    assert [b["scheme"].lower() for b in bearer] == ["bearer"]
+    assert [(h["in"], h["name"]) for h in header] == [("header", "X-API-Key")]
+    expected = {
+        "/filter": {"200", "401", "413", "422"},
+        "/query": {"200", "401", "404", "413", "422"},
+    }
+    for path, codes in expected.items():
+        op = schema["paths"][path]["post"]
+        assert codes <= set(op["responses"]), (path, sorted(op["responses"]))
+        for code in codes - {"200"}:
+            content = op["responses"][code]["content"]["application/json"]["schema"]
+            model = _resolve(schema, content)
+            assert "detail" in model["properties"], (path, code, model)
+        # either scheme is enough: two alternative requirements
+        assert sorted(next(iter(req)) for req in op["security"]) == sorted(schemes)
+    assert "security" not in schema["paths"]["/healthz"]["get"]  # liveness needs no key
+    # the answers really have that shape
+    r = httpx.post(base_url + "/filter", json={"query": "q", "snippets": ["a"]})
+    assert r.status_code == 401 and isinstance(r.json()["detail"], str)
+    r = httpx.post(base_url + "/query", json={"query": "q"}, headers={"X-API-Key": API_KEY})
+    assert r.status_code == 404 and isinstance(r.json()["detail"], str)
+    assert httpx.get(index_url + "/openapi.json").json()["paths"].keys() == schema["paths"].keys()
+
+
+def test_openapi_without_key_has_no_security(field_url: str) -> None:
+    """A service started without an API key declares no security and no 401."""
+    schema = httpx.get(field_url + "/openapi.json").json()
+    op = schema["paths"]["/filter"]["post"]
+    assert "security" not in op and "401" not in op["responses"]
+    assert {"413", "422"} <= set(op["responses"])
 
 
 def test_filter_matches_library(
@@ -312,7 +363,7 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -
         text = "\n\n".join(p["context"] for p in article["paragraphs"][:6])
         (root / "docs").mkdir(exist_ok=True)
         (root / "docs" / f"{article['title']}.txt").write_text(text, encoding="utf-8")
-    SnippetIndex.open(root / "idx").index_directory(root / "docs")
+    SnippetIndex.open(root / "idx", create=True).index_directory(root / "docs")
     return root / "idx"
 
 
@@ -372,12 +423,13 @@ QUESTIONS = [
 
 def test_query_matches_library(index_url: str, reference: ConformalFilter, index_dir: Path) -> None:
     headers = {"X-API-Key": API_KEY}
+    question = "Who won Super Bowl 50?"  # the answer's snippet is kept, the others are not
     r = httpx.post(
-        index_url + "/query", json={"query": QUESTIONS[0], "k": 6}, headers=headers, timeout=60
+        index_url + "/query", json={"query": question, "k": 6}, headers=headers, timeout=60
     )
     assert r.status_code == 200, r.text
     body = r.json()
-    _assert_same_query(_got_query(body), _expected_query(reference, index_dir, QUESTIONS[0], 6))
+    _assert_same_query(_got_query(body), _expected_query(reference, index_dir, question, 6))
     assert len(body["hits"]) == 6 and body["n_kept"] == sum(h["kept"] for h in body["hits"])
     assert all(h["kept"] == (h["score"] <= body["threshold"]) for h in body["hits"])
     assert 0 < body["n_kept"] < 6  # the filter does something on this query
@@ -386,6 +438,14 @@ def test_query_matches_library(index_url: str, reference: ConformalFilter, index
     assert health["index"]["n_snippets"] > 6 and health["index"]["model"].endswith(
         "all-MiniLM-L6-v2"
     )
+
+
+def test_healthz_shows_index_name_only(index_url: str, index_dir: Path) -> None:
+    """``/healthz`` names the index directory without its path (no filesystem layout)."""
+    r = httpx.get(index_url + "/healthz")
+    assert r.status_code == 200
+    assert r.json()["index"]["name"] == index_dir.name == "idx"
+    assert str(index_dir.parent) not in r.text and "path" not in r.json()["index"]
 
 
 def test_query_min_keep(index_url: str) -> None:
@@ -659,3 +719,282 @@ def test_group_filter_per_snippet_groups(
     assert r.status_code == 200, r.text
     exp = group_filter[1].filter(query, snippets)
     assert [s["index"] for s in r.json()["kept"]] == [s.index for s in exp.kept]
+
+
+# ---------------------------------------------------------------- hostile bodies (issue 11)
+_FILTER_REST = b'"snippets": ["a"]'
+_QUERY_REST = b'"k": 2'
+_DEEP = 10_000
+#: (case, body template with %s for the endpoint's other fields, endpoints it applies to)
+HOSTILE_BODIES: list[tuple[str, bytes, str]] = [
+    ("NaN min_keep", b'{"query": "x", %s, "min_keep": NaN}', "filter,query"),
+    ("Infinity min_keep", b'{"query": "x", %s, "min_keep": Infinity}', "filter,query"),
+    ("-Infinity min_keep", b'{"query": "x", %s, "min_keep": -Infinity}', "filter,query"),
+    ("NaN query", b'{"query": NaN, %s}', "filter,query"),
+    ("Infinity group", b'{"query": "x", %s, "group": Infinity}', "filter,query"),
+    ("1e400 min_keep", b'{"query": "x", %s, "min_keep": 1e400}', "filter,query"),
+    ("NaN k", b'{"query": "x", "k": NaN}', "query"),
+    ("-Infinity k", b'{"query": "x", "k": -Infinity}', "query"),
+    ("NaN snippet", b'{"query": "x", "snippets": [NaN]}', "filter"),
+    ("-Infinity score", b'{"query": "x", "snippets": [{"score": -Infinity}]}', "filter"),
+    ("NaN score", b'{"query": "x", "snippets": [{"text": "a", "score": NaN}]}', "filter"),
+    (
+        "Infinity vector",
+        b'{"query": "x", "query_vector": [1.0], "snippets": [{"vector": [Infinity]}]}',
+        "filter",
+    ),
+    ("surrogate query", b'{"query": "\\ud800", %s}', "filter,query"),
+    ("surrogate query tail", b'{"query": "who \\udfff?", %s}', "filter,query"),
+    ("surrogate group", b'{"query": "x", %s, "group": "\\ud83d"}', "filter,query"),
+    ("surrogate key", b'{"query": "x", %s, "\\ud800": 1}', "filter,query"),
+    ("surrogate snippet", b'{"query": "x", "snippets": ["a \\ud800 b"]}', "filter"),
+    ("surrogate text", b'{"query": "x", "snippets": [{"text": "\\udc00"}]}', "filter"),
+    (
+        "surrogate snippet_id",
+        b'{"query": "x", "snippets": [{"text": "a", "snippet_id": "\\ud800"}]}',
+        "filter",
+    ),
+    ("invalid UTF-8", b'{"query": "\xff\xfe", %s}', "filter,query"),
+    ("UTF-8 encoded surrogate", b'{"query": "\xed\xa0\x80", %s}', "filter,query"),
+    ("truncated", b'{"query": "x", %s', "filter,query"),
+    ("truncated string", b'{"query": "x', "filter,query"),
+    ("array body", b'["x", "a"]', "filter,query"),
+    ("string body", b'"x"', "filter,query"),
+    ("number body", b"42", "filter,query"),
+    ("null body", b"null", "filter,query"),
+    ("true body", b"true", "filter,query"),
+    (
+        "nested arrays",
+        b'{"query": "x", "snippets": ' + b"[" * _DEEP + b"]" * _DEEP + b"}",
+        "filter",
+    ),
+    (
+        "nested objects",
+        b'{"query": ' + b'{"a": ' * _DEEP + b"1" + b"}" * _DEEP + b"}",
+        "filter,query",
+    ),
+    ("huge min_keep", b'{"query": "x", %s, "min_keep": 1' + b"0" * 400 + b"}", "filter,query"),
+    ("huge k", b'{"query": "x", "k": 1' + b"0" * 400 + b"}", "query"),
+    ("too many digits", b'{"query": "x", %s, "min_keep": 1' + b"0" * 5000 + b"}", "filter,query"),
+    ("duplicate keys", b'{"query": "x", "query": "y", %s}', "filter,query"),
+    (
+        "duplicate snippet keys",
+        b'{"query": "x", "snippets": [{"text": "a", "text": "b"}]}',
+        "filter",
+    ),
+    ("extra field", b'{"query": "x", %s, "extra": 1}', "filter,query"),
+    ("extra snippet field", b'{"query": "x", "snippets": [{"text": "a", "x": 1}]}', "filter"),
+]
+#: (case, content type) of valid JSON sent as something else (None: no header).
+WRONG_CONTENT_TYPES: list[tuple[str, str | None]] = [
+    ("text/plain", "text/plain"),
+    ("no content type", None),
+    ("form", "application/x-www-form-urlencoded"),
+]
+
+
+def _hostile_cases() -> list[Any]:
+    cases = []
+    for case, template, endpoints in HOSTILE_BODIES:
+        for endpoint in endpoints.split(","):
+            rest = _FILTER_REST if endpoint == "filter" else _QUERY_REST
+            body = template % rest if b"%s" in template else template
+            cases.append(pytest.param(endpoint, body, "application/json", id=f"{endpoint}-{case}"))
+    for endpoint in ("filter", "query"):
+        rest = _FILTER_REST if endpoint == "filter" else _QUERY_REST
+        valid = b'{"query": "x", %s}' % rest
+        for case, content_type in WRONG_CONTENT_TYPES:
+            cases.append(pytest.param(endpoint, valid, content_type, id=f"{endpoint}-{case}"))
+        cases.append(
+            pytest.param(
+                endpoint,
+                b'{"query": "\xff", %s}' % rest,
+                "text/plain",
+                id=f"{endpoint}-text/plain invalid UTF-8",
+            )
+        )
+        cases.append(pytest.param(endpoint, b"", "application/json", id=f"{endpoint}-empty body"))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def hostile_urls(base_url: str, index_url: str) -> dict[str, str]:
+    """``/filter`` on the plain service, ``/query`` on the one with an index (so a body
+    that passes validation is answered 200, not 404)."""
+    return {"filter": base_url + "/filter", "query": index_url + "/query"}
+
+
+@pytest.mark.parametrize("endpoint", ["filter", "query"])
+def test_hostile_control_is_accepted(hostile_urls: dict[str, str], endpoint: str) -> None:
+    """The valid body the hostile cases are built from is answered 200."""
+    rest = _FILTER_REST if endpoint == "filter" else _QUERY_REST
+    r = httpx.post(
+        hostile_urls[endpoint],
+        content=b'{"query": "x", %s}' % rest,
+        headers={"Content-Type": "application/json", "X-API-Key": API_KEY},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("endpoint", "body", "content_type"), _hostile_cases())
+def test_hostile_bodies_get_4xx_json(
+    hostile_urls: dict[str, str],
+    endpoint: str,
+    body: bytes,
+    content_type: str | None,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every malformed body gets a 4xx whose body is JSON with a ``detail``; never a 500.
+
+    Nothing the server logs about it holds a lone surrogate (every record encodes).
+    """
+    caplog.set_level(logging.INFO, logger="ragsieve")
+    headers = {"X-API-Key": API_KEY}
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    r = httpx.post(hostile_urls[endpoint], content=body, headers=headers, timeout=60)
+    assert 400 <= r.status_code <= 499, (r.status_code, r.text[:500])
+    assert r.headers["content-type"].startswith("application/json")
+    payload = json.loads(r.content.decode("utf-8"))  # strict UTF-8: no lone surrogate echoed
+    assert payload["detail"]
+    # the server is still serving
+    assert httpx.get(hostile_urls[endpoint].rsplit("/", 1)[0] + "/healthz").status_code == 200
+    for record in caplog.records:
+        record.getMessage().encode("utf-8")
+
+
+# ---------------------------------------------------------------- idle and slow connections
+#: The socket timeout of these tests: far above the server's timeouts, so a server that
+#: closes idle connections is seen closing well before it, and one that never does fails.
+_SOCKET_TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="module")
+def guarded_port(artifact: Path, embedding_cache_dir: Path) -> Iterator[int]:
+    """A service with short connection timeouts (1 s keep-alive, 1 s head, 1 s body)."""
+    app = create_app(
+        artifact,
+        warmup=False,
+        body_timeout=1,
+        scorer_options={"cache_dir": embedding_cache_dir},
+    )
+    server = _ThreadServer(app, timeout_keep_alive=1, timeout_request_header=1)
+    with server:
+        yield server.port
+
+
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=_SOCKET_TIMEOUT)
+    sock.settimeout(_SOCKET_TIMEOUT)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, bytes]:
+    """Status and body of one HTTP/1.1 response with a Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed mid-response: {data!r}"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(
+        int(v)
+        for k, _, v in (h.partition(":") for h in lines[1:])
+        if k.strip().lower() == "content-length"
+    )
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed mid-body"
+        body += chunk
+    return int(lines[0].split()[1]), body
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """True when the server closes the connection (recv returns b'') before the timeout.
+
+    Raises ``TimeoutError`` when the server keeps it open for the whole socket timeout.
+    """
+    with sock:
+        return sock.recv(1024) == b""
+
+
+_GET_HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "first",
+    [b"", b"POST /fil", b"POST /filter HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl"],
+    ids=["silent connection", "partial request line", "partial headers"],
+)
+def test_idle_connection_is_closed(guarded_port: int, first: bytes) -> None:
+    """A connection that never completes a request head is closed by the server."""
+    sock = _connect(guarded_port)
+    if first:
+        sock.sendall(first)
+    assert _closed_by_server(sock)
+
+
+@pytest.mark.parametrize("then", [b"", b"GET /heal"], ids=["idle", "partial next request"])
+def test_keep_alive_connection_is_closed(guarded_port: int, then: bytes) -> None:
+    """After a response, an idle (or slowly writing) keep-alive connection is closed."""
+    sock = _connect(guarded_port)
+    sock.sendall(_GET_HEALTHZ)
+    status, body = _read_response(sock)
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    sock.sendall(_GET_HEALTHZ)  # the connection is reused while the client is active
+    assert _read_response(sock)[0] == 200
+    if then:
+        sock.sendall(then)
+    assert _closed_by_server(sock)
+
+
+def test_slow_body_gets_408(guarded_port: int) -> None:
+    """A body that does not arrive in time gets 408 with a JSON detail, then the close."""
+    sock = _connect(guarded_port)
+    sock.sendall(
+        b"POST /filter HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"query": "x", '
+    )
+    status, body = _read_response(sock)
+    assert status == 408 and "body" in json.loads(body)["detail"]
+    assert _closed_by_server(sock)
+
+
+def test_connection_timeouts_validated(artifact: Path) -> None:
+    with pytest.raises(ValueError, match="timeout_request_header == 0"):
+        uvicorn_config(None, timeout_request_header=0)
+    with pytest.raises(ValueError, match="timeout_keep_alive == -1"):
+        uvicorn_config(None, timeout_keep_alive=-1)
+    with pytest.raises(ValueError, match="timeout_request_header == nan"):
+        run_server(artifact, timeout_request_header=float("nan"))  # refused before serving
+    with pytest.raises(ValueError, match="body_timeout == 'x'"):
+        create_app(artifact, body_timeout="x", warmup=False)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- long snippets (issue 11)
+def test_long_snippet_reports_spans(
+    client: httpx.Client, reference: ConformalFilter, xquad_en: list[Pair]
+) -> None:
+    """A snippet longer than the filter's window is cut into pieces: the answer says how
+    many were cut and which spans of a kept one were kept, as the library does."""
+    target = xquad_en[400]
+    filler = " ".join(p.text for p in xquad_en[600:603] if p.text != target.text)
+    long_text = filler + " " + target.text  # the answer comes after ~2k characters
+    snippets: list[Any] = [long_text, {"text": "zebra migration patterns", "snippet_id": "z"}]
+    r = client.post("/filter", json={"query": target.query, "snippets": snippets})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    exp = reference.filter(target.query, snippets)
+    assert exp.n_cut == 1 and body["n_cut"] == 1
+    assert [(s["index"], s["spans"]) for s in body["kept"]] == [
+        (s.index, [list(span) for span in s.spans]) for s in exp.kept
+    ]
+    kept = {s["index"]: s for s in body["kept"]}
+    assert 0 in kept and kept[0]["spans"]  # kept for its answer, and the spans say where
+    assert all(0 <= a < b <= len(long_text) for a, b in kept[0]["spans"])
+    assert kept[0]["spans"][-1][1] == len(long_text)  # the answer is at the end
+    assert "spans" in body["note"]
+    short = client.post("/filter", json={"query": target.query, "snippets": [target.text[:300]]})
+    assert short.json()["n_cut"] == 0 and all(s["spans"] == [] for s in short.json()["kept"])

@@ -1,10 +1,14 @@
 """The FastAPI app: one loaded filter (and optionally an index) behind three routes.
 
-``/filter`` and ``/query`` are sync endpoints, so scoring runs in Starlette's
-threadpool and concurrent requests are served; the embedding scorer is thread-safe
-(its cache serialises model calls under a lock) once warmed up, and so is a scorer
-reading outside scores; other scorers are serialised with a lock, and so are index
-searches.
+``/filter`` and ``/query`` are sync endpoints, so requests are parsed, checked and
+answered in Starlette's threadpool and served concurrently. Every call that may run the
+model (scoring snippet texts, embedding a ``/query`` question) is handed to one
+dedicated model thread: the embedding cache serialises model calls anyway, and doing
+them all in one thread keeps the model's working memory in one allocator arena instead
+of one per pool thread (four concurrent long requests otherwise hold several copies of
+it: measured in ``benchmarks/bench_server.py --long``). Requests with vectors or
+outside scores need no model and stay in the pool. Index searches are serialised with
+a lock, and so are scorers not known to be thread-safe.
 """
 
 from __future__ import annotations
@@ -13,24 +17,33 @@ import copy
 import logging
 import math
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import fastapi
 import numpy as np
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._optional import require
 from .._version import __version__
 from ..errors import DataError
 from ..filter import ConformalFilter, read_artifact
 from ..types import FilterResult
+from .connections import check_seconds, uvicorn_config
+from .parsing import (
+    StrictJSONRoute,
+    http_error_handler,
+    printable,
+    unexpected_error_handler,
+    validation_error_handler,
+)
 from .schemas import (
     ArtifactInfo,
+    ErrorResponse,
     FilterRequest,
     FilterResponse,
     Health,
@@ -45,6 +58,8 @@ from .security import BodyLimitMiddleware, api_key_check, is_loopback_host
 __all__ = ["create_app", "run_server"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 #: Scorers known to be safe to call from several threads at once (after warm-up).
 _THREAD_SAFE_SCORERS = frozenset({"embedding", "field"})
@@ -81,20 +96,29 @@ def _bad_request_as_422() -> Iterator[None]:
     try:
         yield
     except (DataError, ValueError, TypeError) as exc:
-        logger.info("request refused (422): %s", exc)
-        raise _http_error(422, str(exc)) from exc
-
-
-async def _validation_error(request: fastapi.Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422 answer, with non-finite input numbers (``NaN``) echoed as null."""
-    return JSONResponse(
-        status_code=422, content={"detail": _json_safe(jsonable_encoder(exc.errors()))}
-    )
+        message = printable(str(exc))
+        logger.info("request refused (422): %s", message)
+        raise _http_error(422, message) from exc
 
 
 def _check_query(query: str) -> None:
     if not query.strip():
         raise _http_error(422, "query is blank; expected a non-empty string.")
+
+
+def _show_int(value: int) -> str:
+    """``value`` for an error message (a description when it is very long)."""
+    digits = len(str(abs(value)))
+    return str(value) if digits <= 20 else f"a {digits}-digit number"
+
+
+def _check_min_keep(min_keep: int | None, limit: int, what: str) -> None:
+    if min_keep is not None and min_keep > limit:
+        raise _http_error(
+            422,
+            f"min_keep == {_show_int(min_keep)}, must be <= {limit} (the {what} a request "
+            "may have).",
+        )
 
 
 def _snippet_vectors(request: FilterRequest) -> np.ndarray | None:
@@ -143,6 +167,16 @@ class _Service:
         self.lock: AbstractContextManager[Any] = nullcontext() if thread_safe else threading.Lock()
         self.index_lock = threading.Lock()
         self._filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
+        self.uses_model = flt.scorer.spec().get("scorer") not in _NO_MODEL_SCORERS
+        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsieve-model")
+
+    def in_model_thread(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` run in the one model thread (its exceptions re-raised here)."""
+        return self._model_thread.submit(fn).result()
+
+    def close(self) -> None:
+        """Stop the model thread (after the call it is running, if any)."""
+        self._model_thread.shutdown(wait=False, cancel_futures=True)
 
     def filter_for(self, min_keep: int | None) -> ConformalFilter:
         """The served filter with another ``min_keep`` (a few are kept for reuse)."""
@@ -163,11 +197,16 @@ class _Service:
             raise _http_error(
                 413, f"got {n} snippets; the limit is {self.max_snippets} per request."
             )
+        _check_min_keep(request.min_keep, self.max_snippets, "snippets")
         vectors = _snippet_vectors(request)
         items = [s if isinstance(s, str) else s.as_item() for s in request.snippets]
         use = self.filter_for(request.min_keep)
         with _bad_request_as_422(), self.lock:
-            if vectors is None:
+            if vectors is None and self.uses_model:
+                res = self.in_model_thread(
+                    lambda: use.filter(request.query, items, group=request.group)
+                )
+            elif vectors is None:
                 res = use.filter(request.query, items, group=request.group)
             else:
                 query_vector = np.asarray(request.query_vector, dtype=np.float64)
@@ -178,7 +217,13 @@ class _Service:
 
     def _filter_response(self, res: FilterResult) -> FilterResponse:
         kept = [
-            KeptSnippet(index=s.index, snippet_id=s.snippet_id, text=s.text, score=s.score)
+            KeptSnippet(
+                index=s.index,
+                snippet_id=s.snippet_id,
+                text=s.text,
+                score=s.score,
+                spans=[(int(a), int(b)) for a, b in getattr(s, "spans", ())],
+            )
             for s in res.kept
         ]
         return FilterResponse(
@@ -188,6 +233,7 @@ class _Service:
             removal=res.removal,
             note=res.note,
             guarantee=self.guarantee,
+            n_cut=getattr(res, "n_cut", 0),
         )
 
     def run_query(self, request: QueryRequest) -> QueryResponse:
@@ -200,11 +246,15 @@ class _Service:
             )
         _check_query(request.query)
         if request.k > self.max_k:
-            raise _http_error(413, f"k == {request.k}; the limit is {self.max_k}.")
+            raise _http_error(413, f"k == {_show_int(request.k)}; the limit is {self.max_k}.")
+        _check_min_keep(request.min_keep, self.max_k, "hits (k)")
         use = self.filter_for(request.min_keep)
         with _bad_request_as_422(), self.index_lock:
-            hits, res = self.index.query_with_filter(request.query, use, k=request.k,
-                                                     group=request.group)
+            hits, res = self.in_model_thread(  # embeds the question
+                lambda: self.index.query_with_filter(
+                    request.query, use, k=request.k, group=request.group
+                )
+            )
         kept = {s.index for s in res.kept}
         return QueryResponse(
             hits=[
@@ -250,7 +300,9 @@ def _health(flt: ConformalFilter, artifact: Mapping[str, Any], index: Any) -> He
     )
     index_info = None
     if index is not None:
-        index_info = IndexInfo(path=str(index.path), model=index.model_id, n_snippets=index.count())
+        index_info = IndexInfo(
+            name=Path(index.path).resolve().name, model=index.model_id, n_snippets=index.count()
+        )
     return Health(status="ok", library_version=__version__, artifact=info, index=index_info)
 
 
@@ -270,18 +322,52 @@ def _warm_up(flt: ConformalFilter, index: Any) -> None:
         index.search("warm-up", k=1)
 
 
+def _error(description: str) -> dict[str, Any]:
+    return {"model": ErrorResponse, "description": description}
+
+
+#: The error answers of a route that reads a JSON body (``/filter``, ``/query``).
+_BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("Malformed Content-Length header."),
+    408: _error("The body did not arrive within the service's body timeout."),
+    413: _error("Body larger than the service's max_body_bytes."),
+    415: _error("Content-Type is not application/json."),
+    422: _error(
+        "Body is not strict JSON (UTF-8, finite numbers, unique keys, valid Unicode), does "
+        "not match the schema, or holds values the filter refuses (detail says which)."
+    ),
+}
+
+
 def _add_routes(app: fastapi.FastAPI, service: _Service, api_key: str | None) -> None:
-    protected = [fastapi.Depends(api_key_check(api_key))]
+    protected: list[Any] = []
+    errors = dict(_BODY_ERRORS)
+    if api_key is not None:
+        protected = [fastapi.Depends(api_key_check(api_key))]
+        errors[401] = _error("Missing or invalid API key.")
+    filter_errors = {
+        **errors,
+        413: _error("Body larger than max_body_bytes, or more snippets than max_snippets."),
+    }
+    query_errors = {
+        **errors,
+        404: _error("The service has no index (start it with --index)."),
+        413: _error("Body larger than max_body_bytes, or k larger than max_k."),
+    }
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
         return service.health
 
-    @app.post("/filter", response_model=FilterResponse, dependencies=protected)
+    @app.post(
+        "/filter", response_model=FilterResponse, dependencies=protected, responses=filter_errors
+    )
     def filter_snippets(request: FilterRequest) -> FilterResponse:
         return service.run_filter(request)
 
-    @app.post("/query", response_model=QueryResponse, dependencies=protected)
+    @app.post(
+        "/query", response_model=QueryResponse, dependencies=protected, responses=query_errors
+    )
     def query_index(request: QueryRequest) -> QueryResponse:
         return service.run_query(request)
 
@@ -296,6 +382,7 @@ def create_app(
     warmup: bool = True,
     index_path: str | Path | None = None,
     max_k: int = 100,
+    body_timeout: float = 60.0,
 ) -> fastapi.FastAPI:
     """Build the FastAPI app serving one filter artifact (and optionally an index).
 
@@ -320,6 +407,9 @@ def create_app(
         :meth:`~ragsieve.store.SnippetIndex.list_scorer`); checked here, at startup.
     max_k : int, default=100
         Largest ``k`` a ``/query`` request may ask for (413 above).
+    body_timeout : float, default=60.0
+        Seconds a request has, after its head, to deliver the whole body (408 and the
+        connection closed otherwise).
 
     Returns
     -------
@@ -328,13 +418,15 @@ def create_app(
     Raises
     ------
     ValueError
-        A limit is not an int >= 1, or ``api_key`` is empty.
+        A limit is not an int >= 1, ``body_timeout`` is not a number > 0, or ``api_key``
+        is empty.
     ImportError
         LanceDB is not installed (extra ``store``) and ``index_path`` is given.
     ArtifactError, ScorerMismatchError
         The artifact or the index cannot be loaded, or they do not match.
     """
     _check_options(api_key, max_body_bytes=max_body_bytes, max_snippets=max_snippets, max_k=max_k)
+    check_seconds("body_timeout", body_timeout)
     flt = ConformalFilter.load(filter_path, scorer_options=scorer_options)
     index = _open_index(index_path, flt) if index_path is not None else None
     if warmup:
@@ -348,14 +440,30 @@ def create_app(
         not isinstance(service.lock, nullcontext),
         index,
     )
+
+    @asynccontextmanager
+    async def lifespan(_: fastapi.FastAPI) -> AsyncIterator[None]:
+        yield
+        service.close()
+
     app = fastapi.FastAPI(
         title="ragsieve",
         version=__version__,
         description="Conformal context filter: keeps the snippets the calibrated filter keeps.",
+        lifespan=lifespan,
     )
-    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.router.route_class = StrictJSONRoute  # bodies parsed as strict JSON (parsing.py)
+    handlers: list[tuple[type[Exception], Any]] = [
+        (RequestValidationError, validation_error_handler),
+        (StarletteHTTPException, http_error_handler),
+        (Exception, unexpected_error_handler),
+    ]
+    for exc_class, handler in handlers:
+        app.add_exception_handler(exc_class, handler)
     _add_routes(app, service, api_key)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_body_bytes=max_body_bytes, body_timeout=body_timeout
+    )
     app.state.filter = flt
     app.state.index = index
     return app
@@ -386,6 +494,8 @@ def run_server(
     port: int = 8000,
     api_key: str | None = None,
     log_level: str = "info",
+    timeout_keep_alive: int = 5,
+    timeout_request_header: float = 10.0,
     **app_options: Any,
 ) -> None:
     """Serve a filter artifact with uvicorn (blocks until stopped).
@@ -400,14 +510,19 @@ def run_server(
         See :func:`create_app`.
     log_level : str
         uvicorn's log level.
+    timeout_keep_alive : int, default=5
+        Seconds an idle keep-alive connection stays open after a response.
+    timeout_request_header : float, default=10.0
+        Seconds a connection has to deliver a complete request head after it opens or
+        after its previous response; then it is closed (idle and slowloris connections).
     **app_options
         The other options of :func:`create_app` (``max_body_bytes``, ``max_snippets``,
-        ``scorer_options``, ``index_path``, ``max_k``).
+        ``scorer_options``, ``index_path``, ``max_k``, ``body_timeout``).
 
     Raises
     ------
     ValueError
-        ``host`` is not loopback and no API key is set.
+        ``host`` is not loopback and no API key is set, or a timeout is not a number > 0.
     ImportError
         uvicorn is not installed (extra ``server``).
     """
@@ -416,7 +531,17 @@ def run_server(
             f"host == {host!r} is not a loopback address and no API key is set; refusing to "
             "serve the filter unauthenticated on the network. Set an API key or bind to 127.0.0.1."
         )
+    check_seconds("timeout_keep_alive", timeout_keep_alive)  # before any weights load
+    check_seconds("timeout_request_header", timeout_request_header)
     uvicorn = require("uvicorn", "server")
     app = create_app(filter_path, api_key=api_key, **app_options)
+    config = uvicorn_config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=timeout_keep_alive,
+        timeout_request_header=timeout_request_header,
+    )
     logger.info("ragsieve server on http://%s:%d", host, port)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.Server(config).run()

@@ -21,6 +21,8 @@ from pydantic import (
 
 __all__ = [
     "ArtifactInfo",
+    "ErrorItem",
+    "ErrorResponse",
     "FilterRequest",
     "FilterResponse",
     "Health",
@@ -102,7 +104,13 @@ class KeptSnippet(BaseModel):
     index: int
     snippet_id: str
     text: str | None
-    score: float
+    score: float = Field(description="Its score (for a snippet cut into pieces: the best piece's).")
+    spans: list[tuple[int, int]] = Field(
+        default_factory=list,
+        description="For a snippet longer than the filter's window, cut into pieces: the "
+        "character spans [start, end) of its text whose pieces were kept; empty when it was "
+        "scored whole.",
+    )
 
 
 class FilterResponse(BaseModel):
@@ -114,6 +122,11 @@ class FilterResponse(BaseModel):
     removal: float
     note: str | None
     guarantee: dict[str, Any]
+    n_cut: int = Field(
+        default=0,
+        description="Snippets longer than the filter's window, cut into pieces and scored "
+        "piece by piece (kept when any piece is kept).",
+    )
 
 
 class ArtifactInfo(BaseModel):
@@ -178,7 +191,7 @@ class QueryResponse(BaseModel):
 class IndexInfo(BaseModel):
     """The served snippet index."""
 
-    path: str
+    name: str = Field(description="The index directory's name (not its path).")
     model: str
     n_snippets: int
 
@@ -190,3 +203,23 @@ class Health(BaseModel):
     library_version: str
     artifact: ArtifactInfo
     index: IndexInfo | None = None
+
+
+class ErrorItem(BaseModel):
+    """One problem of a request body that failed validation."""
+
+    type: str | None = Field(description="Kind of error, e.g. 'missing' or 'int_type'.")
+    loc: list[str | int | None] = Field(description="Where: 'body', then field names / indices.")
+    msg: str | None
+    input: Any = Field(
+        default=None,
+        description="The value received (strings clipped to 200 characters, lone surrogates "
+        "escaped, non-finite numbers as null, lists and objects to 20 items).",
+    )
+    ctx: dict[str, Any] | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every non-200 answer: a one-line ``detail``, or the list of validation errors (422)."""
+
+    detail: str | list[ErrorItem]

@@ -1,17 +1,27 @@
-"""Guards of the HTTP service: loopback check, API key, request-body limit."""
+"""Guards of the HTTP service: loopback check, API key, request-body limit and deadline."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Annotated, Any
 
 import fastapi
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-__all__ = ["BodyLimitMiddleware", "api_key_check", "api_key_from_env", "is_loopback_host"]
+__all__ = [
+    "API_KEY_HEADER",
+    "API_KEY_SCHEME",
+    "BEARER_SCHEME",
+    "BodyLimitMiddleware",
+    "api_key_check",
+    "api_key_from_env",
+    "is_loopback_host",
+]
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -49,23 +59,43 @@ def api_key_from_env(name: str) -> str:
     return value
 
 
-def api_key_check(api_key: str | None) -> Callable[..., None]:
+#: The schemes ``/openapi.json`` declares (components.securitySchemes) for the API key.
+BEARER_SCHEME = "bearerAuth"
+API_KEY_SCHEME = "apiKeyHeader"
+API_KEY_HEADER = "X-API-Key"
+
+
+_BEARER = HTTPBearer(
+    auto_error=False,
+    scheme_name=BEARER_SCHEME,
+    description="The service's API key as 'Authorization: Bearer <key>'.",
+)
+_API_KEY_HEADER = APIKeyHeader(
+    name=API_KEY_HEADER,
+    auto_error=False,
+    scheme_name=API_KEY_SCHEME,
+    description="The service's API key as 'X-API-Key: <key>'.",
+)
+_BearerKey = Annotated[HTTPAuthorizationCredentials | None, fastapi.Security(_BEARER)]
+_HeaderKey = Annotated[str | None, fastapi.Security(_API_KEY_HEADER)]
+
+
+def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
     """A FastAPI dependency: 401 unless the request carries ``api_key``.
 
     The key is accepted as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>`` and
-    compared in constant time; with ``api_key=None`` every request passes.
+    compared in constant time; with ``api_key=None`` every request passes. The two
+    headers are read through FastAPI's security classes, so the OpenAPI schema declares
+    both schemes (HTTP bearer, API-key header) and lists them on every protected route.
     """
     key_bytes = api_key.encode() if api_key is not None else None
 
-    def check_api_key(
-        authorization: str | None = fastapi.Header(default=None),
-        x_api_key: str | None = fastapi.Header(default=None),
-    ) -> None:
+    async def check_api_key(credentials: _BearerKey, x_api_key: _HeaderKey) -> None:
         if key_bytes is None:
             return
         offered: list[str] = []
-        if authorization and authorization[:7].lower() == "bearer ":
-            offered.append(authorization[7:].strip())
+        if credentials is not None:
+            offered.append(credentials.credentials.strip())
         if x_api_key:
             offered.append(x_api_key)
         ok = False  # compare every candidate (no short-circuit) in constant time
@@ -94,15 +124,19 @@ async def _send_json(send: _Send, status: int, payload: dict[str, Any]) -> None:
 
 
 class BodyLimitMiddleware:
-    """ASGI middleware: 413 for bodies over ``max_body_bytes``.
+    """ASGI middleware: 413 for bodies over ``max_body_bytes``, 408 for slow bodies.
 
     The limit is checked on the ``Content-Length`` header and on the bytes actually
-    received (chunked uploads have no header); the body is buffered and replayed.
+    received (chunked uploads have no header); the body is buffered once and replayed
+    (the middleware keeps no copy of it while the request is served). A body that has
+    not fully arrived ``body_timeout`` seconds after the request head gets 408 and the
+    connection is closed.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, body_timeout: float = 60.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     def _too_large(self, size: str) -> dict[str, Any]:
         return {
@@ -124,16 +158,23 @@ class BodyLimitMiddleware:
             if n_declared > self.max_body_bytes:
                 await _send_json(send, 413, self._too_large(str(n_declared)))
                 return
-        body = await self._read_body(receive, send)
+        try:
+            body = await asyncio.wait_for(self._read_body(receive, send), self.body_timeout)
+        except TimeoutError:
+            detail = (
+                f"request body not complete {self.body_timeout:g} s after the request head; "
+                "send the head and the whole body at once."
+            )
+            await _send_json(send, 408, {"detail": detail})
+            return
         if body is None:
             return
-        replayed = False
+        pending: list[bytes] = [body]
+        del body  # only the replayed message holds the body from here on
 
         async def replay() -> _Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if pending:
+                return {"type": "http.request", "body": pending.pop(), "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

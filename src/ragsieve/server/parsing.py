@@ -1,0 +1,287 @@
+"""Strict JSON request bodies and JSON error answers that can always be encoded.
+
+A request body is parsed once, here, as RFC 8259 JSON: UTF-8 only, no ``NaN`` /
+``Infinity`` literals, no duplicate keys, no lone surrogates (``"\\ud800"``), bounded
+nesting and number size. Anything else is refused with 422 and a one-line ``detail``
+saying what was received and what is expected, so no malformed string or number reaches
+the filter, the log or the response encoder. The error handlers echo request values only
+after making them printable (surrogates escaped, non-finite numbers as null, long values
+clipped), so an error answer itself can never fail to encode (never a 500).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+import fastapi
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+__all__ = [
+    "BodyError",
+    "StrictJSONRoute",
+    "http_error_handler",
+    "parse_json_body",
+    "printable",
+    "safe_echo",
+    "unexpected_error_handler",
+    "validation_error_handler",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Longest string echoed back in an error (characters).
+_ECHO_CHARS = 200
+#: Most items of a list or object echoed back in an error.
+_ECHO_ITEMS = 20
+#: Deepest nesting echoed back in an error.
+_ECHO_DEPTH = 4
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A ``\uD800``-``\uDFFF`` escape in JSON text (maybe preceded by an escaped backslash).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+class BodyError(ValueError):
+    """A request body that is not strict JSON (answered 422)."""
+
+
+def printable(text: str) -> str:
+    """``text`` with lone surrogates escaped (``\\ud800``), so it always encodes as UTF-8.
+
+    Examples
+    --------
+    >>> printable("a\\ud800b")
+    'a\\\\ud800b'
+    """
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _reject_constant(name: str) -> Any:
+    raise BodyError(
+        f"{name} is not a JSON number; send finite numbers only (no NaN, Infinity or -Infinity)."
+    )
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise BodyError(
+                    f"duplicate key {printable(key)!r} in a JSON object; send each key once."
+                )
+            seen.add(key)
+    return obj
+
+
+def _first_surrogate(value: Any) -> str | None:
+    """The first string (key or value) in ``value`` holding a lone surrogate, else None."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item) is not None:
+                return item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
+
+
+def parse_json_body(body: bytes) -> Any:
+    """Parse a request body as strict JSON.
+
+    Parameters
+    ----------
+    body : bytes
+        The raw body.
+
+    Returns
+    -------
+    Any
+        The parsed value (a dict for every valid request of this service).
+
+    Raises
+    ------
+    BodyError
+        The body is not UTF-8, not JSON, nested too deeply, has a number with too many
+        digits, a ``NaN`` / ``Infinity`` literal, a duplicate key or a lone surrogate.
+
+    Examples
+    --------
+    >>> parse_json_body(b'{"query": "x", "k": 3}')
+    {'query': 'x', 'k': 3}
+    >>> parse_json_body(b'{"k": NaN}')  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ragsieve.server.parsing.BodyError: NaN is not a JSON number; send finite numbers only ...
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BodyError(
+            f"body is not valid UTF-8 (byte {exc.start}: {body[exc.start : exc.start + 1]!r}); "
+            "send JSON encoded as UTF-8."
+        ) from None
+    text = text.removeprefix("\ufeff")  # a byte order mark may be ignored (RFC 8259, 8.1)
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+    except json.JSONDecodeError as exc:
+        raise BodyError(
+            f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
+        ) from None
+    except RecursionError:
+        raise BodyError("body is not valid JSON here: it is nested too deeply.") from None
+    except BodyError:
+        raise
+    except ValueError as exc:  # an integer beyond int's digit limit
+        raise BodyError(f"body has a number that cannot be read ({exc}).") from None
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        bad = _first_surrogate(value)
+        if bad is not None:
+            raise BodyError(
+                f"string {printable(bad[:_ECHO_CHARS])!r} holds a lone UTF-16 surrogate "
+                "(a \\uD800-\\uDFFF escape without its pair); send valid Unicode text."
+            )
+    return value
+
+
+class _StrictJSONRequest(fastapi.Request):
+    """A request whose ``json()`` is :func:`parse_json_body` (422 on a bad body)."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = parse_json_body(await self.body())
+            except BodyError as exc:
+                logger.info("request refused (422): %s", exc)
+                raise fastapi.HTTPException(status_code=422, detail=str(exc)) from None
+        return self._json
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+class StrictJSONRoute(APIRoute):
+    """A route reading its JSON body with :func:`parse_json_body`.
+
+    A route with a body also refuses any other ``Content-Type`` with 415.
+    """
+
+    def get_route_handler(self) -> Callable[[fastapi.Request], Coroutine[Any, Any, Any]]:
+        handler = super().get_route_handler()
+        needs_json = self.body_field is not None
+
+        async def strict_handler(request: fastapi.Request) -> Any:
+            if needs_json and not _is_json(request.headers.get("content-type")):
+                got = request.headers.get("content-type")
+                raise fastapi.HTTPException(
+                    status_code=415,
+                    detail=f"Content-Type == {printable(repr(got)[:_ECHO_CHARS])}; "
+                    "expected 'application/json' (a UTF-8 JSON object).",
+                )
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler
+
+
+def safe_echo(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON that always encodes: for echoing request input in errors.
+
+    Strings have lone surrogates escaped and are clipped to 200 characters, bytes are
+    decoded (invalid UTF-8 escaped), non-finite floats become null, very long integers
+    a description, lists and objects keep their first 20 items and 4 levels, and any
+    other object becomes its ``str``.
+
+    Examples
+    --------
+    >>> safe_echo({"a": [float("nan"), "x\\udc00"], "b": b"\\xff"})
+    {'a': [None, 'x\\\\udc00'], 'b': '\\\\xff'}
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 10**30 else f"<an integer of {len(str(abs(value)))} digits>"
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (bytes, bytearray)):
+        value = bytes(value[: _ECHO_CHARS * 4]).decode("utf-8", "backslashreplace")
+    if isinstance(value, str):
+        clipped = value[:_ECHO_CHARS] + ("..." if len(value) > _ECHO_CHARS else "")
+        return printable(clipped)
+    if depth >= _ECHO_DEPTH:
+        return "..."
+    if isinstance(value, Mapping):
+        items = list(value.items())
+        out = {
+            printable(str(k))[:_ECHO_CHARS]: safe_echo(v, depth + 1) for k, v in items[:_ECHO_ITEMS]
+        }
+        if len(items) > _ECHO_ITEMS:
+            out["..."] = f"{len(items) - _ECHO_ITEMS} more keys"
+        return out
+    if isinstance(value, (list, tuple)):
+        out_list = [safe_echo(v, depth + 1) for v in value[:_ECHO_ITEMS]]
+        if len(value) > _ECHO_ITEMS:
+            out_list.append(f"... {len(value) - _ECHO_ITEMS} more items")
+        return out_list
+    return printable(str(value))[:_ECHO_CHARS]
+
+
+def _json_response(status: int, detail: Any, headers: Mapping[str, str] | None = None) -> Any:
+    try:
+        return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
+    except (ValueError, TypeError):  # cannot happen after safe_echo; never answer 500 for it
+        logger.exception("could not encode the error detail of a %d answer", status)
+        return JSONResponse(
+            status_code=status, content={"detail": "invalid request"}, headers=headers
+        )
+
+
+async def validation_error_handler(
+    request: fastapi.Request, exc: RequestValidationError
+) -> JSONResponse:
+    """422 with FastAPI's list of errors, their ``input`` and ``ctx`` made printable."""
+    errors = []
+    for err in exc.errors():
+        out = {
+            "type": safe_echo(err.get("type")),
+            "loc": [safe_echo(part) for part in err.get("loc", ())],
+            "msg": safe_echo(err.get("msg")),
+            "input": safe_echo(err.get("input")),
+        }
+        if err.get("ctx"):
+            out["ctx"] = safe_echo(err["ctx"])
+        errors.append(out)
+    return _json_response(422, errors)  # type: ignore[no-any-return]
+
+
+async def http_error_handler(request: fastapi.Request, exc: StarletteHTTPException) -> JSONResponse:
+    """The route's error (401, 404, 413, 415, 422) as ``{"detail": ...}``, printable."""
+    return _json_response(  # type: ignore[no-any-return]
+        exc.status_code, safe_echo(exc.detail), getattr(exc, "headers", None)
+    )
+
+
+async def unexpected_error_handler(request: fastapi.Request, exc: Exception) -> JSONResponse:
+    """A bug: 500 with a JSON ``detail`` (the traceback goes to the server log)."""
+    return _json_response(  # type: ignore[no-any-return]
+        500, "internal server error; the server log has the details."
+    )
