@@ -20,6 +20,7 @@ __all__ = [
     "check_aligned",
     "check_alpha",
     "check_codes",
+    "check_finite_real",
     "check_lengths",
     "check_positive_int",
     "check_relevant",
@@ -49,6 +50,22 @@ def check_alpha(alpha: Any, *, name: str = "alpha") -> float:
     if math.isnan(value) or not 0.0 < value < 1.0:
         raise ValueError(f"{name} == {alpha!r}, must be in (0, 1).")
     return value
+
+
+def check_finite_real(value: Any, name: str) -> float:
+    """A single finite real number (bools refused).
+
+    Examples
+    --------
+    >>> check_finite_real(0.5, "score")
+    0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}).")
+    out = float(value)
+    if not math.isfinite(out):
+        raise ValueError(f"{name} == {value!r}, must be a finite number.")
+    return out
 
 
 def check_unit_interval(value: Any, name: str, *, closed_right: bool) -> float:

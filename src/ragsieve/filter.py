@@ -56,7 +56,7 @@ from .calibration import (
 from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
 from .scoring import FusedScorer, Scorer, resolve_scorer
-from .scoring.fusion import FUSION_FIT_FRACTION
+from .scoring.fusion import fit_topic_count
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
 __all__ = [
@@ -107,7 +107,7 @@ def _topic_halves(pairs: Sequence[Pair], seed: int) -> tuple[list[int], list[int
             f"calibrated on the others; got {len(topics)} topic(s), need at least 2."
         )
     rng = np.random.default_rng(seed)
-    n_fit = min(len(topics) - 1, max(1, round(FUSION_FIT_FRACTION * len(topics))))
+    n_fit = fit_topic_count(len(topics))
     fit_topics = set(np.asarray(topics, dtype=object)[rng.permutation(len(topics))[:n_fit]])
     fit = [i for i, p in enumerate(pairs) if p.group in fit_topics]
     cal = [i for i, p in enumerate(pairs) if p.group not in fit_topics]
@@ -127,17 +127,21 @@ class _Pieces:
     def whole(cls, items: list[dict[str, Any]]) -> _Pieces:
         return cls(items, items, np.arange(len(items)), [None] * len(items))
 
-    def kept_spans(self, item: int, keep_piece: np.ndarray) -> tuple[tuple[int, int], ...]:
-        """Merged spans of the item's kept pieces (empty when it was scored whole)."""
-        spans = sorted(sp for sp, o, k in zip(self.spans, self.owner, keep_piece, strict=True)
-                       if o == item and k and sp is not None)
-        merged: list[tuple[int, int]] = []
-        for a, b in spans:
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+    def kept_spans(self, keep_piece: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+        """Per item, the merged spans of its kept pieces (empty when it was scored whole).
+
+        One pass over the pieces; the pieces of an item come in text order.
+        """
+        out: list[list[tuple[int, int]]] = [[] for _ in self.items]
+        for sp, o, k in zip(self.spans, self.owner, keep_piece, strict=True):
+            if not k or sp is None:
+                continue
+            merged = out[int(o)]
+            if merged and sp[0] <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(sp[1], merged[-1][1]))
             else:
-                merged.append((a, b))
-        return tuple(merged)
+                merged.append(sp)
+        return [tuple(m) for m in out]
 
 
 class ConformalFilter:
@@ -435,9 +439,10 @@ class ConformalFilter:
         if n and not keep.any():
             notes.append(self._empty_policy(keep, item_scores, tau))
             logger.info("query %r: %s", query[:80], notes[-1])
+        spans = cut.kept_spans(keep_piece)
         kept = tuple(
             Scored(index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
-                   score=float(item_scores[i]), spans=cut.kept_spans(i, keep_piece))
+                   score=float(item_scores[i]), spans=spans[i])
             for i, it in enumerate(cut.items)
             if keep[i]
         )

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_alpha, check_relevant, check_scores
+from .._validation import check_alpha, check_finite_real, check_relevant, check_scores
 from ..errors import ArtifactError
 from .base import BaseCalibrator, Guarantee, _json_float, _read_float
 from .split import relevant_scores
@@ -49,15 +49,6 @@ def _check_relevant(value: Any) -> bool:
     if isinstance(value, (int, np.integer)) and value in (0, 1):
         return bool(value)
     raise ValueError(f"relevant == {value!r}, must be a bool or 0/1.")
-
-
-def _check_score(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"score must be a real number, got {type(value).__name__} ({value!r}).")
-    score = float(value)
-    if not math.isfinite(score):
-        raise ValueError(f"score == {value!r}, must be a finite number.")
-    return score
 
 
 class AdaptiveCalibrator(BaseCalibrator):
@@ -207,7 +198,7 @@ class AdaptiveCalibrator(BaseCalibrator):
             Whether the snippet was kept (``score <= threshold_`` before the update).
         """
         self._check_fitted()
-        s = _check_score(score)
+        s = check_finite_real(score, "score")
         rel = _check_relevant(relevant)
         tau, a = self.threshold_, self.alpha_t_
         kept = s <= tau

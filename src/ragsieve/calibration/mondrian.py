@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -123,5 +122,3 @@ class MondrianCalibrator(ThresholdCalibrator):
                 raise ArtifactError(f"group size of {k!r} == {v!r}, expected an int >= 1.")
             self.group_sizes_[str(k)] = v
         self.fallback_groups_ = [str(x) for x in state.get("fallback_groups", [])]
-        if math.isnan(self.threshold_):  # pragma: no cover - _read_float refuses NaN
-            raise ArtifactError("pooled threshold is NaN.")

@@ -241,11 +241,11 @@ def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, see
 
     Returns the data with fused scores and the calibration indices left for conformal.
     """
-    from ..scoring.fusion import fit_logistic
+    from ..scoring.fusion import fit_logistic, fit_topic_count
 
     topics = np.unique(data.group_index[cal_idx])
     rng = np.random.default_rng([seed, salt])
-    n_fit = min(topics.size - 1, max(1, round(fraction * topics.size)))
+    n_fit = fit_topic_count(topics.size, fraction)
     fit_topics = rng.permutation(topics)[:n_fit]
     fit_mask = np.isin(data.group_index[cal_idx], fit_topics)
     fit_idx, conf_idx = cal_idx[fit_mask], cal_idx[~fit_mask]

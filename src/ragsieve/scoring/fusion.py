@@ -25,13 +25,27 @@ from ..types import Pair
 from .base import Scorer
 from .relative import query_index_of, relative_scores
 
-__all__ = ["FEATURES", "FUSION_FIT_FRACTION", "FusedScorer", "feature_matrix", "fit_logistic"]
+__all__ = [
+    "FEATURES", "FUSION_FIT_FRACTION", "FusedScorer", "feature_matrix", "fit_logistic",
+    "fit_topic_count",
+]
 
 FEATURES = ("score", "gap", "z", "log_rank", "ratio")
 #: Share of the calibration topics that fit the fusion weights; the rest calibrate the
 #: threshold. Five weights need few topics, and every topic left to calibration lowers the
 #: finite-sample inflation of the topic-level modes ((K+1)/K with K calibration topics).
 FUSION_FIT_FRACTION = 0.25
+
+
+def fit_topic_count(n_topics: int, fraction: float = FUSION_FIT_FRACTION) -> int:
+    """How many of ``n_topics`` calibration topics fit the weights (at least one is left).
+
+    Examples
+    --------
+    >>> fit_topic_count(24), fit_topic_count(2)
+    (6, 1)
+    """
+    return min(n_topics - 1, max(1, round(fraction * n_topics)))
 
 
 def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
