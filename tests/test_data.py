@@ -165,6 +165,43 @@ def test_read_rejects_inconsistent_query_text(tmp_path: Path) -> None:
         read_pairs(path)
 
 
+def test_answers_and_nuggets_round_trip_through_export(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        _line(answers=["Ada Lovelace", "Lovelace"], nuggets=["Ada wrote the first program"]),
+        _line(snippet_id="s2", text="Bob.", answers=["Ada Lovelace", "Lovelace"]),
+        _line(query_id="q2", query="Where?", snippet_id="s3", text="Here."),
+    )
+    pairs = read_pairs(path)
+    assert pairs[0].meta["answers"] == ["Ada Lovelace", "Lovelace"]
+    assert pairs[0].meta["nuggets"] == ["Ada wrote the first program"]
+    assert "answers" not in pairs[2].meta
+    out = tmp_path / "out.jsonl"
+    write_pairs(pairs, out)
+    again = read_pairs(out)
+    assert [p.meta.get("answers") for p in again] == [p.meta.get("answers") for p in pairs]
+    assert again[0].meta["nuggets"] == ["Ada wrote the first program"]
+
+
+@pytest.mark.parametrize("value", ["Ada", [], [""], ["  "], [1], {"a": 1}, [["Ada"]]])
+@pytest.mark.parametrize("key", ["answers", "nuggets"])
+def test_read_rejects_malformed_answers(tmp_path: Path, key: str, value: object) -> None:
+    path = _write(tmp_path, _line(**{key: value}))
+    with pytest.raises(DataError, match=rf":1: {key} == .*must be a non-empty list of non-empty strings"):
+        read_pairs(path)
+
+
+def test_read_rejects_two_answer_lists_for_one_query(tmp_path: Path) -> None:
+    path = _write(tmp_path, _line(answers=["Ada"]), _line(snippet_id="s2", answers=["Bob"]))
+    with pytest.raises(DataError, match=r":2: query_id 'q1' has answers \['Bob'\], but .*:1 gave"):
+        read_pairs(path)
+
+
+def test_read_null_answers_is_absent(tmp_path: Path) -> None:
+    path = _write(tmp_path, _line(answers=None), _line(snippet_id="s2", answers=["Ada"]))
+    assert [p.meta.get("answers") for p in read_pairs(path)] == [None, ["Ada"]]
+
+
 def test_read_rejects_non_utf8(tmp_path: Path) -> None:
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(

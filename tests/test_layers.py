@@ -34,8 +34,10 @@ LAYERS: dict[str, int] = {
     "filter": 4,
     "monitoring": 4,
     "data": 4,
+    # generation asks the LLM for answers from kept snippets (it imports llm only); answer
+    # evaluation (evaluation/answers.py) generates through it, so it sits below evaluation
+    "generation": 4,
     "labeling": 5,
-    "generation": 5,
     "store": 5,
     "engines": 5,
     "evaluation": 5,

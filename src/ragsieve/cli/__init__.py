@@ -68,6 +68,41 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(func=commands.cmd_evaluate)
 
 
+def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "answers", "downstream answer quality of each method's kept context "
+                                  "(answer in context, EM/F1, nugget F1, paired bootstrap CIs)")
+    add_data_options(p)
+    add_scorer_options(p)
+    add_guarantee_options(p, several=True)
+    g = p.add_argument_group("answers")
+    g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2])
+    g.add_argument("--splits", type=positive_int, default=1,
+                   help="topic-disjoint splits (default 1; each repeats the generation for its "
+                        "test queries)")
+    g.add_argument("--calibration-fraction", type=fraction, default=0.5)
+    g.add_argument("--seed", type=nonnegative_int, default=0)
+    g.add_argument("--limit-queries", type=positive_int, default=None,
+                   help="evaluate at most N test queries (a seeded sample; calibration keeps "
+                        "every calibration topic): bounds the LLM cost")
+    g.add_argument("--no-generate", action="store_true",
+                   help="model-free metrics only (answer in context, context size): no LLM")
+    judge = g.add_mutually_exclusive_group()
+    judge.add_argument("--judge", dest="judge", action="store_true", default=None,
+                       help="judge the answers (nugget metrics) even with the local model")
+    judge.add_argument("--no-judge", dest="judge", action="store_false",
+                       help="skip the nugget judge (default: judge with --base-url only)")
+    g.add_argument("--max-tokens", type=positive_int, default=32,
+                   help="length cap of a generated answer (default 32)")
+    g.add_argument("--confidence", type=fraction, default=0.95,
+                   help="level of the paired bootstrap intervals (default 0.95)")
+    g.add_argument("--bootstrap-resamples", type=positive_int, default=2000)
+    add_json_option(p)
+    p.add_argument("--plot", default=None, help="write the quality-vs-context-size figure to this PNG")
+    p.add_argument("--per-query", default=None, metavar="FILE",
+                   help="also write every query's values per method as JSONL")
+    p.set_defaults(func=commands.cmd_answers)
+
+
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "calibrate", "calibrate a filter of one guarantee mode and save it")
     add_data_options(p)
@@ -245,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_evaluate, _add_calibrate, _add_filter, _add_label, _add_llm,
+    for add in (_add_evaluate, _add_answers, _add_calibrate, _add_filter, _add_label, _add_llm,
                 _add_shift_demo, _add_index_and_query, _add_rag_demo, _add_serve, _add_export,
                 _add_demo):
         add(sub)

@@ -25,6 +25,7 @@ from .options import (
 )
 
 __all__ = [
+    "cmd_answers",
     "cmd_calibrate",
     "cmd_evaluate",
     "cmd_export",
@@ -86,6 +87,55 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from ..evaluation.plots import plot_report
 
         plot_report({args.scorer: report}, args.plot, title=f"ragsieve evaluate: {args.data}")
+        eprint(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_answers(args: argparse.Namespace) -> int:
+    """``ragsieve answers``: what the generator gets from each method's kept context."""
+    from ..evaluation.answers import LOCAL_N_CTX, AnswerConfig, evaluate_answers
+    from ..evaluation.table import format_answer_table
+
+    check_scorer_options(args)
+    config = AnswerConfig(
+        alphas=tuple(args.alpha), modes=tuple(args.mode), n_splits=args.splits,
+        calibration_fraction=args.calibration_fraction, seed=args.seed, delta=args.delta,
+        min_group_size=args.min_group_size, budgets=tuple(args.budget),
+        limit_queries=args.limit_queries, generate=not args.no_generate,
+        judge=args.judge, max_tokens=args.max_tokens, confidence=args.confidence,
+        n_resamples=args.bootstrap_resamples, language=args.language,
+    )
+    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
+    scorer = make_scorer(args)
+    connection = None
+    if config.generate:
+        from ..llm import connect
+
+        options = llm_options(args)
+        if args.no_cache:
+            options["cache"] = False
+        connection = connect(**options, n_ctx=LOCAL_N_CTX)
+        if connection.is_local:
+            eprint(f"no --base-url: started the local model {connection.model} at "
+                   f"{connection.base_url} for this command (generator and judge)")
+    try:
+        report = evaluate_answers(pairs, scorer, config, connection=connection,
+                                  group_by=args.group_by, progress=not args.quiet)
+    finally:
+        if connection is not None:
+            connection.close()
+    report.info["dataset"] = str(args.data)
+    # print the computed results before writing files, so a failure there loses nothing
+    print(dumps(report.to_dict()) if args.json else format_answer_table(report), flush=True)
+    if args.per_query:
+        from ..evaluation.answers import write_per_query
+
+        n = write_per_query(report, args.per_query)
+        eprint(f"{n} per-query lines written to {args.per_query}")
+    if args.plot:
+        from ..evaluation.plots import plot_answers
+
+        plot_answers(report, args.plot, title=f"ragsieve answers: {args.data}")
         eprint(f"plot written to {args.plot}")
     return 0
 

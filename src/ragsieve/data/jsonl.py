@@ -24,6 +24,7 @@ from ragsieve.types import Pair, fingerprint_pairs
 
 __all__ = [
     "OPTIONAL_KEYS",
+    "QUERY_LIST_KEYS",
     "REQUIRED_KEYS",
     "describe_pairs",
     "fingerprint_pairs",
@@ -40,6 +41,11 @@ REQUIRED_KEYS: tuple[str, ...] = ("query_id", "query", "snippet_id", "text")
 
 OPTIONAL_KEYS: tuple[str, ...] = ("relevant", "group")
 """Standard keys that may be absent or ``null``."""
+
+QUERY_LIST_KEYS: tuple[str, ...] = ("answers", "nuggets")
+"""Optional per-query keys (kept in ``Pair.meta``): lists of non-empty strings, the gold
+answers and the gold nuggets of the query, used by answer evaluation. Lines of one query
+that carry one of them must carry the same list."""
 
 _STANDARD_KEYS = frozenset(REQUIRED_KEYS + OPTIONAL_KEYS)
 _ID_KEYS = frozenset({"query_id", "snippet_id"})
@@ -106,6 +112,20 @@ def _group_field(record: Mapping[str, Any], where: str) -> str:
     return value if value.strip() else ""
 
 
+def _string_list_field(record: Mapping[str, Any], key: str, where: str) -> None:
+    """Check an optional per-query list (``answers``, ``nuggets``): absent, null, or a
+    non-empty list of non-empty strings."""
+    value = record.get(key)
+    if value is None:
+        return
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, str) and v.strip() for v in value)):
+        raise DataError(
+            f"{where}: {key} == {json.dumps(value, ensure_ascii=False)[:80]} "
+            f"({_type_name(value)}), must be a non-empty list of non-empty strings or null."
+        )
+
+
 def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
     if not isinstance(record, dict):
         raise DataError(
@@ -113,6 +133,8 @@ def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
             f"({json.dumps(record, ensure_ascii=False)[:60]})."
         )
     query_id, query, snippet_id, text = (_string_field(record, k, where) for k in REQUIRED_KEYS)
+    for key in QUERY_LIST_KEYS:
+        _string_list_field(record, key, where)
     return Pair(
         query_id=query_id,
         query=query,
@@ -125,11 +147,13 @@ def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
 
 
 class _Consistency:
-    """Cross-line checks: unique (query_id, snippet_id), one query text per query_id."""
+    """Cross-line checks: unique (query_id, snippet_id), one query text per query_id, and
+    one ``answers`` / ``nuggets`` list per query_id among the lines that carry one."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple[str, str], str] = {}
         self.queries: dict[str, tuple[str, str]] = {}
+        self.lists: dict[tuple[str, str], tuple[Any, str]] = {}
 
     def check(self, pair: Pair, where: str) -> None:
         key = (pair.query_id, pair.snippet_id)
@@ -146,6 +170,16 @@ class _Consistency:
                 f"{where}: query_id {pair.query_id!r} has query text {pair.query[:60]!r}, but "
                 f"{first[1]} gave {first[0][:60]!r}; one query_id must have one query text."
             )
+        for key in QUERY_LIST_KEYS:
+            value = pair.meta.get(key)
+            if value is None:
+                continue
+            known = self.lists.setdefault((pair.query_id, key), (value, where))
+            if known[0] != value:
+                raise DataError(
+                    f"{where}: query_id {pair.query_id!r} has {key} {value!r}, but {known[1]} gave "
+                    f"{known[0]!r}; a query's {key} must be the same on every line that has them."
+                )
 
 
 # --------------------------------------------------------------------------- reading

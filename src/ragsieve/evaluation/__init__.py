@@ -1,5 +1,16 @@
-"""Evaluation: metrics, topic-disjoint split sweeps, baselines, tables and plots."""
+"""Evaluation: metrics, topic-disjoint split sweeps, baselines, answers, tables and plots."""
 
+from .answer_metrics import (
+    ARTICLES,
+    answer_in_context,
+    answer_tokens,
+    count_tokens,
+    exact_match,
+    normalize_answer,
+    token_f1,
+)
+from .answers import AnswerConfig, AnswerReport, evaluate_answers
+from .bootstrap import PairedInterval, paired_bootstrap
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 from .sweep import (
     DEFAULT_ALPHAS,
@@ -12,22 +23,35 @@ from .sweep import (
     evaluate,
     evaluate_scores,
 )
-from .table import format_table
+from .table import format_answer_table, format_table
 
 __all__ = [
+    "ARTICLES",
     "DEFAULT_ALPHAS",
     "DEFAULT_THETAS",
     "DEFAULT_TOP_K",
     "TOLERANCE_SE",
+    "AnswerConfig",
+    "AnswerReport",
     "EvaluationConfig",
     "EvaluationReport",
+    "PairedInterval",
     "ScoredData",
+    "answer_in_context",
+    "answer_tokens",
     "char_removal",
+    "count_tokens",
     "coverage",
     "evaluate",
+    "evaluate_answers",
     "evaluate_scores",
+    "exact_match",
+    "format_answer_table",
     "format_table",
+    "normalize_answer",
+    "paired_bootstrap",
     "query_coverage",
     "removal",
+    "token_f1",
     "within_query_rank",
 ]

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from .._optional import require
+from .answers import AnswerReport
 from .sweep import EvaluationReport
 
-__all__ = ["plot_report", "save_figure"]
+__all__ = ["plot_answers", "plot_report", "save_figure"]
 
 _COLOURS = ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange", "tab:cyan")
 
@@ -139,6 +140,51 @@ def plot_report(
     trade_ax.set_ylabel("coverage")
     trade_ax.set_title("trade-off on the same test splits")
     trade_ax.legend(fontsize=7)
+    return save_figure(fig, path, title=title)
+
+
+def plot_answers(report: AnswerReport, path: str | os.PathLike[str], *,
+                 title: str | None = None) -> Path:
+    """Answer quality against context size across alpha, one line per method.
+
+    Left: share of queries whose kept context holds a gold answer; right (when answers
+    were generated): token F1 of the generated answers, and nugget F1 when judged. The
+    x axis is the mean number of context characters per query; ``all`` is a star.
+
+    Returns
+    -------
+    pathlib.Path
+        The written PNG.
+    """
+    plt = require("matplotlib.pyplot", "plot")
+    panels = [("answer_in_context_mean", "gold answer in kept context")]
+    if report.info.get("generated"):
+        panels.append(("f1_mean", "answer token F1"))
+    if report.info.get("judged"):
+        panels.append(("nugget_f1_mean", "nugget F1 (LLM judge)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    methods: dict[str, list[dict[str, Any]]] = {}
+    for row in report.results:
+        label = row["method"] if row.get("mode") in (None, "marginal") else f"{row['method']} [{row['mode']}]"
+        methods.setdefault(label, []).append(row)
+    for ax, (key, name) in zip(axes[0], panels):
+        for label, rows in methods.items():
+            rows = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r["context_chars_mean"])
+            xs = [r["context_chars_mean"] for r in rows]
+            ys = [r[key] for r in rows]
+            if label == "all":
+                ax.plot(xs, ys, "*", markersize=12, color="black", label="all snippets")
+                continue
+            (line,) = ax.plot(xs, ys, "o-", label=label)
+            if label == "conformal":
+                for r in rows:
+                    ax.annotate(f"α={r['alpha']:g}", (r["context_chars_mean"], r[key]),
+                                textcoords="offset points", xytext=(4, -10), fontsize=7,
+                                color=line.get_color())
+        ax.set_xlabel("context characters per query (mean)")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     return save_figure(fig, path, title=title)
 
 

@@ -254,12 +254,21 @@ def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, see
     return dataclasses.replace(data, scores=fused), conf_idx
 
 
+def calibrated_k(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, alpha: float) -> int:
+    """Smallest k whose top-k coverage on the calibration pairs ``cal_idx`` reaches 1 - alpha.
+
+    The plain empirical choice (no conformal correction): the baseline a user would tune
+    by hand on labelled data.
+    """
+    rel_ranks = np.sort(ranks[cal_idx][data.relevant[cal_idx]])
+    need = math.ceil(rel_ranks.size * (1 - alpha) - 1e-9)
+    return int(rel_ranks[max(need, 1) - 1]) + 1
+
+
 def _calibrated_topk(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, test: np.ndarray,
                      alpha: float) -> dict[str, Any]:
     """Smallest k whose coverage on the calibration topics reaches 1 - alpha, on the test topics."""
-    rel_ranks = np.sort(ranks[cal_idx][data.relevant[cal_idx]])
-    need = math.ceil(rel_ranks.size * (1 - alpha) - 1e-9)
-    k = int(rel_ranks[max(need, 1) - 1]) + 1
+    k = calibrated_k(data, ranks, cal_idx, alpha)
     m: dict[str, Any] = _split_metrics(data, ranks < k, test)
     m["k"] = k
     return m
@@ -597,8 +606,6 @@ def evaluate(
     **config_kwargs
         Fields of :class:`EvaluationConfig`.
     """
-    from ..scoring import FusedScorer, resolve_scorer
-
     pairs = list(pairs)
     if not pairs:
         raise DataError("no pairs to evaluate: the dataset is empty.")
@@ -608,32 +615,50 @@ def evaluate(
         config = EvaluationConfig(**config_kwargs)
     elif config_kwargs:
         raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
-    scorer = resolve_scorer(scorer, **(scorer_options or {}))
-    fusion = isinstance(scorer, FusedScorer) and not scorer.is_fitted
-    base = scorer.base if fusion else scorer  # the fused score is fitted per split on its base
-    pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
+    pairs, scores, features, scorer_info, n_dropped = score_for_evaluation(
+        pairs, scorer, progress=progress, on_error=on_error, scorer_options=scorer_options,
+        fusion_fraction=config.fusion_fraction)
     needs_attribute = any(CALIBRATORS[m].group_kind == "attribute" for m in config.modes)
     if group_by is None and needs_attribute:
         group_by = "language"
         logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
                        "(pairs without it form one group); pass group_by / --group-by FIELD")
-    features = None
-    if fusion:
-        from ..scoring.fusion import feature_matrix
-        from ..scoring.relative import query_index_of
-
-        features = feature_matrix(scores, query_index_of(pairs))
     report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), config,
                              fusion_features=features)
     report.info["group_by"] = group_by
-    report.info["scorer"] = scorer.spec()
-    if fusion:
-        from ..scoring.fusion import FEATURES
-
-        report.info["scorer"] = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
-                                 "fitted": f"per split, on a random {config.fusion_fraction:g} of the calibration topics"}
+    report.info["scorer"] = scorer_info
     report.info["n_dropped_errors"] = n_dropped
     return report
+
+
+def score_for_evaluation(
+    pairs: list[Pair], scorer: Any, *, progress: bool = False, on_error: str = "raise",
+    scorer_options: dict[str, Any] | None = None, fusion_fraction: float = FUSION_FIT_FRACTION,
+) -> tuple[list[Pair], np.ndarray, np.ndarray | None, dict[str, Any], int]:
+    """Score labelled pairs once for a split sweep.
+
+    Returns
+    -------
+    pairs, scores, fusion_features, scorer_info, n_dropped
+        The pairs kept (all unless ``on_error="drop"`` dropped some), their scores, the
+        feature matrix when ``scorer`` is an unfitted fused score (fitted per split on
+        ``fusion_fraction`` of the calibration topics, see :func:`evaluate_scores`), else
+        None, the scorer's spec for the report, and the number of pairs dropped.
+    """
+    from ..scoring import FusedScorer, resolve_scorer
+
+    scorer = resolve_scorer(scorer, **(scorer_options or {}))
+    fusion = isinstance(scorer, FusedScorer) and not scorer.is_fitted
+    base = scorer.base if fusion else scorer  # the fused score is fitted per split on its base
+    pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
+    if not fusion:
+        return pairs, scores, None, scorer.spec(), n_dropped
+    from ..scoring.fusion import FEATURES, feature_matrix
+    from ..scoring.relative import query_index_of
+
+    info = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
+            "fitted": f"per split, on a random {fusion_fraction:g} of the calibration topics"}
+    return pairs, scores, feature_matrix(scores, query_index_of(pairs)), info, n_dropped
 
 
 def _score_or_drop(scorer: Any, pairs: list[Pair], progress: bool,

@@ -158,6 +158,7 @@ def connect(
     concurrency: int | None = None,
     threads: int | None = None,
     timeout: float = 120.0,
+    n_ctx: int | None = None,
 ) -> LLMConnection:
     """Open an LLM connection.
 
@@ -183,6 +184,9 @@ def connect(
         CPU threads of the local model (default ``RAGSIEVE_LLM_THREADS`` or 1).
     timeout : float
         Per-request timeout in seconds.
+    n_ctx : int, optional
+        Context window (tokens) of the local model (default 4096); ignored for an endpoint,
+        whose window is the server's.
 
     Returns
     -------
@@ -204,7 +208,8 @@ def connect(
     if target.local_model is not None:
         from .local import LocalLLMServer
 
-        server = LocalLLMServer(target.local_model, threads=threads).start()
+        server = LocalLLMServer(target.local_model, threads=threads,
+                                **({} if n_ctx is None else {"n_ctx": n_ctx})).start()
         url, name = server.base_url, server.model_name
         concurrency = concurrency or 1
         logger.warning(

@@ -1,0 +1,534 @@
+"""Does the filtered context still answer? Downstream evaluation of kept contexts.
+
+On the same topic-disjoint splits as :func:`ragsieve.evaluation.evaluate`, every test
+query gets one context per *method*, and each context is measured:
+
+methods
+    ``all`` (every retrieved snippet); ``conformal`` at each alpha and guarantee mode;
+    ``top-k (calibrated)`` (the smallest k reaching 1 - alpha on the calibration topics,
+    without the conformal correction); ``top-k (equal size)`` (top-k with, on the test
+    queries of the split, the same mean number of snippets as the conformal row: the
+    fair equal-budget opponent; k is ``floor(m)`` for some queries and ``floor(m) + 1``
+    for a seeded random share of them so the mean is exactly ``m``).
+model-free metrics
+    ``answer_in_context`` (a gold answer occurs in the kept context after SQuAD
+    normalisation, see :mod:`~ragsieve.evaluation.answer_metrics`), context characters,
+    word tokens and snippets per query, and the share of empty contexts.
+generated-answer metrics
+    A short answer from an OpenAI-compatible generator (:func:`ragsieve.generation.short_answer`):
+    EM and token F1 against the gold answers, answer length, the share of abstentions,
+    prompt tokens reported by the server, and the latency of requests not served from the cache.
+nugget metrics (ARGUE-style)
+    An LLM judge (:class:`ragsieve.evaluation.nuggets.NuggetJudge`): sentence precision
+    (answer sentences the kept context supports), nugget recall (gold nuggets the answer
+    contains) and their F1. An unparseable judgement is left out, never counted as a yes.
+statistics
+    For every method, the paired bootstrap interval over queries of its difference from
+    ``all`` (:func:`ragsieve.evaluation.bootstrap.paired_bootstrap`).
+
+A query's value is the mean over the splits in which it is a test query, so every query
+is one paired observation. An empty context is not sent to the generator: the answer is
+an abstention (EM 0, F1 0). Every generation and judgement goes through the LLM client's
+persistent reply cache, so a killed run resumes without asking twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._io import atomic_write_text
+from ..data.splits import group_splits
+from ..errors import DataError
+from ..scoring.fusion import FUSION_FIT_FRACTION
+from ..types import Pair
+from .answer_metrics import answer_in_context, answer_tokens, count_tokens, exact_match, token_f1
+from .bootstrap import paired_bootstrap
+from .metrics import within_query_rank
+from .sweep import (
+    EvaluationConfig,
+    ScoredData,
+    _calibrate_split,
+    _fuse_split,
+    calibrated_k,
+    score_for_evaluation,
+)
+
+if TYPE_CHECKING:
+    from ..llm.connect import LLMConnection
+
+__all__ = ["AnswerConfig", "AnswerReport", "evaluate_answers", "write_per_query"]
+
+logger = logging.getLogger(__name__)
+
+#: Context window of the local model started for answer evaluation (tokens); the longest
+#: retrieved list of XQuAD-en (9,649 characters) needs about 2,500.
+LOCAL_N_CTX = 8192
+
+#: Per-query metrics, in the order of the report; ``None`` marks a value not computed.
+MODEL_FREE = ("answer_in_context", "context_chars", "context_tokens", "context_snippets", "empty_context")
+GENERATED = ("em", "f1", "answer_chars", "abstained", "prompt_tokens", "latency_s")
+JUDGED = ("nugget_precision", "nugget_recall", "nugget_f1")
+#: Metrics that get a paired bootstrap interval against ``all``.
+CI_METRICS = ("answer_in_context", "context_chars", "context_tokens", "em", "f1", "nugget_f1")
+
+
+@dataclass(frozen=True)
+class AnswerConfig:
+    """What :func:`evaluate_answers` measures.
+
+    Attributes
+    ----------
+    alphas : tuple of float
+        Miscoverage levels of the conformal and calibrated top-k rows.
+    modes : tuple of str
+        Guarantee modes of the conformal rows (each gets its equal-size top-k row).
+    n_splits : int
+        Topic-disjoint splits; every extra split repeats the work for its test queries.
+    calibration_fraction, seed, delta, min_group_size, budgets, bound, fusion_fraction
+        As for :class:`~ragsieve.evaluation.EvaluationConfig`.
+    limit_queries : int or None
+        Evaluate at most this many test queries (a seeded sample; calibration still uses
+        every calibration topic). Bounds the LLM cost.
+    generate : bool
+        Generate answers (EM, F1, ...); False computes the model-free metrics only.
+    judge : bool or None
+        With ``generate``: also judge the answers (nugget metrics). None (default): judge
+        with an endpoint, not with the local default model: Gemma 3 270M answered "no" to
+        28 of 30 answer sentences and to all 30 gold nuggets, 8 of them exact matches, so
+        its nugget scores carry no signal (force it with True).
+    max_tokens : int
+        Length cap of a generated answer.
+    confidence : float
+        Level of the paired bootstrap intervals.
+    n_resamples : int
+        Bootstrap resamples.
+    language : str or None
+        Language of the normalisation when a pair has no ``meta["language"]`` (None:
+        SQuAD's English rules).
+    """
+
+    alphas: tuple[float, ...] = (0.05, 0.1, 0.2)
+    modes: tuple[str, ...] = ("marginal",)
+    n_splits: int = 1
+    calibration_fraction: float = 0.5
+    seed: int = 0
+    delta: float = 0.1
+    min_group_size: int | None = None
+    budgets: tuple[int, ...] = ()
+    bound: str = "auto"
+    fusion_fraction: float = FUSION_FIT_FRACTION
+    limit_queries: int | None = None
+    generate: bool = True
+    judge: bool | None = None
+    max_tokens: int = 32
+    confidence: float = 0.95
+    n_resamples: int = 2000
+    language: str | None = None
+
+    def __post_init__(self) -> None:
+        self.sweep  # validates the shared fields  # noqa: B018
+        if self.limit_queries is not None and (
+                isinstance(self.limit_queries, bool) or not isinstance(self.limit_queries, int)
+                or self.limit_queries < 1):
+            raise ValueError(f"limit_queries == {self.limit_queries!r}, must be None or an int >= 1.")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens == {self.max_tokens!r}, must be an int >= 1.")
+        if not 0.0 < float(self.confidence) < 1.0:
+            raise ValueError(f"confidence == {self.confidence!r}, must be in (0, 1).")
+
+    @property
+    def sweep(self) -> EvaluationConfig:
+        """The split and calibrator settings as an :class:`EvaluationConfig`."""
+        return EvaluationConfig(
+            alphas=self.alphas, modes=self.modes, n_splits=self.n_splits,
+            calibration_fraction=self.calibration_fraction, seed=self.seed, delta=self.delta,
+            min_group_size=self.min_group_size, budgets=self.budgets, bound=self.bound,
+            fusion_fraction=self.fusion_fraction, top_k=(), thetas=(), calibrated_baselines=False,
+        )
+
+
+@dataclass
+class AnswerReport:
+    """Result of :func:`evaluate_answers`; ``to_dict()`` is the ``--json`` schema.
+
+    Attributes
+    ----------
+    results : list of dict
+        One row per method: ``method``, ``alpha`` / ``mode`` / ``k`` where they apply,
+        ``<metric>_mean`` for every metric computed, ``n_queries`` and ``ci`` (paired
+        bootstrap intervals of the difference from ``all``, per metric; empty for ``all``).
+    per_query : dict
+        ``{row label: {query_id: {metric: value}}}`` (not in ``to_dict``; for analyses,
+        see :func:`write_per_query`).
+    row_fields : dict
+        ``{row label: {"method": ..., "mode": ..., "alpha": ...}}``.
+    info : dict
+        Run facts: queries, splits, scorer, generator, judge, request counts.
+    """
+
+    results: list[dict[str, Any]]
+    info: dict[str, Any] = field(default_factory=dict)
+    per_query: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict, repr=False)
+    row_fields: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.info, "results": self.results}
+
+    def row(self, method: str, alpha: float | None = None) -> dict[str, Any]:
+        """The row of ``method`` (at ``alpha``); KeyError when there is none."""
+        for r in self.results:
+            if r["method"] == method and (alpha is None or r.get("alpha") == alpha):
+                return r
+        raise KeyError(f"no row for method {method!r} at alpha {alpha!r}")
+
+
+@dataclass(frozen=True)
+class _Query:
+    query_id: str
+    question: str
+    golds: tuple[str, ...]
+    nuggets: tuple[str, ...]
+    language: str | None
+    positions: np.ndarray  # pair indices of the query's list, in input order
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One method row: how it is labelled and the JSON fields that identify it."""
+
+    label: str
+    method: str
+    fields: tuple[tuple[str, Any], ...]
+
+
+def _queries(pairs: Sequence[Pair], data: ScoredData, language: str | None) -> list[_Query]:
+    by_query: dict[int, list[int]] = {}
+    for i, q in enumerate(data.query_index.tolist()):
+        by_query.setdefault(q, []).append(i)
+    out: list[_Query] = []
+    for q in range(len(by_query)):
+        idx = by_query[q]
+        first = pairs[idx[0]]
+        answers = next((pairs[i].meta["answers"] for i in idx if pairs[i].meta.get("answers")), None)
+        nuggets = next((pairs[i].meta["nuggets"] for i in idx if pairs[i].meta.get("nuggets")), None)
+        lang = first.meta.get("language", language)
+        # a gold that normalises to nothing (only articles, e.g. German "eine") cannot be matched
+        golds = tuple(str(a) for a in answers or () if answer_tokens(str(a), lang))
+        out.append(_Query(first.query_id, first.query, golds,
+                          tuple(str(n) for n in nuggets) if nuggets else golds, lang, np.array(idx)))
+    return out
+
+
+def _equal_size_mask(ranks: np.ndarray, data: ScoredData, kept: np.ndarray, test_queries: np.ndarray,
+                     rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """Top-k per query with the same mean number of kept snippets as ``kept`` on the test queries."""
+    sizes = np.bincount(data.query_index[kept], minlength=int(data.query_index.max()) + 1)
+    m = float(sizes[test_queries].mean()) if test_queries.size else 0.0
+    base = math.floor(m)
+    n_extra = round((m - base) * test_queries.size)
+    k_per_query = np.full(sizes.size, base, dtype=np.int64)
+    k_per_query[rng.permutation(test_queries)[:n_extra]] += 1
+    return ranks < k_per_query[data.query_index], m
+
+
+def _split_contexts(data: ScoredData, ranks: np.ndarray, features: np.ndarray | None,
+                    config: AnswerConfig, cal_idx: np.ndarray, test_queries: np.ndarray,
+                    split_no: int) -> list[tuple[_Row, np.ndarray, float | None]]:
+    """The keep-mask of every method in one split, with its k for the top-k rows."""
+    sweep = config.sweep
+    scored, conf_cal_idx = data, cal_idx
+    if features is not None:
+        scored, conf_cal_idx = _fuse_split(data, features, cal_idx, config.seed, split_no,
+                                           config.fusion_fraction)
+    rng = np.random.default_rng([config.seed, split_no, 7])
+    out: list[tuple[_Row, np.ndarray, float | None]] = [
+        (_Row("all", "all", ()), np.ones(data.scores.size, dtype=bool), None)]
+    for mode in config.modes:
+        for a in config.alphas:
+            kept = _calibrate_split(scored, sweep.calibrator(mode, a), conf_cal_idx)
+            tag = "" if len(config.modes) == 1 else f" {mode}"
+            fields = (("mode", mode), ("alpha", a))
+            out.append((_Row(f"conformal{tag} a={a:g}", "conformal", fields), kept, None))
+            mask, m = _equal_size_mask(ranks, data, kept, test_queries, rng)
+            out.append((_Row(f"top-k (equal size){tag} a={a:g}", "top-k (equal size)", fields), mask, m))
+    for a in config.alphas:
+        k = calibrated_k(data, ranks, cal_idx, a)
+        out.append((_Row(f"top-k (calibrated) a={a:g}", "top-k (calibrated)", (("alpha", a),)),
+                    ranks < k, float(k)))
+    return out
+
+
+def evaluate_answers(
+    pairs: Sequence[Pair],
+    scorer: Any,
+    config: AnswerConfig | None = None,
+    *,
+    connection: LLMConnection | None = None,
+    group_by: str | None = None,
+    scorer_options: dict[str, Any] | None = None,
+    progress: bool = False,
+    **config_kwargs: Any,
+) -> AnswerReport:
+    """Measure what the generator gets from each method's kept context.
+
+    Parameters
+    ----------
+    pairs : sequence of Pair
+        Labelled pairs with groups; queries whose pairs carry ``meta["answers"]`` (a list
+        of gold answer strings; ``meta["nuggets"]`` optionally) are evaluated, the others
+        only calibrate.
+    scorer : Scorer or str
+        The nonconformity score (``"best"``: fused, fitted per split).
+    config : AnswerConfig, optional
+        What to measure; or pass its fields as keyword arguments.
+    connection : LLMConnection, optional
+        The generator and judge (:func:`ragsieve.llm.connect`). Without one and with
+        ``config.generate``, the local default model is started for this call (context
+        window :data:`LOCAL_N_CTX`) with the default reply cache, and stopped after.
+    group_by : str, optional
+        ``Pair.meta`` key of the ``group`` mode's attribute.
+    scorer_options : dict, optional
+        Keyword arguments of a scorer built from an alias.
+    progress : bool
+        Progress bars while scoring, generating and judging.
+
+    Returns
+    -------
+    AnswerReport
+
+    Raises
+    ------
+    DataError
+        When no query carries gold answers, or no split has a test query with answers.
+    """
+    if config is None:
+        config = AnswerConfig(**config_kwargs)
+    elif config_kwargs:
+        raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    pairs = list(pairs)
+    if not pairs:
+        raise DataError("no pairs to evaluate: the dataset is empty.")
+    pairs, scores, features, scorer_info, _ = score_for_evaluation(
+        pairs, scorer, progress=progress, scorer_options=scorer_options,
+        fusion_fraction=config.fusion_fraction)
+    data = ScoredData.from_pairs(pairs, scores, group_by=group_by)
+    queries = _queries(pairs, data, config.language)
+    answerable = np.array([bool(q.golds) for q in queries])
+    if not answerable.any():
+        raise DataError("no query carries gold answers: answer evaluation needs an 'answers' list "
+                        "(JSONL key 'answers', see docs/data-format.md) on the lines of some queries.")
+    if not answerable.all():
+        logger.warning("%d of %d queries have no gold answers (or only answers that normalise to "
+                       "nothing): they calibrate but are not evaluated",
+                       int((~answerable).sum()), answerable.size)
+
+    splits = group_splits(data.group_index.tolist(), calibration_fraction=config.calibration_fraction,
+                          n_splits=config.n_splits, seed=config.seed)
+    ranks = within_query_rank(data.scores, data.query_index)
+    tests = []
+    for cal_idx, test_idx in splits:
+        tq = np.unique(data.query_index[test_idx])
+        tests.append((cal_idx, tq[answerable[tq]]))
+    chosen = np.unique(np.concatenate([t for _, t in tests]))
+    if chosen.size == 0:
+        raise DataError("no split has a test query with gold answers.")
+    if config.limit_queries is not None and config.limit_queries < chosen.size:
+        rng = np.random.default_rng([config.seed, 13])
+        chosen = np.sort(rng.choice(chosen, size=config.limit_queries, replace=False))
+
+    # every (row, query, split) -> its context; identical contexts are measured once
+    rows: dict[str, _Row] = {}
+    assignments: list[tuple[str, int, tuple[int, ...]]] = []
+    k_values: dict[str, list[float]] = {}
+    for split_no, (cal_idx, tq) in enumerate(tests):
+        if not data.relevant[cal_idx].any():
+            logger.warning("split %d skipped: no relevant snippet among its calibration topics", split_no)
+            continue
+        tq = np.intersect1d(tq, chosen)
+        for row, mask, k in _split_contexts(data, ranks, features, config, cal_idx, tq, split_no):
+            rows.setdefault(row.label, row)
+            if k is not None:
+                k_values.setdefault(row.label, []).append(k)
+            for q in tq.tolist():
+                pos = queries[q].positions
+                assignments.append((row.label, q, tuple(pos[mask[pos]].tolist())))
+    if not assignments:
+        raise DataError("no usable split: every split lacked relevant snippets on the calibration side.")
+
+    contexts = sorted({(q, ctx) for _, q, ctx in assignments})
+    measured = {key: _model_free(queries[key[0]], [pairs[i].text for i in key[1]]) for key in contexts}
+    info: dict[str, Any] = {
+        "n_queries_evaluated": int(chosen.size), "n_queries": len(queries),
+        "n_queries_with_answers": int(answerable.sum()), "n_splits": len(splits),
+        "calibration_fraction": config.calibration_fraction, "seed": config.seed,
+        "modes": list(config.modes), "scorer": scorer_info, "n_contexts": len(contexts),
+        "confidence": config.confidence, "generated": False, "judged": False,
+    }
+    if config.generate:
+        _generate_and_judge(config, connection, queries, pairs, contexts, measured, info, progress)
+
+    per_query = _per_query(assignments, measured, queries)
+    results = _rows(rows, per_query, k_values, config, generated=info["generated"],
+                    judged=info["judged"])
+    fields = {label: {"method": row.method, **dict(row.fields)} for label, row in rows.items()}
+    return AnswerReport(results=results, info=info, per_query=per_query, row_fields=fields)
+
+
+def _model_free(query: _Query, texts: list[str]) -> dict[str, float]:
+    context = "\n".join(texts)
+    return {
+        "answer_in_context": float(bool(texts) and answer_in_context(context, query.golds,
+                                                                     query.language)),
+        "context_chars": float(sum(len(t) for t in texts)),
+        "context_tokens": float(sum(count_tokens(t) for t in texts)),
+        "context_snippets": float(len(texts)),
+        "empty_context": float(not texts),
+    }
+
+
+def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, queries: list[_Query],
+                        pairs: list[Pair], contexts: list[tuple[int, tuple[int, ...]]],
+                        measured: dict[tuple[int, tuple[int, ...]], dict[str, Any]],
+                        info: dict[str, Any], progress: bool) -> None:
+    """Generate an answer for every distinct context, score it, and judge it (in place)."""
+    from ..generation import short_answer
+    from .nuggets import NuggetJudge
+
+    owned = connection is None
+    if connection is None:
+        from ..llm.connect import connect
+
+        connection = connect(n_ctx=LOCAL_N_CTX)
+    try:
+        client = connection.client
+        before = dict(client.usage)
+        t0 = time.perf_counter()
+
+        def generate(key: tuple[int, tuple[int, ...]]) -> Any:
+            q = queries[key[0]]
+            return short_answer(connection, q.question, [pairs[i].text for i in key[1]],
+                                max_tokens=config.max_tokens)
+
+        answers = _map(client, generate, contexts, progress, "generating answers")
+        n_errors = 0
+        for key, ans in zip(contexts, answers, strict=True):
+            q, m = queries[key[0]], measured[key]
+            m["answer"] = ans.text  # type: ignore[assignment]
+            if ans.error is not None:
+                n_errors += 1  # a failed request is missing, not a wrong answer
+                continue
+            m["em"] = exact_match(ans.text, q.golds, q.language)
+            m["f1"] = token_f1(ans.text, q.golds, q.language)
+            m["answer_chars"] = float(len(ans.text))
+            m["abstained"] = float(ans.abstained)
+            if ans.n_context:
+                m["prompt_tokens"] = float(ans.prompt_tokens)
+            if ans.latency_s is not None:
+                m["latency_s"] = float(ans.latency_s)
+        info.update(generated=True, generator={"model": connection.model, "base_url": connection.base_url,
+                                               "style": connection.style, "local": connection.is_local},
+                    generation_errors=n_errors)
+        judging = config.judge if config.judge is not None else not connection.is_local
+        if config.judge is None and connection.is_local:
+            logger.warning("nugget judge skipped: the local model's judgements carry no signal; "
+                           "judge with a real model (--base-url) or force it (--judge)")
+        if judging:
+            judge = NuggetJudge(client, style=connection.style)
+            todo = [key for key, ans in zip(contexts, answers, strict=True) if ans.error is None]
+
+            def ask(key: tuple[int, tuple[int, ...]]) -> Any:
+                q = queries[key[0]]
+                return judge.judge(q.question, [pairs[i].text for i in key[1]],
+                                   str(measured[key]["answer"]), q.nuggets)
+
+            judgements = _map(client, ask, todo, progress, "judging answers")
+            n_unparsed = 0
+            for key, j in zip(todo, judgements, strict=True):
+                n_unparsed += j.n_unparsed
+                m = measured[key]
+                m["nugget_precision"], m["nugget_recall"], m["nugget_f1"] = j.precision, j.recall, j.f1
+            info.update(judged=True, judge_unparsed=n_unparsed)
+        after = client.usage
+        info["llm_requests"] = int(after["n_requests"] - before.get("n_requests", 0))
+        info["llm_cache_hits"] = int(after["n_cache_hits"] - before.get("n_cache_hits", 0))
+        info["llm_seconds"] = round(time.perf_counter() - t0, 2)
+    finally:
+        if owned:
+            connection.close()
+
+
+def _map(client: Any, fn: Callable[[Any], Any], items: list[Any], progress: bool, desc: str) -> list[Any]:
+    """``client.map`` that re-raises anything that is not a per-item result (a bug, an interrupt)."""
+    out = client.map(fn, items, progress=progress, desc=desc)
+    for r in out:
+        if isinstance(r, BaseException):
+            raise r
+    return list(out)
+
+
+def _per_query(assignments: list[tuple[str, int, tuple[int, ...]]],
+               measured: dict[tuple[int, tuple[int, ...]], dict[str, Any]],
+               queries: list[_Query]) -> dict[str, dict[str, dict[str, float]]]:
+    """Mean of every numeric metric over the splits in which a query was tested, per row."""
+    sums: dict[str, dict[int, dict[str, list[float]]]] = {}
+    for label, q, ctx in assignments:
+        slot = sums.setdefault(label, {}).setdefault(q, {})
+        for name, value in measured[(q, ctx)].items():
+            if isinstance(value, float) and not math.isnan(value):
+                slot.setdefault(name, []).append(value)
+    return {label: {queries[q].query_id: {name: float(np.mean(v)) for name, v in metrics.items()}
+                    for q, metrics in by_q.items()}
+            for label, by_q in sums.items()}
+
+
+def _rows(rows: dict[str, _Row], per_query: dict[str, dict[str, dict[str, float]]],
+          k_values: dict[str, list[float]], config: AnswerConfig, *, generated: bool,
+          judged: bool) -> list[dict[str, Any]]:
+    baseline = per_query["all"]
+    qids = sorted(baseline)
+    names = list(MODEL_FREE) + (list(GENERATED) if generated else []) + (list(JUDGED) if judged else [])
+
+    def column(label: str, name: str) -> np.ndarray:
+        values = per_query[label]
+        return np.array([values.get(q, {}).get(name, math.nan) for q in qids], dtype=float)
+
+    out: list[dict[str, Any]] = []
+    for label, row in rows.items():
+        entry: dict[str, Any] = {"method": row.method, **dict(row.fields)}
+        if label in k_values:  # top-k rows: the (mean) k over splits
+            entry["k"] = float(np.mean(k_values[label]))
+        entry["n_queries"] = len(per_query[label])
+        for name in names:
+            col = column(label, name)
+            entry[f"{name}_mean"] = float(np.nanmean(col)) if np.isfinite(col).any() else None
+        entry["ci"] = {} if label == "all" else {
+            name: paired_bootstrap(column(label, name), column("all", name),
+                                   confidence=config.confidence, n_resamples=config.n_resamples,
+                                   seed=config.seed).to_dict()
+            for name in CI_METRICS if name in names}
+        out.append(entry)
+    order = {"all": 0, "conformal": 1, "top-k (equal size)": 2, "top-k (calibrated)": 3}
+    out.sort(key=lambda r: (r.get("alpha", 0.0), order.get(r["method"], 9)))
+    return out
+
+
+def write_per_query(report: AnswerReport, path: str | os.PathLike[str]) -> int:
+    """Write one JSON line per (method row, query) with the query's value of every metric.
+
+    Each line carries ``method`` (and ``mode`` / ``alpha`` where they apply), ``query_id``
+    and the metrics; the file is replaced atomically. Returns the number of lines.
+    """
+    lines = [json.dumps({**report.row_fields.get(label, {}), "query_id": query_id, **values},
+                        ensure_ascii=False, allow_nan=False)
+             for label, by_query in report.per_query.items() for query_id, values in by_query.items()]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    return len(lines)
