@@ -25,9 +25,9 @@ from typing import Self
 
 import numpy as np
 
-from ._optional import require
-from ._sqlite import close_quietly, open_table
-from .errors import ScorerError
+from .._optional import require
+from .._sqlite import close_quietly, open_table
+from ..errors import ScorerError
 
 __all__ = [
     "EmbeddingCache",
