@@ -23,6 +23,8 @@ class EmbeddingScorer(Scorer):
 
     The model is loaded on first use (once per process) and every text goes through an
     :class:`~ragsieve.embeddings.EmbeddingCache`, so a text is never embedded twice.
+    Queries go through :meth:`~ragsieve.embeddings.EmbeddingModel.embed_queries`, which
+    differs from the snippets' embedding for asymmetric models (e5).
 
     Parameters
     ----------
@@ -31,6 +33,9 @@ class EmbeddingScorer(Scorer):
         default of ``language`` (see :func:`~ragsieve.embeddings.load_embedding_model`).
     language : str
         Language of the texts, used to pick the default model.
+    backend : {"torch", "onnx", "onnx-int8"}
+        How a sentence-transformers model runs (see
+        :func:`~ragsieve.embeddings.load_embedding_model`).
     cache_dir : str, os.PathLike or None
         Directory of the persistent SQLite embedding cache; None keeps it in memory.
     batch_size : int
@@ -49,6 +54,7 @@ class EmbeddingScorer(Scorer):
         model: str | os.PathLike[str] | EmbeddingModel | None = None,
         *,
         language: str = "en",
+        backend: str = "torch",
         cache_dir: str | os.PathLike[str] | None = None,
         batch_size: int = 32,
     ) -> None:
@@ -62,8 +68,9 @@ class EmbeddingScorer(Scorer):
             self.model_id = model.model_id
         else:
             self._model_arg = model
-            self.model_id = resolve_model_id(model, language=language)
+            self.model_id = resolve_model_id(model, language=language, backend=backend)
         self.language = language
+        self.backend = backend
         self.cache_dir = cache_dir
         self.batch_size = batch_size
         self._cache: EmbeddingCache | None = None
@@ -81,7 +88,9 @@ class EmbeddingScorer(Scorer):
     def model(self) -> EmbeddingModel:
         """The embedding model (loaded on first access)."""
         if self._model is None:
-            self._model = load_embedding_model(self._model_arg, language=self.language)
+            self._model = load_embedding_model(
+                self._model_arg, language=self.language, backend=self.backend
+            )
         return self._model
 
     @property
@@ -162,6 +171,9 @@ class EmbeddingScorer(Scorer):
         texts = list(snippets)
         if not texts:
             return np.empty(0, dtype=np.float64)
+        if self.model.asymmetric:
+            qvec = self.cache.embed([query], kind="query")[0]
+            return self.scores_from_embeddings(qvec, self.cache.embed(texts))
         vecs = self.cache.embed([query, *texts])
         return self.scores_from_embeddings(vecs[0], vecs[1:])
 
@@ -185,16 +197,23 @@ class EmbeddingScorer(Scorer):
         groups = group_pairs(pairs)
         if not groups:
             return np.empty(0, dtype=np.float64)
+        # Symmetric models embed queries and snippets in one pass (a text shared by both
+        # is embedded once); asymmetric ones embed the queries separately, as queries.
+        asymmetric = self.model.asymmetric
         position: dict[str, int] = {}
+        query_position: dict[str, int] = position if not asymmetric else {}
         for query, idx in groups.values():
-            position.setdefault(query, len(position))
+            query_position.setdefault(query, len(query_position))
             for i in idx:
                 position.setdefault(pairs[i].text, len(position))
         vecs = self.cache.embed(list(position), progress=progress)
+        qvecs = vecs
+        if asymmetric:
+            qvecs = self.cache.embed(list(query_position), progress=progress, kind="query")
         out = np.empty(len(pairs), dtype=np.float64)
         for qid, (query, idx) in groups.items():
             rows = [position[pairs[i].text] for i in idx]
-            scores = self.scores_from_embeddings(vecs[position[query]], vecs[rows])
+            scores = self.scores_from_embeddings(qvecs[query_position[query]], vecs[rows])
             out[idx] = check_score_array(scores, len(idx), query_id=qid)
         return out
 
