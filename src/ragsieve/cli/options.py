@@ -257,9 +257,13 @@ def add_embedding_options(p: argparse.ArgumentParser, *, model: bool = True) -> 
     g = p.add_argument_group("embedding model")
     if model:
         g.add_argument("--model", default=None,
-                       help="embedding model: minilm, use, or any sentence-transformers "
-                            "name/path (default: per language, MiniLM for en, multilingual "
-                            "USE otherwise)")
+                       help="embedding model: minilm, use, e5, or any sentence-transformers "
+                            "name/path (default: per language: MiniLM for en, multilingual "
+                            "USE for its 15 other languages, multilingual-e5-small otherwise)")
+        g.add_argument("--backend", choices=["auto", "torch", "onnx", "onnx-int8"], default="auto",
+                       help="how a sentence-transformers model runs (default auto: ONNX Runtime "
+                            "fp32 when installed, same vectors as torch; onnx-int8 is faster, "
+                            "with slightly different vectors)")
     g.add_argument("--language", default=None,
                    help="language of the data (default: en, or the dataset's)")
 
@@ -372,6 +376,8 @@ def embedding_cache_dir(args: argparse.Namespace) -> Path:
 def embedding_options(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of an embedding-based scorer: model, language, cache."""
     opts: dict[str, Any] = {"model": getattr(args, "model", None), "language": language_of(args)}
+    if getattr(args, "backend", "auto") != "auto":
+        opts["backend"] = args.backend
     if not args.no_cache:
         opts["cache_dir"] = embedding_cache_dir(args)
     return opts

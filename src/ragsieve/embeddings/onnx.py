@@ -217,7 +217,10 @@ class OnnxEmbeddingModel(EmbeddingModel):
     tokenizer_path : str
         Directory holding the model's Hugging Face tokenizer.
     model_id : str
-        Identifier recorded in caches; should name the backend (``…@onnx``).
+        Identity of the model (recorded in artifacts and indexes).
+    cache_id : str, optional
+        Key of its vectors in the embedding cache (default ``model_id``); names the
+        backend (``…@onnx``), so two backends never mix vectors.
     max_length : int
         Tokens per text; longer texts are truncated, as sentence-transformers does.
     threads : int or None
@@ -240,6 +243,7 @@ class OnnxEmbeddingModel(EmbeddingModel):
         model_id: str,
         max_length: int,
         threads: int | None = None,
+        cache_id: str | None = None,
     ) -> None:
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
@@ -259,6 +263,7 @@ class OnnxEmbeddingModel(EmbeddingModel):
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
         self.max_length = int(max_length)
         self.model_id = model_id
+        self.cache_id = cache_id or model_id
         self.dim = int(self._run([""]).shape[1])
 
     def _run(self, texts: list[str]) -> np.ndarray:
@@ -301,8 +306,9 @@ def load_onnx_model(
         Local directory of a sentence-transformers model with a BERT-style transformer,
         mean pooling and (optionally) L2 normalisation, e.g. the bundled MiniLM.
     model_id : str
-        Identifier of the source model; the returned model's ``model_id`` is
-        ``f"{model_id}@onnx"`` or ``f"{model_id}@onnx-int8"``, so embedding caches never
+        Identifier of the source model. fp32: the returned model keeps it as ``model_id``
+        (its vectors are the torch ones) and caches under ``f"{model_id}@onnx"``; int8:
+        both are ``f"{model_id}@onnx-int8"``. Either way embedding caches never
         mix vectors of different backends.
     int8 : bool
         Run the dynamically quantised graph (per-channel QInt8 weights): about twice as
@@ -347,7 +353,11 @@ def load_onnx_model(
     return OnnxEmbeddingModel(
         path,
         model_path,
-        model_id=f"{model_id}@onnx-int8" if int8 else f"{model_id}@onnx",
+        # fp32 gives the torch vectors (cosine 1 - 1e-7), so it keeps the model's identity
+        # (artifacts and indexes stay valid) and only the cache key names the backend;
+        # int8 moves the vectors (cosine ~0.99) and is a model of its own
+        model_id=f"{model_id}@onnx-int8" if int8 else model_id,
+        cache_id=f"{model_id}@onnx-int8" if int8 else f"{model_id}@onnx",
         max_length=max_length,
         threads=threads,
     )

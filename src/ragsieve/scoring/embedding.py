@@ -33,7 +33,7 @@ class EmbeddingScorer(Scorer):
         default of ``language`` (see :func:`~ragsieve.embeddings.load_embedding_model`).
     language : str
         Language of the texts, used to pick the default model.
-    backend : {"torch", "onnx", "onnx-int8"}
+    backend : {"auto", "torch", "onnx", "onnx-int8"}
         How a sentence-transformers model runs (see
         :func:`~ragsieve.embeddings.load_embedding_model`).
     cache_dir : str, os.PathLike or None
@@ -54,7 +54,7 @@ class EmbeddingScorer(Scorer):
         model: str | os.PathLike[str] | EmbeddingModel | None = None,
         *,
         language: str = "en",
-        backend: str = "torch",
+        backend: str = "auto",
         cache_dir: str | os.PathLike[str] | None = None,
         batch_size: int = 32,
     ) -> None:
