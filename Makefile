@@ -36,6 +36,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scoring.py
+	$(PY) benchmarks/bench_backends.py
 	$(PY) benchmarks/bench_score_cost.py
 	$(PY) benchmarks/bench_langchain.py
 	$(PY) benchmarks/bench_store.py

