@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._io import atomic_write_text
+from ..calibration import CALIBRATORS
 from ..data.splits import group_splits
 from ..errors import DataError
 from ..scoring.fusion import FUSION_FIT_FRACTION
@@ -320,6 +321,10 @@ def evaluate_answers(
     pairs, scores, features, scorer_info, _ = score_for_evaluation(
         pairs, scorer, progress=progress, scorer_options=scorer_options,
         fusion_fraction=config.fusion_fraction)
+    if group_by is None and any(CALIBRATORS[m].group_kind == "attribute" for m in config.modes):
+        group_by = "language"
+        logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
+                       "(pairs without it form one group); pass group_by / --group-by FIELD")
     data = ScoredData.from_pairs(pairs, scores, group_by=group_by)
     queries = _queries(pairs, data, config.language)
     answerable = np.array([bool(q.golds) for q in queries])
