@@ -170,15 +170,15 @@ class _Consistency:
                 f"{where}: query_id {pair.query_id!r} has query text {pair.query[:60]!r}, but "
                 f"{first[1]} gave {first[0][:60]!r}; one query_id must have one query text."
             )
-        for key in QUERY_LIST_KEYS:
-            value = pair.meta.get(key)
+        for name in QUERY_LIST_KEYS:
+            value = pair.meta.get(name)
             if value is None:
                 continue
-            known = self.lists.setdefault((pair.query_id, key), (value, where))
+            known = self.lists.setdefault((pair.query_id, name), (value, where))
             if known[0] != value:
                 raise DataError(
-                    f"{where}: query_id {pair.query_id!r} has {key} {value!r}, but {known[1]} gave "
-                    f"{known[0]!r}; a query's {key} must be the same on every line that has them."
+                    f"{where}: query_id {pair.query_id!r} has {name} {value!r}, but {known[1]} gave "
+                    f"{known[0]!r}; a query's {name} must be the same on every line that has them."
                 )
 
 

@@ -209,7 +209,7 @@ def connect(
         from .local import LocalLLMServer
 
         server = LocalLLMServer(target.local_model, threads=threads,
-                                **({} if n_ctx is None else {"n_ctx": n_ctx})).start()
+                                n_ctx=4096 if n_ctx is None else n_ctx).start()
         url, name = server.base_url, server.model_name
         concurrency = concurrency or 1
         logger.warning(
