@@ -24,6 +24,16 @@ os.environ["RAGSIEVE_CACHE"] = str(SESSION_CACHE / "ragsieve")
 os.environ["XDG_CACHE_HOME"] = str(SESSION_CACHE / "xdg")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Give the run a working Ctrl-C: a shell that starts it in the background makes it
+    ignore SIGINT (inherited by the servers the tests start), and the tests of Ctrl-C
+    handling would then wait forever."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Remove the session's temporary cache directory."""
     shutil.rmtree(SESSION_CACHE, ignore_errors=True)
