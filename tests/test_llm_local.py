@@ -178,9 +178,6 @@ def test_exit_stops_even_with_a_request_in_flight(client: httpx.Client) -> None:
 
 def test_serve_blocks_until_ctrl_c(client: httpx.Client) -> None:
     seen: dict[str, object] = {}
-    # a shell that starts the test run in the background makes it ignore SIGINT; Ctrl-C
-    # must reach this process as it does in a terminal
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_ready(server: LocalLLMServer) -> None:
         seen["url"] = server.base_url
@@ -188,10 +185,7 @@ def test_serve_blocks_until_ctrl_c(client: httpx.Client) -> None:
         # a real Ctrl-C (SIGINT to this process) during the wait
         threading.Timer(0.3, os.kill, args=(os.getpid(), signal.SIGINT)).start()
 
-    try:
-        serve(port=0, on_ready=on_ready)  # returns once interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    serve(port=0, on_ready=on_ready)  # returns once interrupted (conftest restores SIGINT)
     assert seen["models"] == DEFAULT_LOCAL_MODEL
     assert _refuses(_port(str(seen["url"])))
 

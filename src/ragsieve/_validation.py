@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,8 +25,29 @@ __all__ = [
     "check_positive_int",
     "check_relevant",
     "check_scores",
+    "check_str",
+    "check_str_sequence",
     "check_unit_interval",
 ]
+
+
+def check_str(value: Any, name: str) -> str:
+    """``value`` if it is a str, else ``TypeError`` naming what was received."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} is {type(value).__name__}, expected a str.")
+    return value
+
+
+def check_str_sequence(value: Any, name: str) -> list[str]:
+    """``value`` as a list of str; ``TypeError`` for a single string, a non-sequence or a
+    non-str item (named by its index)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} is {type(value).__name__}, expected a sequence of str.")
+    out = list(value)
+    for i, item in enumerate(out):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] is {type(item).__name__}, expected a str.")
+    return out
 
 
 def check_alpha(alpha: Any, *, name: str = "alpha") -> float:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ._validation import check_str, check_str_sequence
 from .errors import LLMError
 from .llm.prompts import delimit_snippet
 
@@ -257,15 +258,8 @@ def build_short_answer_prompt(question: str, snippets: Sequence[str], *,
 
 
 def _check_inputs(question: str, snippets: Sequence[str]) -> list[str]:
-    if not isinstance(question, str):
-        raise TypeError(f"question is {type(question).__name__}, expected a str.")
-    if isinstance(snippets, (str, bytes)) or not isinstance(snippets, Sequence):
-        raise TypeError(f"snippets is {type(snippets).__name__}, expected a sequence of str.")
-    out = list(snippets)
-    for i, s in enumerate(out):
-        if not isinstance(s, str):
-            raise TypeError(f"snippets[{i}] is {type(s).__name__}, expected a str.")
-    return out
+    check_str(question, "question")
+    return check_str_sequence(snippets, "snippets")
 
 
 def clean_short_answer(reply: str) -> tuple[str, bool]:

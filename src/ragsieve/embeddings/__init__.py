@@ -281,13 +281,11 @@ def resolve_model_id(
     code = normalise_language(language)
     if backend not in BACKENDS:
         raise ValueError(f"backend == {backend!r}, must be one of {', '.join(map(repr, BACKENDS))}.")
-    if isinstance(name, str):
-        for suffix in ("@onnx-int8", "@onnx"):
-            if name.endswith(suffix) and len(name) > len(suffix):
-                name, recorded = name[: -len(suffix)], suffix[1:]
-                if backend in ("auto", "torch") or backend == recorded:
-                    backend = recorded
-                break
+    if isinstance(name, str) and name.endswith("@onnx-int8") and name != "@onnx-int8":
+        # a recorded id (fp32 ONNX keeps the plain id; only int8 is a model of its own)
+        name = name.removesuffix("@onnx-int8")
+        if backend in ("auto", "torch"):
+            backend = "onnx-int8"
     if name is None:
         model_id = choose_model(code)
     else:
@@ -489,6 +487,7 @@ class EmbeddingCache:
         self.max_batch_chars = max_batch_chars
         self.n_computed = 0
         self._memory: dict[str, np.ndarray] = {}
+        self._queries: EmbeddingCache | None = None  # query side of an asymmetric model
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self.path: Path | None = None
@@ -530,6 +529,8 @@ class EmbeddingCache:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            if self._queries is not None:
+                self._queries.close()
 
     def __enter__(self) -> Self:
         return self
@@ -644,7 +645,7 @@ class EmbeddingCache:
     def _query_side(self, texts: Sequence[str], progress: bool) -> np.ndarray:
         """Queries of an asymmetric model: a second cache over the model's query view."""
         with self._lock:
-            side = getattr(self, "_queries", None)
+            side = self._queries
             if side is None:
                 side = self._queries = EmbeddingCache(
                     _QueryView(self.model),

@@ -370,7 +370,10 @@ def evaluate_answers(
         raise DataError("no usable split: every split lacked relevant snippets on the calibration side.")
 
     contexts = sorted({(q, ctx) for _, q, ctx in assignments})
-    measured = {key: _model_free(queries[key[0]], [pairs[i].text for i in key[1]]) for key in contexts}
+    # a snippet is in many contexts (methods, splits): count its tokens once
+    tokens = {i: count_tokens(pairs[i].text) for i in sorted({i for _, ctx in contexts for i in ctx})}
+    measured = {key: _model_free(queries[key[0]], [pairs[i].text for i in key[1]],
+                                 sum(tokens[i] for i in key[1])) for key in contexts}
     info: dict[str, Any] = {
         "n_queries_evaluated": int(chosen.size), "n_queries": len(queries),
         "n_queries_with_answers": int(answerable.sum()), "n_splits": len(splits),
@@ -388,13 +391,13 @@ def evaluate_answers(
     return AnswerReport(results=results, info=info, per_query=per_query, row_fields=fields)
 
 
-def _model_free(query: _Query, texts: list[str]) -> dict[str, float]:
+def _model_free(query: _Query, texts: list[str], n_tokens: int) -> dict[str, float]:
     context = "\n".join(texts)
     return {
         "answer_in_context": float(bool(texts) and answer_in_context(context, query.golds,
                                                                      query.language)),
         "context_chars": float(sum(len(t) for t in texts)),
-        "context_tokens": float(sum(count_tokens(t) for t in texts)),
+        "context_tokens": float(n_tokens),
         "context_snippets": float(len(texts)),
         "empty_context": float(not texts),
     }
@@ -402,7 +405,7 @@ def _model_free(query: _Query, texts: list[str]) -> dict[str, float]:
 
 def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, queries: list[_Query],
                         pairs: list[Pair], contexts: list[tuple[int, tuple[int, ...]]],
-                        measured: dict[tuple[int, tuple[int, ...]], dict[str, Any]],
+                        measured: dict[tuple[int, tuple[int, ...]], dict[str, float]],
                         info: dict[str, Any], progress: bool) -> None:
     """Generate an answer for every distinct context, score it, and judge it (in place)."""
     from ..generation import short_answer
@@ -427,7 +430,6 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
         n_errors = 0
         for key, ans in zip(contexts, answers, strict=True):
             q, m = queries[key[0]], measured[key]
-            m["answer"] = ans.text  # type: ignore[assignment]
             if ans.error is not None:
                 n_errors += 1  # a failed request is missing, not a wrong answer
                 continue
@@ -448,12 +450,14 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
                            "judge with a real model (--base-url) or force it (--judge)")
         if judging:
             judge = NuggetJudge(client, style=connection.style)
-            todo = [key for key, ans in zip(contexts, answers, strict=True) if ans.error is None]
+            answer_of = {key: ans.text for key, ans in zip(contexts, answers, strict=True)
+                         if ans.error is None}
+            todo = list(answer_of)
 
             def ask(key: tuple[int, tuple[int, ...]]) -> Any:
                 q = queries[key[0]]
-                return judge.judge(q.question, [pairs[i].text for i in key[1]],
-                                   str(measured[key]["answer"]), q.nuggets)
+                return judge.judge(q.question, [pairs[i].text for i in key[1]], answer_of[key],
+                                   q.nuggets)
 
             judgements = _map(client, ask, todo, progress, "judging answers")
             n_unparsed = 0
@@ -481,14 +485,14 @@ def _map(client: Any, fn: Callable[[Any], Any], items: list[Any], progress: bool
 
 
 def _per_query(assignments: list[tuple[str, int, tuple[int, ...]]],
-               measured: dict[tuple[int, tuple[int, ...]], dict[str, Any]],
+               measured: dict[tuple[int, tuple[int, ...]], dict[str, float]],
                queries: list[_Query]) -> dict[str, dict[str, dict[str, float]]]:
     """Mean of every numeric metric over the splits in which a query was tested, per row."""
     sums: dict[str, dict[int, dict[str, list[float]]]] = {}
     for label, q, ctx in assignments:
         slot = sums.setdefault(label, {}).setdefault(q, {})
         for name, value in measured[(q, ctx)].items():
-            if isinstance(value, float) and not math.isnan(value):
+            if not math.isnan(value):
                 slot.setdefault(name, []).append(value)
     return {label: {queries[q].query_id: {name: float(np.mean(v)) for name, v in metrics.items()}
                     for q, metrics in by_q.items()}

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .._validation import check_str, check_str_sequence
 from ..chunking import _sentences
 from ..errors import LLMError
 from ..llm.judge import RelevanceJudge
@@ -365,22 +366,6 @@ def aggregate(sentences: Sequence[str], supported: Sequence[int | None], nuggets
 # -- the judge ------------------------------------------------------------------------------
 
 
-def _check_str(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} is {type(value).__name__}, expected a str.")
-    return value
-
-
-def _check_texts(name: str, value: Any) -> list[str]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} is {type(value).__name__}, expected a sequence of str.")
-    out = list(value)
-    for i, item in enumerate(out):
-        if not isinstance(item, str):
-            raise TypeError(f"{name}[{i}] is {type(item).__name__}, expected a str.")
-    return out
-
-
 class NuggetJudge:
     """Ask an LLM whether answer sentences are supported and nuggets are found.
 
@@ -439,10 +424,10 @@ class NuggetJudge:
         ValueError
             On a blank nugget.
         """
-        question = _check_str("question", question)
-        context = _check_texts("context", context)
-        answer = _check_str("answer", answer)
-        nuggets = _check_texts("nuggets", nuggets)
+        question = check_str(question, "question")
+        context = check_str_sequence(context, "context")
+        answer = check_str(answer, "answer")
+        nuggets = check_str_sequence(nuggets, "nuggets")
         for i, nugget in enumerate(nuggets):
             if not nugget.strip():
                 raise ValueError(f"nuggets[{i}] == {nugget!r}, expected a non-blank string.")
@@ -468,9 +453,9 @@ class NuggetJudge:
 
     def _supported(self, context: Sequence[str], sentence: str,
                    question: str) -> tuple[int | None, str | None]:
-        context = _check_texts("context", context)
-        sentence = _check_str("sentence", sentence)
-        question = _check_str("question", question)
+        context = check_str_sequence(context, "context")
+        sentence = check_str(sentence, "sentence")
+        question = check_str(question, "question")
         if not sentence.strip():
             raise ValueError(f"sentence == {sentence!r}, expected a non-blank string.")
         if not context:
@@ -479,9 +464,9 @@ class NuggetJudge:
                                              style=self.style))
 
     def _contains(self, answer: str, nugget: str, question: str) -> tuple[int | None, str | None]:
-        answer = _check_str("answer", answer)
-        nugget = _check_str("nugget", nugget)
-        question = _check_str("question", question)
+        answer = check_str(answer, "answer")
+        nugget = check_str(nugget, "nugget")
+        question = check_str(question, "question")
         if not nugget.strip():
             raise ValueError(f"nugget == {nugget!r}, expected a non-blank string.")
         if not answer.strip():
