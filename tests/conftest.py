@@ -18,6 +18,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Haystack (the haystack extra) sends usage data unless told not to, read when it is imported
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
 
 SESSION_CACHE = Path(tempfile.mkdtemp(prefix="ragsieve-test-cache-"))
 os.environ["RAGSIEVE_CACHE"] = str(SESSION_CACHE / "ragsieve")

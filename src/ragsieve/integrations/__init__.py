@@ -6,8 +6,10 @@ Each submodule imports its framework lazily, so this package imports without the
   ``BaseDocumentCompressor`` (``pip install 'ragsieve[langchain]'``).
 - :mod:`ragsieve.integrations.llamaindex` -- ``ConformalPostprocessor``, a LlamaIndex
   ``BaseNodePostprocessor`` (``pip install 'ragsieve[llamaindex]'``).
+- :mod:`ragsieve.integrations.haystack` -- ``ConformalRanker``, a Haystack component
+  (``pip install 'ragsieve[haystack]'``); it also sets ``Document.score`` to ``1 - score``.
 
-Both keep exactly the snippets that :meth:`ragsieve.ConformalFilter.filter` keeps, in
+All keep exactly the snippets that :meth:`ragsieve.ConformalFilter.filter` keeps, in
 their original order, as new objects (the caller's inputs are never mutated), and
 record the nonconformity score, the threshold and the guarantee mode in the metadata
 under ``"ragsieve_score"``, ``"ragsieve_threshold"`` and ``"ragsieve_mode"``.

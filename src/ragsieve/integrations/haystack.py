@@ -1,0 +1,255 @@
+"""Haystack ranker backed by a calibrated :class:`~ragsieve.ConformalFilter`.
+
+Put it after a retriever in a ``haystack.Pipeline``::
+
+    pipe.add_component("ranker", ConformalRanker.from_file("filter.json"))
+    pipe.connect("retriever.documents", "ranker.documents")
+
+or call ``ConformalRanker.run(query=..., documents=...)`` directly. Requires
+``pip install 'ragsieve[haystack]'`` (haystack-ai 2.10 or later; tested with 3.x).
+
+Haystack sends anonymous usage data unless ``HAYSTACK_TELEMETRY_ENABLED=False`` is set
+before ``haystack`` is imported; ragsieve does not change that setting for you.
+"""
+
+# No ``from __future__ import annotations`` here: Haystack 2.x reads the ``run``
+# annotations as real types to build the component's input sockets.
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Self
+
+from ragsieve._optional import require
+from ragsieve.filter import ConformalFilter
+from ragsieve.integrations import (
+    MODE_KEY,
+    SCORE_KEY,
+    SPANS_KEY,
+    THRESHOLD_KEY,
+    filter_items,
+)
+
+require("haystack", "haystack")
+from haystack import Document, component, default_from_dict, default_to_dict
+from haystack.core.errors import SerializationError
+
+__all__ = ["ORIGINAL_SCORE_KEY", "ConformalRanker"]
+
+logger = logging.getLogger(__name__)
+
+#: the ``Document.score`` a document had before the ranker (e.g. the retriever's BM25 score)
+ORIGINAL_SCORE_KEY = "ragsieve_original_score"
+
+
+@component
+class ConformalRanker:
+    """Keep the documents a calibrated conformal filter keeps (a Haystack component).
+
+    Parameters
+    ----------
+    path : str or path-like, optional
+        JSON artifact written by ``ConformalFilter.save`` (or ``ragsieve calibrate``).
+        Loaded at once, so a missing or malformed file fails here, not at the first query.
+    filter : ConformalFilter, optional
+        A calibrated filter, instead of ``path``. A ranker built this way runs but cannot
+        be serialised with its pipeline: save the filter and use :meth:`from_file`.
+    scorer_options : mapping, optional
+        With ``path``: keyword arguments for rebuilding the scorer that do not change its
+        scores (e.g. ``{"cache_dir": "emb-cache"}``); see ``ConformalFilter.load``.
+
+    Notes
+    -----
+    **What comes out.** ``run`` returns new ``Document`` objects (``dataclasses.replace``
+    with a deep copy of ``meta``; the caller's documents are never mutated) for the kept
+    documents, in input order -- like ragsieve's LangChain and LlamaIndex components, and
+    unlike Haystack's reranking rankers it does not sort (the retriever's order is kept) and
+    has no ``top_k`` (cutting the kept set would break the guarantee). ``id`` and ``content``
+    are kept.
+
+    **Scores.** ``Document.score`` becomes ``1 - s``, where ``s`` is ragsieve's
+    nonconformity score (lower = more relevant), so that higher is better as Haystack's
+    rankers and retrievers report it: the cosine similarity for the embedding score
+    (``s = 1 - cos``), the LLM's relevance for the LLM score (``s = 1 - r``); for other
+    scores a monotone rescaling without a unit. A document is kept when
+    ``s <= tau``, i.e. ``Document.score >= 1 - tau``. ``meta`` also gets
+    ``"ragsieve_score"`` (``s``), ``"ragsieve_threshold"`` (tau), ``"ragsieve_mode"`` (the
+    guarantee mode), ``"ragsieve_original_score"`` (the score the document arrived with,
+    e.g. the retriever's BM25 score, or None) and, for a document longer than the filter's
+    window (cut into pieces), ``"ragsieve_spans"`` (the kept character spans).
+
+    **Every mode.** Each document goes to the filter as its ``meta`` plus its text (see
+    :func:`ragsieve.integrations.filter_items`): a ``group``-mode filter reads
+    ``meta[filter.group_by]``, a filter on an outside score reads ``meta[field]``; a
+    document without it raises ``DataError``.
+
+    **Documents without text.** When the filter's score reads text (every score except an
+    outside score from ``meta``), a document whose ``content`` is None, empty or only
+    whitespace (an image or a table held in ``blob``, say) cannot be scored: it is dropped
+    (never passed on as evidence) and a WARNING log line gives how many and their ids. A
+    filter on an outside score scores such documents from ``meta`` like any other.
+
+    **Serialisation.** :meth:`to_dict` stores the artifact path (as given) and the scorer
+    options, so the pipeline file points at the artifact and loads whatever that file holds
+    when the pipeline is loaded. Haystack 3 only deserialises classes from modules on its
+    allowlist: ``Pipeline.loads(text, allowed_modules=["ragsieve.integrations.haystack"])``.
+
+    Examples
+    --------
+    >>> ranker = ConformalRanker.from_file("filter.json")  # doctest: +SKIP
+    >>> ranker.run(query="who wrote it?", documents=docs)["documents"]  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        filter: ConformalFilter | None = None,
+        scorer_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if (path is None) == (filter is None):
+            raise ValueError(
+                "ConformalRanker needs exactly one of path (a filter artifact) or filter "
+                f"(a ConformalFilter); got {'both' if path is not None else 'neither'}."
+            )
+        if scorer_options is not None and not isinstance(scorer_options, Mapping):
+            raise TypeError(f"scorer_options has type {type(scorer_options).__name__}; "
+                            "expected a mapping of keyword arguments or None.")
+        if filter is not None:
+            if not isinstance(filter, ConformalFilter):
+                raise TypeError(f"filter has type {type(filter).__name__}; expected a "
+                                "ragsieve.ConformalFilter (or pass path=...).")
+            if scorer_options:
+                raise ValueError("scorer_options apply when loading from path; a ready "
+                                 "filter already has its scorer.")
+            self.path: str | None = None
+            self.filter = filter
+        else:
+            if not isinstance(path, (str, os.PathLike)):
+                raise TypeError(f"path has type {type(path).__name__}; expected str or "
+                                "os.PathLike (a filter artifact written by ConformalFilter.save).")
+            self.path = os.fspath(path)
+            self.filter = ConformalFilter.load(path, scorer_options=dict(scorer_options or {})
+                                               or None)
+        self.scorer_options: dict[str, Any] = dict(scorer_options or {})
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> Self:
+        """Load a saved filter artifact.
+
+        Parameters
+        ----------
+        path : path-like
+            JSON artifact written by ``ConformalFilter.save``.
+        **scorer_options
+            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
+
+        Raises
+        ------
+        ArtifactError
+            The file cannot be read or is not a valid filter artifact (the message names it).
+        """
+        return cls(path, scorer_options=scorer_options)
+
+    # ---------------------------------------------------------------- serialisation
+    def to_dict(self) -> dict[str, Any]:
+        """Serialise as the artifact path and the scorer options (path-likes as str).
+
+        Raises
+        ------
+        SerializationError
+            The ranker was built from an in-memory filter (no path to store).
+        """
+        if self.path is None:
+            raise SerializationError(
+                "ConformalRanker built from an in-memory filter cannot be serialised: save it "
+                "(filter.save('filter.json')) and use ConformalRanker.from_file('filter.json')."
+            )
+        options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v
+                   for k, v in self.scorer_options.items()}
+        return default_to_dict(self, path=self.path, scorer_options=options)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Rebuild from :meth:`to_dict` output (loads the artifact at the stored path)."""
+        return default_from_dict(cls, data)
+
+    # ------------------------------------------------------------------------ run
+    def warm_up(self) -> None:
+        """Load the score's model before the first query (Haystack calls this on run)."""
+        if self.filter.scorer.reads_text:
+            self.filter.scorer.score_batch("warm-up", ["warm-up"])
+
+    @component.output_types(documents=list[Document])
+    def run(self, query: str, documents: list[Document]) -> dict[str, list[Document]]:
+        """Keep the documents the calibrated filter keeps, as new Documents in input order.
+
+        Parameters
+        ----------
+        query : str
+            The query the documents were retrieved for.
+        documents : list of Document
+            Retrieved documents; not modified.
+
+        Returns
+        -------
+        dict
+            ``{"documents": [...]}``: copies of the kept documents, ``score = 1 - s`` and
+            ``s``, tau, the mode and the original score in ``meta`` (see the class notes).
+
+        Raises
+        ------
+        TypeError
+            ``query`` is not a str, or ``documents`` is not a list of ``haystack.Document``.
+        DataError
+            A document lacks what the filter's mode or score needs in its ``meta`` (the
+            group under ``filter.group_by``, an outside score).
+        """
+        if not isinstance(query, str):
+            raise TypeError(f"query has type {type(query).__name__}; expected str.")
+        if isinstance(documents, (str, bytes, Document)) or not isinstance(documents, (list, tuple)):
+            raise TypeError(f"documents has type {type(documents).__name__}; expected a list "
+                            "of haystack.Document.")
+        for i, d in enumerate(documents):
+            if not isinstance(d, Document):
+                raise TypeError(f"documents[{i}] has type {type(d).__name__}; expected "
+                                "haystack.Document.")
+        docs = list(documents)
+        if self.filter.scorer.reads_text:
+            textless = [d for d in docs if not (d.content or "").strip()]
+            if textless:
+                logger.warning(
+                    "dropped %d of %d documents without text content (the %s score reads text): "
+                    "ids %s", len(textless), len(docs), self.filter.scorer.spec().get("scorer"),
+                    [d.id for d in textless[:10]] + (["..."] if len(textless) > 10 else []))
+                docs = [d for d in docs if (d.content or "").strip()]
+        if not docs:
+            return {"documents": []}
+        items = filter_items(self.filter, [d.content or "" for d in docs], [d.meta for d in docs])
+        result = self.filter.filter(query, items)
+        logger.debug("kept %d of %d documents (tau=%s)", len(result.kept), len(docs),
+                     result.threshold)
+        out: list[Document] = []
+        for kept in result.kept:
+            src = docs[kept.index]
+            meta: dict[str, Any] = copy.deepcopy(src.meta)
+            meta[SCORE_KEY] = float(kept.score)
+            meta[THRESHOLD_KEY] = float(result.threshold)
+            meta[MODE_KEY] = self.filter.mode
+            meta[ORIGINAL_SCORE_KEY] = src.score
+            if kept.spans:
+                meta[SPANS_KEY] = [list(sp) for sp in kept.spans]
+            out.append(dataclasses.replace(src, meta=meta, score=1.0 - float(kept.score)))
+        return {"documents": out}
+
+    @component.output_types(documents=list[Document])
+    async def run_async(self, query: str, documents: list[Document]) -> dict[str, list[Document]]:
+        """Async :meth:`run` (for ``AsyncPipeline``); scoring runs in a worker thread."""
+        return await asyncio.to_thread(self.run, query, documents)
+
+    def __repr__(self) -> str:
+        source = repr(self.path) if self.path is not None else "in-memory filter"
+        return f"ConformalRanker({source}, {self.filter!r})"
