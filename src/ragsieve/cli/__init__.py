@@ -238,7 +238,43 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--max-body-bytes", type=positive_int, default=1_000_000)
     p.add_argument("--max-snippets", type=positive_int, default=1000)
     add_cache_options(p)
+    _add_serve_operations(p)
     p.set_defaults(func=commands.cmd_serve)
+
+
+def _add_serve_operations(p: argparse.ArgumentParser) -> None:
+    """``serve``'s operation options: workers, state, feedback, adaptive, monitor, reload."""
+    g = p.add_argument_group("operation")
+    g.add_argument("--workers", type=positive_int, default=1,
+                   help="worker processes (each loads the model; they share the feedback, "
+                        "the adaptive threshold, the monitor and /metrics)")
+    g.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="feedback, reload and monitor files (default: one per artifact path "
+                        "under the ragsieve cache, printed at start)")
+    g.add_argument("--feedback", default=None, metavar="DB",
+                   help="SQLite file of served scores and POST /feedback labels "
+                        "(default DIR/feedback.sqlite)")
+    g.add_argument("--adaptive", action="store_true",
+                   help="the threshold follows the feedback (adaptive conformal inference); "
+                        "needs an artifact of mode adaptive")
+    g.add_argument("--monitor-delta", type=fraction, default=0.01,
+                   help="false-alarm bound of the exchangeability alarm (default 0.01)")
+    g.add_argument("--watch", action="store_true",
+                   help="reload the artifact when its file changes (SIGHUP and POST "
+                        "/admin/reload always work)")
+
+
+def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "recalibrate",
+                  "rebuild a filter artifact from the labels collected by `serve` (POST /feedback)")
+    p.add_argument("--feedback", required=True, metavar="DB",
+                   help="the service's feedback database (printed by `serve` at start)")
+    p.add_argument("--filter", required=True, help="the artifact the labels were collected with")
+    p.add_argument("--out", required=True, help="the new artifact (JSON)")
+    p.add_argument("--min-labels", type=positive_int, default=50,
+                   help="fewest relevant labels with a score to recalibrate on (default 50)")
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_recalibrate)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -281,8 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_evaluate, _add_answers, _add_calibrate, _add_filter, _add_label, _add_llm,
-                _add_shift_demo, _add_index_and_query, _add_rag_demo, _add_serve, _add_export,
-                _add_demo):
+                _add_shift_demo, _add_index_and_query, _add_rag_demo, _add_serve, _add_recalibrate,
+                _add_export, _add_demo):
         add(sub)
     return parser
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 from .options import (
@@ -35,7 +36,9 @@ __all__ = [
     "cmd_llm_injection",
     "cmd_llm_serve",
     "cmd_query",
+    "cmd_recalibrate",
     "cmd_serve",
+    "serve_operation_options",
 ]
 
 
@@ -328,7 +331,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options = artifact_scorer_options(args, read_artifact(args.filter))
     run_server(args.filter, host=args.host, port=args.port, api_key=key,
                max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
-               scorer_options=options or None, index_path=args.index, max_k=args.max_k)
+               scorer_options=options or None, index_path=args.index, max_k=args.max_k,
+               **serve_operation_options(args))
+    return 0
+
+
+def serve_operation_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``serve``'s operation options for ``run_server``; prints where the state lives."""
+    from ..server.state import default_state_dir
+
+    state = Path(args.state_dir) if args.state_dir else default_state_dir(args.filter)
+    feedback = Path(args.feedback) if args.feedback else state / "feedback.sqlite"
+    eprint(f"ragsieve serve: state dir {state}; feedback database {feedback}"
+           + (f"; {args.workers} workers" if args.workers > 1 else ""))
+    return {"workers": args.workers, "state_dir": state, "feedback_db": feedback,
+            "adaptive": args.adaptive, "monitor_delta": args.monitor_delta, "watch": args.watch}
+
+
+def cmd_recalibrate(args: argparse.Namespace) -> int:
+    """``ragsieve recalibrate``: a new artifact from the labels stored by ``serve``."""
+    from ..filter import read_artifact
+    from ..server.feedback import recalibrate
+
+    payload = read_artifact(args.filter)
+    result = recalibrate(payload, args.feedback, min_labels=args.min_labels)  # scores nothing
+    result.filter.save(args.out)
+    report = {
+        "out": args.out, "mode": result.mode, "labels": result.n_labels,
+        "labels_used": result.n_used, "relevant_used": result.n_relevant,
+        "without_score": result.n_without_score, "queries": result.n_queries,
+        "old_threshold": result.old_threshold, "new_threshold": result.new_threshold,
+        "notes": result.notes,
+    }
+    if args.json:
+        print(dumps(report))
+        return 0
+    print(f"mode {result.mode}: recalibrated on {result.n_used} labels ({result.n_relevant} "
+          f"relevant, {result.n_queries} queries; {result.n_without_score} of "
+          f"{result.n_labels} labels had no score)")
+    extra = "".join(f"; {note}" for note in result.notes)
+    print(f"tau={_tau(result.new_threshold)} (was {_tau(result.old_threshold)}){extra} -> {args.out}")
     return 0
 
 

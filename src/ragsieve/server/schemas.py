@@ -14,23 +14,32 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    StrictBool,
     StrictInt,
     StrictStr,
+    StringConstraints,
+    field_validator,
     model_validator,
 )
 
 __all__ = [
+    "AdaptiveInfo",
     "ArtifactInfo",
     "ErrorItem",
     "ErrorResponse",
+    "FeedbackItem",
+    "FeedbackRequest",
+    "FeedbackResponse",
     "FilterRequest",
     "FilterResponse",
     "Health",
     "HitOut",
     "IndexInfo",
     "KeptSnippet",
+    "MonitorInfo",
     "QueryRequest",
     "QueryResponse",
+    "ReloadResponse",
     "SnippetIn",
 ]
 
@@ -39,6 +48,14 @@ FiniteNumber = Annotated[float, Strict(), AllowInfNan(False)]
 
 _MIN_KEEP = "Keep at least this many best snippets (outside the guarantee)."
 _THRESHOLD = "Calibrated tau; null means keep all."
+_QUERY_ID_IN = (
+    "Your identifier of this request, echoed back and recorded with the served scores so "
+    "POST /feedback can refer to it; a fresh one is generated when omitted."
+)
+_QUERY_ID_OUT = "The request's query_id (yours, or generated): use it in POST /feedback."
+#: Longest ``query_id`` / ``snippet_id`` accepted in a request.
+MAX_ID_CHARS = 256
+QueryId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
 
 
 class SnippetIn(BaseModel):
@@ -96,6 +113,7 @@ class FilterRequest(BaseModel):
         description="The query's embedding; then every snippet needs a vector of its length "
         "and the scores come from the vectors (no model call).",
     )
+    query_id: QueryId | None = Field(default=None, description=_QUERY_ID_IN)
 
 
 class KeptSnippet(BaseModel):
@@ -127,6 +145,7 @@ class FilterResponse(BaseModel):
         description="Snippets longer than the filter's window, cut into pieces and scored "
         "piece by piece (kept when any piece is kept).",
     )
+    query_id: str = Field(description=_QUERY_ID_OUT)
 
 
 class ArtifactInfo(BaseModel):
@@ -146,6 +165,9 @@ class ArtifactInfo(BaseModel):
     )
     scorer: dict[str, Any]
     guarantee: dict[str, Any]
+    checksum: str | None = Field(
+        default=None, description="The artifact's sha256 seal (changes with every recalibration)."
+    )
 
 
 class QueryRequest(BaseModel):
@@ -160,6 +182,7 @@ class QueryRequest(BaseModel):
     group: StrictStr | None = Field(
         default=None, description="The query's group, for a filter of the group mode."
     )
+    query_id: QueryId | None = Field(default=None, description=_QUERY_ID_IN)
 
 
 class HitOut(BaseModel):
@@ -186,6 +209,7 @@ class QueryResponse(BaseModel):
     removal: float
     note: str | None
     guarantee: dict[str, Any]
+    query_id: str = Field(description=_QUERY_ID_OUT)
 
 
 class IndexInfo(BaseModel):
@@ -196,13 +220,104 @@ class IndexInfo(BaseModel):
     n_snippets: int
 
 
+class MonitorInfo(BaseModel):
+    """The exchangeability monitor: a conformal test martingale over the served scores."""
+
+    alarm: bool = Field(description="True once the martingale reached 1/delta (stays on).")
+    martingale: float | None = Field(description="Current value (null when not finite).")
+    log10_martingale: float | None
+    fired_at: int | None = Field(description="Request number at which the alarm fired.")
+    fired_time: str | None = Field(description="ISO-8601 UTC time the alarm fired.")
+    n_observed: int = Field(description="Requests observed since start or the last reset.")
+    delta: float = Field(description="False-alarm probability bound on exchangeable traffic.")
+
+
+class AdaptiveInfo(BaseModel):
+    """The served threshold under ``serve --adaptive`` (adaptive conformal inference)."""
+
+    threshold: float | None = Field(description="Current threshold; null means keep all.")
+    alpha_t: float = Field(description="Current working miscoverage.")
+    n_updates: int = Field(description="Relevant labelled snippets applied so far.")
+    n_errors: int = Field(description="How many of them the threshold in force had dropped.")
+
+
 class Health(BaseModel):
-    """``GET /healthz``: status, versions, the artifact and the index."""
+    """``GET /healthz``: status, versions, the artifact, the index and the monitors."""
 
     status: str
     library_version: str
     artifact: ArtifactInfo
     index: IndexInfo | None = None
+    generation: int = Field(
+        default=1, description="Artifact generation: 1 at start, +1 per accepted reload."
+    )
+    monitor: MonitorInfo | None = Field(
+        default=None,
+        description="Exchangeability monitor; null when the artifact carries no monitor "
+        "reference (recalibrate to enable the alarm).",
+    )
+    adaptive: AdaptiveInfo | None = Field(
+        default=None, description="The threshold followed from feedback (serve --adaptive)."
+    )
+
+
+class FeedbackItem(BaseModel):
+    """One label: was snippet ``snippet_id`` of request ``query_id`` relevant?"""
+
+    model_config = ConfigDict(extra="forbid")
+    query_id: QueryId = Field(description="The query_id a /filter or /query answer carried.")
+    snippet_id: QueryId = Field(
+        description="The snippet's id in that request (/filter: yours or its position; "
+        "/query: the hit's snippet_id)."
+    )
+    relevant: StrictBool | StrictInt = Field(description="true/false or 1/0.")
+    score: FiniteNumber | None = Field(
+        default=None,
+        description="The filter's score of the snippet, used only when the service has no "
+        "record of serving it.",
+    )
+
+    @field_validator("relevant")
+    @classmethod
+    def _zero_or_one(cls, value: bool | int) -> bool:
+        if not isinstance(value, bool) and value not in (0, 1):
+            raise ValueError(f"relevant == {value!r}, must be true, false, 1 or 0")
+        return bool(value)
+
+
+class FeedbackRequest(BaseModel):
+    """``POST /feedback``: a batch of labels (one label is a list of one)."""
+
+    model_config = ConfigDict(extra="forbid")
+    items: list[FeedbackItem] = Field(
+        min_length=1, description="Labels; at most the service's max_snippets per request."
+    )
+
+
+class FeedbackResponse(BaseModel):
+    """What ``POST /feedback`` stored and did."""
+
+    stored: int = Field(description="Labels written (a repeated label replaces the earlier one).")
+    new: int = Field(description="Labels for (query_id, snippet_id) pairs not labelled before.")
+    with_served_score: int = Field(description="Labels joined to a score the service served.")
+    with_given_score: int = Field(description="Labels that carry only the score sent with them.")
+    without_score: int = Field(
+        description="Labels with no score (unknown to the service and none sent): stored, but "
+        "unused by --adaptive and recalibrate until a score is known."
+    )
+    adaptive_updates: int = Field(
+        description="Relevant new labels applied to the adaptive threshold (serve --adaptive)."
+    )
+    adaptive: AdaptiveInfo | None = None
+
+
+class ReloadResponse(BaseModel):
+    """``POST /admin/reload``: the artifact now served."""
+
+    generation: int
+    checksum: str | None
+    changed: bool = Field(description="The new artifact differs from the one served before.")
+    monitor_reset: bool = Field(description="The exchangeability monitor was reset.")
 
 
 class ErrorItem(BaseModel):

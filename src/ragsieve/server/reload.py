@@ -1,0 +1,330 @@
+"""Hot reload: artifact generations shared by the processes of one ``serve``.
+
+A reload reads the served artifact's path again, checks the new artifact completely
+(JSON, checksum, calibration state, scorer, the served index, ``--adaptive``'s mode, the
+monitor reference) and only then publishes it as the next *generation* in a small SQLite
+file of the state directory (``control.sqlite``: generation, checksum, the artifact's
+text). Every app polls the latest generation and swaps in a service built from the
+published text, so all workers serve the same artifact even if the file changes again,
+and a worker restarted after a crash starts from the last good artifact, not from a file
+that was refused. A malformed artifact is never published: the old one keeps serving and
+the refusal is logged (and answered 422 by ``POST /admin/reload``).
+
+Triggers: ``SIGHUP`` (to the ``serve`` process; with ``--workers`` the parent), ``POST
+/admin/reload`` (in the worker that receives it, which swaps before answering), and with
+``--watch`` a change of the file's modification time, size or inode (polled).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ArtifactError
+from ..filter import ConformalFilter
+
+__all__ = ["ArtifactCheck", "Generation", "Generations", "Publisher", "check_artifact",
+           "file_signature"]
+
+logger = logging.getLogger(__name__)
+
+#: Generations kept in the control file (older ones are deleted).
+_KEEP_GENERATIONS = 3
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+
+
+def artifact_checksum(payload: Mapping[str, Any], text: str) -> str:
+    """The artifact's sealed checksum, or the sha256 of its text (version 1 artifacts)."""
+    seal = payload.get("checksum")
+    if isinstance(seal, Mapping) and isinstance(seal.get("value"), str):
+        return str(seal["value"])
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One published artifact."""
+
+    number: int
+    checksum: str
+    text: str
+    source: str
+
+
+class Generations:
+    """The control file: the published artifact generations of one ``serve``.
+
+    Parameters
+    ----------
+    path : str or Path
+        ``control.sqlite`` in the state directory (created).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
+                                   check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS generations (number INTEGER PRIMARY KEY, checksum TEXT "
+            "NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, time TEXT NOT NULL)")
+
+    def publish(self, text: str, checksum: str, source: str) -> int:
+        """Add the next generation; returns its number."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute("SELECT max(number) FROM generations").fetchone()
+                number = int(row[0] or 0) + 1
+                self._db.execute("INSERT INTO generations VALUES (?, ?, ?, ?, ?)",
+                                 (number, checksum, text, source, _now()))
+                self._db.execute("DELETE FROM generations WHERE number <= ?",
+                                 (number - _KEEP_GENERATIONS,))
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return number
+
+    def latest_number(self) -> int:
+        """The newest generation's number (0 when none)."""
+        with self._lock:
+            row = self._db.execute("SELECT max(number) FROM generations").fetchone()
+        return int(row[0] or 0)
+
+    def latest(self) -> Generation | None:
+        """The newest generation, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT number, checksum, text, source FROM generations "
+                                   "ORDER BY number DESC LIMIT 1").fetchone()
+        return None if row is None else Generation(int(row[0]), row[1], row[2], row[3])
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            self._db.close()
+
+
+@dataclass(frozen=True)
+class ArtifactCheck:
+    """A read and fully checked artifact, ready to publish."""
+
+    payload: dict[str, Any]
+    text: str
+    checksum: str
+    filter: ConformalFilter
+
+
+def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] | None = None,
+                   index_path: str | Path | None = None, adaptive: bool = False,
+                   monitor_check: Callable[[Mapping[str, Any]], object] | None = None,
+                   scorer: Any = None) -> ArtifactCheck:
+    """Check an artifact's text as the service would load it (no model is loaded).
+
+    Raises
+    ------
+    ArtifactError
+        Not JSON, bad checksum or state, a scorer that cannot be rebuilt or does not match
+        the served index, a mode other than ``adaptive`` under ``--adaptive``, or a
+        malformed monitor reference.
+    """
+    import json
+
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ArtifactError(f"filter artifact {source!r} holds a JSON "
+                            f"{type(payload).__name__}, expected an object.")
+    reuse = scorer if scorer is not None and scorer.spec() == payload.get("scorer") else None
+    try:
+        flt = ConformalFilter.from_dict(payload, scorer=reuse, scorer_options=scorer_options)
+    except ArtifactError:
+        raise
+    except (TypeError, ValueError, KeyError, ImportError) as exc:
+        raise ArtifactError(f"filter artifact {source!r} cannot be loaded: {exc}") from exc
+    if adaptive and not callable(getattr(flt.calibrator, "update", None)):
+        raise ArtifactError(
+            f"serve --adaptive needs an artifact of mode 'adaptive' (its calibrator follows "
+            f"feedback); {source!r} has mode {flt.mode!r}. Calibrate with `ragsieve calibrate "
+            "--mode adaptive`, or serve without --adaptive.")
+    if index_path is not None:
+        from ..store import SnippetIndex
+
+        try:
+            SnippetIndex.open(index_path).list_scorer(flt)
+        except ValueError as exc:  # ScorerMismatchError is a ValueError
+            raise ArtifactError(f"artifact {source!r} does not match the served index: {exc}") from exc
+    if monitor_check is not None:
+        try:
+            monitor_check(payload)
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ArtifactError(f"artifact {source!r} has a malformed monitor reference: {exc}") from exc
+    return ArtifactCheck(payload, text, artifact_checksum(payload, text), flt)
+
+
+def read_text(path: str | Path) -> str:
+    """The artifact file's text (``ArtifactError`` when unreadable)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"cannot read filter artifact {str(path)!r}: {exc}") from exc
+
+
+def file_signature(path: str | Path) -> tuple[int, int, int] | None:
+    """(mtime_ns, size, inode) of ``path``, or None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class Publisher:
+    """Reads the served path, checks the artifact and publishes it as a new generation.
+
+    Used by whichever process owns the triggers: the ``serve`` process (one worker), the
+    parent (``--workers``) and the worker answering ``POST /admin/reload``.
+
+    Parameters
+    ----------
+    path : str or Path
+        The served artifact path (re-read on every reload).
+    generations : Generations
+        The control file.
+    check : callable
+        ``check(text, source) -> ArtifactCheck``; raises ``ArtifactError`` to refuse.
+    before_publish : callable, optional
+        Called with ``(check, previous_checksum)`` after the check and before the publish
+        (resets the shared monitor when the checksum changed, before any worker uses it).
+    """
+
+    def __init__(self, path: str | Path, generations: Generations,
+                 check: Callable[[str, str], ArtifactCheck],
+                 before_publish: Callable[[ArtifactCheck, str | None], object] | None = None,
+                 ) -> None:
+        self.path = Path(path)
+        self.generations = generations
+        self.check = check
+        self.before_publish = before_publish
+        self.lock = threading.Lock()
+        self.signature = file_signature(self.path)
+
+    def publish(self, reason: str, *, only_if_changed: bool = False) -> tuple[ArtifactCheck, int]:
+        """Read, check and publish the artifact at the served path.
+
+        With ``only_if_changed`` (the file watch), an artifact equal to the newest
+        generation (same checksum: e.g. already published by ``POST /admin/reload``) is
+        not published again; the newest generation's number is returned.
+
+        Raises
+        ------
+        ArtifactError
+            The artifact was refused (logged; nothing published).
+        """
+        with self.lock:
+            signature = file_signature(self.path)
+            try:
+                text = read_text(self.path)
+                checked = self.check(text, str(self.path))
+            except ArtifactError as exc:
+                self.signature = signature  # do not retry the same bad file on every poll
+                current = self.generations.latest()
+                logger.error("reload (%s) refused: %s; still serving generation %s (checksum %s)",
+                             reason, exc, current.number if current else "?",
+                             current.checksum[:12] if current else "?")
+                raise
+            previous = self.generations.latest()
+            previous_checksum = previous.checksum if previous else None
+            if only_if_changed and previous is not None and checked.checksum == previous_checksum:
+                self.signature = signature
+                return checked, previous.number
+            if self.before_publish is not None:
+                self.before_publish(checked, previous_checksum)
+            number = self.generations.publish(checked.text, checked.checksum, reason)
+            self.signature = signature
+        logger.warning("reload (%s): published generation %d (checksum %s, mode %s%s) from %s",
+                       reason, number, checked.checksum[:12], checked.filter.mode,
+                       "" if checked.checksum != previous_checksum else ", unchanged", self.path)
+        return checked, number
+
+    def file_changed(self) -> bool:
+        """True when the file's (mtime, size, inode) differs from the last one read."""
+        signature = file_signature(self.path)
+        return signature is not None and signature != self.signature
+
+
+class Trigger:
+    """Reload requests (SIGHUP) and file watching, handled in one background thread.
+
+    ``request(reason)`` is safe to call from a signal handler: it only appends to a list
+    and sets an event.
+    """
+
+    def __init__(self, publisher: Publisher, *, watch: bool, interval: float,
+                 tick: Callable[[], None] | None = None) -> None:
+        self.publisher = publisher
+        self.watch = watch
+        self.interval = interval
+        self.tick = tick
+        self._pending: list[str] = []
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ragsieve-reload", daemon=True)
+
+    def start(self) -> None:
+        """Start the background thread."""
+        self._thread.start()
+
+    def request(self, reason: str) -> None:
+        """Ask for a reload (e.g. from a SIGHUP handler)."""
+        self._pending.append(reason)
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop the thread (after its current step)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.step()
+            except Exception:  # never let the thread die: log and keep polling
+                logger.exception("reload thread step failed")
+
+    def step(self) -> None:
+        """One round: pending requests, the file watch, then ``tick``."""
+        reasons = []
+        while self._pending:
+            reasons.append(self._pending.pop(0))
+        watched = not reasons and self.watch and self.publisher.file_changed()
+        if reasons or watched:
+            try:
+                self.publisher.publish(" + ".join(sorted(set(reasons))) or "file change",
+                                       only_if_changed=watched)
+            except ArtifactError:
+                pass  # logged by the publisher; the old generation keeps serving
+        if self.tick is not None:
+            self.tick()

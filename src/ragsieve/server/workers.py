@@ -1,0 +1,240 @@
+"""``serve --workers N``: N uvicorn worker processes sharing one socket and one state.
+
+:func:`run_workers` (called by :func:`~ragsieve.server.run_server` with ``workers > 1``)
+prepares everything the workers share, then runs uvicorn's process supervisor:
+
+* the state directory (locked by this parent process): the artifact is checked and
+  published as generation 1 in ``control.sqlite``; each worker serves the newest
+  generation and polls for a newer one every 0.5 s;
+* the exchangeability monitor's store (``monitor-<checksum>.sqlite``, reset at start and
+  on a reload of another artifact): one sequential martingale over the merged stream of
+  requests of all workers, updated in a transaction per request;
+* the feedback database and its adaptive threshold;
+* a fresh ``PROMETHEUS_MULTIPROC_DIR`` (removed at exit), so ``GET /metrics`` on any
+  worker reports the sum over all workers.
+
+The workers are started by uvicorn with the import string
+``ragsieve.server.workers:app_from_env`` (an app factory reading its options from the
+environment variable ``RAGSIEVE_SERVE_CONFIG``, the API key from
+``RAGSIEVE_SERVE_API_KEY``), so every worker loads its own model. The parent handles
+``SIGHUP`` by checking the artifact file and publishing it (uvicorn's own handler would
+restart the processes); a refused artifact is logged and nothing changes. ``--watch``
+runs in the parent too. A worker that dies is replaced by uvicorn and starts from the
+newest published (so last good) artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .._optional import require
+from .reload import ArtifactCheck, Generations, Publisher, Trigger, check_artifact, read_text
+from .service import monitor_from_artifact, reset_shared_monitor
+from .state import StateLock
+
+__all__ = ["API_KEY_ENV", "CONFIG_ENV", "app_from_env", "run_workers"]
+
+logger = logging.getLogger(__name__)
+
+#: Environment variable holding the workers' options (JSON), set by :func:`run_workers`.
+CONFIG_ENV = "RAGSIEVE_SERVE_CONFIG"
+#: Environment variable holding the API key for the workers, set by :func:`run_workers`.
+API_KEY_ENV = "RAGSIEVE_SERVE_API_KEY"
+#: Seconds between two looks at the artifact file (``--watch``).
+POLL_SECONDS = 0.5
+
+
+def __getattr__(name: str) -> Any:
+    """``HeaderTimeoutProtocol``: uvicorn's protocol with the request-head deadline of
+    :mod:`~ragsieve.server.connections`, built in the worker from ``RAGSIEVE_SERVE_CONFIG``
+    (uvicorn loads it by import string, as a class cannot be sent to a spawned worker)."""
+    if name == "HeaderTimeoutProtocol":
+        from .connections import header_timeout_protocol
+
+        config = json.loads(os.environ.get(CONFIG_ENV, "{}"))
+        return header_timeout_protocol(float(config.get("timeout_request_header", 10.0)))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def app_from_env() -> Any:
+    """The app of one worker process, built from ``$RAGSIEVE_SERVE_CONFIG`` (uvicorn factory).
+
+    Raises
+    ------
+    RuntimeError
+        The variable is unset (the factory is meant for workers of :func:`run_workers`).
+    """
+    text = os.environ.get(CONFIG_ENV)
+    if not text:
+        raise RuntimeError(f"{CONFIG_ENV} is unset; app_from_env builds the workers of "
+                           "`ragsieve serve --workers N` (run_server(workers=N)).")
+    config = json.loads(text)
+    level = config.get("ragsieve_log_level", logging.WARNING)
+    package = logging.getLogger("ragsieve")
+    if not package.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+        package.setLevel(level)
+    if hasattr(signal, "SIGHUP"):  # the parent reloads on SIGHUP; a worker must not die of it
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    from .app import _create_app
+
+    options = dict(config["app"])
+    return _create_app(config["filter_path"], role="worker",
+                       api_key=os.environ.get(API_KEY_ENV) or None, **options)
+
+
+def _json_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Options as JSON-safe values (paths as strings)."""
+    def plain(value: Any) -> Any:
+        if isinstance(value, os.PathLike):
+            return os.fspath(value)
+        if isinstance(value, Mapping):
+            return {str(k): plain(v) for k, v in value.items()}
+        return value
+
+    return {k: plain(v) for k, v in options.items()}
+
+
+def run_workers(
+    filter_path: str | Path,
+    *,
+    host: str,
+    port: int,
+    api_key: str | None,
+    log_level: str,
+    timeout_keep_alive: int,
+    timeout_request_header: float,
+    workers: int,
+    state_dir: str | Path | None = None,
+    feedback_db: str | Path | None = None,
+    adaptive: bool = False,
+    monitor_delta: float = 0.01,
+    watch: bool = False,
+    scorer_options: Mapping[str, Any] | None = None,
+    index_path: str | Path | None = None,
+    **app_options: Any,
+) -> None:
+    """Serve with ``workers`` uvicorn processes (blocks until stopped); see the module doc.
+
+    Raises
+    ------
+    ValueError
+        The state directory is locked by another service, or bad options.
+    ArtifactError, ScorerMismatchError
+        The artifact cannot be served (checked here, before any worker starts).
+    """
+    uvicorn = require("uvicorn", "server")
+    from uvicorn.supervisors import Multiprocess
+
+    from .app import check_delta
+
+    delta = check_delta(monitor_delta)
+    temporary = state_dir is None
+    state = Path(tempfile.mkdtemp(prefix="ragsieve-serve-") if temporary else state_dir)  # type: ignore[arg-type]
+    lock = StateLock(state).acquire()
+    metrics_dir = tempfile.mkdtemp(prefix="ragsieve-metrics-")
+    saved_env = {k: os.environ.get(k) for k in (CONFIG_ENV, API_KEY_ENV,
+                                                 "PROMETHEUS_MULTIPROC_DIR")}
+    generations: Generations | None = None
+    trigger: Trigger | None = None
+    try:
+        generations = Generations(state / "control.sqlite")
+
+        def check(text: str, source: str) -> ArtifactCheck:
+            return check_artifact(
+                text, source, scorer_options=scorer_options, index_path=index_path,
+                adaptive=adaptive,
+                monitor_check=lambda p: monitor_from_artifact(p, delta=delta, store=None))
+
+        def before_publish(checked: ArtifactCheck, previous: str | None) -> None:
+            if checked.checksum != previous:
+                reset_shared_monitor(checked.payload, checked.checksum, state, delta)
+
+        for old in state.glob("monitor-*.sqlite*"):  # a new serve starts a new martingale
+            old.unlink(missing_ok=True)
+        checked = check(read_text(filter_path), str(filter_path))
+        reset_shared_monitor(checked.payload, checked.checksum, state, delta)
+        number = generations.publish(checked.text, checked.checksum, "start")
+        logger.warning("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
+                       filter_path, number, checked.checksum[:12], workers, state)
+        publisher = Publisher(filter_path, generations, check, before_publish)
+        trigger = Trigger(publisher, watch=watch, interval=POLL_SECONDS)
+        worker_options = {
+            "state_dir": state, "feedback_db": feedback_db, "adaptive": adaptive,
+            "monitor_delta": delta, "watch": False, "scorer_options": scorer_options,
+            "index_path": index_path, **app_options,
+        }
+        defaults = {"max_body_bytes": 1_000_000, "max_snippets": 1000, "warmup": True,
+                    "max_k": 100, "body_timeout": 60.0, "max_served_rows": 1_000_000}
+        worker_options = {**defaults, **worker_options}
+        os.environ[CONFIG_ENV] = json.dumps({
+            "filter_path": os.fspath(filter_path), "app": _json_options(worker_options),
+            "timeout_request_header": timeout_request_header,
+            "ragsieve_log_level": logging.getLogger("ragsieve").getEffectiveLevel(),
+        })
+        if api_key:
+            os.environ[API_KEY_ENV] = api_key
+        else:
+            os.environ.pop(API_KEY_ENV, None)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        config = uvicorn.Config(
+            "ragsieve.server.workers:app_from_env", factory=True, host=host, port=port,
+            workers=workers, log_level=log_level, timeout_keep_alive=timeout_keep_alive,
+            http="ragsieve.server.workers:HeaderTimeoutProtocol")
+        sock = config.bind_socket()
+        supervisor = _supervisor_class(Multiprocess)(config, sockets=[sock])
+        supervisor.trigger = trigger
+        supervisor.metrics_dir = metrics_dir
+        trigger.start()
+        logger.info("ragsieve server on http://%s:%d (%d workers)", host, port, workers)
+        supervisor.run()
+    finally:
+        if trigger is not None:
+            trigger.stop()
+        if generations is not None:
+            generations.close()
+        lock.release()
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if temporary:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def _supervisor_class(base: type) -> type:
+    """uvicorn's ``Multiprocess`` with SIGHUP as an artifact reload (not a restart) and the
+    live gauges of dead workers dropped from the metrics."""
+
+    class Supervisor(base):  # type: ignore[misc, valid-type]
+        trigger: Trigger
+        metrics_dir: str
+
+        def handle_hup(self) -> None:
+            logger.warning("SIGHUP: reloading the artifact (the workers keep running)")
+            self.trigger.request("SIGHUP")
+
+        def keep_subprocess_alive(self) -> None:
+            before = {p.pid for p in self.processes}
+            super().keep_subprocess_alive()
+            gone = before - {p.pid for p in self.processes}
+            if gone:
+                from prometheus_client import multiprocess
+
+                for pid in gone:
+                    if pid is not None:
+                        multiprocess.mark_process_dead(pid, self.metrics_dir)
+
+    return Supervisor
