@@ -18,8 +18,9 @@ Every worker loads its own model. The figures include the per-request work the s
 does besides filtering (served-score record in SQLite, exchangeability monitor; with
 several workers both are shared SQLite files).
 
-Usage: ``python benchmarks/bench_server_workers.py [--workers 1,2] [--requests 400]
-[--clients 8] [--snippets 10] [--k 20] [--endpoints filter,query] [--json]``
+Usage: ``python benchmarks/bench_server_workers.py [--workers 1,2] [--requests 2000]
+[--query-requests 500] [--clients 8] [--snippets 10] [--k 20] [--endpoints filter,query]
+[--json]``
 """
 
 from __future__ import annotations
@@ -154,7 +155,9 @@ def _build(tmp: Path) -> tuple[Path, Path, list[Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="1,2", help="comma-separated worker counts")
-    ap.add_argument("--requests", type=int, default=400, help="timed requests per endpoint")
+    ap.add_argument("--requests", type=int, default=2000, help="timed /filter requests")
+    ap.add_argument("--query-requests", type=int, default=500,
+                    help="timed /query requests (each a new question: at most 1190 / runs)")
     ap.add_argument("--clients", type=int, default=8, help="concurrent clients")
     ap.add_argument("--snippets", type=int, default=10, help="snippets per /filter request")
     ap.add_argument("--k", type=int, default=20, help="hits per /query request")
@@ -182,9 +185,9 @@ def main() -> None:
             for i in range(args.distinct)
         ]
         questions = list(dict.fromkeys(p.query for p in test))
-        need = args.requests * len(counts)
+        need = args.query_requests * len(counts)
         if "query" in endpoints and len(questions) < need:
-            ap.error(f"{len(questions)} distinct questions; --requests x workers runs needs {need}.")
+            ap.error(f"{len(questions)} distinct questions; --query-requests x runs needs {need}.")
         for run, workers in enumerate(counts):
             service = _Service(artifact, index, workers, tmp)
             try:
@@ -197,22 +200,24 @@ def main() -> None:
                                  **_run_load_process(service.url + "/filter", filter_payloads,
                                                      args.requests, args.clients, tmp)})
                 if "query" in endpoints:
-                    chunk = questions[run * args.requests:(run + 1) * args.requests]
-                    payloads = [{"query": q, "k": args.k} for q in chunk]
+                    n = args.query_requests
+                    payloads = [{"query": q, "k": args.k} for q in questions[run * n:(run + 1) * n]]
                     rows.append({"workers": workers, "endpoint": "/query",
                                  "per_request": f"k={args.k}, new question",
-                                 **_run_load_process(service.url + "/query", payloads,
-                                                     args.requests, args.clients, tmp)})
+                                 **_run_load_process(service.url + "/query", payloads, n,
+                                                     args.clients, tmp)})
             finally:
                 service.stop()
-    out = {"requests": args.requests, "clients": args.clients, "cpus": os.cpu_count(),
+    out = {"requests": args.requests, "query_requests": args.query_requests,
+           "clients": args.clients, "cpus": os.cpu_count(),
            "rows": rows, "load_avg_1m_start": round(load_start, 2),
            "load_avg_1m_end": round(os.getloadavg()[0], 2)}
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{args.requests} timed requests per endpoint and worker count, {args.clients} "
-          f"concurrent clients in a separate process, {out['cpus']} CPUs; load average "
+    print(f"{args.requests} /filter and {args.query_requests} /query timed requests per worker "
+          f"count, {args.clients} concurrent clients in a separate process, {out['cpus']} CPUs; "
+          "load average "
           f"{out['load_avg_1m_start']} -> {out['load_avg_1m_end']}")
     header = ("workers", "endpoint", "per request", "req/s", "p50 ms", "p99 ms")
     print("{:>7} {:<9} {:<24} {:>7} {:>8} {:>8}".format(*header))

@@ -32,9 +32,11 @@ httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragsieve import ConformalFilter, Pair
+from ragsieve._monitor_reference import separation
 from ragsieve.calibration import AdaptiveCalibrator, SplitConformalCalibrator
 from ragsieve.cli import main as cli_main
 from ragsieve.errors import ArtifactError
+from ragsieve.monitoring import ExchangeabilityMonitor
 from ragsieve.scoring import EmbeddingScorer
 from ragsieve.server import create_app, uvicorn_config
 from ragsieve.server.app import _create_app
@@ -72,7 +74,7 @@ class _Server:
 
     def __init__(self, app: Any) -> None:
         self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
@@ -344,6 +346,7 @@ def test_recalibrate_from_served_labels(artifacts: dict[str, Path], options: dic
     for p in live:
         by_query.setdefault(p.query_id, []).append(p)
     relevant_scores: list[float] = []
+    served_lists: dict[str, list[float]] = {}
     with serving(artifacts["a"], feedback_db=db, **options) as srv:
         for qid, group in by_query.items():
             body = httpx.post(srv.url + "/filter", headers=AUTH, json={
@@ -354,6 +357,7 @@ def test_recalibrate_from_served_labels(artifacts: dict[str, Path], options: dic
             assert httpx.post(srv.url + "/feedback", json={"items": items},
                               headers=AUTH).status_code == 200
             relevant_scores += [s for s, p in zip(body["scores"], group) if p.relevant]
+            served_lists[qid] = body["scores"]
     out = tmp_path / "recal.json"
     code = cli_main(["recalibrate", "--feedback", str(db), "--filter", str(artifacts["a"]),
                      "--out", str(out), "--min-labels", "10"])
@@ -364,6 +368,12 @@ def test_recalibrate_from_served_labels(artifacts: dict[str, Path], options: dic
     assert new.mode == "marginal" and new.alpha == pytest.approx(0.2)
     assert new.threshold == pytest.approx(expected)
     assert new.calibration_info["source"] == "feedback"
+    # the monitor's reference: the statistic of each labelled query's whole served list
+    block = json.loads(out.read_text())["monitor"]
+    stats = [separation(served_lists[q]) for q in sorted(served_lists)]
+    assert block["n_queries"] == len(served_lists)
+    assert block["reference"] == pytest.approx([v for v in stats if v is not None])
+    assert ExchangeabilityMonitor.from_artifact(json.loads(out.read_text())) is not None
     assert f"recalibrated on {len(live)} labels ({len(relevant_scores)} relevant" in printed
     assert f"tau={expected:.4f}" in printed
     # too few labels: one line, exit 2, nothing written
@@ -657,3 +667,73 @@ def test_scores_histogram_matches_numpy(artifacts: dict[str, Path], options: dic
     for le in ("0.3", "0.6", "0.9", "+Inf"):
         bound = math.inf if le == "+Inf" else float(le)
         assert _m(m, "ragsieve_served_score_bucket", le=le) == int(np.sum(np.array(scores) <= bound))
+
+
+def test_alarm_fires_on_unrelated_snippets_and_is_reported(
+        artifacts: dict[str, Path], options: dict[str, Any], xquad_en: list[Pair],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Questions about one article served with paragraphs of other articles: nothing stands
+    out, the martingale grows, the alarm fires, and /healthz, /metrics and the log say so."""
+    articles: dict[str, list[Pair]] = {}
+    for p in xquad_en:
+        articles.setdefault(p.snippet_id.split("/")[0], []).append(p)
+    names = sorted(articles)
+    paragraphs = {n: list({p.snippet_id: p.text for p in articles[n]}.values()) for n in names}
+    questions = [(n, q) for n in names for q in list(dict.fromkeys(p.query for p in articles[n]))[:6]]
+    rng = np.random.default_rng(0)
+    rng.shuffle(questions)
+    with caplog.at_level(logging.WARNING, logger="ragsieve"), \
+            serving(artifacts["a"], **options) as srv:
+        state = None
+        for i in range(len(questions)):
+            article, question = questions[i]
+            other = names[(names.index(article) + 1 + i % 7) % len(names)]  # never its own
+            body = {"query": question, "snippets": paragraphs[other][:6]}
+            assert httpx.post(srv.url + "/filter", json=body, headers=AUTH).status_code == 200
+            if i % 10 == 9:
+                state = httpx.get(srv.url + "/healthz").json()["monitor"]
+                if state["alarm"]:
+                    break
+        m = _metrics(srv.url)
+    assert state is not None and state["alarm"], state
+    assert state["fired_at"] <= state["n_observed"] and state["fired_time"]
+    assert state["martingale"] >= 1 / state["delta"] or state["log10_martingale"] >= 2
+    assert _m(m, "ragsieve_drift_alarm") == 1
+    fired = [r.getMessage() for r in caplog.records if "exchangeability alarm" in r.getMessage()]
+    assert len(fired) == 1 and f"at request {state['fired_at']};" in fired[0]
+
+
+def test_worker_socket_gets_tcp_nodelay() -> None:
+    """The workers' listening socket is marked TCP, so asyncio sets TCP_NODELAY on every
+    connection (uvicorn's own bind leaves proto 0: each keep-alive response then waited
+    ~40 ms for the client's delayed ACK)."""
+    import asyncio
+
+    from ragsieve.server.workers import _tcp
+
+    config = uvicorn.Config("ragsieve.server.workers:app_from_env", host="127.0.0.1", port=0)
+    raw = config.bind_socket()
+    assert raw.proto == 0  # what uvicorn gives: asyncio would skip TCP_NODELAY
+    sock = _tcp(raw)
+    assert sock.proto == socket.IPPROTO_TCP
+    seen: list[int] = []
+
+    async def main() -> None:
+        def accepted(reader: Any, writer: Any) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=sock)
+        port = sock.getsockname()[1]
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(main())
+    assert seen and seen[0] != 0

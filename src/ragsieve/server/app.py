@@ -28,7 +28,7 @@ from .._version import __version__
 from ..errors import ArtifactError
 from ..filter import ConformalFilter
 from .connections import check_seconds, uvicorn_config
-from .feedback import DEFAULT_MAX_SERVED_ROWS, FeedbackStore
+from .feedback import DEFAULT_MAX_SERVED_ROWS, SERVED_BATCH_SECONDS, FeedbackStore
 from .metrics import ServiceMetrics
 from .parsing import (
     StrictJSONRoute,
@@ -311,7 +311,8 @@ def _create_app(
     try:
         metrics = ServiceMetrics()
         store = FeedbackStore(Path(feedback_db) if feedback_db else state / "feedback.sqlite",
-                              max_served_rows=max_served_rows)
+                              max_served_rows=max_served_rows,
+                              batch_seconds=SERVED_BATCH_SECONDS)
         closables.append(store)
         generations = Generations(state / "control.sqlite")
         closables.append(generations)

@@ -74,6 +74,10 @@ _TABLES = {
 #: Served rows are pruned to about this many (oldest first) unless told otherwise.
 DEFAULT_MAX_SERVED_ROWS = 1_000_000
 _PRUNE_EVERY = 1000
+#: Most served rows queued for the background writer (the oldest half is dropped beyond).
+_MAX_PENDING = 200_000
+#: Seconds between two writes of queued served rows in the service.
+SERVED_BATCH_SECONDS = 0.05
 
 
 def _now() -> str:
@@ -133,6 +137,9 @@ class FeedbackStore:
         ``FileNotFoundError`` and nothing is written (``ragsieve recalibrate``).
     max_served_rows : int, default=1_000_000
         Served rows kept (the oldest are pruned).
+    batch_seconds : float, optional
+        Queue served rows and write them in one transaction per this many seconds (a
+        background thread); None writes each request's rows at once.
 
     Raises
     ------
@@ -143,8 +150,15 @@ class FeedbackStore:
     """
 
     def __init__(self, path: str | Path, *, create: bool = True,
-                 max_served_rows: int = DEFAULT_MAX_SERVED_ROWS) -> None:
+                 max_served_rows: int = DEFAULT_MAX_SERVED_ROWS,
+                 batch_seconds: float | None = None) -> None:
         self.path = Path(path)
+        self.batch_seconds = batch_seconds
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._writer: threading.Thread | None = None
         if isinstance(max_served_rows, bool) or not isinstance(max_served_rows, int):
             raise TypeError(f"max_served_rows is {type(max_served_rows).__name__}, expected an "
                             "int >= 1.")
@@ -203,19 +217,61 @@ class FeedbackStore:
             self._db.execute("COMMIT")
 
     def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            self._db.close()
+        """Write the queued rows and close the connection."""
+        self._closing.set()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                self._db.close()
 
     # ------------------------------------------------------------------ served
     def record_served(self, rows: Sequence[ServedRow], *, key: str, checksum: str | None,
                       endpoint: str) -> None:
-        """Record one request's served snippets (one transaction)."""
+        """Record one request's served snippets.
+
+        Written at once (one transaction) without ``batch_seconds``; otherwise queued and
+        written by the background writer in one transaction per ``batch_seconds``, so the
+        worker processes of one service do not contend for the file on every request.
+        """
         if not rows:
             return
         now = _now()
         values = [(r.query_id, r.snippet_id, _db_score(r.score), r.threshold, int(r.kept),
                    r.group, key, checksum, endpoint, now) for r in rows]
+        if self.batch_seconds is None:
+            self._insert(values)
+            return
+        with self._pending_lock:
+            if len(self._pending) + len(values) > _MAX_PENDING:
+                dropped = len(self._pending) // 2
+                del self._pending[:dropped]
+                logger.warning("feedback database %s is not keeping up: dropped the %d oldest "
+                               "unwritten served-score rows", self.path, dropped)
+            self._pending.extend(values)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, daemon=True,
+                                                name="ragsieve-served-writer")
+                self._writer.start()
+
+    def flush(self) -> None:
+        """Write the queued served rows now (before joining labels to them)."""
+        with self._flush_lock:
+            with self._pending_lock:
+                values, self._pending = self._pending, []
+            if values:
+                self._insert(values)
+
+    def _write_loop(self) -> None:
+        while not self._closing.wait(self.batch_seconds or 0.05):
+            try:
+                self.flush()
+            except Exception:  # keep the writer alive; the rows of this batch are lost
+                logger.exception("could not write served scores to %s", self.path)
+
+    def _insert(self, values: list[tuple[Any, ...]]) -> None:
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO served (query_id, snippet_id, score, threshold, kept, grp, "
@@ -290,6 +346,20 @@ class FeedbackStore:
                 "FROM labels l ORDER BY l.rowid", (key,)).fetchall()
         return [(q, s, bool(r), served if served is not None else given, grp)
                 for q, s, r, served, given, grp in rows]
+
+    def served_lists(self, key: str) -> dict[str, list[float]]:
+        """Every query's served scores under scorer ``key``: the whole list of its latest
+        request (all snippets, labelled or not), by query_id."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.query_id, s.score FROM served s JOIN (SELECT query_id, max(time) AS t "
+                "FROM served WHERE scorer_key = ? GROUP BY query_id) last "
+                "ON s.query_id = last.query_id AND s.time = last.t "
+                "WHERE s.scorer_key = ? AND s.score IS NOT NULL ORDER BY s.id", (key, key)).fetchall()
+        out: dict[str, list[float]] = {}
+        for query_id, score in rows:
+            out.setdefault(query_id, []).append(float(score))
+        return out
 
     # ------------------------------------------------------------------ adaptive
     def ensure_adaptive(self, checksum: str, mode: str, params: Mapping[str, Any],
@@ -382,6 +452,21 @@ class AdaptiveThreshold:
 
 
 # ---------------------------------------------------------------------- recalibrate
+def _monitor_reference(lists: Mapping[str, list[float]], query_ids: set[str],
+                       notes: list[str]) -> dict[str, Any] | None:
+    """The exchangeability monitor's reference of a recalibrated artifact: the statistic of
+    each labelled query's whole served list (as ``calibrate`` records it for its queries)."""
+    from .._monitor_reference import reference_block
+
+    scores = [s for q in sorted(query_ids) for s in lists.get(q, [])]
+    qids = [q for q in sorted(query_ids) for _ in lists.get(q, [])]
+    block = reference_block(np.asarray(scores, dtype=np.float64), qids) if scores else None
+    if block is None:
+        notes.append("no labelled query was served with 2 or more snippets: the new artifact "
+                     "has no exchangeability monitor reference")
+    return block
+
+
 @dataclass(frozen=True)
 class Recalibration:
     """The outcome of :func:`recalibrate`."""
@@ -444,9 +529,11 @@ def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labe
         needs = "snippet lengths" if "lengths" in cal.fit_requires else "calibration topics"
         raise ValueError(f"mode {cal.mode!r} needs {needs}, which feedback labels do not carry; "
                          "recalibrate it with `ragsieve calibrate` on labelled pairs.")
+    key = scorer_key(old.scorer.spec())
     store = FeedbackStore(feedback_db, create=False)
     try:
-        rows = store.labelled(scorer_key(old.scorer.spec()))
+        rows = store.labelled(key)
+        lists = store.served_lists(key)
     finally:
         store.close()
     usable = [r for r in rows if r[3] is not None and math.isfinite(r[3])]
@@ -471,6 +558,7 @@ def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labe
                 query_ids=[r[0] for r in usable], groups=groups)
     flt = ConformalFilter(old.scorer, new_cal, min_keep=old.min_keep, group_by=old.group_by,
                           max_chars=old.max_chars)
+    flt.monitor_reference = _monitor_reference(lists, {r[0] for r in usable}, notes)
     flt.calibration_info = {
         "source": "feedback", "n_labels": len(usable),
         "n_relevant": int(sum(1 for r in usable if r[2])),

@@ -402,7 +402,9 @@ class Service:
             self.observe(res.scores)
 
     def observe(self, scores: Sequence[float]) -> None:
-        """Feed one request's served scores to the monitor (errors are logged, not raised)."""
+        """Feed one request's served scores to the monitor (errors are logged, not raised).
+
+        The monitor logs the alarm itself, once, when a request makes it fire."""
         try:
             state = self.monitor.observe(np.asarray(scores, dtype=np.float64))
         except Exception:
@@ -413,12 +415,7 @@ class Service:
             self.runtime.metrics.set_monitor(state)
         except Exception:  # pragma: no cover
             logger.exception("metrics update failed")
-        if state.alarm and state.fired_at is not None and state.fired_at == state.n_observed:
-            logger.warning(
-                "exchangeability alarm fired at request %d (%s): martingale %.3g >= 1/delta = "
-                "%.3g; served traffic no longer looks exchangeable with the calibration data, "
-                "so the guarantee may not hold: check the traffic, recalibrate or use --adaptive",
-                state.fired_at, state.fired_time, state.martingale, 1 / state.delta)
+        # the monitor itself logs the alarm once, in the process whose request fired it
 
     def run_feedback(self, request: FeedbackRequest) -> FeedbackResponse:
         """``POST /feedback``: store labels; under --adaptive, move the threshold."""
@@ -429,6 +426,10 @@ class Service:
         if n > rt.max_snippets:
             raise http_error(413, f"got {n} labels; the limit is {rt.max_snippets} per request.")
         items = [(i.query_id, i.snippet_id, bool(i.relevant), i.score) for i in request.items]
+        try:
+            rt.store.flush()  # this process's served rows are joinable before the labels
+        except Exception:
+            logger.exception("could not write the queued served scores before a feedback batch")
         with bad_request_as_422():
             outcome = rt.store.add_labels(items, key=self.scorer_key, adaptive=self.adaptive)
         for item in request.items:
@@ -525,7 +526,10 @@ class Runtime:
     def close(self) -> None:
         """Stop the model thread (after the call it is running, if any) and close the files."""
         self._model_thread.shutdown(wait=False, cancel_futures=True)
-        for closable in (self.store, self.generations):
+        monitor = None if self.service is None else self.service.monitor
+        for closable in (self.store, self.generations, monitor):
+            if closable is None or not callable(getattr(closable, "close", None)):
+                continue
             try:
                 closable.close()
             except Exception:  # pragma: no cover

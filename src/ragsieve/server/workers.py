@@ -30,6 +30,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -191,7 +192,7 @@ def run_workers(
             "ragsieve.server.workers:app_from_env", factory=True, host=host, port=port,
             workers=workers, log_level=log_level, timeout_keep_alive=timeout_keep_alive,
             http="ragsieve.server.workers:HeaderTimeoutProtocol")
-        sock = config.bind_socket()
+        sock = _tcp(config.bind_socket())
         supervisor = _supervisor_class(Multiprocess)(config, sockets=[sock])
         supervisor.trigger = trigger
         supervisor.metrics_dir = metrics_dir
@@ -212,6 +213,19 @@ def run_workers(
         shutil.rmtree(metrics_dir, ignore_errors=True)
         if temporary:
             shutil.rmtree(state, ignore_errors=True)
+
+
+def _tcp(sock: socket.socket) -> socket.socket:
+    """The listening socket marked as TCP (``proto = IPPROTO_TCP``).
+
+    uvicorn binds it with ``proto = 0``; the accepted connections inherit that, and asyncio
+    sets ``TCP_NODELAY`` only on sockets whose ``proto`` is TCP. Without it every response
+    on a keep-alive connection waited for the client's delayed ACK (about 40 ms per request,
+    measured with ``benchmarks/bench_server_workers.py``).
+    """
+    if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.proto == socket.IPPROTO_TCP:
+        return sock
+    return socket.socket(sock.family, sock.type, socket.IPPROTO_TCP, fileno=sock.detach())
 
 
 def _supervisor_class(base: type) -> type:
