@@ -41,7 +41,7 @@ from .errors import (
 )
 from .filter import ConformalFilter
 from .labeling import LLMLabeler
-from .monitoring import drift_check
+from .monitoring import ExchangeabilityMonitor, MonitorState, drift_check
 from .scoring import (
     EmbeddingScorer,
     FieldScorer,
@@ -66,6 +66,7 @@ __all__ = [
     "ConformalFilter",
     "DataError",
     "EmbeddingScorer",
+    "ExchangeabilityMonitor",
     "FieldScorer",
     "FilterResult",
     "FusedScorer",
@@ -75,6 +76,7 @@ __all__ = [
     "LLMResponseError",
     "LLMScorer",
     "MondrianCalibrator",
+    "MonitorState",
     "NotFittedError",
     "PACCalibrator",
     "Pair",

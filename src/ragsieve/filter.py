@@ -26,7 +26,12 @@ Artifact
 --------
 ``save`` writes JSON format version 2: the scorer spec, the calibration block (mode,
 params, learned state, threshold, group field, the guarantee), the policy and a
-fingerprint of the calibration data. Version 1 artifacts (marginal only) still load.
+fingerprint of the calibration data, and (by default, see ``calibrate(monitor=...)``) the
+``"monitor"`` block: the per-query statistic the exchangeability monitor
+(:mod:`ragsieve.monitoring`) ranks served requests against. The checksum seals the
+scorer, calibration and policy blocks, and the monitor block when there is one. Version 1
+artifacts (marginal only) and version 2 artifacts without a monitor block still load
+(``monitor_reference`` is then None).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from ._io import atomic_write_text
+from ._monitor_reference import read_monitor_block, reference_block
 from ._validation import check_scores
 from ._version import __version__
 from .calibration import (
@@ -55,7 +61,7 @@ from .calibration import (
 )
 from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
-from .scoring import FusedScorer, Scorer, resolve_scorer
+from .scoring import FusedScorer, LLMScorer, Scorer, resolve_scorer
 from .scoring.fusion import fit_topic_count
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
@@ -68,7 +74,7 @@ logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "ragsieve.filter"
 ARTIFACT_VERSION = 2
-#: Artifact blocks sealed by the sha256 checksum.
+#: Artifact blocks sealed by the sha256 checksum (and ``"monitor"`` when present).
 CHECKSUM_COVERS = ("scorer", "calibration", "policy")
 #: Inputs longer than this many characters are cut into calibration-sized pieces.
 MAX_CHARS = int(1.2 * DEFAULT_SIZE)
@@ -216,6 +222,8 @@ class ConformalFilter:
         self.group_by = group_by
         self.max_chars = MAX_CHARS if max_chars is None else max_chars
         self.calibration_info: dict[str, Any] = {}
+        #: The artifact's ``"monitor"`` block (see :mod:`ragsieve.monitoring`), or None.
+        self.monitor_reference: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -264,6 +272,7 @@ class ConformalFilter:
         progress: bool = False,
         group_by: str | None = None,
         seed: int = 0,
+        monitor: bool | None = None,
     ) -> ConformalFilter:
         """Score labelled calibration pairs and fit the calibrator.
 
@@ -285,7 +294,15 @@ class ConformalFilter:
             ``group`` mode: the ``Pair.meta`` field holding each pair's group (stored in
             the artifact; filtering reads the same field). Defaults to the constructor's.
         seed : int
-            Seed of the fit/calibration topic split of an unfitted fused score.
+            Seed of the fit/calibration topic split of an unfitted fused score, and of the
+            subsample of the monitor reference beyond 20,000 queries.
+        monitor : bool, optional
+            Record the exchangeability monitor's reference (``monitor_reference``, saved in
+            the artifact): the separation statistic of every calibration query, computed
+            from the scores of all its snippets, so the irrelevant pairs are scored too
+            when the mode would not need them. False skips it (the artifact then has no
+            monitor block). The default records it unless that would send the irrelevant
+            pairs to an LLM score (logged; pass True to pay for it).
 
         Returns
         -------
@@ -334,6 +351,14 @@ class ConformalFilter:
         else:  # the threshold depends on the relevant pairs' scores alone
             used = [p for p in pairs if p.relevant == 1]
             scores = self.scorer.score_pairs(used, progress=progress)
+        if monitor is None:
+            monitor = used is pairs or not isinstance(self.scorer, LLMScorer)
+            if not monitor:
+                logger.info("no exchangeability monitor reference: it would send the %d "
+                            "irrelevant calibration pairs to the LLM score (calibrate(..., "
+                            "monitor=True) records it)", len(pairs) - len(used))
+        self.monitor_reference = (self._monitor_block(pairs, used, scores, seed, progress)
+                                  if monitor else None)
         self.calibrator.fit(
             scores,
             np.array([p.relevant == 1 for p in used], dtype=bool),
@@ -351,6 +376,21 @@ class ConformalFilter:
         }
         self._warn_if_short()
         return self
+
+    def _monitor_block(self, pairs: list[Pair], used: list[Pair], scores: np.ndarray, seed: int,
+                       progress: bool) -> dict[str, Any] | None:
+        """The monitor reference from the scores of every calibration snippet, per query."""
+        qids = [p.query_id for p in used]
+        if used is not pairs:  # only the relevant pairs were scored: score the others too
+            rest = [p for p in pairs if p.relevant != 1]
+            if rest:
+                scores = np.concatenate([scores, self.scorer.score_pairs(rest, progress=progress)])
+                qids += [p.query_id for p in rest]
+        block = reference_block(scores, qids, seed=seed)
+        if block is None:
+            logger.warning("no calibration query has 2 or more snippets: the artifact gets no "
+                           "exchangeability monitor reference")
+        return block
 
     def _calibration_groups(self, pairs: Sequence[Pair]) -> list[Any] | None:
         """The ``groups`` a mode needs: the group field (group mode) or the topic."""
@@ -574,8 +614,10 @@ class ConformalFilter:
             "policy": {"min_keep": self.min_keep, "max_chars": self.max_chars},
             "data": dict(self.calibration_info),
         }
+        if self.monitor_reference is not None:
+            payload["monitor"] = self.monitor_reference
         # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
-        payload["checksum"] = {"algorithm": "sha256", "covers": list(CHECKSUM_COVERS),
+        payload["checksum"] = {"algorithm": "sha256", "covers": _covers(payload),
                                "value": _checksum(payload)}
         return payload
 
@@ -607,6 +649,7 @@ class ConformalFilter:
         if version == ARTIFACT_VERSION:
             _check_checksum(payload)
         spec, calibrator, group_by, min_keep = _read_payload(payload, version)
+        monitor = read_monitor_block(payload["monitor"]) if "monitor" in payload else None
         if scorer is None:
             try:
                 scorer = resolve_scorer(spec, **dict(scorer_options or {}))
@@ -628,6 +671,7 @@ class ConformalFilter:
             raise ArtifactError(f"artifact policy: {exc}") from exc
         data = payload.get("data", {})
         flt.calibration_info = dict(data) if isinstance(data, Mapping) else {}
+        flt.monitor_reference = monitor
         return flt
 
     @classmethod
@@ -667,11 +711,16 @@ class ConformalFilter:
                 f"alpha={self.alpha}, threshold={tau})")
 
 
+def _covers(payload: Mapping[str, Any]) -> list[str]:
+    """The blocks a checksum seals: ``CHECKSUM_COVERS``, and the monitor block when present."""
+    return [*CHECKSUM_COVERS, *(["monitor"] if "monitor" in payload else [])]
+
+
 def _checksum(payload: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of the sealed blocks."""
     import hashlib
 
-    sealed = {k: payload.get(k) for k in CHECKSUM_COVERS}
+    sealed = {k: payload.get(k) for k in _covers(payload)}
     text = json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
@@ -682,17 +731,22 @@ def _check_checksum(payload: Mapping[str, Any]) -> None:
     if not isinstance(seal, Mapping) or not isinstance(seal.get("value"), str):
         raise ArtifactError("artifact has no checksum; version 2 artifacts are sealed by "
                             "`calibrate`: recalibrate instead of writing one by hand.")
-    if seal.get("algorithm") != "sha256" or list(seal.get("covers", [])) != list(CHECKSUM_COVERS):
+    covers = seal.get("covers", [])
+    covers = list(covers) if isinstance(covers, (list, tuple)) else covers
+    if "monitor" in payload and covers == list(CHECKSUM_COVERS):
+        raise ArtifactError("artifact 'monitor' block is not sealed by its checksum (covers "
+                            f"{covers}); it was added after `calibrate`: recalibrate.")
+    if seal.get("algorithm") != "sha256" or covers != _covers(payload):
         raise ArtifactError(f"artifact checksum {dict(seal)!r} is not the sha256 over "
-                            f"{list(CHECKSUM_COVERS)} this ragsieve writes.")
+                            f"{_covers(payload)} this ragsieve writes.")
     try:
         actual = _checksum(payload)
     except (TypeError, ValueError) as exc:
         raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
     if actual != seal["value"]:
         raise ArtifactError(
-            "artifact checksum mismatch: its scorer, calibration or policy was edited after "
-            "`calibrate` wrote it; recalibrate rather than editing a filter by hand."
+            "artifact checksum mismatch: its scorer, calibration, policy or monitor block was "
+            "edited after `calibrate` wrote it; recalibrate rather than editing a filter by hand."
         )
 
 

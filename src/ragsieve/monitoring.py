@@ -1,17 +1,238 @@
 """Is live traffic still exchangeable with the calibration data?
 
+* :class:`ExchangeabilityMonitor` -- watches every served request and raises an alarm
+  (latched, logged once) when a conformal test martingale reaches ``1/delta``. By Ville's
+  inequality it ever fires on exchangeable traffic with probability at most ``delta``,
+  however long it runs.
 * :func:`drift_check` -- a two-sample Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``)
   of calibration against live relevant scores; a small p-value says the static
   threshold's guarantee no longer applies (recalibrate, or use the ``adaptive`` mode).
+
+The exchangeability monitor
+---------------------------
+**Unit: the request.** The snippets of one query are correlated (one query, one article),
+so p-values of single snippets are not independent even on perfectly exchangeable query
+traffic, and a martingale over them would fire on traffic that is fine. The monitor
+therefore takes one number per request, and the artifact holds the same number for each
+calibration query (computed from the scores of *all* its snippets, relevant or not, since
+served traffic is unlabelled).
+
+**Statistic: separation.** ``mean(best m scores) - best score`` with ``m = min(n, 5)``:
+how far the best snippet of a request stands out from the next ones. Served traffic
+that the calibration no longer describes shows first as a score that stops separating:
+on snippets from unrelated documents nothing stands out, and an English model reading
+another language tells snippets apart less well. On XQuAD (MiniLM scores, calibration on
+half of the English queries of every article) it detected each shift tried (unrelated
+articles; German, Spanish, Chinese, Greek, Romanian XQuAD; SelQA) within a median of 6 to
+88 requests, while the best score alone never fired on Spanish, Romanian or SelQA and the
+mean score never fired on German within 2,000 (``benchmarks/bench_drift.py --compare``).
+Scores can move either way: the English model gives Greek text *lower* scores than
+English, hence the two-sided default. Reading only the best five scores makes it the
+same for any list that holds the same five best snippets: a retriever's top-k for any
+``k >= 5``, or a longer list with worse snippets appended.
+
+*Assumption*: served lists are built like the calibration lists, with at least
+``min(5, calibration list length)`` snippets. A list shorter than the calibration ones
+(say top-3 against articles of 10 snippets) separates less by construction and will be
+flagged (that traffic is indeed not exchangeable with the calibration queries). A request
+with fewer than 2 scores carries no separation: it is not observed (skipping by a fixed
+rule on the request itself keeps the stream exchangeable; the reference skips such
+calibration queries too). *Blind spot*: a shift that moves every score by the same
+amount leaves the separation unchanged and goes unseen.
+
+**p-values: online, smoothed.** Request ``t``'s statistic ``a_t`` is ranked against the
+reference *and every earlier live request* (Vovk, Gammerman and Shafer, *Algorithmic
+Learning in a Random World*, ch. 7)::
+
+    p_t = (#{j : a_j > a_t} + theta_t * #{j : a_j = a_t}) / (n_ref + t)
+
+over the ``n_ref + t`` values so far (``a_t`` itself included in the ties), with
+``theta_t`` uniform in (0, 1) (a hash of ``seed``, the reset epoch and ``t``, so a replay
+reproduces it). Under exchangeability these p-values are independent and uniform, which
+is what makes the martingale below a true test martingale; ranking against the fixed
+reference alone would make them dependent (they share the reference) and void the bound.
+The reference is a seeded random subsample of at most 20,000 calibration queries (a random
+subsample of exchangeable data stays exchangeable with new requests). Statistics are
+compared at a relative precision of 2**-10 (a fixed monotone rounding of the float: equal
+rounded values are ties, which ``theta`` breaks exactly), so the live counts fit a bounded
+table however long the service runs.
+
+**Martingale: power bets mixed over epsilon and over the start.** With betting functions
+``f_eps(p) = eps * p**(eps - 1)`` (evidence from small p: separation larger than at
+calibration) and ``f_eps(1 - p)`` (separation smaller), ``eps`` in {0.05, 0.15, ..., 0.95},
+the monitor runs a test martingale that starts betting at step ``s`` for every ``s`` and
+mixes them with prior weights ``pi_0 = 1/2``, ``pi_s = (g(s) - g(s + 1)) / 2`` where
+``g(s) = ln 2 / ln(s + 1)``::
+
+    M_t = sum_eps w_eps * A_eps(t) + R_t,   A_eps(t) = (A_eps(t-1) + pi_{t-1}) * f_eps(p_t),
+
+with ``R_t`` the prior mass not started yet. A mixture of test martingales with fixed
+weights is a test martingale (``M_0 = 1``), so ``P(sup_t M_t >= 1/delta) <= delta``. The
+heavy-tailed prior over the start keeps detection fast after long stable periods: the
+extra evidence needed for a shift at request ``tau``, ``log(1/pi_tau)``, grows only like
+``log tau + 2 log log tau``, whereas a jumper with a fixed jump rate (Vovk's Simple
+Jumper) keeps losing capital at a steady rate while traffic is stable and a plain mixture
+started at 0 loses it all. ``alternative="less"`` or ``"greater"`` keeps one side of the bets
+(the measured shifts all made the separation smaller); two-sided is the default. The
+state is kept in log space; the alarm latches at the first ``M_t >= 1/delta`` until
+:meth:`~ExchangeabilityMonitor.reset`, while ``M_t`` keeps moving.
+
+**Store.** ``store=None`` keeps the state in memory; a path keeps it in an SQLite file
+(WAL, one ``BEGIN IMMEDIATE`` transaction per request, queued on an ``flock`` of a
+``.lock`` file beside it so that waiting workers take turns instead of SQLite's sleeping
+retries), so the worker processes of one server update *one* sequential martingale over
+their merged stream: the live statistics
+(a table of counts per rounded value, indexed for the rank counts), the martingale row and
+a log of the last 100,000 requests in the order they were processed.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import datetime as _dt
+import hashlib
+import json
+import logging
+import math
+import os
+import sqlite3
+import struct
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Self
 
+import numpy as np
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: SQLite's own busy wait alone
+    fcntl = None  # type: ignore[assignment]
+
+from ._monitor_reference import (
+    STATISTIC,
+    STATISTIC_VERSION,
+    TOP_K,
+    read_monitor_block,
+    reference_block,
+    separation,
+)
 from ._validation import check_alpha, check_scores
 
-__all__ = ["DriftResult", "drift_check"]
+__all__ = [
+    "ALTERNATIVES", "DriftResult", "ExchangeabilityMonitor", "MonitorState", "drift_check",
+    "reference_block", "separation",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Accepted ``alternative`` values: the direction in which the separation may move.
+ALTERNATIVES = ("two-sided", "less", "greater")
+#: Betting exponents of the power martingales.
+EPSILONS = tuple(round(0.05 + 0.1 * i, 2) for i in range(10))
+#: Mantissa bits kept when statistics are compared (relative precision 2**-10).
+KEY_BITS = 10
+#: Requests kept in the store's ordered log.
+HISTORY = 100_000
+_SCHEMA = 1
+_LN2 = math.log(2.0)
+_MAX_LOG10 = math.log10(np.finfo(np.float64).max)
+
+_TABLES = {
+    "monitor_state": (
+        ("CREATE TABLE IF NOT EXISTS monitor_state (id INTEGER PRIMARY KEY CHECK (id = 1), "
+         "fingerprint TEXT NOT NULL, epoch INTEGER NOT NULL, n_observed INTEGER NOT NULL, "
+         "log_a TEXT NOT NULL, log_m REAL NOT NULL, fired_at INTEGER, fired_time TEXT)"),
+        ["id", "fingerprint", "epoch", "n_observed", "log_a", "log_m", "fired_at", "fired_time"]),
+    "monitor_live": (
+        "CREATE TABLE IF NOT EXISTS monitor_live (key INTEGER PRIMARY KEY, n INTEGER NOT NULL)",
+        ["key", "n"]),
+    "monitor_log": (
+        ("CREATE TABLE IF NOT EXISTS monitor_log (seq INTEGER PRIMARY KEY, statistic REAL NOT NULL, "
+         "p_value REAL NOT NULL, log10_martingale REAL NOT NULL)"),
+        ["seq", "statistic", "p_value", "log10_martingale"]),
+}
+
+
+@dataclass(frozen=True)
+class MonitorState:
+    """The exchangeability monitor's state after a request.
+
+    Attributes
+    ----------
+    martingale : float
+        Current value of the conformal test martingale (``>= 0``; 1 at the start; capped
+        at the largest float).
+    log10_martingale : float
+        Its base-10 logarithm (never capped).
+    alarm : bool
+        True once the martingale reached ``1/delta``; stays True until ``reset``.
+    n_observed : int
+        Requests observed since the (re)start or reset.
+    fired_at : int or None
+        Request number at which the alarm fired.
+    fired_time : str or None
+        ISO-8601 UTC time at which it fired.
+    delta : float
+        False-alarm bound: ``P(ever fires | exchangeable traffic) <= delta``.
+    """
+
+    martingale: float
+    log10_martingale: float
+    alarm: bool
+    n_observed: int
+    fired_at: int | None
+    fired_time: str | None
+    delta: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return asdict(self)
+
+
+def _keys(values: np.ndarray) -> np.ndarray:
+    """Round floats to ``KEY_BITS`` mantissa bits as int64 keys that sort like the floats."""
+    bits = (np.asarray(values, dtype=np.float64) + 0.0).view(np.int64)  # + 0.0: -0.0 -> 0.0
+    bits = np.where(bits < 0, bits ^ np.int64(0x7FFFFFFFFFFFFFFF), bits)
+    return bits >> np.int64(52 - KEY_BITS)
+
+
+def _key(value: float) -> int:
+    (bits,) = struct.unpack("<q", struct.pack("<d", value + 0.0))
+    if bits < 0:
+        bits ^= 0x7FFFFFFFFFFFFFFF
+    return bits >> (52 - KEY_BITS)
+
+
+def _log_prior(s: int) -> float:
+    """log pi_s: prior weight of the martingale that starts betting after request ``s``."""
+    if s == 0:
+        return -_LN2
+    a, b = math.log(s + 1.0), math.log(s + 2.0)
+    return math.log(0.5 * _LN2 * math.log1p(1.0 / (s + 1.0)) / (a * b))
+
+
+def _log_unstarted(t: int) -> float:
+    """log R_t: prior mass of the martingales not started after ``t`` requests."""
+    return 0.0 if t == 0 else math.log(0.5 * _LN2 / math.log(t + 1.0))
+
+
+def _logsumexp(values: np.ndarray) -> float:
+    top = float(np.max(values))
+    if top == -math.inf:
+        return top
+    return top + math.log(float(np.sum(np.exp(values - top))))
+
+
+class _Row(NamedTuple):
+    fingerprint: str
+    epoch: int
+    n_observed: int
+    log_a: list[float]
+    log_m: float
+    fired_at: int | None
+    fired_time: str | None
 
 
 class DriftResult(NamedTuple):
@@ -71,3 +292,369 @@ def drift_check(calibration_scores: Any, live_scores: Any, *, alpha: float = 0.0
     p = float(res.pvalue)
     return DriftResult(statistic=float(res.statistic), p_value=p, drifted=bool(p < alpha),
                        n_cal=int(cal.size), n_live=int(live.size))
+
+
+class ExchangeabilityMonitor:
+    """Alarm when served requests stop looking exchangeable with the calibration queries.
+
+    Each :meth:`observe` turns one request's served scores into its separation statistic,
+    a smoothed online conformal p-value and one step of a conformal test martingale (see
+    the module docstring); the alarm fires, once and latched, when the martingale reaches
+    ``1/delta``.
+
+    Parameters
+    ----------
+    reference : array-like of float
+        The separation of each calibration query (the artifact's ``"monitor"`` block; use
+        :meth:`from_artifact`). Finite, at least one value.
+    delta : float, default=0.01
+        False-alarm bound in (0, 1): on exchangeable traffic the alarm ever fires with
+        probability at most ``delta``.
+    store : path-like, optional
+        None keeps the state in memory (one process). A path keeps it in an SQLite file
+        shared by every worker process of one server: one sequential martingale over the
+        merged stream, one transaction per request. A store last used with another
+        reference, ``delta``, ``alternative`` or ``seed`` is taken over (reset) when the
+        monitor is built; a monitor whose store was since taken over by another stops
+        writing to it (logged once) and reports the store's state.
+    seed : int, default=0
+        Seed of the tie-breaking ``theta`` of the p-values.
+    alternative : {"two-sided", "less", "greater"}, default="two-sided"
+        Direction of the change to detect in the separation: "less" for traffic whose
+        best snippet stands out less than at calibration (unrelated documents, another
+        language), "greater" for the opposite.
+    k : int, default=5
+        Best scores read per request; must equal the reference's (the artifact's ``k``).
+
+    Raises
+    ------
+    ValueError
+        Empty or non-finite reference, ``delta`` outside (0, 1), an unknown
+        ``alternative``, or a store file that is not a monitor store.
+
+    Examples
+    --------
+    >>> m = ExchangeabilityMonitor([0.1, 0.2, 0.3, 0.15, 0.25] * 20, delta=0.01)
+    >>> for _ in range(30):  # requests whose best snippet no longer stands out
+    ...     state = m.observe([0.80, 0.81, 0.81, 0.82, 0.83])
+    >>> state.alarm, state.fired_at is not None, state.n_observed
+    (True, True, 30)
+    >>> m.reset(); m.state.alarm, m.state.martingale
+    (False, 1.0)
+    """
+
+    def __init__(self, reference: Any, *, delta: float = 0.01,
+                 store: str | os.PathLike[str] | None = None, seed: int = 0,
+                 alternative: str = "two-sided", k: int = TOP_K) -> None:
+        ref = check_scores(reference, name="reference")
+        if ref.size == 0:
+            raise ValueError("reference is empty; expected the separation of at least one "
+                             "calibration query (the artifact's 'monitor' block).")
+        self.delta = check_alpha(delta, name="delta")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed == {seed!r}, must be an int >= 0.")
+        if alternative not in ALTERNATIVES:
+            raise ValueError(f"alternative == {alternative!r}, must be one of {', '.join(ALTERNATIVES)}.")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise ValueError(f"k == {k!r}, must be an int >= 2 (best scores read per request).")
+        if store is not None and not isinstance(store, (str, os.PathLike)):
+            raise TypeError(f"store has type {type(store).__name__}; expected a path or None.")
+        self.seed, self.alternative, self.k = seed, alternative, k
+        self.store = None if store is None else Path(store)
+        self._ref = np.sort(_keys(ref))
+        sides = {"two-sided": (1.0, -1.0), "greater": (1.0,), "less": (-1.0,)}[alternative]
+        self._side = np.repeat(np.array(sides), len(EPSILONS))  # +1: bet on p, -1: on 1 - p
+        self._eps = np.tile(np.array(EPSILONS), len(sides))
+        self._log_eps = np.log(self._eps)
+        self._log_w = -math.log(self._eps.size)
+        self._log_alarm = math.log(1.0 / self.delta)
+        self._fingerprint = self._make_fingerprint()
+        self._lock = threading.Lock()
+        self._warned_stale = False
+        self._db_conn: sqlite3.Connection | None = None
+        self._inherited: list[sqlite3.Connection] = []
+        self._pid = os.getpid()
+        self._lock_fd: int | None = None
+        self._db_conn = self._open()
+
+    @classmethod
+    def from_artifact(cls, payload: Mapping[str, Any], **kwargs: Any) -> ExchangeabilityMonitor | None:
+        """The monitor of a filter artifact (``read_artifact(path)`` or ``ConformalFilter.to_dict()``).
+
+        Parameters
+        ----------
+        payload : Mapping
+            The artifact as a dict.
+        **kwargs
+            ``delta``, ``store``, ``seed``, ``alternative`` (``k`` comes from the artifact).
+
+        Returns
+        -------
+        ExchangeabilityMonitor or None
+            None when the artifact has no ``"monitor"`` block (written before the monitor
+            existed, or calibrated with ``monitor=False``): the caller says so.
+
+        Raises
+        ------
+        ArtifactError
+            A malformed ``"monitor"`` block, or one of a statistic this ragsieve does not
+            compute.
+        """
+        if not isinstance(payload, Mapping):
+            raise TypeError(f"payload has type {type(payload).__name__}; expected the artifact "
+                            "dict (ragsieve.filter.read_artifact(path)).")
+        if "k" in kwargs:
+            raise TypeError("k is fixed by the artifact's monitor block; do not pass it.")
+        if payload.get("monitor") is None:
+            return None
+        block = read_monitor_block(payload["monitor"])
+        return cls(block["reference"], k=block["k"], **kwargs)
+
+    # ------------------------------------------------------------------ public
+    def observe(self, scores: Any) -> MonitorState:
+        """Observe one request's served snippet scores; return the state after it.
+
+        Parameters
+        ----------
+        scores : array-like of float
+            The scores of every snippet served for the request (kept or not), finite.
+
+        Returns
+        -------
+        MonitorState
+            Unchanged (nothing observed) for a request with fewer than 2 scores.
+
+        Raises
+        ------
+        TypeError, ValueError
+            Scores that are not a 1-d array of finite numbers.
+        """
+        arr = check_scores(scores, name="scores")
+        stat = separation(arr, self.k)
+        if stat is None:
+            logger.debug("request with %d score(s) not observed: separation needs 2", arr.size)
+            return self.state
+        key = _key(stat)
+        fired = None
+        with self._writing() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._read(db)
+                if row.fingerprint != self._fingerprint:
+                    db.execute("ROLLBACK")
+                    self._warn_stale()
+                    return self._as_state(row)
+                t = row.n_observed + 1
+                gt_live, eq_live = db.execute(
+                    "SELECT COALESCE(SUM(CASE WHEN key > ?1 THEN n END), 0), "
+                    "COALESCE(SUM(CASE WHEN key = ?1 THEN n END), 0) FROM monitor_live "
+                    "WHERE key >= ?1", (key,)).fetchone()
+                lo = int(np.searchsorted(self._ref, key, "left"))
+                hi = int(np.searchsorted(self._ref, key, "right"))
+                gt = self._ref.size - hi + gt_live
+                ties = hi - lo + eq_live + 1  # itself included
+                p = (gt + self._theta(row.epoch, t) * ties) / (self._ref.size + t)
+                log_a = self._bet(np.array(row.log_a, dtype=np.float64), t, p)
+                log_m = float(np.logaddexp(_logsumexp(log_a) + self._log_w, _log_unstarted(t)))
+                fired_at, fired_time = row.fired_at, row.fired_time
+                if fired_at is None and log_m >= self._log_alarm:
+                    fired_at = t
+                    fired_time = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+                    fired = fired_at
+                db.execute("UPDATE monitor_state SET n_observed = ?, log_a = ?, log_m = ?, "
+                           "fired_at = ?, fired_time = ? WHERE id = 1",
+                           (t, json.dumps(log_a.tolist()), log_m, fired_at, fired_time))
+                db.execute("INSERT INTO monitor_live (key, n) VALUES (?, 1) "
+                           "ON CONFLICT(key) DO UPDATE SET n = n + 1", (key,))
+                db.execute("INSERT INTO monitor_log VALUES (?, ?, ?, ?)",
+                           (t, stat, p, log_m / math.log(10.0)))
+                if t % 1000 == 0:
+                    db.execute("DELETE FROM monitor_log WHERE seq <= ?", (t - HISTORY,))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        state = self._as_state(_Row(row.fingerprint, row.epoch, t, [], log_m, fired_at, fired_time))
+        if fired is not None:
+            logger.warning(
+                "exchangeability alarm: the conformal test martingale reached %.3g >= 1/delta = "
+                "%.3g at request %d; served requests no longer look exchangeable with the "
+                "calibration data (false-alarm probability <= %g), so the filter's guarantee "
+                "may not hold: check the traffic and recalibrate.",
+                state.martingale, 1.0 / self.delta, fired, self.delta)
+        return state
+
+    @property
+    def state(self) -> MonitorState:
+        """The current state (of the shared store, with ``store``)."""
+        with self._lock:
+            return self._as_state(self._read(self._db()))
+
+    def reset(self) -> None:
+        """Start afresh: martingale 1, alarm off, no live requests (e.g. after a recalibration).
+
+        With a shared store this resets it for every worker (and takes it over for this
+        monitor's reference).
+        """
+        with self._writing() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._read(db)
+                self._write_fresh(db, row.epoch + 1)
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            self._warned_stale = False
+        logger.info("exchangeability monitor reset%s", f" ({self.store})" if self.store else "")
+
+    def history(self) -> list[dict[str, Any]]:
+        """The logged requests since the reset (the last 100,000), in the order processed.
+
+        Returns
+        -------
+        list of dict
+            ``{"seq", "statistic", "p_value", "log10_martingale"}`` per request.
+        """
+        with self._lock:
+            rows = self._db().execute(
+                "SELECT seq, statistic, p_value, log10_martingale FROM monitor_log ORDER BY seq"
+            ).fetchall()
+        return [dict(zip(("seq", "statistic", "p_value", "log10_martingale"), r, strict=True))
+                for r in rows]
+
+    def close(self) -> None:
+        """Close the store connection (an in-memory monitor loses its state)."""
+        with self._lock:
+            if self._db_conn is not None:
+                self._db_conn.close()
+                self._db_conn = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"ExchangeabilityMonitor(n_reference={self._ref.size}, delta={self.delta}, "
+                f"alternative={self.alternative!r}, store={None if self.store is None else str(self.store)!r})")
+
+    # ------------------------------------------------------------------ internals
+    def _make_fingerprint(self) -> str:
+        h = hashlib.sha256()
+        h.update(json.dumps({"schema": _SCHEMA, "statistic": STATISTIC, "version": STATISTIC_VERSION,
+                             "k": self.k, "key_bits": KEY_BITS, "delta": self.delta,
+                             "alternative": self.alternative, "seed": self.seed,
+                             "epsilons": EPSILONS}, sort_keys=True).encode())
+        h.update(self._ref.astype("<i8").tobytes())
+        return h.hexdigest()
+
+    def _theta(self, epoch: int, t: int) -> float:
+        """Tie-breaking uniform in (0, 1), a hash of (seed, epoch, t): the same in every worker."""
+        digest = hashlib.blake2b(f"{self.seed}:{epoch}:{t}".encode(), digest_size=8).digest()
+        return ((int.from_bytes(digest, "little") >> 11) + 0.5) / 2.0**53
+
+    def _bet(self, log_a: np.ndarray, t: int, p: float) -> np.ndarray:
+        """One step: start the martingale of prior weight pi_{t-1}, then every one bets on p."""
+        q = np.where(self._side > 0, p, 1.0 - p)
+        log_f = self._log_eps + (self._eps - 1.0) * np.log(q)
+        return np.logaddexp(log_a, _log_prior(t - 1)) + log_f
+
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held by this thread and (file store) by this process's flock."""
+        with self._lock:
+            db = self._db()
+            if self._lock_fd is None:
+                yield db
+                return
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield db
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _db(self) -> sqlite3.Connection:
+        if self._db_conn is None:
+            raise ValueError("this ExchangeabilityMonitor is closed.")
+        if self.store is not None and os.getpid() != self._pid:
+            # a forked worker: SQLite connections must not cross a fork; the parent's stays
+            # referenced (closing it here could release the parent's locks)
+            self._inherited.append(self._db_conn)
+            self._pid = os.getpid()
+            if self._lock_fd is not None:  # the parent's flock is on a shared file description
+                os.close(self._lock_fd)
+            self._db_conn = self._open()
+        return self._db_conn
+
+    def _open(self) -> sqlite3.Connection:
+        if self.store is None:
+            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+        else:
+            self.store.parent.mkdir(parents=True, exist_ok=True)
+            if fcntl is not None:
+                self._lock_fd = os.open(f"{self.store}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+            db = sqlite3.connect(str(self.store), timeout=60.0, isolation_level=None,
+                                 check_same_thread=False)
+        try:
+            if self.store is not None:
+                db.execute("PRAGMA journal_mode=WAL").fetchone()
+                db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("BEGIN IMMEDIATE")
+            for table, (create, columns) in _TABLES.items():
+                db.execute(create)
+                found = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+                if found != columns:
+                    raise ValueError(f"{self.store}: table {table!r} has columns {found}, expected "
+                                     f"{columns}; not an exchangeability monitor store.")
+            row = db.execute("SELECT fingerprint, epoch FROM monitor_state WHERE id = 1").fetchone()
+            if row is None:
+                self._write_fresh(db, 0)
+            elif row[0] != self._fingerprint:
+                logger.warning("exchangeability monitor store %s was used with another reference "
+                               "or settings; starting a fresh martingale in it", self.store)
+                self._write_fresh(db, int(row[1]) + 1)
+            db.execute("COMMIT")
+        except BaseException as exc:
+            db.close()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise ValueError(f"cannot use {self.store} as an exchangeability monitor store: "
+                                 f"{exc}") from exc
+            raise
+        return db
+
+    def _write_fresh(self, db: sqlite3.Connection, epoch: int) -> None:
+        db.execute("DELETE FROM monitor_live")
+        db.execute("DELETE FROM monitor_log")
+        db.execute("INSERT OR REPLACE INTO monitor_state VALUES (1, ?, ?, 0, ?, 0.0, NULL, NULL)",
+                   (self._fingerprint, epoch, json.dumps([-math.inf] * self._eps.size)))
+
+    def _read(self, db: sqlite3.Connection) -> _Row:
+        row = db.execute("SELECT fingerprint, epoch, n_observed, log_a, log_m, fired_at, fired_time "
+                         "FROM monitor_state WHERE id = 1").fetchone()
+        if row is None:
+            raise ValueError(f"exchangeability monitor store {self.store} lost its state row.")
+        return _Row(row[0], int(row[1]), int(row[2]), json.loads(row[3]), float(row[4]), row[5], row[6])
+
+    def _as_state(self, row: _Row) -> MonitorState:
+        log10 = row.log_m / math.log(10.0)
+        return MonitorState(
+            martingale=10.0**log10 if log10 < _MAX_LOG10 else float(np.finfo(np.float64).max),
+            log10_martingale=log10, alarm=row.fired_at is not None, n_observed=row.n_observed,
+            fired_at=row.fired_at, fired_time=row.fired_time, delta=self.delta)
+
+    def _warn_stale(self) -> None:
+        if not self._warned_stale:
+            self._warned_stale = True
+            logger.warning("exchangeability monitor store %s is now used by another reference or "
+                           "settings (a newer artifact?); this monitor no longer writes to it",
+                           self.store)

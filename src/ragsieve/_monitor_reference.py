@@ -1,0 +1,151 @@
+"""The per-request statistic of the exchangeability monitor and its artifact block.
+
+Shared by :mod:`ragsieve.filter` (which records the calibration side in the artifact) and
+:mod:`ragsieve.monitoring` (which ranks live requests against it); neither may import the
+other, so the one definition of the statistic lives here. Why this statistic is chosen is
+explained in :mod:`ragsieve.monitoring`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import ArtifactError
+
+__all__ = [
+    "MAX_REFERENCE",
+    "STATISTIC",
+    "STATISTIC_VERSION",
+    "TOP_K",
+    "read_monitor_block",
+    "reference_block",
+    "separation",
+]
+
+#: Name and version of the per-request statistic written into artifacts.
+STATISTIC = "separation"
+STATISTIC_VERSION = 1
+#: The statistic reads a request's ``TOP_K`` best (lowest) scores.
+TOP_K = 5
+#: At most this many calibration queries are kept in the reference (a seeded random subsample).
+MAX_REFERENCE = 20_000
+
+_KEYS = frozenset({"statistic", "version", "k", "reference", "n_queries", "seed"})
+
+
+def separation(scores: Any, k: int = TOP_K) -> float | None:
+    """How far a request's best score stands out: ``mean(best m) - best`` with ``m = min(n, k)``.
+
+    Parameters
+    ----------
+    scores : array-like of float
+        One request's (or calibration query's) snippet scores, lower = more relevant;
+        finite values (checked by the callers).
+    k : int
+        How many of the best scores are read.
+
+    Returns
+    -------
+    float or None
+        ``>= 0``; None for fewer than 2 scores (nothing to separate: such a request is
+        not a monitored observation, on either side).
+
+    Examples
+    --------
+    >>> round(separation([0.9, 0.2, 0.5, 0.6, 0.7, 0.8]), 6)  # best 5: 0.2 0.5 0.6 0.7 0.8
+    0.36
+    >>> separation([0.4]) is None
+    True
+    """
+    arr = np.asarray(scores, dtype=np.float64).ravel()
+    if arr.size < 2:
+        return None
+    best = np.sort(arr)[: min(arr.size, k)]
+    return float(best.mean() - best[0])
+
+
+def reference_block(scores: Any, query_ids: Sequence[Any], *, seed: int = 0,
+                    max_size: int = MAX_REFERENCE, k: int = TOP_K) -> dict[str, Any] | None:
+    """The artifact's ``"monitor"`` block: the statistic of every calibration query.
+
+    Parameters
+    ----------
+    scores : array-like of float
+        Scores of *all* calibration snippets (relevant or not: served traffic is
+        unlabelled), aligned with ``query_ids``.
+    query_ids : sequence
+        The query of each score.
+    seed : int
+        Seed of the random subsample when there are more than ``max_size`` queries (a
+        random subsample of an exchangeable sequence stays exchangeable with new requests).
+    max_size : int
+        Most queries kept.
+    k : int
+        Best scores read per query.
+
+    Returns
+    -------
+    dict or None
+        ``{"statistic", "version", "k", "reference", "n_queries", "seed"}``; None when no
+        query has 2 or more snippets.
+    """
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.shape != (len(query_ids),):
+        raise ValueError(f"got {arr.size} scores for {len(query_ids)} query ids; they must align.")
+    by_query: dict[Any, list[float]] = {}
+    for qid, s in zip(query_ids, arr.tolist(), strict=True):
+        by_query.setdefault(qid, []).append(s)
+    stats = [v for v in (separation(s, k) for s in by_query.values()) if v is not None]
+    if not stats:
+        return None
+    if len(stats) > max_size:
+        rng = np.random.default_rng(seed)
+        stats = [stats[i] for i in np.sort(rng.choice(len(stats), size=max_size, replace=False))]
+    return {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
+            "reference": stats, "n_queries": len(by_query), "seed": seed}
+
+
+def _count(block: Mapping[str, Any], key: str, low: int) -> int:
+    value = block.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ArtifactError(f"artifact monitor {key!r} == {value!r}, expected an int >= {low}.")
+    return value
+
+
+def read_monitor_block(block: Any) -> dict[str, Any]:
+    """Check an artifact's ``"monitor"`` block strictly; return it with a float ``reference``.
+
+    Raises
+    ------
+    ArtifactError
+        Not an object, missing or unknown keys, a statistic or version this ragsieve does
+        not compute, or a reference that is not a non-empty list of finite numbers >= 0.
+    """
+    if not isinstance(block, Mapping):
+        raise ArtifactError(f"artifact 'monitor' is a {type(block).__name__}, expected an object "
+                            f"with keys {sorted(_KEYS)}.")
+    if set(block) != _KEYS:
+        raise ArtifactError(f"artifact 'monitor' has keys {sorted(block)}, expected {sorted(_KEYS)}.")
+    if block["statistic"] != STATISTIC or block["version"] != STATISTIC_VERSION \
+            or isinstance(block["version"], bool):
+        raise ArtifactError(
+            f"artifact monitor statistic {block['statistic']!r} version {block['version']!r} is not "
+            f"one this ragsieve computes ({STATISTIC!r} version {STATISTIC_VERSION}); recalibrate.")
+    k = _count(block, "k", 2)
+    n_queries = _count(block, "n_queries", 1)
+    seed = _count(block, "seed", 0)
+    ref = block["reference"]
+    if not isinstance(ref, list) or not ref or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
+            for v in ref):
+        raise ArtifactError("artifact monitor 'reference' must be a non-empty list of finite "
+                            "numbers >= 0 (one statistic per calibration query).")
+    if len(ref) > n_queries:
+        raise ArtifactError(f"artifact monitor holds {len(ref)} reference values for "
+                            f"{n_queries} calibration queries; expected at most one per query.")
+    return {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
+            "reference": [float(v) for v in ref], "n_queries": n_queries, "seed": seed}
