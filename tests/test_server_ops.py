@@ -331,9 +331,9 @@ def test_adaptive_needs_an_adaptive_artifact(artifacts: dict[str, Path], options
     code = cli_main(["serve", "--filter", str(artifacts["a"]), "--adaptive", "--port", "0",
                      "--state-dir", str(artifacts["a"].parent / "refused-state")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert err[-1].startswith("ragsieve serve: error: serve --adaptive needs an artifact of "
-                              "mode 'adaptive'")
+    assert code == 2 and len(err) == 1  # the error is the only line
+    assert err[0].startswith("ragsieve serve: error: serve --adaptive needs an artifact of "
+                             "mode 'adaptive'")
 
 
 # ---------------------------------------------------------------------- recalibrate

@@ -337,15 +337,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def serve_operation_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``serve``'s operation options for ``run_server``; prints where the state lives."""
+    """``serve``'s operation options for ``run_server``; says where the state lives once the
+    artifact is loaded (an error before that stays the only line)."""
     from ..server.state import default_state_dir
 
     state = Path(args.state_dir) if args.state_dir else default_state_dir(args.filter)
     feedback = Path(args.feedback) if args.feedback else state / "feedback.sqlite"
-    eprint(f"ragsieve serve: state dir {state}; feedback database {feedback}"
-           + (f"; {args.workers} workers" if args.workers > 1 else ""))
+    line = (f"ragsieve serve: state dir {state}; feedback database {feedback}"
+            + (f"; {args.workers} workers" if args.workers > 1 else ""))
     return {"workers": args.workers, "state_dir": state, "feedback_db": feedback,
-            "adaptive": args.adaptive, "monitor_delta": args.monitor_delta, "watch": args.watch}
+            "adaptive": args.adaptive, "monitor_delta": args.monitor_delta, "watch": args.watch,
+            "on_start": lambda: eprint(line)}
 
 
 def cmd_recalibrate(args: argparse.Namespace) -> int:

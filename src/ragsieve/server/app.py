@@ -13,7 +13,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
@@ -422,6 +422,7 @@ def run_server(
     timeout_keep_alive: int = 5,
     timeout_request_header: float = 10.0,
     workers: int = 1,
+    on_start: Callable[[], object] | None = None,
     **app_options: Any,
 ) -> None:
     """Serve a filter artifact with uvicorn (blocks until stopped).
@@ -447,6 +448,9 @@ def run_server(
         Worker processes. With more than one, each loads the model; they share the
         listening socket, the feedback database, the adaptive threshold, the monitor
         (one martingale over all requests) and the metrics (:mod:`ragsieve.server.workers`).
+    on_start : callable, optional
+        Called once the artifact is checked and loaded, just before serving (the CLI
+        prints where the state lives).
     **app_options
         The other options of :func:`create_app` (``max_body_bytes``, ``max_snippets``,
         ``scorer_options``, ``index_path``, ``max_k``, ``body_timeout``, ``state_dir``,
@@ -476,9 +480,11 @@ def run_server(
         run_workers(filter_path, host=host, port=port, api_key=api_key, log_level=log_level,
                     timeout_keep_alive=timeout_keep_alive,
                     timeout_request_header=timeout_request_header, workers=workers,
-                    **app_options)
+                    on_start=on_start, **app_options)
         return
     app = create_app(filter_path, api_key=api_key, **app_options)
+    if on_start is not None:
+        on_start()
     config = uvicorn_config(
         app,
         host=host,

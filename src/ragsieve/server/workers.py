@@ -32,7 +32,7 @@ import shutil
 import signal
 import socket
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,7 @@ def run_workers(
     watch: bool = False,
     scorer_options: Mapping[str, Any] | None = None,
     index_path: str | Path | None = None,
+    on_start: Callable[[], object] | None = None,
     **app_options: Any,
 ) -> None:
     """Serve with ``workers`` uvicorn processes (blocks until stopped); see the module doc.
@@ -166,7 +167,7 @@ def run_workers(
         checked = check(read_text(filter_path), str(filter_path))
         reset_shared_monitor(checked.payload, checked.checksum, state, delta)
         number = generations.publish(checked.text, checked.checksum, "start")
-        logger.warning("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
+        logger.info("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
                        filter_path, number, checked.checksum[:12], workers, state)
         publisher = Publisher(filter_path, generations, check, before_publish)
         trigger = Trigger(publisher, watch=watch, interval=POLL_SECONDS)
@@ -197,6 +198,8 @@ def run_workers(
         supervisor.trigger = trigger
         supervisor.metrics_dir = metrics_dir
         trigger.start()
+        if on_start is not None:
+            on_start()
         logger.info("ragsieve server on http://%s:%d (%d workers)", host, port, workers)
         supervisor.run()
     finally:
