@@ -27,10 +27,10 @@ __all__ = [
     "META_COLUMN",
     "PAIR_COLUMNS",
     "iter_parquet_records",
-    "parquet_row_groups",
     "pairs_table",
-    "records_table",
+    "parquet_row_groups",
     "read_parquet_rows",
+    "records_table",
     "write_pairs_parquet",
 ]
 
@@ -101,10 +101,12 @@ def iter_parquet_records(
         yield pair_from_record(_record(row, where), where, require_labels=require_labels), where
 
 
-def records_table(records: Iterable[dict[str, Any]], *, columns: Sequence[str] = ()) -> Any:
+def records_table(records: Iterable[dict[str, Any]], *, columns: Sequence[str] = (),
+                  float_columns: Sequence[str] = ()) -> Any:
     """An Arrow table of pair records (as :func:`~ragsieve.data.jsonl.pair_to_record`
     gives): the standard columns, one column per name in ``columns`` (a key present on
-    every record, e.g. the score), and the other keys as JSON in :data:`META_COLUMN`."""
+    every record, e.g. the score), and the other keys as JSON in :data:`META_COLUMN`.
+    Columns named in ``float_columns`` are float64 even when empty."""
     pa = _pa()
     names = (*PAIR_COLUMNS, *columns)
     data: dict[str, list[Any]] = {name: [] for name in (*names, META_COLUMN)}
@@ -116,7 +118,8 @@ def records_table(records: Iterable[dict[str, Any]], *, columns: Sequence[str] =
                                  if rest else None)
     types = {"relevant": pa.int8()}
     arrays = [pa.array(data[n], type=types.get(n, pa.string())) for n in PAIR_COLUMNS]
-    arrays += [pa.array(data[n]) for n in columns]
+    arrays += [pa.array(data[n], type=pa.float64() if n in float_columns else None)
+               for n in columns]
     arrays.append(pa.array(data[META_COLUMN], type=pa.string()))
     return pa.table(arrays, names=[*names, META_COLUMN])
 

@@ -74,9 +74,8 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
             return _with_field(load_selqa(variant, **kwargs), text, score_field)
     path = Path(text)
     if path.is_dir() or path.suffix.lower() == ".parquet":
-        from .shards import iter_input_pairs
-
         from .jsonl import _Consistency
+        from .shards import iter_input_pairs
 
         pairs = list(iter_input_pairs([path], score_field=score_field, **kwargs))
         consistency = _Consistency()  # across shards and files, as for one JSONL file

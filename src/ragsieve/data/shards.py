@@ -240,11 +240,12 @@ def _jsonl_lines(path: str, start: int) -> Iterator[tuple[int, bytes, str | None
             offset = 0
         first = True
         for raw in handle:
+            size = len(raw)
             if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
-                raw, offset = raw[3:], 3
+                raw = raw[3:]  # the byte-order mark; the line still starts at 0
             yield offset, raw, (previous if first else None)
             first = False
-            offset += len(raw)
+            offset += size
 
 
 def _owned_jsonl(shard: Shard, require_labels: bool,

@@ -154,8 +154,8 @@ class _PartWriter:
             try:
                 if handle is not None:
                     handle.close()
-            except Exception:  # noqa: BLE001 - best effort on the way out
-                pass
+            except Exception as exc:  # noqa: BLE001 - best effort on the way out
+                logger.debug("closing a discarded part failed: %s", exc)
         self.temp.unlink(missing_ok=True)
 
 

@@ -26,7 +26,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from ..data.shards import Shard
 from .base import Task, process_shard
@@ -53,29 +53,41 @@ class _ShardWorker:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        entries = [
-            json.dumps(process_shard(self.task, Shard.from_dict(json.loads(str(item))),
-                                     self.directory, self.fmt, self.batch_pairs))
-            for item in batch["shard"]
-        ]
+        from ..errors import RagsieveError
+
+        entries = []
+        for item in batch["shard"]:
+            try:
+                entry = process_shard(self.task, Shard.from_dict(json.loads(str(item))),
+                                      self.directory, self.fmt, self.batch_pairs)
+            except (RagsieveError, ValueError, OSError) as exc:  # bad input: report, not retry
+                entry = _error_entry(exc)
+            entries.append(json.dumps(entry))
         return {"entry": np.array(entries, dtype=object)}
 
 
-def _original_error(exc: BaseException) -> BaseException:
-    """The exception a worker raised, unwrapped from Ray's ``RayTaskError`` /
-    ``UserCodeException`` (so a bad input line is a one-line ``DataError`` again)."""
-    from ..errors import RagsieveError
+def _error_entry(exc: BaseException) -> dict[str, Any]:
+    """An expected error of a worker as data (Ray loses the cause of a raised one)."""
+    return {"error": {"module": type(exc).__module__, "name": type(exc).__name__,
+                      "message": str(exc), "status": getattr(exc, "status", None)}}
 
-    seen = exc
-    for _ in range(10):
-        if isinstance(seen, (RagsieveError, ValueError, OSError)) and not type(
-                seen).__module__.startswith("ray"):
-            return seen
-        cause = getattr(seen, "cause", None) or seen.__cause__
-        if cause is None or cause is seen:
-            break
-        seen = cause
-    return exc
+
+def _raise_error_entry(error: dict[str, Any]) -> None:
+    """Raise a worker's error on the driver as the same one-line exception."""
+    from .. import errors
+
+    name, message = str(error.get("name")), str(error.get("message"))
+    cls: Any = None
+    if str(error.get("module", "")).startswith("ragsieve."):
+        cls = getattr(errors, name, None)
+    elif name in ("ValueError", "OSError", "FileNotFoundError", "PermissionError"):
+        cls = {"ValueError": ValueError, "OSError": OSError,
+               "FileNotFoundError": FileNotFoundError, "PermissionError": PermissionError}[name]
+    if cls is None:
+        raise RuntimeError(f"a Ray worker failed: {name}: {message}")
+    if name == "LLMError":
+        raise cls(message, status=error.get("status"))
+    raise cls(message)
 
 
 class RayEngine:
@@ -151,14 +163,11 @@ class RayEngine:
             compute=ray.data.ActorPoolStrategy(size=self._pool_size(ray, len(shards))),
             num_cpus=self.cpus_per_worker,
         )
-        try:
-            for row in results.iter_rows():
-                yield json.loads(str(row["entry"]))
-        except Exception as exc:  # a worker's error arrives wrapped by Ray: raise the original
-            original = _original_error(exc)
-            if original is not exc:
-                raise original from None
-            raise
+        for row in results.iter_rows():
+            entry = json.loads(str(row["entry"]))
+            if "error" in entry:
+                _raise_error_entry(entry["error"])
+            yield entry
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"engine": self.name, "address": self.address or "local",
@@ -173,7 +182,7 @@ class RayEngine:
             self._ray.shutdown()
         self._started = False
 
-    def __enter__(self) -> RayEngine:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -87,7 +87,7 @@ class ScoreTask:
         return records, {"pairs": len(pairs)}
 
     def arrow(self, records: list[dict[str, Any]]) -> Any:
-        return records_table(records, columns=self.columns)
+        return records_table(records, columns=self.columns, float_columns=self.columns)
 
     def close(self) -> None:
         closer = getattr(self._scorer, "close", None)
