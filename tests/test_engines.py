@@ -79,9 +79,9 @@ def test_shards_handle_blank_lines_bom_and_lines_longer_than_the_back_scan(tmp_p
 
 def test_parquet_shards_match_jsonl(tmp_path: Path) -> None:
     pytest.importorskip("pyarrow")
-    from ragsieve.data.parquet import pairs_table
-
     import pyarrow.parquet as pq
+
+    from ragsieve.data.parquet import pairs_table
 
     pairs = _pairs([3, 1, 5, 2, 2, 4, 1])
     path = tmp_path / "p.parquet"

@@ -165,3 +165,25 @@ def test_cli_score_on_ray_starts_and_stops_its_own_runtime(tmp_path: Path) -> No
     assert info["pairs"] == len(pairs) and info["n_shards"] > 4
     back = list(iter_input_pairs([tmp_path / "o.parquet"]))
     assert [p.meta["score"] for p in back] == [p.meta["bm25"] for p in pairs]
+
+
+def test_cli_evaluate_scores_on_ray_with_the_same_result(tmp_path: Path,
+                                                         xquad_en: list[Pair]) -> None:
+    """`evaluate --engine ray`: the scoring phase on Ray; the report equals the local one."""
+    groups = list(dict.fromkeys(p.group for p in xquad_en))[:8]
+    src = tmp_path / "in.jsonl"
+    rng = np.random.default_rng(0)
+    write_pairs([Pair(p.query_id, p.query, p.snippet_id, p.text, p.relevant, p.group,
+                      meta={"bm25": float(rng.random()) + 0.5 * (p.relevant or 0)})
+                 for p in xquad_en if p.group in groups], src)
+    common = [RAGSIEVE, "-q", "evaluate", "--data", str(src), "--scorer", "field",
+              "--score-field", "bm25", "--higher-is-better", "--splits", "3", "--json"]
+    reports = []
+    for extra in ([], ["--engine", "ray", "--workers", "2", "--shard-bytes", "50000"]):
+        proc = subprocess.run(common + extra, capture_output=True, text=True, timeout=600,
+                              check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        reports.append(json.loads(proc.stdout))
+    local, remote = reports
+    assert remote["engine"]["engine"] == "ray" and local["engine"]["engine"] == "local"
+    assert remote["results"] == local["results"] and len(local["results"]) > 3
