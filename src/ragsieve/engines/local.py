@@ -24,7 +24,7 @@ class LocalEngine:
     def map_shards(self, task: Task, shards: Sequence[Shard], directory: Path, fmt: str,
                    batch_pairs: int, progress: bool) -> Iterator[dict[str, Any]]:
         """Yield each shard's part entry as soon as the part is written."""
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
         if not shards:
             return
