@@ -2,13 +2,16 @@
 
 Measured side by side in one run, each in a fresh process:
 
-* **Throughput** of ``ragsieve score`` on XQuAD-en (14,148 pairs, MiniLM ``1 - cos``, no
-  embedding cache on disk): the local engine (one process, torch on every core) against
-  the Ray engine with 1 and 2 actors (1 CPU each), and of the ``field`` scorer (reading,
-  validating and writing only, so the engines' own overhead shows). Each engine's wall
-  time includes its start-up (Ray's runtime and the actors' model loads).
+* **Throughput** of ``ragsieve score``: MiniLM ``1 - cos`` on ``--embed-pairs`` XQuAD-en
+  pairs whose texts are made unique (so every pair costs one embedding; no cache on disk),
+  and the ``field`` scorer on all 14,148 XQuAD-en pairs (reading, validating and writing
+  only, so the engines' own overhead shows): the local engine (one process, torch on every
+  core) against the Ray engine with 1 and 2 actors (1 CPU each). Each engine's wall time
+  includes its start-up (Ray's runtime and the actors' model loads).
 * **Driver memory**: the peak RSS (``VmHWM``, polled every 20 ms) of the ``ragsieve``
   process itself (for Ray: the driver, not its workers).
+* **Calibration cost**: fitting the marginal and query-all calibrators on 1 and 10 million
+  scored pairs in one process (a quantile: it does not need a cluster).
 * **Memory against input size**: ``score --engine local`` with the ``field`` scorer over
   synthetic inputs of growing size (up to ``--max-pairs``, 5 million by default): the
   streaming engine's peak RSS stays flat, while reading the whole input into memory
@@ -64,6 +67,12 @@ print(len(pairs), float(scores.sum()))
 """
 
 
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
 def measure(argv: list[str]) -> dict[str, Any]:
     """Run ``argv`` in a child process; its wall time and peak RSS (MiB)."""
     out = subprocess.run([sys.executable, "-c", _MEASURE, *argv], capture_output=True, text=True,
@@ -88,21 +97,24 @@ def synthetic(path: Path, n_pairs: int, *, per_query: int = 10, seed: int = 0) -
     return path.stat().st_size
 
 
-def throughput(tmp: Path, source: Path, n_pairs: int) -> list[dict[str, Any]]:
+def throughput(tmp: Path, embed_source: Path, n_embed: int, field_source: Path,
+               n_field: int) -> list[dict[str, Any]]:
     rows = []
     configs = [("local", []), ("ray, 1 worker", ["--engine", "ray", "--workers", "1"]),
                ("ray, 2 workers", ["--engine", "ray", "--workers", "2"])]
-    scorers = [("1 - cos (MiniLM)", ["--scorer", "embedding", "--no-cache"]),
-               ("field (I/O only)", ["--scorer", "field", "--score-field", "bm25"])]
-    for scorer, scorer_args in scorers:
+    scorers = [("1 - cos (MiniLM)", embed_source, n_embed,
+                ["--scorer", "embedding", "--no-cache", "--shard-bytes", "200000"]),
+               ("field (I/O only)", field_source, n_field,
+                ["--scorer", "field", "--score-field", "bm25", "--shard-bytes", "1000000"])]
+    for scorer, source, n_pairs, scorer_args in scorers:
         for engine, engine_args in configs:
             out = tmp / f"out-{len(rows)}"
             result = measure([RAGSIEVE, "-q", "score", "--data", str(source), "--out", str(out),
-                              "--shard-bytes", "1000000", *scorer_args, *engine_args])
+                              *scorer_args, *engine_args])
             result.update(scorer=scorer, engine=engine, pairs=n_pairs,
                           pairs_per_second=round(n_pairs / result["seconds"], 1))
             rows.append(result)
-            print(f"  {scorer:<18} {engine:<15} {result['seconds']:>7.1f} s "
+            print(f"  {scorer:<18} {engine:<15} {n_pairs:>6} pairs {result['seconds']:>7.1f} s "
                   f"{result['pairs_per_second']:>9.1f} pairs/s  driver peak RSS "
                   f"{result['peak_rss_mib']:>7.1f} MiB", flush=True)
     return rows
@@ -130,10 +142,37 @@ def memory(tmp: Path, sizes: list[int], max_in_memory: int) -> list[dict[str, An
     return rows
 
 
+def calibration_cost(sizes: list[int]) -> list[dict[str, Any]]:
+    """Seconds to calibrate (marginal and query-all modes) on n scored calibration pairs:
+    calibration is a quantile of the calibration scores and runs on one machine."""
+    import numpy as np
+
+    from ragsieve.calibration import make_calibrator
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        scores = rng.random(n)
+        relevant = (rng.random(n) < 0.1).astype(int)
+        query_ids = np.arange(n) // 10
+        row: dict[str, Any] = {"pairs": n}
+        for mode in ("marginal", "query-all"):
+            calibrator = make_calibrator(mode, alpha=0.1)
+            t0 = time.perf_counter()
+            calibrator.fit(scores, relevant, query_ids=query_ids)
+            row[f"{mode}_seconds"] = round(time.perf_counter() - t0, 3)
+        rows.append(row)
+        print(f"  {n:>10,} calibration pairs: marginal {row['marginal_seconds']:.3f} s, "
+              f"query-all {row['query-all_seconds']:.3f} s", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max-pairs", type=int, default=5_000_000)
     parser.add_argument("--max-in-memory", type=int, default=1_000_000)
+    parser.add_argument("--embed-pairs", type=int, default=4000,
+                        help="pairs scored with MiniLM per engine (unique texts)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -144,21 +183,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ragsieve-bench-scale-") as name:
         tmp = Path(name)
         if not args.skip_throughput:
-            source = tmp / "xquad-en.jsonl"
-            subprocess.run([RAGSIEVE, "-q", "export", "--data", "xquad-en", "--out", str(source)],
-                           check=True, capture_output=True)
-            with source.open() as handle:
-                n_pairs = sum(1 for _ in handle)
-            # bm25 stands in for an outside score: the field scorer reads it
-            lines = source.read_text(encoding="utf-8").splitlines()
+            field_source = tmp / "xquad-en.jsonl"
+            subprocess.run([RAGSIEVE, "-q", "export", "--data", "xquad-en", "--out",
+                            str(field_source)], check=True, capture_output=True)
+            records = [json.loads(line) for line in
+                       field_source.read_text(encoding="utf-8").splitlines()]
             rng = random.Random(0)
-            with source.open("w", encoding="utf-8") as handle:
-                for line in lines:
-                    record = json.loads(line)
-                    record["bm25"] = round(rng.random() * 20, 4)
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            print(f"throughput on XQuAD-en ({n_pairs} pairs; {os.cpu_count()} CPUs):", flush=True)
-            report["throughput"] = throughput(tmp, source, n_pairs)
+            for record in records:  # bm25 stands in for an outside score (field scorer)
+                record["bm25"] = round(rng.random() * 20, 4)
+            write_jsonl(field_source, records)
+            # every text made unique, so that each pair costs one embedding (XQuAD repeats
+            # an article's snippets for each of its questions, which the cache would absorb)
+            embed_source = tmp / "unique.jsonl"
+            unique = [dict(r, text=f"{r['text']} [{i}]")
+                      for i, r in enumerate(records[: args.embed_pairs])]
+            write_jsonl(embed_source, unique)
+            print(f"throughput ({os.cpu_count()} CPUs): MiniLM on {len(unique)} XQuAD-en pairs "
+                  f"with unique texts; field on all {len(records)} pairs", flush=True)
+            report["throughput"] = throughput(tmp, embed_source, len(unique), field_source,
+                                              len(records))
         sizes = [s for s in (250_000, 500_000, 1_000_000, 2_000_000, 5_000_000)
                  if s <= args.max_pairs]
         print("peak memory of score --engine local against input size (field scorer):",
@@ -166,6 +209,8 @@ def main() -> None:
         t0 = time.perf_counter()
         report["memory"] = memory(tmp, sizes, args.max_in_memory)
         report["memory_seconds"] = round(time.perf_counter() - t0, 1)
+    print("calibration on one machine (what does not need to scale):", flush=True)
+    report["calibration"] = calibration_cost([1_000_000, 10_000_000])
     if args.json:
         print(json.dumps(report, indent=1))
 

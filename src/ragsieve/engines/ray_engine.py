@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
@@ -46,8 +47,13 @@ def _import_ray() -> Any:
 class _ShardWorker:
     """A Ray Data actor: sets the task up once, then processes one shard per call."""
 
-    def __init__(self, task: Task, directory: str, fmt: str, batch_pairs: int) -> None:
+    def __init__(self, task: Task, directory: str, fmt: str, batch_pairs: int,
+                 threads: int) -> None:
         self.task, self.directory, self.fmt, self.batch_pairs = task, directory, fmt, batch_pairs
+        # one actor per reserved CPU count: its model's threads must not use the others'
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
         task.setup()
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +164,8 @@ class RayEngine:
         results = dataset.map_batches(
             _ShardWorker,
             fn_constructor_kwargs={"task": task, "directory": str(Path(directory).resolve()),
-                                   "fmt": fmt, "batch_pairs": batch_pairs},
+                                   "fmt": fmt, "batch_pairs": batch_pairs,
+                                   "threads": max(1, int(self.cpus_per_worker))},
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=self._pool_size(ray, len(shards))),
             num_cpus=self.cpus_per_worker,
