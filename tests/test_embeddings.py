@@ -196,3 +196,19 @@ def test_non_finite_embeddings_raise_scorer_error() -> None:
     with pytest.raises(ScorerError, match="NaN or inf in 2 of 3 rows"):
         cache.embed(["a", "b", "c"])
     assert len(cache) == 0  # nothing invalid was cached
+
+
+def test_memory_is_bounded_least_recently_used_first(minilm: EmbeddingModel, tmp_path) -> None:
+    """A streaming run over millions of texts keeps at most ``max_memory_items`` vectors
+    in memory; evicted ones are read back from SQLite (not recomputed) and equal."""
+    cache = EmbeddingCache(minilm, cache_dir=tmp_path, max_memory_items=3)
+    texts = [f"sentence number {i}" for i in range(6)]
+    first = cache.embed(texts)  # one call may exceed the bound by its own size ...
+    assert len(cache) == 3  # ... and is trimmed when it returns
+    cache.embed([texts[3]])  # recently used: kept over texts[4]
+    cache.embed(["another one"])
+    assert len(cache) == 3 and cache.n_computed == 7
+    again = cache.embed(texts)  # evicted vectors come back from the SQLite file
+    assert cache.n_computed == 7 and np.allclose(again, first, atol=1e-6)
+    with pytest.raises(ValueError, match="max_memory_items"):
+        EmbeddingCache(minilm, max_memory_items=0)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .llm.connect import LLMConnection
     from .llm.judge import Judgement, RelevanceJudge
 
-__all__ = ["LABEL_METHODS", "LLMLabeler", "LabelReport", "label_agreement"]
+__all__ = ["LABEL_METHODS", "LLMLabeler", "LabelReport", "LabelTask", "label_agreement"]
 
 logger = logging.getLogger(__name__)
 
@@ -323,3 +323,103 @@ class LLMLabeler:
         labelled, report = self.label_pairs(pairs, progress=progress)
         write_pairs(labelled, destination)
         return report
+
+
+_COUNTS = ("n_pairs", "n_labelled", "n_errors", "n_relevant", "n_requests", "n_cache_hits",
+           "prompt_tokens", "completion_tokens", "new_tokens")
+
+
+class LabelTask:
+    """Labelling as an engine task (:mod:`ragsieve.engines`): labelled pair records.
+
+    Every worker opens its own connection in :meth:`setup` (with no ``base_url``, each
+    starts the local model); replies go through the LLM reply cache as in
+    :class:`LLMLabeler`. The counts of every batch (pairs, errors, tokens, agreement with
+    existing labels as confusion counts) are added up by the engine.
+
+    Parameters
+    ----------
+    method, threshold, max_failures_in_a_row
+        As in :class:`LLMLabeler`.
+    **connect_options
+        Passed to :func:`ragsieve.llm.connect` in each worker.
+    """
+
+    kind = "label"
+    require_labels = False
+    score_field: str | None = None
+    columns: tuple[str, ...] = ()
+
+    def __init__(self, *, method: str = "auto", threshold: float = 0.5,
+                 max_failures_in_a_row: int = 3, **connect_options: Any) -> None:
+        LLMLabeler(method=method, threshold=threshold,  # validates, connects nothing
+                   max_failures_in_a_row=max_failures_in_a_row)
+        self.method, self.threshold = method, float(threshold)
+        self.max_failures_in_a_row = max_failures_in_a_row
+        self.connect_options = dict(connect_options)
+        self._labeler: LLMLabeler | None = None
+        self._info: dict[str, str] = {}
+
+    def spec(self) -> dict[str, Any]:
+        o = self.connect_options
+        return {"task": self.kind, "method": self.method, "threshold": self.threshold,
+                "base_url": o.get("base_url"), "model": o.get("model"), "style": o.get("style")}
+
+    def setup(self) -> None:
+        if self._labeler is None:
+            self._labeler = LLMLabeler(method=self.method, threshold=self.threshold,
+                                       max_failures_in_a_row=self.max_failures_in_a_row,
+                                       **self.connect_options)
+
+    def process(self, pairs: list[Pair]) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        from .data.jsonl import pair_to_record
+
+        self.setup()
+        assert self._labeler is not None
+        labelled, report = self._labeler.label_pairs(pairs)
+        stats: dict[str, float] = {k: getattr(report, k) for k in _COUNTS}
+        stats["seconds_labelling"] = report.seconds
+        for key in ("tp", "fp", "fn", "tn"):
+            stats[key] = (report.agreement or {}).get(key, 0)
+        self._info = {"model": report.model, "method": report.method,
+                      "prompt_version": report.prompt_version}
+        return [pair_to_record(p) for p in labelled], stats
+
+    def info(self) -> dict[str, str]:
+        """Model, method and prompt version of the last batch."""
+        return dict(self._info)
+
+    def arrow(self, records: list[dict[str, Any]]) -> Any:
+        from .data.parquet import records_table
+
+        return records_table(records)
+
+    def close(self) -> None:
+        if self._labeler is not None:
+            self._labeler.close()
+        self._labeler = None
+
+    def __getstate__(self) -> dict[str, Any]:  # ship options, never a connection
+        state = dict(self.__dict__)
+        state["_labeler"] = None
+        return state
+
+    @staticmethod
+    def report(stats: dict[str, float], info: dict[str, str], seconds: float,
+               new_stats: dict[str, float] | None = None) -> LabelReport:
+        """A :class:`LabelReport` of a whole run from the added-up counts; requests,
+        cache hits and new tokens come from ``new_stats`` (the parts this run wrote)."""
+        counts = {k: int(stats.get(k, 0)) for k in _COUNTS}
+        if new_stats is not None:
+            counts.update({k: int(new_stats.get(k, 0))
+                           for k in ("n_requests", "n_cache_hits", "new_tokens")})
+        tp, fp, fn, tn = (int(stats.get(k, 0)) for k in ("tp", "fp", "fn", "tn"))
+        agreement = None
+        if tp + fp + fn + tn:
+            agreement = label_agreement([1] * (tp + fn) + [0] * (fp + tn),
+                                        [1] * tp + [0] * fn + [1] * fp + [0] * tn)
+        return LabelReport(**counts, method=info.get("method", "?"),
+                           model=info.get("model", "?"),
+                           prompt_version=info.get("prompt_version", "?"),
+                           seconds=seconds, agreement=agreement)
+

@@ -21,6 +21,7 @@ from .options import (
     add_cache_options,
     add_data_options,
     add_embedding_options,
+    add_engine_options,
     add_guarantee_options,
     add_json_option,
     add_llm_options,
@@ -63,6 +64,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     g.add_argument("--on-error", choices=["raise", "drop"], default="raise",
                    help="pairs the scorer cannot score: fail (default) or drop them and report "
                         "how many")
+    add_engine_options(p, output=False)
     add_json_option(p)
     p.add_argument("--plot", default=None, help="write the figure to this PNG")
     p.set_defaults(func=commands.cmd_evaluate)
@@ -121,17 +123,39 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query)")
     p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
     add_data_options(p)
+    p.add_argument("--out", default=None,
+                   help="write one JSON object per query here (a directory of parts, or a "
+                        ".jsonl / .parquet file), streaming and resumable; default: print")
     add_embedding_options(p, model=False)
     add_cache_options(p)
     add_llm_options(p)
+    add_engine_options(p)
     add_json_option(p)
     p.set_defaults(func=commands.cmd_filter)
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "score", "write every pair's nonconformity score (JSONL or Parquet), "
+                                "streaming and resumable, locally or on Ray")
+    add_data_options(p)
+    p.add_argument("--out", required=True,
+                   help="a directory of parts with a manifest, or a .jsonl / .parquet file")
+    p.add_argument("--filter", default=None, metavar="ARTIFACT",
+                   help="score with this artifact's scorer (e.g. its fitted fused score); "
+                        "default: --scorer")
+    p.add_argument("--score-name", default="score",
+                   help="the key each pair's score is written under (default score)")
+    add_scorer_options(p)
+    add_engine_options(p)
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_score)
 
 
 def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "label", "label pairs with an LLM (relevant + raw answer), resumable")
     add_data_options(p)
-    p.add_argument("--out", required=True, help="labelled generic JSONL")
+    p.add_argument("--out", required=True,
+                   help="labelled pairs: a .jsonl / .parquet file, or a directory of parts")
     p.add_argument("--method", choices=["auto", "logprob", "yes-no"], default="auto")
     p.add_argument("--threshold", type=fraction, default=0.5,
                    help="P(yes) threshold of --method logprob")
@@ -141,6 +165,7 @@ def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="for the cost estimate (0 for a local model)")
     add_cache_options(p, embeddings=False)
     add_llm_options(p)
+    add_engine_options(p)
     add_json_option(p)
     p.set_defaults(func=commands.cmd_label)
 
@@ -316,9 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_evaluate, _add_answers, _add_calibrate, _add_filter, _add_label, _add_llm,
-                _add_shift_demo, _add_index_and_query, _add_rag_demo, _add_serve, _add_recalibrate,
-                _add_export, _add_demo):
+    for add in (_add_evaluate, _add_answers, _add_calibrate, _add_score, _add_filter,
+                _add_label, _add_llm, _add_shift_demo, _add_index_and_query, _add_rag_demo,
+                _add_serve, _add_recalibrate, _add_export, _add_demo):
         add(sub)
     return parser
 

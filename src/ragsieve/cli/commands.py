@@ -18,9 +18,11 @@ from .options import (
     calibrator_params,
     check_scorer_options,
     dumps,
+    engine_inputs,
     eprint,
     llm_options,
     load_pairs,
+    make_engine,
     make_scorer,
     score_field_of,
 )
@@ -37,6 +39,7 @@ __all__ = [
     "cmd_llm_serve",
     "cmd_query",
     "cmd_recalibrate",
+    "cmd_score",
     "cmd_serve",
     "serve_operation_options",
 ]
@@ -47,36 +50,40 @@ def _tau(value: float) -> str:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """``ragsieve evaluate``: topic-disjoint sweep of the guarantee modes and baselines."""
+    """``ragsieve evaluate``: topic-disjoint sweep of the guarantee modes and baselines.
+
+    With ``--engine ray`` the scores are computed on Ray; the sweep runs here.
+    """
     from ..evaluation import evaluate, format_table
 
     check_scorer_options(args)
+    engine = make_engine(args)
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
     if args.limit_queries:
         from ..data import sample_queries
 
         pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
     scorer = make_scorer(args)
+    if engine.name == "ray":
+        from ..engines.scorer import on_engine
+
+        base = getattr(scorer, "base", scorer)
+        scorer = on_engine(scorer, engine, shard_bytes=args.shard_bytes,
+                           scorer_options=artifact_scorer_options(args, {"scorer": base.spec()}))
     t0 = time.perf_counter()
-    report = evaluate(
-        pairs,
-        scorer,
-        progress=not args.quiet,
-        on_error=args.on_error,
-        group_by=args.group_by,
-        modes=args.mode,
-        delta=args.delta,
-        min_group_size=args.min_group_size,
-        budgets=args.budget,
-        alphas=args.alpha,
-        top_k=args.top_k,
-        thetas=args.theta,
-        n_splits=args.splits,
-        calibration_fraction=args.calibration_fraction,
-        seed=args.seed,
-    )
+    try:
+        report = evaluate(
+            pairs, scorer, progress=not args.quiet, on_error=args.on_error,
+            group_by=args.group_by, modes=args.mode, delta=args.delta,
+            min_group_size=args.min_group_size, budgets=args.budget, alphas=args.alpha,
+            top_k=args.top_k, thetas=args.theta, n_splits=args.splits,
+            calibration_fraction=args.calibration_fraction, seed=args.seed,
+        )
+    finally:
+        _close(engine)
     seconds = time.perf_counter() - t0
     report.info["dataset"] = str(args.data)
+    report.info["engine"] = engine.describe()
     report.info["scoring_seconds"] = round(seconds, 2)
     report.info["pairs_per_second"] = round(len(pairs) / max(seconds, 1e-9), 3)
     if args.limit_queries:
@@ -92,6 +99,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         plot_report({args.scorer: report}, args.plot, title=f"ragsieve evaluate: {args.data}")
         eprint(f"plot written to {args.plot}")
     return 0
+
+
+def _close(engine: Any) -> None:
+    closer = getattr(engine, "close", None)
+    if callable(closer):
+        closer()
 
 
 def cmd_answers(args: argparse.Namespace) -> int:
@@ -181,25 +194,30 @@ def _spans(scored: Any) -> tuple[tuple[int, int], ...]:
 
 
 def cmd_filter(args: argparse.Namespace) -> int:
-    """``ragsieve filter``: apply a saved filter to pairs, one line (or object) per query."""
+    """``ragsieve filter``: apply a saved filter to pairs, one line (or object) per query.
+
+    With ``--out`` the results are written by an engine (streaming, resumable, local or
+    Ray) as one JSON object per query; without it they are printed.
+    """
     from ..filter import ConformalFilter, read_artifact
 
     payload = read_artifact(args.filter)
-    flt = ConformalFilter.from_dict(payload,
-                                    scorer_options=artifact_scorer_options(args, payload))
+    options = artifact_scorer_options(args, payload)
+    if args.out is not None:
+        return _run_filter_job(args, payload, options)
+    if args.engine != "local":
+        raise ValueError(f"--engine {args.engine} writes its results to files: add --out "
+                         "PATH (a directory, or a .jsonl / .parquet file).")
+    from ..engines import filter_record
+
+    flt = ConformalFilter.from_dict(payload, scorer_options=options)
     pairs = load_pairs(args, score_field=artifact_score_field(payload))
     results = flt.filter_pairs(pairs, progress=not args.quiet)
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
     for qid, r in results.items():
         if args.json:
-            print(dumps({
-                "query_id": qid, "query": r.query, "kept": list(r.kept_ids),
-                "scores": [s.score for s in r.kept],
-                "spans": [[list(span) for span in _spans(s)] for s in r.kept],
-                "n_input": r.n_input, "n_cut": getattr(r, "n_cut", 0),
-                "removal": r.removal, "threshold": r.threshold, "note": r.note,
-            }))
+            print(dumps(filter_record(qid, r)))
             continue
         print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
         for s in r.kept:
@@ -209,50 +227,136 @@ def cmd_filter(args: argparse.Namespace) -> int:
         if r.note:
             print(f"    note: {r.note}")
     if not args.json:
-        rm = 1 - total_kept / total_in if total_in else 0.0
-        print(f"{len(results)} queries, kept {total_kept}/{total_in} snippets (removed {rm:.1%}), "
-              f"tau={_tau(flt.threshold)}, alpha={flt.alpha:g}")
+        print(_filter_summary(len(results), total_kept, total_in, flt))
         print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
     return 0
 
 
-def cmd_label(args: argparse.Namespace) -> int:
-    """``ragsieve label``: label pairs with an LLM (resumable through the reply cache)."""
-    from ..data import sample_queries, write_pairs
-    from ..errors import LLMError
-    from ..labeling import LLMLabeler
+def _filter_summary(n_queries: int, kept: float, total: float, flt: Any) -> str:
+    rm = 1 - kept / total if total else 0.0
+    return (f"{n_queries} queries, kept {int(kept)}/{int(total)} snippets (removed {rm:.1%}), "
+            f"tau={_tau(flt.threshold)}, alpha={flt.alpha:g}")
 
-    pairs = load_pairs(args)
-    if args.limit_queries:
-        pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
+
+def _run_filter_job(args: argparse.Namespace, payload: dict[str, Any],
+                    options: dict[str, Any]) -> int:
+    from ..engines import FilterTask
+
+    task = FilterTask(payload, scorer_options=options,
+                      score_field=artifact_score_field(payload))
+    report = _run_job(args, task, engine_inputs(args))
+    stats = report.stats
+    if args.json:
+        print(dumps(report.to_dict()))
+        return 0
+    flt = task.filter
+    print(_filter_summary(int(stats.get("queries", 0)), stats.get("kept", 0),
+                          stats.get("snippets", 0), flt) + f" -> {report.output}")
+    print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
+    print(_job_line(report))
+    return 0
+
+
+def _run_job(args: argparse.Namespace, task: Any, inputs: list[Any]) -> Any:
+    """Run an engine job with the engine options; the engine is closed afterwards."""
+    from ..engines import run_job
+
+    engine = make_engine(args)
+    try:
+        return run_job(task, inputs, args.out, engine, fmt=args.format,
+                       shard_bytes=args.shard_bytes, overwrite=args.overwrite,
+                       progress=not args.quiet)
+    finally:
+        _close(engine)
+
+
+def _job_line(report: Any) -> str:
+    e = report.engine
+    where = "this process" if e.get("engine") == "local" else (
+        f"Ray ({e.get('address')}, {e.get('workers') or 'one per CPU'} workers)")
+    resumed = f", {report.n_resumed} already written by an earlier run" if report.n_resumed else ""
+    shards = "shard" if report.n_shards == 1 else "shards"
+    return (f"  {report.pairs} pairs in {report.n_shards} {shards}{resumed}; "
+            f"{report.seconds:.1f} s on {where}, {report.pairs_per_second:.1f} pairs/s")
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """``ragsieve score``: write every pair's nonconformity score (JSONL or Parquet)."""
+    from ..engines import ScoreTask
+
+    if args.filter:
+        from ..filter import read_artifact
+
+        if args.scorer != "embedding" or args.score_field or args.model:
+            raise ValueError("--filter scores with the artifact's scorer; drop --scorer, "
+                             "--score-field and --model.")
+        payload = read_artifact(args.filter)
+        spec, options = payload["scorer"], artifact_scorer_options(args, payload)
+        score_field = artifact_score_field(payload)
+    else:
+        if args.scorer == "best":
+            raise ValueError("--scorer best is fitted when a filter is calibrated: give the "
+                             "filter with --filter ARTIFACT to score with its fitted weights.")
+        scorer = make_scorer(args)
+        spec = scorer.spec()
+        options = artifact_scorer_options(args, {"scorer": spec})
+        score_field = score_field_of(args)
+    task = ScoreTask(spec, scorer_options=options, score_name=args.score_name,
+                     score_field=score_field)
+    report = _run_job(args, task, engine_inputs(args))
+    if args.json:
+        print(dumps(report.to_dict()))
+        return 0
+    print(f"scored {report.pairs} pairs with {spec.get('scorer')} -> {report.output} "
+          f"(key {args.score_name!r})")
+    print(_job_line(report))
+    return 0
+
+
+def cmd_label(args: argparse.Namespace) -> int:
+    """``ragsieve label``: label pairs with an LLM, streaming and resumable.
+
+    Every finished shard is a part of the output (and every reply is in the LLM reply
+    cache), so a killed run resumes where it stopped.
+    """
+    from ..errors import LLMError
+    from ..labeling import LabelTask
+
     options = llm_options(args)
     if args.no_cache:
         options["cache"] = False
-    labeler = LLMLabeler(method=args.method, threshold=args.threshold, **options)
+    task = LabelTask(method=args.method, threshold=args.threshold, **options)
+    inputs = engine_inputs(args, limit_queries=args.limit_queries, seed=args.seed)
+    if args.engine == "local" and not args.base_url:
+        eprint("no --base-url: starting the local model for this command")
     try:
-        if labeler.connection.is_local:
-            eprint(f"no --base-url: started the local model {labeler.connection.model} at "
-                   f"{labeler.connection.base_url} for this command")
-        labelled, report = labeler.label_pairs(pairs, progress=not args.quiet)
-    except LLMError as exc:  # the endpoint stopped answering: no output of null labels
-        raise LLMError(f"{exc} Nothing was written to {args.out}.", status=exc.status) from exc
-    finally:
-        labeler.close()
-    write_pairs(labelled, args.out)
+        run = _run_job(args, task, inputs)
+    except LLMError as exc:  # the endpoint stopped answering: finished parts are kept
+        from ..data.partitioned import parts_written
+        from ..engines.base import output_directory
+
+        directory = output_directory(args.out)
+        done, total = parts_written(directory)
+        kept = (f"Nothing was written to {args.out}." if not done else
+                f"{done} of {total} shards are written in {directory}: rerun the same command "
+                "to label only the rest.")
+        raise LLMError(f"{exc} {kept}", status=exc.status) from exc
+    report = LabelTask.report(run.stats, run.info, run.seconds, run.new_stats)
     info = report.to_dict()
-    tokens = report.prompt_tokens + report.completion_tokens
     info["cost"] = report.new_tokens * args.price_per_million_tokens / 1e6
+    info["run"] = run.to_dict()
     if args.json:
         print(dumps(info))
         return 0
+    tokens = report.prompt_tokens + report.completion_tokens
     print(f"labelled {report.n_labelled}/{report.n_pairs} pairs ({report.n_errors} errors, "
-          f"label null) -> {args.out}")
+          f"label null) -> {run.output}")
     print(f"  model {report.model}, method {report.method}, prompt {report.prompt_version}")
     print(f"  {report.n_requests} requests, {report.n_cache_hits} answers from the cache; "
           f"{tokens} tokens in all ({report.prompt_tokens} prompt + {report.completion_tokens} "
           f"completion), {report.new_tokens} new in this run: cost {info['cost']:.4f} at "
           f"{args.price_per_million_tokens:g}/M tokens")
-    print(f"  {report.seconds:.1f} s, {report.pairs_per_second:.2f} pairs/s")
+    print(_job_line(run))
     if report.agreement:
         a = report.agreement
         print(f"  agreement with the existing labels on {a['n']} pairs: accuracy "

@@ -25,6 +25,7 @@ __all__ = [
     "add_cache_options",
     "add_data_options",
     "add_embedding_options",
+    "add_engine_options",
     "add_guarantee_options",
     "add_json_option",
     "add_llm_options",
@@ -36,6 +37,7 @@ __all__ = [
     "dumps",
     "embedding_cache_dir",
     "embedding_options",
+    "engine_inputs",
     "eprint",
     "finite_float",
     "floats",
@@ -44,6 +46,7 @@ __all__ = [
     "language_of",
     "llm_options",
     "load_pairs",
+    "make_engine",
     "make_scorer",
     "modes",
     "nonnegative_float",
@@ -294,6 +297,79 @@ def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None
                        help="scorer llm: random jitter so tied (discrete) scores cover exactly")
 
 
+def add_engine_options(p: argparse.ArgumentParser, *, output: bool = True) -> None:
+    """``--engine``, ``--ray-address``, ``--workers``, ``--shard-bytes``; with ``output``,
+    also ``--format`` and ``--overwrite`` of a partitioned output."""
+    from ..data.shards import DEFAULT_SHARD_BYTES
+
+    g = p.add_argument_group("engine (large inputs)")
+    g.add_argument("--engine", choices=["local", "ray"], default="local",
+                   help="local: stream through this process (default); ray: a pool of Ray "
+                        "actors, each holding the model (extra ragsieve[ray])")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="--engine ray: the cluster to join (`ray start --head` prints it; "
+                        "default: start a local Ray runtime for this command)")
+    g.add_argument("--workers", type=positive_int, default=None,
+                   help="--engine ray: actors in the pool (default: one per CPU)")
+    g.add_argument("--shard-bytes", type=positive_int, default=DEFAULT_SHARD_BYTES,
+                   help=f"input bytes per shard, the unit of work and of resuming (default "
+                        f"{DEFAULT_SHARD_BYTES})")
+    if output:
+        g.add_argument("--format", choices=["jsonl", "parquet"], default=None,
+                       help="part format of a directory --out (default jsonl; a file --out "
+                            "takes its suffix's)")
+        g.add_argument("--overwrite", action="store_true",
+                       help="replace an --out that holds another run (default: refuse; the "
+                            "same run resumes)")
+
+
+def make_engine(args: argparse.Namespace) -> Any:
+    """The engine of ``--engine`` (a Ray engine starts or joins Ray when first used)."""
+    from ..engines import make_engine as build
+
+    if args.engine == "local":
+        if args.ray_address or args.workers:
+            raise ValueError("--ray-address and --workers apply to --engine ray only.")
+        return build("local")
+    return build("ray", address=args.ray_address, workers=args.workers)
+
+
+def engine_inputs(args: argparse.Namespace, *, limit_queries: int | None = None,
+                  seed: int = 0) -> list[Path]:
+    """``--data`` as files an engine can shard: a file or directory as it is; a dataset
+    name (or a ``--limit-queries`` sample) written once as JSONL under the cache directory
+    and reused, so that a rerun resumes on the same input."""
+    import hashlib
+
+    from .._paths import cache_dir
+    from ..data import sample_queries, write_pairs
+
+    path = Path(args.data)
+    if limit_queries is None and (path.is_dir() or path.is_file()):
+        return [path]
+    key = json.dumps([str(path.resolve()) if path.exists() else str(args.data),
+                      args.data_dir, limit_queries, seed])
+    if path.exists():
+        st = path.stat()
+        key += f"{st.st_size}:{st.st_mtime_ns}"
+    target = cache_dir() / "inputs" / f"{hashlib.sha256(key.encode()).hexdigest()[:20]}.jsonl"
+    if not target.is_file():
+        pairs = load_pairs(args)
+        if limit_queries:
+            pairs = sample_queries(pairs, limit_queries, seed=seed)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_pairs(_grouped(pairs), target)
+        logger.info("wrote the input of %s to %s", args.data, target)
+    return [target]
+
+
+def _grouped(pairs: list[Any]) -> list[Any]:
+    """Pairs with each query's lines together (queries in first-seen order)."""
+    first: dict[str, int] = {}
+    keys = [(first.setdefault(p.query_id, len(first)), i) for i, p in enumerate(pairs)]
+    return [pairs[i] for _, i in sorted(keys)]
+
+
 def add_scorer_options(p: argparse.ArgumentParser) -> None:
     """Everything that builds a scorer: ``--scorer`` and its options, the embedding
     model, the cache and the LLM endpoint."""
@@ -505,7 +581,7 @@ def load_pairs(args: argparse.Namespace, *, require_labels: bool = False,
     from ..data import load_dataset
 
     kw: dict[str, Any] = {}
-    if str(args.data).endswith(".jsonl") or Path(args.data).is_file():
+    if str(args.data).endswith((".jsonl", ".parquet")) or Path(args.data).exists():
         if require_labels:
             kw["require_labels"] = True
     elif args.data_dir:

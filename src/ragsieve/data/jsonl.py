@@ -30,6 +30,9 @@ __all__ = [
     "fingerprint_pairs",
     "group_by_query",
     "iter_pairs",
+    "pair_from_record",
+    "pair_to_record",
+    "parse_line",
     "read_pairs",
     "write_pairs",
 ]
@@ -238,6 +241,51 @@ def _check_score_field(pair: Pair, field: str, where: str) -> None:
         raise DataError(f"{where}: {field!r} == {value!r}, expected a finite number (the outside score).")
 
 
+def parse_line(
+    raw: bytes, where: str, *, require_labels: bool = False, score_field: str | None = None
+) -> Pair | None:
+    """Decode, parse and validate one JSONL line (``None`` for a blank line).
+
+    Parameters
+    ----------
+    raw : bytes
+        The line, with or without its newline (a UTF-8 byte-order mark is not stripped).
+    where : str
+        Where the line is (``file:line``), named in errors.
+    require_labels, score_field
+        As in :func:`iter_pairs`.
+
+    Returns
+    -------
+    Pair or None
+
+    Raises
+    ------
+    DataError
+        For bytes that are not UTF-8, malformed JSON or an invalid record. Cross-line
+        checks (duplicates, one text per query_id) are the caller's.
+    """
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"{where}: bytes are not valid UTF-8 (byte {raw[exc.start : exc.start + 1]!r} at "
+            f"column {exc.start + 1}); save the file as UTF-8."
+        ) from None
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(
+            line, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant
+        )
+    except ValueError as exc:
+        raise DataError(f"{where}: malformed JSON ({exc}).") from None
+    pair = _pair_from_record(record, where, require_labels)
+    if score_field is not None:
+        _check_score_field(pair, score_field, where)
+    return pair
+
+
 def iter_pairs(
     source: PathOrFile, *, require_labels: bool = False, score_field: str | None = None
 ) -> Iterator[Pair]:
@@ -273,24 +321,9 @@ def iter_pairs(
         where = f"{name}:{lineno}"
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DataError(
-                f"{where}: bytes are not valid UTF-8 (byte {raw[exc.start : exc.start + 1]!r} at "
-                f"column {exc.start + 1}); save the file as UTF-8."
-            ) from None
-        if not line.strip():
+        pair = parse_line(raw, where, require_labels=require_labels, score_field=score_field)
+        if pair is None:
             continue
-        try:
-            record = json.loads(
-                line, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant
-            )
-        except ValueError as exc:
-            raise DataError(f"{where}: malformed JSON ({exc}).") from None
-        pair = _pair_from_record(record, where, require_labels)
-        if score_field is not None:
-            _check_score_field(pair, score_field, where)
         consistency.check(pair, where)
         n += 1
         yield pair
@@ -333,6 +366,23 @@ def read_pairs(
 
 
 # --------------------------------------------------------------------------- writing
+
+
+def pair_from_record(record: Any, where: str, *, require_labels: bool = False) -> Pair:
+    """Validate one decoded record (a JSON object of the generic format) into a Pair.
+
+    Raises
+    ------
+    DataError
+        Naming ``where`` and the field, as :func:`iter_pairs` does.
+    """
+    return _pair_from_record(record, where, require_labels)
+
+
+def pair_to_record(pair: Pair) -> dict[str, Any]:
+    """The JSON object of one pair (standard keys first, then ``meta``), as written by
+    :func:`write_pairs`."""
+    return _pair_to_record(pair)
 
 
 def _pair_to_record(pair: Pair) -> dict[str, Any]:

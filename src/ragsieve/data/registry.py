@@ -37,7 +37,8 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
     **kwargs
         Passed on to :func:`~ragsieve.data.xquad.load_xquad` (``data_dir``,
         ``context``, ``chunker``, ``download``), :func:`~ragsieve.data.selqa.load_selqa`
-        (``data_dir``, ``chunker``, ``download``) or
+        (``data_dir``, ``chunker``, ``download``), a Parquet file or a directory of
+        JSONL / Parquet files (a ragsieve output directory: its finished parts) or
         :func:`~ragsieve.data.jsonl.read_pairs` (``require_labels``), and
         ``score_field``: a numeric field every pair must carry (an outside score).
 
@@ -71,6 +72,18 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
             if "split" in kwargs:
                 raise TypeError(f"dataset {text!r} fixes the split; do not pass split=.")
             return _with_field(load_selqa(variant, **kwargs), text, score_field)
+    path = Path(text)
+    if path.is_dir() or path.suffix.lower() == ".parquet":
+        from .jsonl import _Consistency
+        from .shards import iter_input_pairs
+
+        pairs = list(iter_input_pairs([path], score_field=score_field, **kwargs))
+        consistency = _Consistency()  # across shards and files, as for one JSONL file
+        for i, pair in enumerate(pairs, start=1):
+            consistency.check(pair, f"{text}: pair #{i}")
+        if not pairs:
+            raise DataError(f"{text}: holds no pairs.")
+        return pairs
     if (
         isinstance(name, os.PathLike)
         or text == "-"

@@ -23,6 +23,7 @@ import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
@@ -455,6 +456,11 @@ class EmbeddingCache:
         padded to long ones (about 1.3x faster on torch, 1.4x on ONNX); the budget bounds
         memory. The default, 32,000 characters, is about 8k tokens. Rows are returned in
         input order.
+    max_memory_items : int
+        Vectors kept in memory; beyond it the least recently used are dropped (they stay
+        in the SQLite file when persisting). Bounds the memory of a long streaming run:
+        100,000 vectors of 384 floats take about 150 MB. One ``embed`` call may exceed it
+        by its own size until it returns.
 
     Attributes
     ----------
@@ -471,6 +477,7 @@ class EmbeddingCache:
         cache_dir: str | os.PathLike[str] | None = None,
         batch_size: int = 32,
         max_batch_chars: int = 32_000,
+        max_memory_items: int = 100_000,
     ) -> None:
         if not isinstance(model, EmbeddingModel):
             raise TypeError(f"model is {type(model).__name__}, expected an EmbeddingModel.")
@@ -482,11 +489,15 @@ class EmbeddingCache:
             or max_batch_chars < 1
         ):
             raise ValueError(f"max_batch_chars == {max_batch_chars!r}, must be an int >= 1.")
+        if (isinstance(max_memory_items, bool) or not isinstance(max_memory_items, int)
+                or max_memory_items < 1):
+            raise ValueError(f"max_memory_items == {max_memory_items!r}, must be an int >= 1.")
         self.model = model
+        self.max_memory_items = max_memory_items
         self.batch_size = batch_size
         self.max_batch_chars = max_batch_chars
         self.n_computed = 0
-        self._memory: dict[str, np.ndarray] = {}
+        self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
         self._queries: EmbeddingCache | None = None  # query side of an asymmetric model
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
@@ -635,12 +646,17 @@ class EmbeddingCache:
             for key, text in zip(keys, items):
                 if key not in self._memory:
                     todo.setdefault(key, text)
+                else:
+                    self._memory.move_to_end(key)  # recently used
             if todo:
                 self._load_from_db(list(todo))
                 todo = {k: t for k, t in todo.items() if k not in self._memory}
             if todo:
                 self._compute_missing(todo, progress=progress)
-            return np.stack([self._memory[k] for k in keys]).astype(np.float32, copy=False)
+            out = np.stack([self._memory[k] for k in keys]).astype(np.float32, copy=False)
+            while len(self._memory) > self.max_memory_items:  # least recently used first
+                self._memory.popitem(last=False)
+            return out
 
     def _query_side(self, texts: Sequence[str], progress: bool) -> np.ndarray:
         """Queries of an asymmetric model: a second cache over the model's query view."""
@@ -652,6 +668,7 @@ class EmbeddingCache:
                     cache_dir=None if self.path is None else self.path.parent,
                     batch_size=self.batch_size,
                     max_batch_chars=self.max_batch_chars,
+                    max_memory_items=self.max_memory_items,
                 )
             before = side.n_computed
             out = side.embed(texts, progress=progress)

@@ -224,7 +224,9 @@ class OnnxEmbeddingModel(EmbeddingModel):
     max_length : int
         Tokens per text; longer texts are truncated, as sentence-transformers does.
     threads : int or None
-        ONNX Runtime intra-op threads; None lets ONNX Runtime pick (one per core).
+        ONNX Runtime intra-op threads; None takes ``OMP_NUM_THREADS`` when it is set (as
+        Ray sets it for an actor's CPUs, so actors sharing a machine do not oversubscribe
+        it), else lets ONNX Runtime pick (one per core).
 
     Notes
     -----
@@ -254,6 +256,8 @@ class OnnxEmbeddingModel(EmbeddingModel):
         options = ort.SessionOptions()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.inter_op_num_threads = 1
+        if threads is None:  # the standard variable process managers (Ray, k8s jobs) set
+            threads = _omp_threads()
         if threads is not None:
             options.intra_op_num_threads = threads
         self.path = Path(path)
@@ -361,3 +365,12 @@ def load_onnx_model(
         max_length=max_length,
         threads=threads,
     )
+
+
+def _omp_threads() -> int | None:
+    """``OMP_NUM_THREADS`` as a positive int, or None when unset or not one."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    return None
+

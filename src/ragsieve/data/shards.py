@@ -1,0 +1,369 @@
+"""Cut large pair files into shards that keep every query's list whole.
+
+A shard is a byte range of a JSONL file or a range of row groups of a Parquet file.
+Planning reads only file sizes and Parquet footers, never the data, so a driver can plan
+millions of pairs without loading them. A shard *owns* the queries whose first line (row)
+starts inside it: its reader skips the lines that continue a query begun before its
+start, and reads past its end until the last query it owns is complete. Every line is
+therefore read by exactly one shard, and a query's list is never split, whatever the byte
+boundaries are — provided the lines of one query are together in the file (as
+``ragsieve export`` and every ragsieve output write them). A query whose lines are not
+together is an error, reported where it is found (within a shard).
+
+Examples
+--------
+>>> import os, tempfile
+>>> from ragsieve.data import write_pairs
+>>> from ragsieve.types import Pair
+>>> d = tempfile.mkdtemp()
+>>> path = os.path.join(d, "pairs.jsonl")
+>>> n = write_pairs([Pair(f"q{i // 3}", "Who?", f"s{i}", "text " * 20) for i in range(30)], path)
+>>> shards = plan_shards([path], shard_bytes=500)
+>>> owned = [[p.query_id for p in read_shard(s)] for s in shards]
+>>> sum(len(o) for o in owned), all(len(set(o)) * 3 == len(o) for o in owned)
+(30, True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ragsieve.errors import DataError
+from ragsieve.types import Pair
+
+from .jsonl import _check_score_field, parse_line
+
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "Shard",
+    "expand_inputs",
+    "input_fingerprint",
+    "iter_input_pairs",
+    "plan_shards",
+    "query_batches",
+    "read_shard",
+]
+
+DEFAULT_SHARD_BYTES = 16 * 1024 * 1024
+"""Bytes of input per shard: a unit of work and of resumption (one output part each)."""
+
+_SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
+_BACK_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One unit of work: a byte range of a JSONL file or row groups of a Parquet file.
+
+    Attributes
+    ----------
+    index : int
+        Position among all shards of a run; names the output part.
+    path : str
+        The input file.
+    kind : {"jsonl", "parquet"}
+    start, end : int
+        Byte offsets (JSONL) or row-group numbers (Parquet), ``end`` exclusive.
+    """
+
+    index: int
+    path: str
+    kind: str
+    start: int
+    end: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Shard:
+        return cls(int(data["index"]), str(data["path"]), str(data["kind"]), int(data["start"]),
+                   int(data["end"]))
+
+
+def _kind(path: Path) -> str:
+    kind = _SUFFIXES.get(path.suffix.lower())
+    if kind is None:
+        raise DataError(f"{path}: expected a .jsonl or .parquet file of pairs, got suffix "
+                        f"{path.suffix or '(none)'!r}.")
+    return kind
+
+
+def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """The files behind ``inputs``: files as given, directories as their ``*.jsonl`` and
+    ``*.parquet`` files in name order (a ragsieve output directory: its finished parts).
+
+    Raises
+    ------
+    DataError
+        A path that does not exist, a file that is not .jsonl/.parquet, or no file at all.
+    """
+    from .partitioned import finished_parts  # a directory written by ragsieve
+
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found = finished_parts(path)
+            if found is None:
+                found = sorted(p for p in path.iterdir()
+                               if p.suffix.lower() in _SUFFIXES and not p.name.startswith("."))
+            if not found:
+                raise DataError(f"{path}: directory holds no .jsonl or .parquet file of pairs.")
+            files.extend(found)
+        elif path.is_file():
+            _kind(path)
+            files.append(path)
+        else:
+            raise DataError(f"{path}: no such file or directory; expected a JSONL or Parquet "
+                            "file of pairs, or a directory of them.")
+    if not files:
+        raise DataError("no input files given; expected JSONL or Parquet files of pairs.")
+    return files
+
+
+def input_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:
+    """What identifies the inputs of a run (path, size, modification time), to refuse
+    resuming a run on changed inputs."""
+    out = []
+    for path in files:
+        st = path.stat()
+        out.append({"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
+
+
+def plan_shards(inputs: Sequence[str | os.PathLike[str]], *,
+                shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[Shard]:
+    """Cut the inputs into shards of about ``shard_bytes`` (from sizes and footers only).
+
+    Parameters
+    ----------
+    inputs : sequence of path
+        JSONL/Parquet files or directories of them (see :func:`expand_inputs`).
+    shard_bytes : int
+        Target input bytes per shard (a Parquet shard holds whole row groups, at least one).
+
+    Returns
+    -------
+    list of Shard
+        In input order, numbered from 0.
+    """
+    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
+        raise ValueError(f"shard_bytes == {shard_bytes!r}, expected an integer >= 1.")
+    shards: list[Shard] = []
+    for path in expand_inputs(inputs):
+        kind = _kind(path)
+        if kind == "jsonl":
+            size = path.stat().st_size
+            for start in range(0, max(size, 1), shard_bytes):
+                shards.append(Shard(len(shards), str(path), kind, start,
+                                    min(start + shard_bytes, size)))
+            continue
+        pq = _parquet_file(path)
+        meta = pq.metadata
+        first, acc = 0, 0
+        for g in range(meta.num_row_groups):
+            acc += meta.row_group(g).total_byte_size
+            if acc >= shard_bytes or g == meta.num_row_groups - 1:
+                shards.append(Shard(len(shards), str(path), kind, first, g + 1))
+                first, acc = g + 1, 0
+    return shards
+
+
+def _parquet_file(path: str | os.PathLike[str]) -> Any:
+    from ragsieve._optional import require
+
+    try:
+        return require("pyarrow.parquet", "ray").ParquetFile(path)
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable Parquet file ({exc}).") from exc
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _query_id_of(raw: bytes) -> str | None:
+    """The query_id of a raw line, leniently (None when it cannot be told)."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    qid = record.get("query_id")
+    return str(qid) if isinstance(qid, (str, int)) and not isinstance(qid, bool) else None
+
+
+def _line_before(handle: Any, offset: int) -> bytes | None:
+    """The last non-blank line that ends before ``offset`` (a line start), or None."""
+    end = offset
+    while end > 0:
+        begin = end
+        chunk = b""
+        while True:  # grow backwards until the chunk holds a full line
+            begin = max(0, begin - _BACK_CHUNK)
+            handle.seek(begin)
+            chunk = handle.read(end - begin)
+            body = chunk.rstrip(b"\r\n")
+            cut = body.rfind(b"\n")
+            if cut >= 0 or begin == 0:
+                break
+        line = body[cut + 1:]
+        if line.strip():
+            return line
+        end = begin + cut + 1 if cut >= 0 else 0
+    return None
+
+
+def _jsonl_lines(path: str, start: int) -> Iterator[tuple[int, bytes, str | None]]:
+    """``(offset, raw line, query_id before the first line)`` from the first line that
+    starts at or after ``start``; the third item is set on the first yield only."""
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc.strerror or exc}).") from exc
+    with handle:
+        previous: str | None = None
+        if start > 0:
+            handle.seek(start - 1)
+            handle.readline()  # the rest of the line holding byte start-1 belongs before
+            offset = handle.tell()
+            before = _line_before(handle, offset)
+            previous = _query_id_of(before) if before is not None else None
+            handle.seek(offset)
+        else:
+            offset = 0
+        first = True
+        for raw in handle:
+            size = len(raw)
+            if offset == 0 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # the byte-order mark; the line still starts at 0
+            yield offset, raw, (previous if first else None)
+            first = False
+            offset += size
+
+
+def _owned_jsonl(shard: Shard, require_labels: bool,
+                 score_field: str | None) -> Iterator[tuple[Pair, str]]:
+    previous: str | None = None
+    current: str | None = None
+    skipping = True
+    for offset, raw, before in _jsonl_lines(shard.path, shard.start):
+        if before is not None:
+            previous = before
+        where = f"{shard.path}:byte {offset}"
+        if offset >= shard.end and (current is None or skipping):
+            return  # nothing owned starts here
+        pair = parse_line(raw, where, require_labels=require_labels, score_field=score_field)
+        if pair is None:
+            continue
+        if skipping:
+            if previous is not None and pair.query_id == previous:
+                continue  # the tail of a query owned by the shard before
+            skipping = False
+        if offset >= shard.end and pair.query_id != current:
+            return  # the next query belongs to the next shard
+        current = pair.query_id
+        yield pair, where
+
+
+def _owned_parquet(shard: Shard, require_labels: bool,
+                   score_field: str | None) -> Iterator[tuple[Pair, str]]:
+    from .parquet import iter_parquet_records, read_parquet_rows
+
+    meta = _parquet_file(shard.path).metadata
+    rows_before = [0]
+    for g in range(meta.num_row_groups):
+        rows_before.append(rows_before[-1] + meta.row_group(g).num_rows)
+    previous: str | None = None
+    if shard.start > 0:
+        ids = read_parquet_rows(shard.path, shard.start - 1, columns=["query_id"])
+        previous = str(ids[-1]["query_id"]) if ids else None
+    current: str | None = None
+    skipping = True
+    for g in range(shard.start, meta.num_row_groups):
+        beyond = g >= shard.end
+        if beyond and (current is None or skipping):
+            return
+        for pair, where in iter_parquet_records(shard.path, g, first_row=rows_before[g],
+                                                require_labels=require_labels):
+            if score_field is not None:
+                _check_score_field(pair, score_field, where)
+            if skipping:
+                if previous is not None and pair.query_id == previous:
+                    continue
+                skipping = False
+            if beyond and pair.query_id != current:
+                return
+            current = pair.query_id
+            yield pair, where
+
+
+def read_shard(shard: Shard, *, require_labels: bool = False,
+               score_field: str | None = None) -> Iterator[Pair]:
+    """The pairs a shard owns, in file order, each query's list whole and validated.
+
+    Raises
+    ------
+    DataError
+        An invalid line (naming ``file:byte N`` or ``file:row N``); a query whose lines
+        are not together (it reappears after another query's lines); a duplicate snippet
+        within a query; two texts for one query_id.
+    """
+    reader = _owned_jsonl if shard.kind == "jsonl" else _owned_parquet
+    closed: set[str] = set()
+    current: Pair | None = None
+    snippets: set[str] = set()
+    for pair, where in reader(shard, require_labels, score_field):
+        if current is None or pair.query_id != current.query_id:
+            if pair.query_id in closed:
+                raise DataError(
+                    f"{where}: query_id {pair.query_id!r} reappears after other queries; a "
+                    "query's lines must be together (sort the input by query_id, as "
+                    "`ragsieve export` writes it), so that its list is scored whole.")
+            if current is not None:
+                closed.add(current.query_id)
+            current, snippets = pair, set()
+        elif pair.query != current.query:
+            raise DataError(f"{where}: query_id {pair.query_id!r} has query text "
+                            f"{pair.query[:60]!r} and {current.query[:60]!r}; one query_id "
+                            "must have one query text.")
+        if pair.snippet_id in snippets:
+            raise DataError(f"{where}: duplicate pair query_id={pair.query_id!r}, snippet_id="
+                            f"{pair.snippet_id!r}; each snippet may appear once per query.")
+        snippets.add(pair.snippet_id)
+        yield pair
+
+
+def iter_input_pairs(inputs: Sequence[str | os.PathLike[str]], *, require_labels: bool = False,
+                     score_field: str | None = None) -> Iterator[Pair]:
+    """Every pair of JSONL / Parquet files or directories of them (a ragsieve output
+    directory: its finished parts), in order, shard by shard."""
+    for shard in plan_shards(inputs):
+        yield from read_shard(shard, require_labels=require_labels, score_field=score_field)
+
+
+def query_batches(pairs: Iterator[Pair], max_pairs: int) -> Iterator[list[Pair]]:
+    """Group consecutive pairs into lists of whole queries of at most ``max_pairs`` pairs
+    (a query longer than that is one batch of its own)."""
+    batch: list[Pair] = []
+    query: list[Pair] = []
+    for pair in pairs:
+        if query and pair.query_id != query[0].query_id:
+            if batch and len(batch) + len(query) > max_pairs:
+                yield batch
+                batch = []
+            batch.extend(query)
+            query = []
+        query.append(pair)
+    if batch and len(batch) + len(query) > max_pairs:
+        yield batch
+        batch = []
+    batch.extend(query)
+    if batch:
+        yield batch

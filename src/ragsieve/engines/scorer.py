@@ -1,0 +1,109 @@
+"""A scorer whose ``score_pairs`` runs on an engine: the scoring phase of ``evaluate``.
+
+Evaluation needs every score in memory anyway (a sweep over splits), but computing them
+is the expensive part; :class:`EngineScorer` hands that part to an engine (a Ray
+cluster) and reads the scores back in the pairs' order. Its spec is the wrapped scorer's,
+so reports and artifacts are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..data.jsonl import write_pairs
+from ..data.shards import expand_inputs
+from ..scoring import FusedScorer, Scorer
+from ..types import Pair
+from .base import DEFAULT_BATCH_PAIRS, run_job
+from .tasks import ScoreTask
+
+__all__ = ["EngineScorer", "on_engine"]
+
+_SCORE = "_ragsieve_score"
+
+
+class EngineScorer(Scorer):
+    """Score pairs with ``engine``; identical scores to ``scorer`` (same spec).
+
+    Parameters
+    ----------
+    scorer : Scorer
+        The score to compute (its ``spec()`` is rebuilt in every worker).
+    engine : Engine
+        Where to compute it (e.g. :class:`~ragsieve.engines.ray_engine.RayEngine`).
+    scorer_options : mapping, optional
+        Options that do not change scores (embedding cache, LLM endpoint) for the workers.
+    shard_bytes : int, optional
+        Input bytes per shard (default: about 16 shards per worker-free run, at least
+        64 KiB), so that small evaluations still spread over the workers.
+    """
+
+    name = "engine"
+
+    def __init__(self, scorer: Scorer, engine: Any, *,
+                 scorer_options: Mapping[str, Any] | None = None,
+                 shard_bytes: int | None = None) -> None:
+        if not isinstance(scorer, Scorer):
+            raise TypeError(f"scorer is a {type(scorer).__name__}, expected a Scorer.")
+        self.scorer = scorer
+        self.engine = engine
+        self.scorer_options = dict(scorer_options or {})
+        self.shard_bytes = shard_bytes
+        self.list_dependent = scorer.list_dependent  # type: ignore[misc]
+        self.reads_text = scorer.reads_text  # type: ignore[misc]
+
+    def spec(self) -> dict[str, Any]:
+        return self.scorer.spec()
+
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        return self.scorer.score_batch(query, snippets)
+
+    def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        """Score on the engine; pairs of one query need not be together in ``pairs``."""
+        pairs = list(pairs)
+        if not pairs:
+            return np.zeros(0)
+        order = sorted(range(len(pairs)), key=_query_order(pairs).__getitem__)
+        with tempfile.TemporaryDirectory(prefix="ragsieve-engine-") as tmp:
+            source = Path(tmp) / "pairs.jsonl"
+            write_pairs((pairs[i] for i in order), source)
+            size = source.stat().st_size
+            shard_bytes = self.shard_bytes or max(64 * 1024, size // 16 + 1)
+            task = ScoreTask(self.scorer.spec(), scorer_options=self.scorer_options,
+                             score_name=_SCORE)
+            run_job(task, [source], Path(tmp) / "scores", self.engine, shard_bytes=shard_bytes,
+                    batch_pairs=DEFAULT_BATCH_PAIRS, progress=progress)
+            sorted_scores = np.array([
+                json.loads(line)[_SCORE]
+                for part in expand_inputs([Path(tmp) / "scores"])
+                for line in part.open(encoding="utf-8")
+            ], dtype=float)
+        if sorted_scores.shape != (len(pairs),):
+            raise RuntimeError(f"the engine returned {sorted_scores.size} scores for "
+                               f"{len(pairs)} pairs.")
+        scores = np.empty(len(pairs))
+        scores[order] = sorted_scores
+        return scores
+
+    def __repr__(self) -> str:
+        return f"EngineScorer({self.scorer!r}, engine={getattr(self.engine, 'name', '?')})"
+
+
+def _query_order(pairs: Sequence[Pair]) -> list[tuple[int, int]]:
+    """Sort keys that bring each query's pairs together, queries in first-seen order."""
+    first: dict[str, int] = {}
+    return [(first.setdefault(p.query_id, len(first)), i) for i, p in enumerate(pairs)]
+
+
+def on_engine(scorer: Scorer, engine: Any, **options: Any) -> Scorer:
+    """``scorer`` with its expensive part on ``engine``: an unfitted fused score keeps
+    being fitted in-process (per split) on base scores the engine computes."""
+    if isinstance(scorer, FusedScorer) and not scorer.is_fitted:
+        return FusedScorer.unfitted(EngineScorer(scorer.base, engine, **options))
+    return EngineScorer(scorer, engine, **options)
