@@ -57,7 +57,8 @@ def _serve(app: Any) -> Iterator[str]:
     """uvicorn in a background thread on a free loopback port; yields the base URL."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP: asyncio then sets TCP_NODELAY (else keep-alive answers wait ~40 ms)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -314,7 +315,7 @@ def main() -> None:
                 text = "\n\n".join(p["context"] for p in article["paragraphs"])
                 (docs / f"{article['title']}.txt").write_text(text + "\n", encoding="utf-8")
             index_path = Path(tmp) / "idx"
-            SnippetIndex.open(index_path).index_directory(docs)
+            SnippetIndex.open(index_path, create=True).index_directory(docs)
         app = create_app(path, scorer_options={"cache_dir": args.cache_dir}, index_path=index_path)
         with _serve(app) as base:
             if "filter" in endpoints:
