@@ -86,7 +86,7 @@ def measure(argv: list[str]) -> dict[str, Any]:
 def synthetic(path: Path, n_pairs: int, *, per_query: int = 10, seed: int = 0) -> int:
     """Write ``n_pairs`` unlabelled pairs with a ``bm25`` field (about 200 bytes a line)."""
     rng = random.Random(seed)
-    words = "the of and relevance snippet query retrieval context answer document".split()
+    words = ["the", "of", "and", "relevance", "snippet", "query", "retrieval", "context", "answer", "document"]
     with path.open("w", encoding="utf-8") as handle:
         for i in range(n_pairs):
             q = i // per_query

@@ -626,9 +626,9 @@ class ExchangeabilityMonitor:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
-            if isinstance(exc, sqlite3.DatabaseError):
-                raise ValueError(f"cannot use {self.store} as an exchangeability monitor store: "
-                                 f"{exc}") from exc
+            if isinstance(exc, sqlite3.DatabaseError):  # a bad file, not a bad type
+                message = f"cannot use {self.store} as an exchangeability monitor store: {exc}"
+                raise ValueError(message) from exc  # noqa: TRY004
             raise
         return db
 
