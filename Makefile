@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_langchain.py
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_server.py --warm
+	$(PY) benchmarks/bench_drift.py
 
 clean:
 	rm -rf $(VENV) ragsieve-demo ragsieve-rag ragsieve-shift .pytest_cache

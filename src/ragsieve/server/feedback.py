@@ -456,7 +456,7 @@ def _monitor_reference(lists: Mapping[str, list[float]], query_ids: set[str],
                        notes: list[str]) -> dict[str, Any] | None:
     """The exchangeability monitor's reference of a recalibrated artifact: the statistic of
     each labelled query's whole served list (as ``calibrate`` records it for its queries)."""
-    from .._monitor_reference import reference_block
+    from ..monitoring import reference_block
 
     scores = [s for q in sorted(query_ids) for s in lists.get(q, [])]
     qids = [q for q in sorted(query_ids) for _ in lists.get(q, [])]
