@@ -103,6 +103,19 @@ def test_a_query_whose_lines_are_apart_is_an_error(tmp_path: Path) -> None:
         list(iter_input_pairs([path]))
 
 
+def test_a_query_split_between_two_shards_fails_the_run(tmp_path: Path) -> None:
+    """Within a shard a reappearing query is caught as it is read; across shards, by the
+    run's check of every part's query ids before the output is marked complete."""
+    pairs = _pairs([2] * 20)
+    path = tmp_path / "far.jsonl"
+    write_pairs(pairs[1:] + pairs[:1], path)  # q0's second line moved to the end
+    with pytest.raises(DataError, match=r"a query's lines are in two places of the input "
+                                        r"\(queries of part-00000.jsonl and part-\d+.jsonl"):
+        _run(tmp_path, path, "o", shard_bytes=300)
+    with pytest.raises(DataError, match="unfinished run"):
+        finished_parts(tmp_path / "o")  # nothing reads a wrong output
+
+
 def test_shard_errors_name_file_and_byte(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     good = json.dumps({"query_id": "q", "query": "Q?", "snippet_id": "a", "text": "t"})

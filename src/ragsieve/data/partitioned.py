@@ -35,6 +35,7 @@ FORMATS = ("jsonl", "parquet")
 """Part formats."""
 
 _VERSION = 1
+_SIDECAR = ".qids"  # a part's query-id hashes (ragsieve.engines.base.QUERY_HASHES)
 
 
 def _read_manifest(directory: Path) -> dict[str, Any] | None:
@@ -193,6 +194,7 @@ class PartitionedOutput:
                           json.dumps(self.manifest, indent=1, sort_keys=True) + "\n")
 
     def _remove_parts(self, keep: set[str]) -> None:
+        keep = keep | {name + _SIDECAR for name in keep}
         for path in self.directory.iterdir():
             stray_part = path.name.startswith("part-") and path.name not in keep
             temp = path.name.startswith(".part-") and path.name.endswith(".tmp")

@@ -13,6 +13,7 @@ output's manifest as it arrives.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -21,6 +22,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 from ..data.partitioned import PartitionedOutput
 from ..data.shards import (
@@ -36,12 +39,15 @@ from ..errors import DataError
 
 __all__ = [
     "DEFAULT_BATCH_PAIRS",
+    "QUERY_HASHES",
+    "check_queries_whole",
     "Engine",
     "RunReport",
     "Task",
     "merge_stats",
     "output_directory",
     "process_shard",
+    "query_hash",
     "run_job",
 ]
 
@@ -179,6 +185,7 @@ def process_shard(task: Task, shard: Shard, directory: str | os.PathLike[str], f
     t0 = time.perf_counter()
     n_pairs = 0
     stats: dict[str, float] = {}
+    queries: list[int] = []
     try:
         pairs = read_shard(shard, require_labels=task.require_labels,
                            score_field=task.score_field)
@@ -187,6 +194,8 @@ def process_shard(task: Task, shard: Shard, directory: str | os.PathLike[str], f
             writer.write(records)
             merge_stats(stats, counts)
             n_pairs += len(batch)
+            queries.extend(query_hash(q) for q in dict.fromkeys(p.query_id for p in batch))
+        _write_query_hashes(directory, name, queries)  # before the part: it is the commit
         writer.commit()
     except BaseException:
         writer.discard()
@@ -197,6 +206,59 @@ def process_shard(task: Task, shard: Shard, directory: str | os.PathLike[str], f
     if callable(info):  # strings a task reports (e.g. the LLM's model name)
         entry["info"] = info()
     return entry
+
+
+QUERY_HASHES = ".qids"
+"""Suffix of a part's sidecar: the 64-bit hashes of the query ids it holds, so that a run
+can check that no query's lines were split between two shards."""
+
+
+def query_hash(query_id: str) -> int:
+    """A stable 64-bit hash of a query id (blake2b)."""
+    return int.from_bytes(hashlib.blake2b(query_id.encode("utf-8"), digest_size=8).digest(),
+                          "little")
+
+
+def _write_query_hashes(directory: Path, part: str, hashes: list[int]) -> None:
+    from .._io import create_temp
+
+    fd, temp = create_temp(directory, part + QUERY_HASHES)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(np.asarray(hashes, dtype="<u8").tobytes())
+        os.replace(temp, directory / (part + QUERY_HASHES))
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def check_queries_whole(parts: Sequence[Path]) -> None:
+    """Refuse a run in which one query id occurs in two shards' parts.
+
+    Raises
+    ------
+    DataError
+        Naming the two parts: the query's lines were not together in the input, so its
+        list was processed in pieces (list-relative scores and filter results wrong).
+    """
+    arrays, owners = [], []
+    for k, part in enumerate(parts):
+        sidecar = part.with_name(part.name + QUERY_HASHES)
+        if not sidecar.is_file():
+            raise DataError(f"{sidecar}: missing; rerun with --overwrite.")
+        hashes = np.frombuffer(sidecar.read_bytes(), dtype="<u8")
+        arrays.append(hashes)
+        owners.append(np.full(hashes.size, k))
+    if not arrays:
+        return
+    hashes, owner = np.concatenate(arrays), np.concatenate(owners)
+    order = np.argsort(hashes, kind="stable")
+    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    if same.size:
+        first, second = owner[order][same[0]], owner[order][same[0] + 1]
+        raise DataError(
+            f"a query's lines are in two places of the input (queries of {parts[first].name} "
+            f"and {parts[second].name} share a query_id, {same.size} in all); sort the input "
+            "by query_id (as `ragsieve export` writes it) so that each list is processed whole.")
 
 
 @dataclass
@@ -370,6 +432,7 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
         info.update(entry.get("info") or {})
         rows += int(entry["rows"])
         pairs += int(entry["pairs"])
+    check_queries_whole(output.parts())
     output.finish(len(shards), summary={"rows": rows, "pairs": pairs, **stats})
     target = directory
     if file_fmt is not None:
