@@ -40,10 +40,10 @@ from ..errors import DataError
 __all__ = [
     "DEFAULT_BATCH_PAIRS",
     "QUERY_HASHES",
-    "check_queries_whole",
     "Engine",
     "RunReport",
     "Task",
+    "check_queries_whole",
     "merge_stats",
     "output_directory",
     "process_shard",
