@@ -48,8 +48,9 @@ require("pydantic", "server")
 require("prometheus_client", "server")
 
 # imported after the extras are checked, so a missing one names the extra
-from .app import create_app, run_server
+from .app import create_app
 from .connections import uvicorn_config
+from .run import run_server
 from .security import api_key_from_env, is_loopback_host
 
 __all__ = ["api_key_from_env", "create_app", "is_loopback_host", "run_server", "uvicorn_config"]
