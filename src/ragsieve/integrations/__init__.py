@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any, Self
 if TYPE_CHECKING:
     from ragsieve.filter import ConformalFilter
 
-__all__ = ["MODE_KEY", "SCORE_KEY", "SPANS_KEY", "THRESHOLD_KEY", "filter_items"]
+__all__ = [
+    "MODE_KEY",
+    "SCORE_KEY",
+    "SPANS_KEY",
+    "THRESHOLD_KEY",
+    "filter_items",
+    "kept_metadata",
+]
 
 SCORE_KEY = "ragsieve_score"
 THRESHOLD_KEY = "ragsieve_threshold"
@@ -85,6 +92,26 @@ def filter_items(
         item["snippet_id"] = str(i)
         items.append(item)
     return items
+
+
+def kept_metadata(flt: ConformalFilter, result: Any, kept: Any) -> dict[str, Any]:
+    """The keys every component adds to a kept document's metadata: its score, the
+    threshold, the guarantee mode and, for a document cut into pieces, the kept spans.
+
+    Parameters
+    ----------
+    flt : ConformalFilter
+        The filter that kept it.
+    result : FilterResult
+        The filter's result for the query.
+    kept : Scored
+        The kept document's entry of ``result.kept``.
+    """
+    meta: dict[str, Any] = {SCORE_KEY: float(kept.score), THRESHOLD_KEY: float(result.threshold),
+                            MODE_KEY: flt.mode}
+    if kept.spans:
+        meta[SPANS_KEY] = [list(span) for span in kept.spans]
+    return meta
 
 
 class FromFileMixin:

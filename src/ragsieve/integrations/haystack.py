@@ -26,11 +26,8 @@ from typing import Any, Self
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
-    MODE_KEY,
-    SCORE_KEY,
-    SPANS_KEY,
-    THRESHOLD_KEY,
     filter_items,
+    kept_metadata,
 )
 
 require("haystack", "haystack")
@@ -236,12 +233,8 @@ class ConformalRanker:
         for kept in result.kept:
             src = docs[kept.index]
             meta: dict[str, Any] = copy.deepcopy(src.meta)
-            meta[SCORE_KEY] = float(kept.score)
-            meta[THRESHOLD_KEY] = float(result.threshold)
-            meta[MODE_KEY] = self.filter.mode
+            meta.update(kept_metadata(self.filter, result, kept))
             meta[ORIGINAL_SCORE_KEY] = src.score
-            if kept.spans:
-                meta[SPANS_KEY] = [list(sp) for sp in kept.spans]
             out.append(dataclasses.replace(src, meta=meta, score=1.0 - float(kept.score)))
         return {"documents": out}
 

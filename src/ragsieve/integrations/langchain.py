@@ -16,12 +16,9 @@ from typing import Any
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
-    MODE_KEY,
-    SCORE_KEY,
-    SPANS_KEY,
-    THRESHOLD_KEY,
     FromFileMixin,
     filter_items,
+    kept_metadata,
 )
 
 require("langchain_core.documents", "langchain")
@@ -109,11 +106,7 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
         for kept in result.kept:
             src = docs[kept.index]
             meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
-            meta[SCORE_KEY] = float(kept.score)
-            meta[THRESHOLD_KEY] = float(result.threshold)
-            meta[MODE_KEY] = self.filter.mode
-            if kept.spans:
-                meta[SPANS_KEY] = [list(sp) for sp in kept.spans]
+            meta.update(kept_metadata(self.filter, result, kept))
             out.append(Document(page_content=src.page_content, metadata=meta, id=src.id))
         return out
 

@@ -18,6 +18,7 @@ from ragsieve.integrations import (
     THRESHOLD_KEY,
     FromFileMixin,
     filter_items,
+    kept_metadata,
 )
 
 require("llama_index.core.postprocessor.types", "llamaindex")
@@ -97,11 +98,7 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         for kept in result.kept:
             src = nodes[kept.index]
             node = src.node.model_copy(deep=True)
-            node.metadata[SCORE_KEY] = float(kept.score)
-            node.metadata[THRESHOLD_KEY] = float(result.threshold)
-            node.metadata[MODE_KEY] = self.filter.mode
-            if kept.spans:
-                node.metadata[SPANS_KEY] = [list(sp) for sp in kept.spans]
+            node.metadata.update(kept_metadata(self.filter, result, kept))
             node.metadata[ORIGINAL_SCORE_KEY] = src.score
             for key in (SCORE_KEY, THRESHOLD_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY):
                 for excluded in (node.excluded_embed_metadata_keys,
