@@ -7,6 +7,7 @@ that runs it, so a Ray actor loads its model once and keeps it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -143,8 +144,9 @@ class FilterTask:
         self._filter: Any = None
 
     def spec(self) -> dict[str, Any]:
-        return {"task": self.kind, "artifact_checksum": self.artifact.get("checksum"),
-                "scorer": self.artifact.get("scorer"), "threshold": self.artifact.get("threshold")}
+        # the whole artifact's digest: a v1 artifact has no checksum of its own
+        digest = hashlib.sha256(json.dumps(self.artifact, sort_keys=True).encode()).hexdigest()
+        return {"task": self.kind, "artifact_sha256": digest}
 
     def setup(self) -> None:
         if self._filter is None:
