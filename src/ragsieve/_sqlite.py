@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-__all__ = ["close_quietly", "open_table"]
+__all__ = ["close_quietly", "connect_shared", "open_table"]
 
 
 def open_table(path: Path, table: str, create_sql: str, columns: list[str], *,
@@ -48,6 +48,40 @@ def open_table(path: Path, table: str, create_sql: str, columns: list[str], *,
             raise sqlite3.DatabaseError(f"table {table!r} has columns {found}, expected {columns}")
         db.execute(f"SELECT count(*) FROM {table}").fetchone()
         db.commit()
+    except BaseException:
+        db.close()
+        raise
+    return db
+
+
+def connect_shared(path: Path, *, timeout: float = 30.0, wal: bool = True) -> sqlite3.Connection:
+    """Connect to a SQLite file that several threads and processes write (service state).
+
+    Parameters
+    ----------
+    path : Path
+        The file (its directory is created).
+    timeout : float
+        Seconds a writer waits for another's lock before ``sqlite3.OperationalError``.
+    wal : bool
+        Switch the file to WAL journaling with ``synchronous=NORMAL`` (readers never block
+        the writer; every commit survives a killed process, only a power cut can drop the
+        last ones). False leaves the file's journal mode as it is (a reader of a file
+        written by others).
+
+    Returns
+    -------
+    sqlite3.Connection
+        In autocommit mode (``isolation_level=None``: callers issue ``BEGIN IMMEDIATE``)
+        and shared across threads (``check_same_thread=False``: callers hold a lock).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(str(path), timeout=timeout, isolation_level=None,
+                         check_same_thread=False)
+    try:
+        if wal:
+            db.execute("PRAGMA journal_mode=WAL").fetchone()
+            db.execute("PRAGMA synchronous=NORMAL")
     except BaseException:
         db.close()
         raise

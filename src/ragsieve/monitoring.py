@@ -95,7 +95,6 @@ import logging
 import math
 import os
 import sqlite3
-import struct
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -118,6 +117,7 @@ from ._monitor_reference import (
     reference_block,
     separation,
 )
+from ._sqlite import connect_shared
 from ._validation import check_alpha, check_scores
 
 __all__ = [
@@ -199,10 +199,8 @@ def _keys(values: np.ndarray) -> np.ndarray:
 
 
 def _key(value: float) -> int:
-    (bits,) = struct.unpack("<q", struct.pack("<d", value + 0.0))
-    if bits < 0:
-        bits ^= 0x7FFFFFFFFFFFFFFF
-    return bits >> (52 - KEY_BITS)
+    """:func:`_keys` of one float."""
+    return int(_keys(np.array([value]))[0])
 
 
 def _log_prior(s: int) -> float:
@@ -594,18 +592,16 @@ class ExchangeabilityMonitor:
         return self._db_conn
 
     def _open(self) -> sqlite3.Connection:
-        if self.store is None:
-            db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
-        else:
+        if self.store is not None:
             self.store.parent.mkdir(parents=True, exist_ok=True)
             if fcntl is not None:
                 self._lock_fd = os.open(f"{self.store}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-            db = sqlite3.connect(str(self.store), timeout=60.0, isolation_level=None,
-                                 check_same_thread=False)
+        db: sqlite3.Connection | None = None
         try:
-            if self.store is not None:
-                db.execute("PRAGMA journal_mode=WAL").fetchone()
-                db.execute("PRAGMA synchronous=NORMAL")
+            if self.store is None:
+                db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            else:  # WAL: one sequential martingale written by every worker process
+                db = connect_shared(self.store, timeout=60.0)
             db.execute("BEGIN IMMEDIATE")
             for table, (create, columns) in _TABLES.items():
                 db.execute(create)
@@ -622,7 +618,8 @@ class ExchangeabilityMonitor:
                 self._write_fresh(db, int(row[1]) + 1)
             db.execute("COMMIT")
         except BaseException as exc:
-            db.close()
+            if db is not None:
+                db.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None

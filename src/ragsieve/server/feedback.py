@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from .._sqlite import connect_shared
 from ..calibration import calibrator_from_state, make_calibrator
 from ..errors import CalibrationError, DataError
 
@@ -168,17 +169,14 @@ class FeedbackStore:
         if not create and not self.path.is_file():
             raise FileNotFoundError(f"feedback database {str(self.path)!r} does not exist; it is "
                                     "written by `ragsieve serve` (see --feedback).")
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._since_prune = 0
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
-                                   check_same_thread=False)
         try:
-            self._db.execute("PRAGMA busy_timeout=30000")
+            self._db = connect_shared(self.path, wal=create)
+        except sqlite3.DatabaseError as exc:
+            raise DataError(f"{str(self.path)!r} is not a ragsieve feedback database: {exc}") from exc
+        try:
             if create:
-                self._db.execute("PRAGMA journal_mode=WAL").fetchone()
-                self._db.execute("PRAGMA synchronous=NORMAL")
                 self._init_schema()
             self._check_schema()
         except sqlite3.DatabaseError as exc:

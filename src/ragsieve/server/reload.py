@@ -21,13 +21,13 @@ import datetime as _dt
 import hashlib
 import logging
 import os
-import sqlite3
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._sqlite import connect_shared
 from ..errors import ArtifactError
 from ..filter import ConformalFilter
 
@@ -73,12 +73,8 @@ class Generations:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL").fetchone()
-        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db = connect_shared(self.path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS generations (number INTEGER PRIMARY KEY, checksum TEXT "
             "NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, time TEXT NOT NULL)")
