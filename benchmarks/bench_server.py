@@ -73,13 +73,15 @@ def _serve(app: Any) -> Iterator[str]:
         sock.close()
 
 
-def _load(
-    url: str, payloads: list[dict[str, Any]], n_requests: int, n_clients: int
+def load_test(
+    url: str, payloads: list[dict[str, Any]], n_requests: int, n_clients: int, *,
+    timeout: float = 120,
 ) -> dict[str, float]:
-    """Send ``n_requests`` POSTs cycling over ``payloads`` from ``n_clients`` threads."""
+    """Send ``n_requests`` POSTs cycling over ``payloads`` from ``n_clients`` threads
+    (also the load generator of ``bench_server_workers.py``)."""
     import httpx
 
-    clients = [httpx.Client(timeout=120) for _ in range(n_clients)]
+    clients = [httpx.Client(timeout=timeout) for _ in range(n_clients)]
 
     def call(i: int) -> float:
         t0 = time.perf_counter()
@@ -334,7 +336,7 @@ def main() -> None:
                         "endpoint": "/filter",
                         "per_request": f"{args.snippets} snippets",
                         "warm_cache": args.warm,
-                        **_load(base + "/filter", payloads, args.requests, args.clients),
+                        **load_test(base + "/filter", payloads, args.requests, args.clients),
                     }
                 )
             if "query" in endpoints:
@@ -344,7 +346,7 @@ def main() -> None:
                         "endpoint": "/query",
                         "per_request": f"k={args.k} of {app.state.index.count()}",
                         "warm_cache": False,
-                        **_load(base + "/query", payloads, args.requests, args.clients),
+                        **load_test(base + "/query", payloads, args.requests, args.clients),
                     }
                 )
     out = {

@@ -33,11 +33,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from bench_server import load_test  # the same load generator, in its own process
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -50,38 +49,9 @@ def _free_port() -> int:
 
 
 # ---------------------------------------------------------------------- load generator
-def _load(url: str, payloads: list[dict[str, Any]], n_requests: int,
-          n_clients: int) -> dict[str, Any]:
-    """Send ``n_requests`` POSTs cycling over ``payloads`` from ``n_clients`` threads."""
-    import httpx
-
-    clients = [httpx.Client(timeout=300) for _ in range(n_clients)]
-
-    def call(i: int) -> float:
-        t0 = time.perf_counter()
-        r = clients[i % n_clients].post(url, json=payloads[i % len(payloads)])
-        r.raise_for_status()
-        return time.perf_counter() - t0
-
-    try:
-        t_start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=n_clients) as pool:
-            lat = np.array(list(pool.map(call, range(n_requests))))
-        wall = time.perf_counter() - t_start
-    finally:
-        for c in clients:
-            c.close()
-    return {
-        "requests_per_s": round(n_requests / wall, 1),
-        "p50_ms": round(float(np.percentile(lat, 50)) * 1e3, 1),
-        "p99_ms": round(float(np.percentile(lat, 99)) * 1e3, 1),
-        "wall_s": round(wall, 2),
-    }
-
-
 def _run_load_process(url: str, payloads: list[dict[str, Any]], n_requests: int,
                       n_clients: int, tmp: Path) -> dict[str, Any]:
-    """Run :func:`_load` in a separate Python process (the load generator)."""
+    """Run :func:`bench_server.load_test` in a separate Python process (the load generator)."""
     spec = tmp / f"load-{time.monotonic_ns()}.json"
     spec.write_text(json.dumps({"url": url, "payloads": payloads, "requests": n_requests,
                                 "clients": n_clients}), encoding="utf-8")
@@ -168,7 +138,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.load:
         spec = json.loads(Path(args.load).read_text(encoding="utf-8"))
-        print(json.dumps(_load(spec["url"], spec["payloads"], spec["requests"], spec["clients"])))
+        print(json.dumps(load_test(spec["url"], spec["payloads"], spec["requests"],
+                                   spec["clients"], timeout=300)))
         return
     counts = [int(w) for w in args.workers.split(",") if w.strip()]
     endpoints = [e.strip() for e in args.endpoints.split(",") if e.strip()]
