@@ -122,8 +122,9 @@ def test_shard_errors_name_file_and_byte(tmp_path: Path) -> None:
     path.write_text(good + "\n{not json\n")
     with pytest.raises(DataError, match=rf"bad.jsonl:byte {len(good) + 1}: malformed JSON"):
         list(iter_input_pairs([path]))
+    (tmp_path / "x.csv").write_text("a")
     with pytest.raises(DataError, match="expected a .jsonl or .parquet file"):
-        plan_shards([tmp_path / "x.csv"]) if (tmp_path / "x.csv").write_text("a") else None
+        plan_shards([tmp_path / "x.csv"])
 
 
 def test_query_batches_never_split_a_query() -> None:

@@ -49,7 +49,14 @@ if TYPE_CHECKING:
     from .llm.connect import LLMConnection
     from .llm.judge import Judgement, RelevanceJudge
 
-__all__ = ["LABEL_METHODS", "LLMLabeler", "LabelReport", "LabelTask", "label_agreement"]
+__all__ = [
+    "LABEL_METHODS",
+    "LLMLabeler",
+    "LabelReport",
+    "LabelTask",
+    "agreement_from_counts",
+    "label_agreement",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -86,13 +93,17 @@ def label_agreement(human: Sequence[int], llm: Sequence[int]) -> dict[str, float
     m = np.asarray(llm, dtype=int)
     if h.shape != m.shape:
         raise ValueError(f"label sequences differ in length: {h.size} vs {m.size}.")
-    n = int(h.size)
+    return agreement_from_counts(
+        tp=int(np.sum((h == 1) & (m == 1))), fp=int(np.sum((h == 0) & (m == 1))),
+        fn=int(np.sum((h == 1) & (m == 0))), tn=int(np.sum((h == 0) & (m == 0))))
+
+
+def agreement_from_counts(*, tp: int, fp: int, fn: int, tn: int) -> dict[str, float]:
+    """:func:`label_agreement` from confusion counts (human as reference), e.g. added up
+    over the shards of a run."""
+    n = tp + fp + fn + tn
     if n == 0:
         return {"n": 0, "accuracy": math.nan, "kappa": math.nan, "tp": 0, "fp": 0, "fn": 0, "tn": 0}
-    tp = int(np.sum((h == 1) & (m == 1)))
-    tn = int(np.sum((h == 0) & (m == 0)))
-    fp = int(np.sum((h == 0) & (m == 1)))
-    fn = int(np.sum((h == 1) & (m == 0)))
     po = (tp + tn) / n
     pe = ((tp + fn) * (tp + fp) + (tn + fp) * (tn + fn)) / n**2
     kappa = math.nan if pe == 1 else (po - pe) / (1 - pe)
@@ -413,11 +424,8 @@ class LabelTask:
         if new_stats is not None:
             counts.update({k: int(new_stats.get(k, 0))
                            for k in ("n_requests", "n_cache_hits", "new_tokens")})
-        tp, fp, fn, tn = (int(stats.get(k, 0)) for k in ("tp", "fp", "fn", "tn"))
-        agreement = None
-        if tp + fp + fn + tn:
-            agreement = label_agreement([1] * (tp + fn) + [0] * (fp + tn),
-                                        [1] * tp + [0] * fn + [1] * fp + [0] * tn)
+        counts_2x2 = {k: int(stats.get(k, 0)) for k in ("tp", "fp", "fn", "tn")}
+        agreement = agreement_from_counts(**counts_2x2) if any(counts_2x2.values()) else None
         return LabelReport(**counts, method=info.get("method", "?"),
                            model=info.get("model", "?"),
                            prompt_version=info.get("prompt_version", "?"),

@@ -342,7 +342,7 @@ def engine_inputs(args: argparse.Namespace, *, limit_queries: int | None = None,
     import hashlib
 
     from .._paths import cache_dir
-    from ..data import sample_queries, write_pairs
+    from ..data import group_by_query, sample_queries, write_pairs
 
     path = Path(args.data)
     if limit_queries is None and (path.is_dir() or path.is_file()):
@@ -358,16 +358,9 @@ def engine_inputs(args: argparse.Namespace, *, limit_queries: int | None = None,
         if limit_queries:
             pairs = sample_queries(pairs, limit_queries, seed=seed)
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_pairs(_grouped(pairs), target)
+        write_pairs([pairs[i] for idx in group_by_query(pairs).values() for i in idx], target)
         logger.info("wrote the input of %s to %s", args.data, target)
     return [target]
-
-
-def _grouped(pairs: list[Any]) -> list[Any]:
-    """Pairs with each query's lines together (queries in first-seen order)."""
-    first: dict[str, int] = {}
-    keys = [(first.setdefault(p.query_id, len(first)), i) for i, p in enumerate(pairs)]
-    return [pairs[i] for _, i in sorted(keys)]
 
 
 def add_scorer_options(p: argparse.ArgumentParser) -> None:

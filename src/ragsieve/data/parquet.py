@@ -3,7 +3,7 @@
 A Parquet file of pairs has the string columns ``query_id``, ``query``, ``snippet_id``,
 ``text`` (required), ``relevant`` (0/1 or null) and ``group``; any other column becomes a
 ``Pair.meta`` key, and a string column ``meta`` holds further keys as one JSON object per
-row (how :func:`write_pairs_parquet` stores keys that have no column of their own). Rows
+row (how :func:`records_table` stores keys that have no column of their own). Rows
 are validated exactly like JSONL lines; errors name ``file:row N``.
 
 Needs ``pyarrow`` (extra ``ray``, or any install of pyarrow).
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from ragsieve._optional import require
@@ -28,10 +27,9 @@ __all__ = [
     "PAIR_COLUMNS",
     "iter_parquet_records",
     "pairs_table",
-    "parquet_row_groups",
+    "parquet_file",
     "read_parquet_rows",
     "records_table",
-    "write_pairs_parquet",
 ]
 
 PAIR_COLUMNS: tuple[str, ...] = ("query_id", "query", "snippet_id", "text", "relevant", "group")
@@ -49,10 +47,16 @@ def _pq() -> Any:
     return require("pyarrow.parquet", "ray")
 
 
-def parquet_row_groups(path: str | os.PathLike[str]) -> int:
-    """Number of row groups of a Parquet file (read from its footer only)."""
+def parquet_file(path: str | os.PathLike[str]) -> Any:
+    """A ``pyarrow.parquet.ParquetFile`` (only the footer is read when opened).
+
+    Raises
+    ------
+    DataError
+        The file cannot be read or is not Parquet (the message names it).
+    """
     try:
-        return int(_pq().ParquetFile(path).num_row_groups)
+        return _pq().ParquetFile(path)
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: not a readable Parquet file ({exc}).") from exc
 
@@ -80,7 +84,7 @@ def read_parquet_rows(
 ) -> list[dict[str, Any]]:
     """The rows of one row group as dicts (``columns`` limits what is read)."""
     try:
-        table = _pq().ParquetFile(path).read_row_group(
+        table = parquet_file(path).read_row_group(
             row_group, columns=list(columns) if columns else None)
     except (OSError, ValueError) as exc:
         raise DataError(f"{path}: row group {row_group} cannot be read ({exc}).") from exc
@@ -127,11 +131,3 @@ def records_table(records: Iterable[dict[str, Any]], *, columns: Sequence[str] =
 def pairs_table(pairs: Iterable[Pair], *, columns: Sequence[str] = ()) -> Any:
     """:func:`records_table` of pairs (their meta keys named in ``columns`` get columns)."""
     return records_table((pair_to_record(p) for p in pairs), columns=columns)
-
-
-def write_pairs_parquet(pairs: Iterable[Pair], path: str | os.PathLike[str], *,
-                        columns: Sequence[str] = ()) -> int:
-    """Write pairs to one Parquet file (see :func:`pairs_table`); returns the row count."""
-    table = pairs_table(pairs, columns=columns)
-    _pq().write_table(table, Path(path))
-    return int(table.num_rows)

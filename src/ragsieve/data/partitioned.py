@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ragsieve._io import atomic_write_text, create_temp
+from ragsieve._io import atomic_write_text
 from ragsieve.errors import DataError
 
 __all__ = ["FORMATS", "MANIFEST", "PartitionedOutput", "finished_parts", "parts_written"]
@@ -152,12 +152,6 @@ class PartitionedOutput:
     def part_name(self, shard: int) -> str:
         """File name of a shard's part."""
         return f"part-{shard:05d}.{self.fmt}"
-
-    def temp_path(self, shard: int) -> Path:
-        """A fresh hidden temporary file for a shard's part (the writer renames it)."""
-        fd, path = create_temp(self.directory, self.part_name(shard))
-        os.close(fd)
-        return path
 
     def record(self, shard: int, entry: Mapping[str, Any]) -> None:
         """Record a finished part (its file already renamed into place)."""

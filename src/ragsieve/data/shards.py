@@ -37,6 +37,7 @@ from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
 from .jsonl import _check_score_field, parse_line
+from .parquet import parquet_file
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
@@ -164,7 +165,7 @@ def plan_shards(inputs: Sequence[str | os.PathLike[str]], *,
                 shards.append(Shard(len(shards), str(path), kind, start,
                                     min(start + shard_bytes, size)))
             continue
-        pq = _parquet_file(path)
+        pq = parquet_file(path)
         meta = pq.metadata
         first, acc = 0, 0
         for g in range(meta.num_row_groups):
@@ -173,15 +174,6 @@ def plan_shards(inputs: Sequence[str | os.PathLike[str]], *,
                 shards.append(Shard(len(shards), str(path), kind, first, g + 1))
                 first, acc = g + 1, 0
     return shards
-
-
-def _parquet_file(path: str | os.PathLike[str]) -> Any:
-    from ragsieve._optional import require
-
-    try:
-        return require("pyarrow.parquet", "ray").ParquetFile(path)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable Parquet file ({exc}).") from exc
 
 
 # ----------------------------------------------------------------------------- reading
@@ -276,7 +268,7 @@ def _owned_parquet(shard: Shard, require_labels: bool,
                    score_field: str | None) -> Iterator[tuple[Pair, str]]:
     from .parquet import iter_parquet_records, read_parquet_rows
 
-    meta = _parquet_file(shard.path).metadata
+    meta = parquet_file(shard.path).metadata
     rows_before = [0]
     for g in range(meta.num_row_groups):
         rows_before.append(rows_before[-1] + meta.row_group(g).num_rows)

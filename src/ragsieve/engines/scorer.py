@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..data.jsonl import write_pairs
+from ..data.jsonl import group_by_query, write_pairs
 from ..data.shards import expand_inputs
 from ..scoring import FusedScorer, Scorer
 from ..types import Pair
@@ -69,7 +69,7 @@ class EngineScorer(Scorer):
         pairs = list(pairs)
         if not pairs:
             return np.zeros(0)
-        order = sorted(range(len(pairs)), key=_query_order(pairs).__getitem__)
+        order = [i for idx in group_by_query(pairs).values() for i in idx]  # queries whole
         with tempfile.TemporaryDirectory(prefix="ragsieve-engine-") as tmp:
             source = Path(tmp) / "pairs.jsonl"
             write_pairs((pairs[i] for i in order), source)
@@ -93,12 +93,6 @@ class EngineScorer(Scorer):
 
     def __repr__(self) -> str:
         return f"EngineScorer({self.scorer!r}, engine={getattr(self.engine, 'name', '?')})"
-
-
-def _query_order(pairs: Sequence[Pair]) -> list[tuple[int, int]]:
-    """Sort keys that bring each query's pairs together, queries in first-seen order."""
-    first: dict[str, int] = {}
-    return [(first.setdefault(p.query_id, len(first)), i) for i, p in enumerate(pairs)]
 
 
 def on_engine(scorer: Scorer, engine: Any, **options: Any) -> Scorer:
