@@ -260,6 +260,11 @@ def test_filter_task_keeps_what_the_filter_keeps(tmp_path: Path) -> None:
     assert [x["query_id"] for x in lines] == list(expected)
     assert all(x["kept"] == expected[x["query_id"]].kept_ids for x in lines)
     assert report.stats["kept"] == sum(len(r.kept) for r in expected.values())
+    other = ConformalFilter(resolve_scorer(FIELD), make_calibrator("marginal", alpha=0.3))
+    other.calibrate(pairs)  # another artifact into the same parts: refused, not mixed
+    _run(tmp_path, src, "fdir", task=FilterTask(flt.to_dict()), shard_bytes=500)
+    with pytest.raises(DataError, match="differs in task"):
+        _run(tmp_path, src, "fdir", task=FilterTask(other.to_dict()), shard_bytes=500)
 
 
 # ----------------------------------------------------------------------------- CLI
