@@ -8,8 +8,6 @@ import logging
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +18,8 @@ import pytest
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
+
+from servers import ThreadServer
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.scoring import EmbeddingScorer
@@ -46,37 +46,6 @@ def reference(artifact: Path, embedding_cache_dir: Path) -> ConformalFilter:
     return ConformalFilter.load(artifact, scorer_options={"cache_dir": embedding_cache_dir})
 
 
-class _ThreadServer:
-    """uvicorn in a background thread on an already-bound loopback socket.
-
-    It runs with the service's own uvicorn settings (``uvicorn_config``: keep-alive and
-    request-head timeouts); ``options`` override them.
-    """
-
-    def __init__(self, app: Any, **options: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", **options))
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return f"http://127.0.0.1:{self.port}"
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
-
-
 @pytest.fixture(scope="module")
 def base_url(artifact: Path, embedding_cache_dir: Path) -> Iterator[str]:
     app = create_app(
@@ -86,8 +55,8 @@ def base_url(artifact: Path, embedding_cache_dir: Path) -> Iterator[str]:
         max_snippets=MAX_SNIPPETS,
         scorer_options={"cache_dir": embedding_cache_dir},
     )
-    with _ThreadServer(app) as url:
-        yield url
+    with ThreadServer(app) as srv:
+        yield srv.url
 
 
 @pytest.fixture(scope="module")
@@ -376,8 +345,8 @@ def index_url(artifact: Path, index_dir: Path, embedding_cache_dir: Path) -> Ite
         max_k=MAX_K,
         scorer_options={"cache_dir": embedding_cache_dir},
     )
-    with _ThreadServer(app) as url:
-        yield url
+    with ThreadServer(app) as srv:
+        yield srv.url
 
 
 def _expected_query(
@@ -605,8 +574,8 @@ def field_filter(
 
 @pytest.fixture(scope="module")
 def field_url(field_filter: tuple[Path, ConformalFilter]) -> Iterator[str]:
-    with _ThreadServer(create_app(field_filter[0], max_snippets=MAX_SNIPPETS)) as url:
-        yield url
+    with ThreadServer(create_app(field_filter[0], max_snippets=MAX_SNIPPETS)) as srv:
+        yield srv.url
 
 
 def test_field_filter_takes_scores(
@@ -673,8 +642,8 @@ def group_url(
     group_filter: tuple[Path, ConformalFilter], embedding_cache_dir: Path
 ) -> Iterator[str]:
     app = create_app(group_filter[0], scorer_options={"cache_dir": embedding_cache_dir})
-    with _ThreadServer(app) as url:
-        yield url
+    with ThreadServer(app) as srv:
+        yield srv.url
 
 
 def test_group_filter_needs_a_group(
@@ -879,7 +848,7 @@ def guarded_port(artifact: Path, embedding_cache_dir: Path) -> Iterator[int]:
         body_timeout=1,
         scorer_options={"cache_dir": embedding_cache_dir},
     )
-    server = _ThreadServer(app, timeout_keep_alive=1, timeout_request_header=1)
+    server = ThreadServer(app, timeout_keep_alive=1, timeout_request_header=1)
     with server:
         yield server.port
 

@@ -17,9 +17,8 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from prometheus_client.parser import text_string_to_metric_families
+from servers import ThreadServer, serving
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve._monitor_reference import separation
@@ -38,8 +38,9 @@ from ragsieve.cli import main as cli_main
 from ragsieve.errors import ArtifactError
 from ragsieve.monitoring import ExchangeabilityMonitor
 from ragsieve.scoring import EmbeddingScorer
-from ragsieve.server import create_app, uvicorn_config
+from ragsieve.server import create_app
 from ragsieve.server.app import _create_app
+from ragsieve.server.workers import _create_app_defaults
 from ragsieve.server.feedback import FeedbackStore, scorer_key
 
 KEY = "ops-key"
@@ -67,39 +68,6 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
 @pytest.fixture(scope="module")
 def options(embedding_cache_dir: Path) -> dict[str, Any]:
     return {"scorer_options": {"cache_dir": embedding_cache_dir}, "api_key": KEY}
-
-
-class _Server:
-    """uvicorn in a background thread on an already-bound loopback socket."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True)
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if time.monotonic() > deadline or not self.thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-        self.sock.close()
-
-
-@contextmanager
-def serving(path: Path, **kwargs: Any) -> Iterator[_Server]:
-    with _Server(create_app(path, **kwargs)) as server:
-        yield server
 
 
 def _payload(pairs: list[Pair], start: int, n: int = 6, **extra: Any) -> dict[str, Any]:
@@ -598,11 +566,10 @@ def test_a_failing_monitor_never_fails_a_request(artifacts: dict[str, Path],
     def factory(payload: Any, **kw: Any) -> Any:
         return _BrokenMonitor(monitor_from_artifact(payload, **kw))
 
-    app = _create_app(artifacts["a"], role="single", max_body_bytes=1_000_000, max_snippets=100,
-                      warmup=True, index_path=None, max_k=10, body_timeout=60.0, state_dir=None,
-                      feedback_db=None, adaptive=False, monitor_delta=0.01, watch=False,
-                      max_served_rows=1000, monitor_factory=factory, **options)
-    with caplog.at_level(logging.ERROR, logger="ragsieve"), _Server(app) as srv:
+    settings = {**_create_app_defaults(), **options, "max_snippets": 100, "max_k": 10,
+                "max_served_rows": 1000}
+    app = _create_app(artifacts["a"], role="single", monitor_factory=factory, **settings)
+    with caplog.at_level(logging.ERROR, logger="ragsieve"), ThreadServer(app) as srv:
         r = httpx.post(srv.url + "/filter", json=_payload(xquad_en, 300), headers=AUTH)
         health = httpx.get(srv.url + "/healthz").json()
     assert r.status_code == 200 and r.json()["scores"]

@@ -287,6 +287,23 @@ def _add_serve_operations(p: argparse.ArgumentParser) -> None:
     g.add_argument("--watch", action="store_true",
                    help="reload the artifact when its file changes (SIGHUP and POST "
                         "/admin/reload always work)")
+    g.add_argument("--max-artifact-bytes", type=positive_int, default=64 * 2**20, metavar="N",
+                   help="refuse artifact files larger than this at start and on a reload "
+                        "(default 64 MiB)")
+    g = p.add_argument_group("fairness and feedback limits")
+    g.add_argument("--max-pieces", type=positive_int, default=None, metavar="N",
+                   help="most snippet pieces one request may have scored (413 beyond; default "
+                        "sized to about 2 s of model time on 2 cores)")
+    g.add_argument("--max-queue", type=positive_int, default=None, metavar="N",
+                   help="most requests waiting for the model at once (429 with Retry-After "
+                        "beyond)")
+    g.add_argument("--feedback-retention", type=positive_float, default=None, metavar="SECONDS",
+                   help="how long a served score can be labelled; older served rows and their "
+                        "labels are pruned (default 7 days)")
+    g.add_argument("--max-labels-per-query", type=positive_int, default=None, metavar="N",
+                   help="most labels counted for one query_id")
+    g.add_argument("--max-labels-per-minute", type=positive_int, default=None, metavar="N",
+                   help="most labels one client may send per minute (429 beyond)")
 
 
 def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

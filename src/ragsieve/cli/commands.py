@@ -449,8 +449,12 @@ def serve_operation_options(args: argparse.Namespace) -> dict[str, Any]:
     feedback = Path(args.feedback) if args.feedback else state / "feedback.sqlite"
     line = (f"ragsieve serve: state dir {state}; feedback database {feedback}"
             + (f"; {args.workers} workers" if args.workers > 1 else ""))
+    limits = {name: getattr(args, name) for name in (
+        "max_pieces", "max_queue", "feedback_retention", "max_labels_per_query",
+        "max_labels_per_minute") if getattr(args, name) is not None}
     return {"workers": args.workers, "state_dir": state, "feedback_db": feedback,
             "adaptive": args.adaptive, "monitor_delta": args.monitor_delta, "watch": args.watch,
+            "max_artifact_bytes": args.max_artifact_bytes, **limits,
             "on_start": lambda: eprint(line)}
 
 

@@ -25,7 +25,14 @@ from .._version import __version__
 from ..errors import ArtifactError
 from ..filter import ConformalFilter
 from .connections import check_seconds
-from .feedback import DEFAULT_MAX_SERVED_ROWS, SERVED_BATCH_SECONDS, FeedbackStore
+from .feedback import (
+    DEFAULT_FEEDBACK_RETENTION,
+    DEFAULT_MAX_LABELS_PER_MINUTE,
+    DEFAULT_MAX_LABELS_PER_QUERY,
+    DEFAULT_MAX_SERVED_ROWS,
+    SERVED_BATCH_SECONDS,
+    FeedbackStore,
+)
 from .metrics import ServiceMetrics
 from .parsing import (
     StrictJSONRoute,
@@ -34,7 +41,7 @@ from .parsing import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from .reload import Generations, Publisher, Trigger, read_text
+from .reload import DEFAULT_MAX_ARTIFACT_BYTES, Generations, Publisher, Trigger, read_text
 from .schemas import (
     ErrorResponse,
     FeedbackRequest,
@@ -47,7 +54,7 @@ from .schemas import (
     ReloadResponse,
 )
 from .security import BodyLimitMiddleware, api_key_check, is_loopback_host
-from .service import Runtime, http_error
+from .service import DEFAULT_MAX_PIECES, DEFAULT_MAX_QUEUE, Runtime, http_error
 from .state import StateLock
 
 __all__ = ["check_delta", "create_app"]
@@ -140,8 +147,9 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         "/feedback", response_model=FeedbackResponse, dependencies=protected,
         responses=feedback_errors,
     )
-    def feedback(request: FeedbackRequest) -> FeedbackResponse:
-        return runtime.current.run_feedback(request)
+    def feedback(request: FeedbackRequest, http: fastapi.Request) -> FeedbackResponse:
+        client = http.client.host if http.client is not None else ""
+        return runtime.current.run_feedback(request, client=client)
 
     @app.get(
         "/metrics", dependencies=protected, responses=key_errors, response_class=Response,
@@ -212,6 +220,12 @@ def create_app(
     monitor_delta: float = 0.01,
     watch: bool = False,
     max_served_rows: int = DEFAULT_MAX_SERVED_ROWS,
+    max_pieces: int = DEFAULT_MAX_PIECES,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+    feedback_retention: float = DEFAULT_FEEDBACK_RETENTION,
+    max_labels_per_query: int = DEFAULT_MAX_LABELS_PER_QUERY,
+    max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE,
 ) -> fastapi.FastAPI:
     """Build the FastAPI app serving one filter artifact (and optionally an index).
 
@@ -261,6 +275,21 @@ def create_app(
         0.5 s).
     max_served_rows : int, default=1_000_000
         Served-score rows kept in the feedback database (oldest pruned).
+    max_pieces : int
+        Most pieces of model work (snippet pieces scored) one request may cause; more
+        get 413 with the limit in the message.
+    max_queue : int
+        Most requests waiting for model work at once; more get 429 with ``Retry-After``.
+    max_artifact_bytes : int, default=64 MiB
+        Larger artifact files are refused on a reload (413 from ``/admin/reload``) and
+        at start.
+    feedback_retention : float
+        Seconds a served score can be labelled; older served rows and their labels are
+        pruned.
+    max_labels_per_query : int
+        Most labels counted for one query_id.
+    max_labels_per_minute : int
+        Most labels one client may send per minute (429 beyond).
 
     Returns
     -------
@@ -282,7 +311,12 @@ def create_app(
                        max_snippets=max_snippets, scorer_options=scorer_options, warmup=warmup,
                        index_path=index_path, max_k=max_k, body_timeout=body_timeout,
                        state_dir=state_dir, feedback_db=feedback_db, adaptive=adaptive,
-                       monitor_delta=monitor_delta, watch=watch, max_served_rows=max_served_rows)
+                       monitor_delta=monitor_delta, watch=watch, max_served_rows=max_served_rows,
+                       max_pieces=max_pieces, max_queue=max_queue,
+                       max_artifact_bytes=max_artifact_bytes,
+                       feedback_retention=feedback_retention,
+                       max_labels_per_query=max_labels_per_query,
+                       max_labels_per_minute=max_labels_per_minute)
 
 
 def _create_app(
@@ -290,16 +324,22 @@ def _create_app(
     max_snippets: int, scorer_options: dict[str, Any] | None, warmup: bool,
     index_path: str | Path | None, max_k: int, body_timeout: float,
     state_dir: str | Path | None, feedback_db: str | Path | None, adaptive: bool,
-    monitor_delta: float, watch: bool, max_served_rows: int,
-    monitor_factory: Any = None,
+    monitor_delta: float, watch: bool, max_served_rows: int, max_pieces: int, max_queue: int,
+    max_artifact_bytes: int, feedback_retention: float, max_labels_per_query: int,
+    max_labels_per_minute: int, monitor_factory: Any = None,
 ) -> fastapi.FastAPI:
     """``create_app`` for one process (``role="single"``) or one of N workers.
 
     A single app owns its state directory (lock) and publishes the artifact; a worker
     finds the state directory prepared by the parent and serves its latest generation.
     """
-    _check_options(api_key, max_body_bytes=max_body_bytes, max_snippets=max_snippets, max_k=max_k)
+    _check_options(api_key, max_body_bytes=max_body_bytes, max_snippets=max_snippets, max_k=max_k,
+                   max_pieces=max_pieces, max_queue=max_queue,
+                   max_artifact_bytes=max_artifact_bytes,
+                   max_labels_per_query=max_labels_per_query,
+                   max_labels_per_minute=max_labels_per_minute)
     check_seconds("body_timeout", body_timeout)
+    check_seconds("feedback_retention", feedback_retention)
     delta = check_delta(monitor_delta)
     temporary = state_dir is None
     state = Path(tempfile.mkdtemp(prefix="ragsieve-serve-") if temporary else state_dir)  # type: ignore[arg-type]
@@ -309,6 +349,7 @@ def _create_app(
         metrics = ServiceMetrics()
         store = FeedbackStore(Path(feedback_db) if feedback_db else state / "feedback.sqlite",
                               max_served_rows=max_served_rows,
+                              retention_seconds=feedback_retention,
                               batch_seconds=SERVED_BATCH_SECONDS)
         closables.append(store)
         generations = Generations(state / "control.sqlite")
@@ -318,10 +359,14 @@ def _create_app(
             scorer_options=scorer_options, max_snippets=max_snippets, max_k=max_k,
             adaptive=adaptive, monitor_delta=delta,
             monitor_dir=state if role == "worker" else None, warmup=warmup,
-            monitor_factory=monitor_factory)
-        publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish)
+            monitor_factory=monitor_factory, max_pieces=max_pieces, max_queue=max_queue,
+            max_labels_per_query=max_labels_per_query,
+            max_labels_per_minute=max_labels_per_minute)
+        publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish,
+                              max_bytes=max_artifact_bytes)
         if role == "single":
-            checked = runtime.check(read_text(filter_path), str(filter_path))
+            checked = runtime.check(read_text(filter_path, max_bytes=max_artifact_bytes),
+                                    str(filter_path))
             number = generations.publish(checked.text, checked.checksum, "start")
         else:
             gen = generations.latest()

@@ -77,6 +77,12 @@ DEFAULT_MAX_SERVED_ROWS = 1_000_000
 _PRUNE_EVERY = 1000
 #: Most served rows queued for the background writer (the oldest half is dropped beyond).
 _MAX_PENDING = 200_000
+#: Seconds a served score stays labellable (older served rows and their labels are pruned).
+DEFAULT_FEEDBACK_RETENTION = 7 * 24 * 3600.0
+#: Most labels counted for one query_id.
+DEFAULT_MAX_LABELS_PER_QUERY = 1000
+#: Most labels one client may send per minute.
+DEFAULT_MAX_LABELS_PER_MINUTE = 6000
 #: Seconds between two writes of queued served rows in the service.
 SERVED_BATCH_SECONDS = 0.05
 
@@ -152,9 +158,11 @@ class FeedbackStore:
 
     def __init__(self, path: str | Path, *, create: bool = True,
                  max_served_rows: int = DEFAULT_MAX_SERVED_ROWS,
+                 retention_seconds: float = DEFAULT_FEEDBACK_RETENTION,
                  batch_seconds: float | None = None) -> None:
         self.path = Path(path)
         self.batch_seconds = batch_seconds
+        self.retention_seconds = retention_seconds
         self._pending: list[tuple[Any, ...]] = []
         self._pending_lock = threading.Lock()
         self._flush_lock = threading.Lock()

@@ -280,8 +280,30 @@ async def http_error_handler(request: fastapi.Request, exc: StarletteHTTPExcepti
     )
 
 
+#: Seconds a client is told to wait (``Retry-After``) when the service's state file is busy.
+BUSY_RETRY_AFTER = 2
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True for SQLite's "database is locked" / "busy" errors (another writer holds the file)."""
+    import sqlite3
+
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
 async def unexpected_error_handler(request: fastapi.Request, exc: Exception) -> JSONResponse:
-    """A bug: 500 with a JSON ``detail`` (the traceback goes to the server log)."""
+    """A bug: 500 with a JSON ``detail`` (the traceback goes to the server log).
+
+    A busy or locked state file is no bug: 503 with ``Retry-After`` (nothing was
+    acknowledged, so the client may send the request again).
+    """
+    if is_busy(exc):
+        logger.warning("state file busy (%s): answered 503", exc)
+        return _json_response(  # type: ignore[no-any-return]
+            503, "the service's state file is busy (locked by another writer); nothing was "
+                 f"stored, retry after {BUSY_RETRY_AFTER} s.",
+            {"Retry-After": str(BUSY_RETRY_AFTER)})
     return _json_response(  # type: ignore[no-any-return]
         500, "internal server error; the server log has the details."
     )

@@ -36,6 +36,8 @@ __all__ = ["ArtifactCheck", "Generation", "Generations", "Publisher", "check_art
 
 logger = logging.getLogger(__name__)
 
+#: Largest artifact file a service reads (bigger ones are refused before parsing).
+DEFAULT_MAX_ARTIFACT_BYTES = 64 * 2**20
 #: Generations kept in the control file (older ones are deleted).
 _KEEP_GENERATIONS = 3
 
@@ -174,7 +176,7 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
     return ArtifactCheck(payload, text, artifact_checksum(payload, text), flt)
 
 
-def read_text(path: str | Path) -> str:
+def read_text(path: str | Path, *, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> str:
     """The artifact file's text (``ArtifactError`` when unreadable)."""
     try:
         return Path(path).read_text(encoding="utf-8")
@@ -213,8 +215,9 @@ class Publisher:
     def __init__(self, path: str | Path, generations: Generations,
                  check: Callable[[str, str], ArtifactCheck],
                  before_publish: Callable[[ArtifactCheck, str | None], object] | None = None,
-                 ) -> None:
+                 *, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> None:
         self.path = Path(path)
+        self.max_bytes = max_bytes
         self.generations = generations
         self.check = check
         self.before_publish = before_publish
@@ -236,7 +239,7 @@ class Publisher:
         with self.lock:
             signature = file_signature(self.path)
             try:
-                text = read_text(self.path)
+                text = read_text(self.path, max_bytes=self.max_bytes)
                 checked = self.check(text, str(self.path))
             except ArtifactError as exc:
                 self.signature = signature  # do not retry the same bad file on every poll

@@ -72,6 +72,10 @@ _THREAD_SAFE_SCORERS = frozenset({"embedding", "field"})
 _NO_MODEL_SCORERS = frozenset({"field"})
 #: How many filters with a request's own ``min_keep`` are kept for reuse.
 _MAX_CACHED_FILTERS = 64
+#: Most snippet pieces one request may have scored by the model (413 beyond).
+DEFAULT_MAX_PIECES = 4000
+#: Most requests waiting for model work at once (429 beyond).
+DEFAULT_MAX_QUEUE = 64
 NO_MONITOR = "artifact has no monitor reference; recalibrate to enable the alarm"
 
 
@@ -92,9 +96,11 @@ def _finite_or_none(value: float) -> float | None:
     return None if not math.isfinite(value) else float(value)
 
 
-def http_error(status: int, detail: str) -> fastapi.HTTPException:
-    """An ``HTTPException`` with a one-line JSON ``detail``."""
-    return fastapi.HTTPException(status_code=status, detail=detail)
+def http_error(status: int, detail: str, *,
+               retry_after: float | None = None) -> fastapi.HTTPException:
+    """An ``HTTPException`` with a one-line JSON ``detail`` (and ``Retry-After`` seconds)."""
+    headers = None if retry_after is None else {"Retry-After": str(max(1, math.ceil(retry_after)))}
+    return fastapi.HTTPException(status_code=status, detail=detail, headers=headers)
 
 
 @contextmanager
@@ -417,7 +423,7 @@ class Service:
             logger.exception("metrics update failed")
         # the monitor itself logs the alarm once, in the process whose request fired it
 
-    def run_feedback(self, request: FeedbackRequest) -> FeedbackResponse:
+    def run_feedback(self, request: FeedbackRequest, *, client: str = "") -> FeedbackResponse:
         """``POST /feedback``: store labels; under --adaptive, move the threshold."""
         rt = self.runtime
         if rt.store is None:  # pragma: no cover - every runtime has a store
@@ -481,6 +487,10 @@ class Runtime:
         several worker processes; None keeps the monitor in memory.
     warmup : bool
         Load the model of a new scorer before serving it.
+    max_pieces, max_queue : int
+        Model work one request may cause (413 beyond); requests waiting for it (429 beyond).
+    max_labels_per_query, max_labels_per_minute : int, optional
+        Feedback caps: labels counted per query_id; labels per client per minute.
     monitor_factory : callable, optional
         ``(payload, delta=, store=) -> monitor or None`` (default
         :func:`monitor_from_artifact`).
@@ -490,7 +500,10 @@ class Runtime:
                  metrics: ServiceMetrics, index: Any, scorer_options: Mapping[str, Any] | None,
                  max_snippets: int, max_k: int, adaptive: bool, monitor_delta: float,
                  monitor_dir: Path | None, warmup: bool,
-                 monitor_factory: Callable[..., Any] | None = None) -> None:
+                 monitor_factory: Callable[..., Any] | None = None,
+                 max_pieces: int = DEFAULT_MAX_PIECES, max_queue: int = DEFAULT_MAX_QUEUE,
+                 max_labels_per_query: int | None = None,
+                 max_labels_per_minute: int | None = None) -> None:
         self.generations = generations
         self.store = store
         self.metrics = metrics
@@ -499,6 +512,10 @@ class Runtime:
         self.scorer_options = dict(scorer_options or {})
         self.max_snippets = max_snippets
         self.max_k = max_k
+        self.max_pieces = max_pieces
+        self.max_queue = max_queue
+        self.max_labels_per_query = max_labels_per_query
+        self.max_labels_per_minute = max_labels_per_minute
         self.adaptive = adaptive
         self.monitor_delta = monitor_delta
         self.monitor_dir = monitor_dir

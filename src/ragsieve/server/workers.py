@@ -94,6 +94,17 @@ def app_from_env() -> Any:
                        api_key=os.environ.get(API_KEY_ENV) or None, **options)
 
 
+def _create_app_defaults() -> dict[str, Any]:
+    """The defaults of :func:`~ragsieve.server.app.create_app`'s keyword options (one source)."""
+    import inspect
+
+    from .app import create_app
+
+    return {name: p.default for name, p in inspect.signature(create_app).parameters.items()
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
+            and name != "api_key"}
+
+
 def _json_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Options as JSON-safe values (paths as strings)."""
     def plain(value: Any) -> Any:
@@ -176,9 +187,7 @@ def run_workers(
             "monitor_delta": delta, "watch": False, "scorer_options": scorer_options,
             "index_path": index_path, **app_options,
         }
-        defaults = {"max_body_bytes": 1_000_000, "max_snippets": 1000, "warmup": True,
-                    "max_k": 100, "body_timeout": 60.0, "max_served_rows": 1_000_000}
-        worker_options = {**defaults, **worker_options}
+        worker_options = {**_create_app_defaults(), **worker_options}
         os.environ[CONFIG_ENV] = json.dumps({
             "filter_path": os.fspath(filter_path), "app": _json_options(worker_options),
             "timeout_request_header": timeout_request_header,

@@ -1,0 +1,58 @@
+"""A real uvicorn server in a background thread on a bound loopback socket (for tests).
+
+``ThreadServer(app)`` runs the app with the service's own uvicorn settings
+(``uvicorn_config``: keep-alive and request-head timeouts; ``options`` override them);
+``with ThreadServer(app) as srv`` gives ``srv.url``. :func:`serving` builds the app with
+``create_app`` first.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self
+
+import uvicorn
+
+from ragsieve.server import create_app, uvicorn_config
+
+__all__ = ["ThreadServer", "serving"]
+
+
+class ThreadServer:
+    """uvicorn in a background thread on an already-bound loopback socket."""
+
+    def __init__(self, app: Any, **options: Any) -> None:
+        self.app = app
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", **options))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+@contextmanager
+def serving(path: Path, **kwargs: Any) -> Iterator[ThreadServer]:
+    """``create_app(path, **kwargs)`` served by a :class:`ThreadServer`."""
+    with ThreadServer(create_app(path, **kwargs)) as server:
+        yield server
