@@ -40,8 +40,8 @@ from ragsieve.monitoring import ExchangeabilityMonitor
 from ragsieve.scoring import EmbeddingScorer
 from ragsieve.server import create_app
 from ragsieve.server.app import _create_app
-from ragsieve.server.workers import _create_app_defaults
 from ragsieve.server.feedback import FeedbackStore, scorer_key
+from ragsieve.server.workers import _create_app_defaults
 
 KEY = "ops-key"
 AUTH = {"X-API-Key": KEY}
