@@ -74,8 +74,11 @@ extra evidence needed for a shift at request ``tau``, ``log(1/pi_tau)``, grows o
 Jumper) keeps losing capital at a steady rate while traffic is stable and a plain mixture
 started at 0 loses it all. ``alternative="less"`` or ``"greater"`` keeps one side of the bets
 (the measured shifts all made the separation smaller); two-sided is the default. The
-state is kept in log space; the alarm latches at the first ``M_t >= 1/delta`` until
-:meth:`~ExchangeabilityMonitor.reset`, while ``M_t`` keeps moving.
+state is kept in log space; the alarm latches at the first ``M_t >= 1/delta`` with at
+least ``min_requests`` requests observed since the last reset (default 10: fewer requests
+cannot latch it, whoever sends them) until :meth:`~ExchangeabilityMonitor.reset`, while
+``M_t`` keeps moving. The service resets it with an authenticated ``POST
+/admin/monitor/reset``.
 
 **Store.** ``store=None`` keeps the state in memory; a path keeps it in an SQLite file
 (WAL, one ``BEGIN IMMEDIATE`` transaction per request, queued on an ``flock`` of a
@@ -133,6 +136,8 @@ ALTERNATIVES = ("two-sided", "less", "greater")
 EPSILONS = tuple(round(0.05 + 0.1 * i, 2) for i in range(10))
 #: Mantissa bits kept when statistics are compared (relative precision 2**-10).
 KEY_BITS = 10
+#: Fewest requests observed (since the last reset) before the alarm may fire.
+DEFAULT_MIN_REQUESTS = 10
 #: Requests kept in the store's ordered log.
 HISTORY = 100_000
 _SCHEMA = 1
@@ -323,6 +328,13 @@ class ExchangeabilityMonitor:
         language), "greater" for the opposite.
     k : int, default=5
         Best scores read per request; must equal the reference's (the artifact's ``k``).
+    min_requests : int, default=10
+        The alarm never fires before this many requests have been observed since the last
+        reset, so a handful of requests (a single client's, say) cannot latch it: two
+        requests of extreme separation already take the martingale past 1/delta = 100. The
+        martingale itself is unchanged, and firing only when ``M_t >= 1/delta`` *and*
+        ``t >= min_requests`` is a sub-event of ``sup_t M_t >= 1/delta``, so the bound on
+        false alarms still holds.
 
     Raises
     ------
@@ -343,7 +355,8 @@ class ExchangeabilityMonitor:
 
     def __init__(self, reference: Any, *, delta: float = 0.01,
                  store: str | os.PathLike[str] | None = None, seed: int = 0,
-                 alternative: str = "two-sided", k: int = TOP_K) -> None:
+                 alternative: str = "two-sided", k: int = TOP_K,
+                 min_requests: int = DEFAULT_MIN_REQUESTS) -> None:
         ref = check_scores(reference, name="reference")
         if ref.size == 0:
             raise ValueError("reference is empty; expected the separation of at least one "
@@ -355,6 +368,9 @@ class ExchangeabilityMonitor:
             raise ValueError(f"alternative == {alternative!r}, must be one of {', '.join(ALTERNATIVES)}.")
         if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise ValueError(f"k == {k!r}, must be an int >= 2 (best scores read per request).")
+        if isinstance(min_requests, bool) or not isinstance(min_requests, int) or min_requests < 1:
+            raise ValueError(f"min_requests == {min_requests!r}, must be an int >= 1.")
+        self.min_requests = min_requests
         if store is not None and not isinstance(store, (str, os.PathLike)):
             raise TypeError(f"store has type {type(store).__name__}; expected a path or None.")
         self.seed, self.alternative, self.k = seed, alternative, k
@@ -384,7 +400,8 @@ class ExchangeabilityMonitor:
         payload : Mapping
             The artifact as a dict.
         **kwargs
-            ``delta``, ``store``, ``seed``, ``alternative`` (``k`` comes from the artifact).
+            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests`` (``k`` comes
+            from the artifact).
 
         Returns
         -------
@@ -455,7 +472,7 @@ class ExchangeabilityMonitor:
                 log_a = self._bet(np.array(row.log_a, dtype=np.float64), t, p)
                 log_m = float(np.logaddexp(_logsumexp(log_a) + self._log_w, _log_unstarted(t)))
                 fired_at, fired_time = row.fired_at, row.fired_time
-                if fired_at is None and log_m >= self._log_alarm:
+                if fired_at is None and t >= self.min_requests and log_m >= self._log_alarm:
                     fired_at = t
                     fired_time = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
                     fired = fired_at
