@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragsieve.calibration import AdaptiveConformalFilter, SplitConformalCalibrator
-from ragsieve.errors import CalibrationError, NotFittedError
+from ragsieve.errors import ArtifactError, CalibrationError, NotFittedError
 from ragsieve.evaluation.shift import rolling_coverage, run_stream
 from ragsieve.monitoring import drift_check
 
@@ -47,7 +47,8 @@ def test_aci_holds_coverage_where_static_breaks(seed: int) -> None:
     err = 1.0 - kept[relevant]
     T = int(relevant.sum())
     assert aci.n_updates_ == T and aci.n_errors_ == int(err.sum())
-    bound = (max(ALPHA, 1 - ALPHA) + 0.005) / (0.005 * T)
+    assert aci.clipped_ == 0.0  # alpha_t never reached the pool's bounds: plain ACI
+    bound = max(ALPHA, 1 - ALPHA) / (0.005 * T)
     assert aci.error_bound() == pytest.approx(bound)
     assert abs(err.mean() - ALPHA) <= bound
     # practical: the second half of phase 2 (after adapting) is within 0.03 of the target
@@ -65,17 +66,43 @@ def test_aci_holds_coverage_where_static_breaks(seed: int) -> None:
     gamma=st.floats(0.001, 1.0),
     window=st.one_of(st.none(), st.integers(1, 50)),
 )
-def test_aci_bound_holds_for_any_sequence(scores, alpha, gamma, window) -> None:
-    f = AdaptiveConformalFilter(alpha=alpha, gamma=gamma, window=window).fit([0.0])
+@pytest.mark.parametrize("bounded", [True, False])
+def test_aci_bound_holds_for_any_sequence(scores, alpha, gamma, window, bounded) -> None:
+    f = AdaptiveConformalFilter(alpha=alpha, gamma=gamma, window=window,
+                                bounded=bounded).fit([0.0])
     kept = f.update_batch(scores, np.ones(len(scores), dtype=bool))
     err = 1.0 - kept.astype(float)
     assert abs(err.mean() - alpha) <= f.error_bound() + 1e-12
     assert -gamma - 1e-12 <= min(f.history_["alpha_t"] + [f.alpha_t_])
     assert max(f.history_["alpha_t"] + [f.alpha_t_]) <= 1 + gamma + 1e-12
+    if bounded:  # never keep-nothing; keep-all only while the pool is too small for alpha
+        assert min(f.history_["threshold"] + [f.threshold_]) > -math.inf
+        m = min(window or len(scores) + 1, len(scores) + 1)
+        assert math.isfinite(f.threshold_) or alpha < 1 / (m + 1)
+
+
+def test_bounded_threshold_stays_within_the_pool() -> None:
+    f = AdaptiveConformalFilter(alpha=0.5, gamma=1.0, window=None).fit([0.1, 0.2, 0.3])
+    assert f.update(0.9, True) is False  # miss: alpha_t would be 0, clipped to 1/(m+1)
+    assert f.alpha_t_ == pytest.approx(1 / 5) and f.threshold_ == 0.9  # the pool's max
+    assert f.clipped_ == pytest.approx(0.2)
+    for _ in range(5):
+        f.update(-100.0, True)  # kept every time: alpha_t rises, clipped to m/(m+1)
+    assert f.alpha_t_ == pytest.approx(9 / 10) and f.threshold_ == -100.0  # the pool's min
+    assert f.alpha_bounds() == pytest.approx((1 / 10, 9 / 10))
+    state = f.to_state()
+    again = AdaptiveConformalFilter.from_state(f.get_params(), state)
+    assert (again.threshold_, again.clipped_) == (f.threshold_, f.clipped_)
+    with pytest.raises(ArtifactError, match=r"alpha_t == 1.5 is outside \[0.1, 0.9\]"):
+        AdaptiveConformalFilter.from_state(f.get_params(), {**state, "alpha_t": 1.5})
+    unbounded = {**f.get_params(), "bounded": False}
+    assert AdaptiveConformalFilter.from_state(unbounded, {**state, "alpha_t": 1.5}).threshold_ \
+        == -math.inf
 
 
 def test_threshold_clipping_of_alpha_t() -> None:
-    f = AdaptiveConformalFilter(alpha=0.5, gamma=1.0, window=None).fit([0.1, 0.2, 0.3])
+    f = AdaptiveConformalFilter(alpha=0.5, gamma=1.0, window=None, bounded=False).fit(
+        [0.1, 0.2, 0.3])
     assert f.update(0.9, True) is False  # miss: alpha_t = 0.5 + (0.5 - 1) = 0
     assert f.alpha_t_ == 0.0 and f.threshold_ == math.inf  # keep everything
     assert f.update(100.0, True) is True  # kept: alpha_t = 0.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-__all__ = ["close_quietly", "connect_shared", "open_table"]
+__all__ = ["close_quietly", "connect_shared", "is_busy", "open_table"]
 
 
 def open_table(path: Path, table: str, create_sql: str, columns: list[str], *,
@@ -95,3 +95,9 @@ def close_quietly(db: sqlite3.Connection | None) -> None:
             db.close()
         except sqlite3.Error:
             pass
+
+
+def is_busy(exc: BaseException) -> bool:
+    """True for SQLite's "database is locked" / "busy" errors (another writer holds the file)."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)

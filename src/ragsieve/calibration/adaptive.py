@@ -4,6 +4,12 @@ After each relevant live snippet the working miscoverage ``alpha_t`` moves by
 ``gamma * (alpha - err_t)``, and the threshold is recomputed on a sliding window of the
 most recent relevant scores. Whatever the score distribution does, the long-run miss
 rate of relevant snippets stays close to ``alpha``.
+
+By default (``bounded=True``) ``alpha_t`` is kept inside ``[1/(m+1), m/(m+1)]`` for a
+pool of ``m`` scores, so the threshold is always one of the pool's scores (the
+calibration scores and the labelled live ones): feedback can never make it ``+inf``
+(keep all) or ``-inf`` (keep nothing). The amount clipped is recorded and enters the
+error bound.
 """
 
 from __future__ import annotations
@@ -63,8 +69,15 @@ class AdaptiveCalibrator(BaseCalibrator):
     scores; ``+inf`` (keep all) when that rank exceeds m or ``alpha_t <= 0``, and ``-inf``
     (keep nothing) when ``alpha_t >= 1``.
 
+    With ``bounded=True`` each updated ``alpha_t`` is clipped into
+    ``[min(alpha, 1/(m+1)), max(alpha, m/(m+1))]`` (m: the pool size after the update),
+    so the threshold stays between the smallest and the largest pool score; it is
+    ``+inf`` only in the fitted state of a calibration set too small for ``alpha``.
+
     Guarantee (Gibbs & Candès 2021, Prop. 4.1), deterministic for any sequence: after T
-    relevant updates, ``|mean(err) - alpha| <= (max(alpha, 1 - alpha) + gamma) / (gamma T)``.
+    relevant updates, ``|mean(err) - alpha| <= (max(alpha, 1 - alpha) + gamma) / (gamma T)``;
+    bounded, ``|mean(err) - alpha| <= (max(alpha, 1 - alpha) + C) / (gamma T)`` with C the
+    total amount clipped (``clipped_``, 0 until the pool's range is reached).
 
     Parameters
     ----------
@@ -75,6 +88,8 @@ class AdaptiveCalibrator(BaseCalibrator):
     window : int or None, default=500
         Pool size (most recent relevant scores, initial calibration scores included);
         None keeps every score.
+    bounded : bool, default=True
+        Keep ``alpha_t`` in ``[1/(m+1), m/(m+1)]`` (the threshold is always a pool score).
     keep_history : bool, default=True
         Record ``history_`` (grows by one entry per update; turn off in long deployments).
 
@@ -83,7 +98,10 @@ class AdaptiveCalibrator(BaseCalibrator):
     threshold_ : float
         Current threshold tau_t.
     alpha_t_ : float
-        Current working miscoverage (may leave [0, 1]; it stays in [-gamma, 1 + gamma]).
+        Current working miscoverage (unbounded it may leave [0, 1] and stays in
+        [-gamma, 1 + gamma]; bounded see above).
+    clipped_ : float
+        Total amount ``alpha_t`` was clipped by (bounded only; 0 otherwise).
     n_updates_ : int
         Relevant feedback snippets seen since ``fit`` (T).
     n_errors_ : int
@@ -109,11 +127,13 @@ class AdaptiveCalibrator(BaseCalibrator):
         alpha: float = 0.1,
         gamma: float = 0.005,
         window: int | None = 500,
+        bounded: bool = True,
         keep_history: bool = True,
     ) -> None:
         self.alpha = alpha
         self.gamma = gamma
         self.window = window
+        self.bounded = bounded
         self.keep_history = keep_history
 
     mode = "adaptive"
@@ -142,12 +162,12 @@ class AdaptiveCalibrator(BaseCalibrator):
         CalibrationError
             No calibration score.
         """
-        self._alpha = check_alpha(self.alpha)
-        self._gamma = _check_gamma(self.gamma)
+        self._check_params()
         window = _check_window(self.window)
         arr, rel = relevant_scores(scores, relevant)
         self._pool: deque[float] = deque(arr[rel].tolist(), maxlen=window)
         self.alpha_t_ = self._alpha
+        self.clipped_ = 0.0
         self.n_updates_ = 0
         self.n_errors_ = 0
         self.n_calibration_ = int(rel.sum())
@@ -156,6 +176,32 @@ class AdaptiveCalibrator(BaseCalibrator):
         }
         self._refresh()
         return self
+
+    def _check_params(self) -> None:
+        self._alpha = check_alpha(self.alpha)
+        self._gamma = _check_gamma(self.gamma)
+        if not isinstance(self.bounded, (bool, np.bool_)):
+            raise TypeError(f"bounded == {self.bounded!r}, must be a bool.")
+
+    def alpha_bounds(self) -> tuple[float, float]:
+        """The range ``alpha_t`` is kept in: ``[min(alpha, 1/(m+1)), max(alpha, m/(m+1))]``.
+
+        Unbounded (``bounded=False``) it is ``(-inf, inf)``.
+        """
+        self._check_fitted()
+        return self._bounds()
+
+    def _bounds(self) -> tuple[float, float]:
+        if not self.bounded:
+            return -math.inf, math.inf
+        m = len(self._pool)
+        return min(self._alpha, 1.0 / (m + 1)), max(self._alpha, m / (m + 1))
+
+    def _clip(self, value: float) -> float:
+        lo, hi = self._bounds()
+        clipped = min(max(value, lo), hi)
+        self.clipped_ += abs(value - clipped)
+        return clipped
 
     def _refresh(self) -> None:
         a = self.alpha_t_
@@ -207,8 +253,8 @@ class AdaptiveCalibrator(BaseCalibrator):
             err = 0.0 if kept else 1.0
             self.n_updates_ += 1
             self.n_errors_ += int(err)
-            self.alpha_t_ = a + self._gamma * (self._alpha - err)
             self._pool.append(s)
+            self.alpha_t_ = self._clip(a + self._gamma * (self._alpha - err))
             self._refresh()
         if self.keep_history:
             h = self.history_
@@ -241,12 +287,17 @@ class AdaptiveCalibrator(BaseCalibrator):
         )
 
     def error_bound(self) -> float:
-        """Gibbs & Candès bound on ``|mean(err) - alpha|`` after the updates so far (inf if none)."""
+        """Bound on ``|mean(err) - alpha|`` after the updates so far (inf if none).
+
+        Gibbs & Candès: ``(max(alpha, 1 - alpha) + gamma) / (gamma T)``; bounded,
+        ``(max(alpha, 1 - alpha) + clipped_) / (gamma T)`` (alpha_t then stays in [0, 1]).
+        """
         self._check_fitted()
         if self.n_updates_ == 0:
             return math.inf
         a = self._alpha
-        return (max(a, 1.0 - a) + self._gamma) / (self._gamma * self.n_updates_)
+        slack = self.clipped_ if self.bounded else self._gamma
+        return (max(a, 1.0 - a) + slack) / (self._gamma * self.n_updates_)
 
     def guarantee(self) -> Guarantee:
         self._check_fitted()
@@ -255,31 +306,49 @@ class AdaptiveCalibrator(BaseCalibrator):
         return Guarantee(
             mode=self.mode, metric="miss_rate", target=1 - a, alpha=a,
             statement=(f"long-run share of relevant live snippets kept -> {1 - a:.3g} under any "
-                       f"shift, within (max(alpha, 1 - alpha) + gamma) / (gamma T) after T "
-                       "labelled relevant snippets (feedback via update())"),
+                       "shift, within error_bound() after T labelled relevant snippets "
+                       "(feedback via update())"
+                       + ("; the threshold stays within the pool's scores" if self.bounded
+                          else "")),
             n_calibration=self.n_calibration_, n_required=None, infinite=self.infinite_,
             details={"alpha_t": self.alpha_t_, "n_updates": self.n_updates_,
-                     "n_errors": self.n_errors_, "error_bound": _json_float(bound)},
+                     "n_errors": self.n_errors_, "clipped": self.clipped_,
+                     "error_bound": _json_float(bound)},
         )
 
     def _state(self) -> dict[str, Any]:
         return {"pool": list(self._pool), "alpha_t": self.alpha_t_, "n_updates": self.n_updates_,
-                "n_errors": self.n_errors_, "n_calibration": self.n_calibration_}
+                "n_errors": self.n_errors_, "n_calibration": self.n_calibration_,
+                "clipped": self.clipped_}
 
     def _set_state(self, state: dict[str, Any]) -> None:
-        self._alpha = check_alpha(self.alpha)
-        self._gamma = _check_gamma(self.gamma)
+        """Restore a state; a bounded calibrator refuses an ``alpha_t`` outside its bounds."""
+        self._check_params()
         pool = check_scores(state["pool"], name="adaptive state pool")
         if pool.size == 0:
             raise ArtifactError("adaptive calibration state has an empty pool.")
         self._pool = deque(pool.tolist(), maxlen=_check_window(self.window))
         self.alpha_t_ = _read_float(state, "alpha_t", allow_inf=False)
+        self.clipped_ = _read_float(state, "clipped", allow_inf=False) if "clipped" in state else 0.0
         counts = [state[k] for k in ("n_updates", "n_errors", "n_calibration")]
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
             raise ArtifactError(f"adaptive state counts {counts!r} must be ints >= 0.")
+        if counts[1] > counts[0] or self.clipped_ < 0:
+            raise ArtifactError(f"adaptive state n_errors == {counts[1]} > n_updates == "
+                                f"{counts[0]} or clipped == {self.clipped_!r} < 0.")
         self.n_updates_, self.n_errors_, self.n_calibration_ = counts
         self.history_ = {"threshold": [], "alpha_t": [], "err": [], "kept": [], "relevant": []}
+        self._check_alpha_t()
         self._refresh()
+
+    def _check_alpha_t(self) -> None:
+        lo, hi = self._bounds()
+        if not lo - 1e-12 <= self.alpha_t_ <= hi + 1e-12:
+            raise ArtifactError(
+                f"adaptive state alpha_t == {self.alpha_t_!r} is outside [{lo:.6g}, {hi:.6g}], "
+                f"the range a bounded calibrator keeps it in for a pool of {len(self._pool)} "
+                "scores (its threshold must be one of them); the state was edited or written "
+                "without bounds.")
 
 
 #: The earlier name of :class:`AdaptiveCalibrator`.

@@ -17,8 +17,9 @@
   :class:`~ragsieve.store.SnippetIndex` (when the app is built with ``index_path``),
   scored from their stored vectors, each marked kept or not, plus tau, removal and the
   guarantee (API key required when configured; 404 without an index);
-* ``POST /feedback`` -- ``{"items": [{"query_id", "snippet_id", "relevant", "score"?}]}``
-  stores labels for served snippets (:mod:`ragsieve.server.feedback`); under
+* ``POST /feedback`` -- ``{"items": [{"query_id", "snippet_id", "relevant"}]}`` stores
+  labels of served snippets with their served scores (:mod:`ragsieve.server.feedback`;
+  unknown pairs are counted, never stored; 429 beyond the per-client rate); under
   ``adaptive=True`` they move the served threshold (adaptive conformal inference);
 * ``GET /metrics`` -- Prometheus metrics (:mod:`ragsieve.server.metrics`);
 * ``POST /admin/reload`` -- re-read the artifact file and serve it if it is valid

@@ -1,23 +1,36 @@
 """Served scores, feedback labels and the adaptive threshold, in one SQLite file.
 
 The service records every snippet it scores (``served``: query_id, snippet_id, score,
-threshold, kept, group, the scorer's key, the artifact checksum, time), so a label sent
-later to ``POST /feedback`` (``labels``: query_id, snippet_id, relevant) can be joined to
-the score that was served. A label's score is the served one when the service scored that
-snippet with the same scorer, else the ``score`` sent with the label, else unknown (the
-label is kept; it counts once a score is known).
+threshold, kept, group, the scorer's key, the artifact checksum, time) in the request,
+before it answers: an answered ``/filter`` or ``/query`` has its rows committed, and when
+the file cannot be written the request is answered 503 instead.
 
-With ``serve --adaptive`` (an artifact of mode ``adaptive``) each *new* relevant label
-with a score is applied to the artifact's :class:`~ragsieve.calibration.AdaptiveCalibrator`
-(adaptive conformal inference: a miss when its score is above the threshold in force),
-and the calibrator's state is written back to the ``adaptive`` table in the same
-transaction. The state is keyed by the artifact's checksum, so a restart continues where
-it stopped and every worker process serves the same threshold.
+A label sent to ``POST /feedback`` (query_id, snippet_id, relevant) counts only when the
+service served that snippet under that query_id with the same scorer within the
+retention window: it is stored with the served row's id and the score the service
+computed. Unknown pairs are counted and never stored. At most ``max_labels_per_query``
+pairs of one query_id are labelled, and one client sends at most
+``max_labels_per_minute`` labels per minute (counted in the file, so across the worker
+processes of one ``serve``).
 
-:func:`recalibrate` rebuilds an artifact offline from the labels (``ragsieve recalibrate``).
+With ``serve --adaptive`` (an artifact of mode ``adaptive``) each *new* relevant label is
+applied to the artifact's :class:`~ragsieve.calibration.AdaptiveCalibrator` (adaptive
+conformal inference, always ``bounded``: the threshold stays one of its pool's scores,
+which are calibration and served scores), and the calibrator's state is written back to
+the ``adaptive`` table in the same transaction. The state is keyed by the artifact's
+checksum, so a restart continues where it stopped and every worker process serves the
+same threshold; a stored state outside the bounds is refused at start.
+
+Served rows older than the retention window, or beyond ``max_served_rows``, are pruned
+(oldest first) with their labels, so the file stays bounded.
+
+:func:`ragsieve.server.recalibrate.recalibrate` rebuilds an artifact offline from the
+labels (``ragsieve recalibrate``).
 
 The file uses WAL journaling; several processes (the workers of one ``serve``) share it,
-each writing in short ``BEGIN IMMEDIATE`` transactions.
+each writing in short ``BEGIN IMMEDIATE`` transactions. A write waits at most
+``busy_seconds`` for another writer's lock, then raises ``sqlite3.OperationalError``
+("database is locked"), which the service answers with 503 and ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -29,66 +42,75 @@ import logging
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .._sqlite import connect_shared
-from ..calibration import calibrator_from_state, make_calibrator
-from ..errors import CalibrationError, DataError
+from .._sqlite import connect_shared, is_busy
+from ..calibration import calibrator_from_state
+from ..errors import ArtifactError, DataError
 
 __all__ = [
     "AdaptiveThreshold",
     "FeedbackStore",
     "LabelOutcome",
-    "Recalibration",
+    "LabelRateLimited",
     "ServedRow",
-    "recalibrate",
+    "build_adaptive",
     "scorer_key",
 ]
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ("CREATE TABLE IF NOT EXISTS served (id INTEGER PRIMARY KEY, query_id TEXT NOT NULL, "
      "snippet_id TEXT NOT NULL, score REAL, threshold REAL, kept INTEGER NOT NULL, grp TEXT, "
      "scorer_key TEXT NOT NULL, checksum TEXT, endpoint TEXT NOT NULL, time TEXT NOT NULL)"),
     "CREATE INDEX IF NOT EXISTS served_ids ON served (query_id, snippet_id)",
+    "CREATE INDEX IF NOT EXISTS served_time ON served (time)",
     ("CREATE TABLE IF NOT EXISTS labels (query_id TEXT NOT NULL, snippet_id TEXT NOT NULL, "
-     "relevant INTEGER NOT NULL, score REAL, time TEXT NOT NULL, "
-     "PRIMARY KEY (query_id, snippet_id))"),
+     "relevant INTEGER NOT NULL, score REAL NOT NULL, served_id INTEGER NOT NULL, "
+     "time TEXT NOT NULL, PRIMARY KEY (query_id, snippet_id))"),
+    "CREATE INDEX IF NOT EXISTS labels_served ON labels (served_id)",
     ("CREATE TABLE IF NOT EXISTS adaptive (checksum TEXT PRIMARY KEY, version INTEGER NOT NULL, "
      "mode TEXT NOT NULL, params TEXT NOT NULL, state TEXT NOT NULL, updated TEXT NOT NULL)"),
+    ("CREATE TABLE IF NOT EXISTS label_rate (second INTEGER NOT NULL, client TEXT NOT NULL, "
+     "n INTEGER NOT NULL, PRIMARY KEY (second, client))"),
 )
 _TABLES = {
     "served": ["id", "query_id", "snippet_id", "score", "threshold", "kept", "grp", "scorer_key",
                "checksum", "endpoint", "time"],
-    "labels": ["query_id", "snippet_id", "relevant", "score", "time"],
+    "labels": ["query_id", "snippet_id", "relevant", "score", "served_id", "time"],
     "adaptive": ["checksum", "version", "mode", "params", "state", "updated"],
+    "label_rate": ["second", "client", "n"],
 }
+_HINT = "move it away, or give `ragsieve serve` another --state-dir (or --feedback)"
 #: Served rows are pruned to about this many (oldest first) unless told otherwise.
 DEFAULT_MAX_SERVED_ROWS = 1_000_000
 _PRUNE_EVERY = 1000
-#: Most served rows queued for the background writer (the oldest half is dropped beyond).
-_MAX_PENDING = 200_000
 #: Seconds a served score stays labellable (older served rows and their labels are pruned).
 DEFAULT_FEEDBACK_RETENTION = 7 * 24 * 3600.0
-#: Most labels counted for one query_id.
+#: Most (query_id, snippet_id) pairs labelled for one query_id.
 DEFAULT_MAX_LABELS_PER_QUERY = 1000
 #: Most labels one client may send per minute.
 DEFAULT_MAX_LABELS_PER_MINUTE = 6000
-#: Seconds between two writes of queued served rows in the service.
-SERVED_BATCH_SECONDS = 0.05
+#: Seconds a write waits for another writer's lock before it fails (the service: 503).
+DEFAULT_BUSY_SECONDS = 3.0
+#: Seconds the store waits for the file's lock while it opens and sets up the file.
+_OPEN_BUSY_SECONDS = 30.0
+_RATE_WINDOW = 60
+
+
+def _iso(moment: _dt.datetime) -> str:
+    return moment.isoformat(timespec="milliseconds")
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
+    return _iso(_dt.datetime.now(_dt.UTC))
 
 
 def scorer_key(spec: Mapping[str, Any]) -> str:
@@ -119,17 +141,32 @@ class ServedRow:
 class LabelOutcome:
     """What one ``POST /feedback`` batch did (see :class:`~ragsieve.server.schemas.FeedbackResponse`)."""
 
-    stored: int
+    accepted: int
     new: int
-    with_served_score: int
-    with_given_score: int
-    without_score: int
+    unknown: int
+    over_limit: int
     adaptive_updates: int
     adaptive: dict[str, Any] | None = None
 
 
+class LabelRateLimited(Exception):
+    """A client sent more labels in the last minute than the service allows (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 def _db_score(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
+
+
+def _check_count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} is {type(value).__name__}, expected an int >= 1.")
+    if value < 1:
+        raise ValueError(f"{name} == {value!r}, must be an int >= 1.")
+    return value
 
 
 class FeedbackStore:
@@ -143,141 +180,133 @@ class FeedbackStore:
         Create the file and tables when missing; with False a missing file raises
         ``FileNotFoundError`` and nothing is written (``ragsieve recalibrate``).
     max_served_rows : int, default=1_000_000
-        Served rows kept (the oldest are pruned).
-    batch_seconds : float, optional
-        Queue served rows and write them in one transaction per this many seconds (a
-        background thread); None writes each request's rows at once.
+        Served rows kept (the oldest are pruned, with their labels).
+    retention_seconds : float, default=7 days
+        Seconds a served row stays labellable; older rows are pruned with their labels.
+    busy_seconds : float, default=3.0
+        Seconds a read or write waits for a lock held by another writer (or another
+        thread of this process) before ``sqlite3.OperationalError("database is locked")``.
 
     Raises
     ------
     FileNotFoundError
         ``create=False`` and the file does not exist.
     DataError
-        The file is not a ragsieve feedback database.
+        The file is not a ragsieve feedback database (corrupt, another schema or version),
+        or another process held its lock for 30 s while it was opened.
     """
 
     def __init__(self, path: str | Path, *, create: bool = True,
                  max_served_rows: int = DEFAULT_MAX_SERVED_ROWS,
                  retention_seconds: float = DEFAULT_FEEDBACK_RETENTION,
-                 batch_seconds: float | None = None) -> None:
+                 busy_seconds: float = DEFAULT_BUSY_SECONDS) -> None:
         self.path = Path(path)
-        self.batch_seconds = batch_seconds
-        self.retention_seconds = retention_seconds
-        self._pending: list[tuple[Any, ...]] = []
-        self._pending_lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._closing = threading.Event()
-        self._writer: threading.Thread | None = None
-        if isinstance(max_served_rows, bool) or not isinstance(max_served_rows, int):
-            raise TypeError(f"max_served_rows is {type(max_served_rows).__name__}, expected an "
-                            "int >= 1.")
-        if max_served_rows < 1:
-            raise ValueError(f"max_served_rows == {max_served_rows!r}, must be an int >= 1.")
-        self.max_served_rows = max_served_rows
+        self.max_served_rows = _check_count("max_served_rows", max_served_rows)
+        self.retention_seconds = float(retention_seconds)
+        self.busy_seconds = float(busy_seconds)
         if not create and not self.path.is_file():
             raise FileNotFoundError(f"feedback database {str(self.path)!r} does not exist; it is "
                                     "written by `ragsieve serve` (see --feedback).")
         self._lock = threading.Lock()
         self._since_prune = 0
         try:
-            self._db = connect_shared(self.path, wal=create)
+            self._db = connect_shared(self.path, wal=create, timeout=_OPEN_BUSY_SECONDS)
         except sqlite3.DatabaseError as exc:
-            raise DataError(f"{str(self.path)!r} is not a ragsieve feedback database: {exc}") from exc
+            raise self._refused(exc) from exc
         try:
             if create:
                 self._init_schema()
             self._check_schema()
+            self._db.execute(f"PRAGMA busy_timeout = {int(self.busy_seconds * 1000)}")
         except sqlite3.DatabaseError as exc:
             self._db.close()
-            raise DataError(f"{str(self.path)!r} is not a ragsieve feedback database: {exc}") from exc
+            raise self._refused(exc) from exc
         except BaseException:
             self._db.close()
             raise
 
+    def _refused(self, exc: sqlite3.DatabaseError) -> DataError:
+        if is_busy(exc):
+            return DataError(f"feedback database {str(self.path)!r} is locked by another process "
+                             f"(waited {_OPEN_BUSY_SECONDS:g} s); stop it, or {_HINT}.")
+        return DataError(f"{str(self.path)!r} is not a ragsieve feedback database ({exc}); "
+                         f"{_HINT}.")
+
     def _init_schema(self) -> None:
-        with self._transaction():
+        with self._transaction() as db:
+            tables = {row[0] for row in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and "meta" not in tables:
+                raise sqlite3.DatabaseError(f"it holds other tables: {sorted(tables)[:5]}")
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            self._check_version(db)
             for statement in _SCHEMA:
-                self._db.execute(statement)
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
-                             (str(SCHEMA_VERSION),))
+                db.execute(statement)
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)",
+                       (str(SCHEMA_VERSION),))
+
+    @staticmethod
+    def _check_version(db: sqlite3.Connection) -> None:
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and row[0] != str(SCHEMA_VERSION):
+            raise sqlite3.DatabaseError(f"schema version {row[0]!r}, expected {SCHEMA_VERSION}: "
+                                        "written by another version of ragsieve")
 
     def _check_schema(self) -> None:
+        self._check_version(self._db)
         for table, columns in _TABLES.items():
             found = [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
             if found != columns:
                 raise sqlite3.DatabaseError(f"table {table!r} has columns {found}, expected {columns}")
         row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is None or row[0] != str(SCHEMA_VERSION):
-            raise sqlite3.DatabaseError(f"schema version {row and row[0]!r}, expected {SCHEMA_VERSION}")
+        if row is None:
+            raise sqlite3.DatabaseError("no schema version")
+
+    @contextmanager
+    def _locked(self) -> Iterator[sqlite3.Connection]:
+        """The connection, held by this thread (waits at most ``busy_seconds`` for it)."""
+        if not self._lock.acquire(timeout=self.busy_seconds):
+            raise sqlite3.OperationalError(
+                f"database is locked: {self.path} is in use by another request of this process "
+                f"for more than {self.busy_seconds:g} s")
+        try:
+            yield self._db
+        finally:
+            self._lock.release()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One ``BEGIN IMMEDIATE`` transaction (the write lock is taken at once)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._locked() as db:
+            db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
+                yield db
+                db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
 
     def close(self) -> None:
-        """Write the queued rows and close the connection."""
-        self._closing.set()
-        if self._writer is not None:
-            self._writer.join(timeout=30)
-        try:
-            self.flush()
-        finally:
-            with self._lock:
-                self._db.close()
+        """Close the connection (every write is committed when its call returns)."""
+        with self._lock:
+            self._db.close()
 
     # ------------------------------------------------------------------ served
     def record_served(self, rows: Sequence[ServedRow], *, key: str, checksum: str | None,
                       endpoint: str) -> None:
-        """Record one request's served snippets.
+        """Record one request's served snippets in one committed transaction.
 
-        Written at once (one transaction) without ``batch_seconds``; otherwise queued and
-        written by the background writer in one transaction per ``batch_seconds``, so the
-        worker processes of one service do not contend for the file on every request.
+        Raises
+        ------
+        sqlite3.OperationalError
+            The file stayed locked for ``busy_seconds`` (nothing was written).
         """
         if not rows:
             return
         now = _now()
         values = [(r.query_id, r.snippet_id, _db_score(r.score), r.threshold, int(r.kept),
                    r.group, key, checksum, endpoint, now) for r in rows]
-        if self.batch_seconds is None:
-            self._insert(values)
-            return
-        with self._pending_lock:
-            if len(self._pending) + len(values) > _MAX_PENDING:
-                dropped = len(self._pending) // 2
-                del self._pending[:dropped]
-                logger.warning("feedback database %s is not keeping up: dropped the %d oldest "
-                               "unwritten served-score rows", self.path, dropped)
-            self._pending.extend(values)
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, daemon=True,
-                                                name="ragsieve-served-writer")
-                self._writer.start()
-
-    def flush(self) -> None:
-        """Write the queued served rows now (before joining labels to them)."""
-        with self._flush_lock:
-            with self._pending_lock:
-                values, self._pending = self._pending, []
-            if values:
-                self._insert(values)
-
-    def _write_loop(self) -> None:
-        while not self._closing.wait(self.batch_seconds or 0.05):
-            try:
-                self.flush()
-            except Exception:  # keep the writer alive; the rows of this batch are lost
-                logger.exception("could not write served scores to %s", self.path)
-
-    def _insert(self, values: list[tuple[Any, ...]]) -> None:
         with self._transaction() as db:
             db.executemany(
                 "INSERT INTO served (query_id, snippet_id, score, threshold, kept, grp, "
@@ -286,78 +315,141 @@ class FeedbackStore:
             self._since_prune += len(values)
             if self._since_prune >= _PRUNE_EVERY:
                 self._since_prune = 0
-                db.execute("DELETE FROM served WHERE id <= (SELECT max(id) FROM served) - ?",
-                           (self.max_served_rows,))
+                self._prune(db)
+
+    def _cutoff(self) -> str:
+        """The time before which served rows are out of the retention window."""
+        moment = _dt.datetime.now(_dt.UTC) - _dt.timedelta(seconds=self.retention_seconds)
+        return _iso(moment)
+
+    def _prune(self, db: sqlite3.Connection) -> int:
+        """Delete the served rows past the retention window or the row cap, and their
+        labels (always a prefix of ids, so a label never outlives its served row)."""
+        expired = db.execute("SELECT max(id) FROM served WHERE time < ?",
+                             (self._cutoff(),)).fetchone()[0] or 0
+        top = db.execute("SELECT max(id) FROM served").fetchone()[0] or 0
+        cut = max(expired, top - self.max_served_rows)
+        if cut <= 0:
+            return 0
+        db.execute("DELETE FROM labels WHERE served_id <= ?", (cut,))
+        return db.execute("DELETE FROM served WHERE id <= ?", (cut,)).rowcount
+
+    def prune(self) -> int:
+        """Prune now (otherwise done every 1,000 served rows); returns served rows deleted."""
+        with self._transaction() as db:
+            return self._prune(db)
 
     def served_score(self, query_id: str, snippet_id: str, key: str) -> float | None:
         """The latest score served for this snippet under scorer ``key``, else None."""
-        with self._lock:
-            return self._served_score(self._db, query_id, snippet_id, key)
+        with self._locked() as db:
+            row = self._served_row(db, query_id, snippet_id, key, cutoff=None)
+        return None if row is None else row[1]
 
     @staticmethod
-    def _served_score(db: sqlite3.Connection, query_id: str, snippet_id: str,
-                      key: str) -> float | None:
+    def _served_row(db: sqlite3.Connection, query_id: str, snippet_id: str, key: str, *,
+                    cutoff: str | None) -> tuple[int, float] | None:
+        """(id, score) of the latest row served for the pair under ``key`` (since ``cutoff``)."""
         row = db.execute(
-            "SELECT score FROM served WHERE query_id = ? AND snippet_id = ? AND scorer_key = ? "
-            "ORDER BY id DESC LIMIT 1", (query_id, snippet_id, key)).fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+            "SELECT id, score FROM served WHERE query_id = ? AND snippet_id = ? AND "
+            "scorer_key = ? AND score IS NOT NULL AND time >= ? ORDER BY id DESC LIMIT 1",
+            (query_id, snippet_id, key, cutoff or "")).fetchone()
+        return None if row is None else (int(row[0]), float(row[1]))
 
     def count_served(self) -> int:
         """Served rows held."""
-        with self._lock:
-            return int(self._db.execute("SELECT count(*) FROM served").fetchone()[0])
+        with self._locked() as db:
+            return int(db.execute("SELECT count(*) FROM served").fetchone()[0])
+
+    def count_labels(self) -> int:
+        """Labels held."""
+        with self._locked() as db:
+            return int(db.execute("SELECT count(*) FROM labels").fetchone()[0])
 
     # ------------------------------------------------------------------ labels
-    def add_labels(self, items: Sequence[tuple[str, str, bool, float | None]], *, key: str,
-                   adaptive: AdaptiveThreshold | None = None) -> LabelOutcome:
-        """Store labels (query_id, snippet_id, relevant, given score) in one transaction.
+    def add_labels(self, items: Sequence[tuple[str, str, bool]], *, key: str, client: str = "",
+                   adaptive: AdaptiveThreshold | None = None,
+                   max_per_query: int | None = DEFAULT_MAX_LABELS_PER_QUERY,
+                   max_per_minute: int | None = DEFAULT_MAX_LABELS_PER_MINUTE) -> LabelOutcome:
+        """Store labels (query_id, snippet_id, relevant) of served snippets, in one transaction.
 
-        A repeated (query_id, snippet_id) replaces the earlier label. With ``adaptive``,
-        every relevant label of a pair not labelled before, whose score is known, is applied
+        A label is stored only when the pair was served under scorer ``key`` within the
+        retention window, with that row's score; a repeated pair replaces the earlier
+        label. Pairs not served are counted as ``unknown``, new pairs of a query_id that
+        already has ``max_per_query`` labelled pairs as ``over_limit``; neither is stored.
+        With ``adaptive``, every relevant label of a pair not labelled before is applied
         to the adaptive threshold (in the given order) within the same transaction.
+
+        Raises
+        ------
+        LabelRateLimited
+            ``client`` sent more than ``max_per_minute`` labels in the last 60 s with this
+            batch (nothing is stored).
+        sqlite3.OperationalError
+            The file stayed locked for ``busy_seconds``.
         """
-        now = _now()
-        counts = {"new": 0, "served": 0, "given": 0, "none": 0}
+        now, cutoff = _now(), self._cutoff()
+        counts = {"accepted": 0, "new": 0, "unknown": 0, "over_limit": 0}
         to_apply: list[tuple[float, bool]] = []
+        per_query: dict[str, int] = {}
         with self._transaction() as db:
-            for query_id, snippet_id, relevant, given in items:
+            if max_per_minute is not None:
+                self._take_rate(db, client, len(items), max_per_minute)
+            for query_id, snippet_id, relevant in items:
+                served = self._served_row(db, query_id, snippet_id, key, cutoff=cutoff)
+                if served is None:
+                    counts["unknown"] += 1
+                    continue
                 known = db.execute("SELECT 1 FROM labels WHERE query_id = ? AND snippet_id = ?",
                                    (query_id, snippet_id)).fetchone() is not None
-                db.execute("INSERT OR REPLACE INTO labels VALUES (?, ?, ?, ?, ?)",
-                           (query_id, snippet_id, int(relevant), given, now))
-                served = self._served_score(db, query_id, snippet_id, key)
-                score = served if served is not None else given
-                counts["served" if served is not None else "given" if given is not None
-                       else "none"] += 1
+                if not known:
+                    if query_id not in per_query:
+                        per_query[query_id] = int(db.execute(
+                            "SELECT count(*) FROM labels WHERE query_id = ?",
+                            (query_id,)).fetchone()[0])
+                    if max_per_query is not None and per_query[query_id] >= max_per_query:
+                        counts["over_limit"] += 1
+                        continue
+                    per_query[query_id] += 1
+                db.execute("INSERT OR REPLACE INTO labels VALUES (?, ?, ?, ?, ?, ?)",
+                           (query_id, snippet_id, int(relevant), served[1], served[0], now))
+                counts["accepted"] += 1
                 if not known:
                     counts["new"] += 1
-                    if adaptive is not None and relevant and score is not None:
-                        to_apply.append((score, relevant))
+                    if adaptive is not None and relevant:
+                        to_apply.append((served[1], True))
             info = adaptive.apply(db, to_apply) if adaptive is not None else None
-        return LabelOutcome(stored=len(items), new=counts["new"], with_served_score=counts["served"],
-                            with_given_score=counts["given"], without_score=counts["none"],
-                            adaptive_updates=len(to_apply), adaptive=info)
+        return LabelOutcome(**counts, adaptive_updates=len(to_apply), adaptive=info)
 
-    def labelled(self, key: str) -> list[tuple[str, str, bool, float | None, str | None]]:
-        """Every label with its score (served under scorer ``key``, else the given one) and
-        the group it was served with: (query_id, snippet_id, relevant, score, group)."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT l.query_id, l.snippet_id, l.relevant, "
-                "  (SELECT s.score FROM served s WHERE s.query_id = l.query_id AND "
-                "   s.snippet_id = l.snippet_id AND s.scorer_key = ? ORDER BY s.id DESC LIMIT 1), "
-                "  l.score, "
-                "  (SELECT s.grp FROM served s WHERE s.query_id = l.query_id AND "
-                "   s.snippet_id = l.snippet_id ORDER BY s.id DESC LIMIT 1) "
-                "FROM labels l ORDER BY l.rowid", (key,)).fetchall()
-        return [(q, s, bool(r), served if served is not None else given, grp)
-                for q, s, r, served, given, grp in rows]
+    @staticmethod
+    def _take_rate(db: sqlite3.Connection, client: str, n: int, limit: int) -> None:
+        """Count ``n`` labels of ``client`` in this second; refuse beyond ``limit`` a minute."""
+        second = int(time.time())
+        db.execute("DELETE FROM label_rate WHERE second <= ?", (second - _RATE_WINDOW,))
+        used, oldest = db.execute("SELECT coalesce(sum(n), 0), min(second) FROM label_rate "
+                                  "WHERE client = ?", (client,)).fetchone()
+        if used + n > limit:
+            wait = _RATE_WINDOW - (second - oldest) if oldest is not None else _RATE_WINDOW
+            raise LabelRateLimited(
+                f"this client sent {used} labels in the last {_RATE_WINDOW} s; {n} more would "
+                f"exceed the limit of {limit} per minute: retry after {wait} s.", wait)
+        db.execute("INSERT INTO label_rate VALUES (?, ?, ?) ON CONFLICT (second, client) "
+                   "DO UPDATE SET n = n + excluded.n", (second, client, n))
+
+    def labelled(self, key: str) -> list[tuple[str, str, bool, float, str | None]]:
+        """Every label of a snippet served under scorer ``key``, with the served score and
+        group, in the order stored: (query_id, snippet_id, relevant, score, group)."""
+        with self._locked() as db:
+            rows = db.execute(
+                "SELECT l.query_id, l.snippet_id, l.relevant, l.score, s.grp FROM labels l "
+                "JOIN served s ON s.id = l.served_id WHERE s.scorer_key = ? ORDER BY l.rowid",
+                (key,)).fetchall()
+        return [(q, s, bool(r), float(score), grp) for q, s, r, score, grp in rows]
 
     def served_lists(self, key: str) -> dict[str, list[float]]:
         """Every query's served scores under scorer ``key``: the whole list of its latest
         request (all snippets, labelled or not), by query_id."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._locked() as db:
+            rows = db.execute(
                 "SELECT s.query_id, s.score FROM served s JOIN (SELECT query_id, max(time) AS t "
                 "FROM served WHERE scorer_key = ? GROUP BY query_id) last "
                 "ON s.query_id = last.query_id AND s.time = last.t "
@@ -379,16 +471,16 @@ class FeedbackStore:
 
     def adaptive_version(self, checksum: str) -> int | None:
         """Version of the adaptive state of ``checksum`` (+1 per feedback batch applied)."""
-        with self._lock:
-            row = self._db.execute("SELECT version FROM adaptive WHERE checksum = ?",
-                                   (checksum,)).fetchone()
+        with self._locked() as db:
+            row = db.execute("SELECT version FROM adaptive WHERE checksum = ?",
+                             (checksum,)).fetchone()
         return None if row is None else int(row[0])
 
     def adaptive_state(self, checksum: str) -> tuple[int, str, dict[str, Any], dict[str, Any]]:
         """(version, mode, params, state) of artifact ``checksum``."""
-        with self._lock:
-            row = self._db.execute("SELECT version, mode, params, state FROM adaptive WHERE "
-                                   "checksum = ?", (checksum,)).fetchone()
+        with self._locked() as db:
+            row = db.execute("SELECT version, mode, params, state FROM adaptive WHERE "
+                             "checksum = ?", (checksum,)).fetchone()
         if row is None:
             raise KeyError(f"no adaptive state for artifact {checksum!r}")
         return int(row[0]), row[1], json.loads(row[2]), json.loads(row[3])
@@ -398,6 +490,18 @@ def _adaptive_info(calibrator: Any) -> dict[str, Any]:
     tau = float(calibrator.threshold_)
     return {"threshold": None if math.isinf(tau) else tau, "alpha_t": float(calibrator.alpha_t_),
             "n_updates": int(calibrator.n_updates_), "n_errors": int(calibrator.n_errors_)}
+
+
+def build_adaptive(mode: str, params: Mapping[str, Any], state: Mapping[str, Any]) -> Any:
+    """The served adaptive calibrator of a stored state: always bounded, no history.
+
+    Raises
+    ------
+    ArtifactError
+        A malformed state, or one outside the bounds (``alpha_t`` out of range).
+    """
+    return calibrator_from_state(mode, {**params, "keep_history": False, "bounded": True},
+                                 dict(state))
 
 
 class AdaptiveThreshold:
@@ -410,6 +514,11 @@ class AdaptiveThreshold:
         The artifact's checksum (the state's key).
     calibrator : AdaptiveCalibrator
         The artifact's fitted calibrator: the starting state when the store has none.
+
+    Raises
+    ------
+    ArtifactError
+        The store holds a state for this artifact that is malformed or out of bounds.
     """
 
     def __init__(self, store: FeedbackStore, checksum: str, calibrator: Any) -> None:
@@ -418,14 +527,16 @@ class AdaptiveThreshold:
                             "an artifact of mode 'adaptive'.")
         self.store = store
         self.checksum = checksum
-        params = {**calibrator.get_params(), "keep_history": False}
+        params = {**calibrator.get_params(), "keep_history": False, "bounded": True}
         store.ensure_adaptive(checksum, calibrator.mode, params, calibrator.to_state())
         self._lock = threading.Lock()
         self._version = -1
         self._calibrator: Any = None
-
-    def _build(self, mode: str, params: dict[str, Any], state: dict[str, Any]) -> Any:
-        return calibrator_from_state(mode, {**params, "keep_history": False}, state)
+        try:
+            self.current()
+        except ArtifactError as exc:
+            raise ArtifactError(f"feedback database {str(store.path)!r}: the adaptive state of "
+                                f"artifact {checksum[:12]} is refused: {exc} ({_HINT})") from exc
 
     def current(self) -> tuple[int, Any]:
         """(version, calibrator) in force now (rebuilt only when the stored version moved)."""
@@ -433,7 +544,7 @@ class AdaptiveThreshold:
         with self._lock:
             if version != self._version or self._calibrator is None:
                 v, mode, params, state = self.store.adaptive_state(self.checksum)
-                self._calibrator = self._build(mode, params, state)
+                self._calibrator = build_adaptive(mode, params, state)
                 self._version = v
             return self._version, self._calibrator
 
@@ -447,7 +558,7 @@ class AdaptiveThreshold:
                          (self.checksum,)).fetchone()
         if row is None:
             raise KeyError(f"no adaptive state for artifact {self.checksum!r}")
-        calibrator = self._build(row[1], json.loads(row[2]), json.loads(row[3]))
+        calibrator = build_adaptive(row[1], json.loads(row[2]), json.loads(row[3]))
         if labels:
             for score, relevant in labels:
                 calibrator.update(score, relevant)
@@ -455,125 +566,3 @@ class AdaptiveThreshold:
                        "WHERE checksum = ?",
                        (json.dumps(calibrator.to_state(), allow_nan=False), _now(), self.checksum))
         return _adaptive_info(calibrator)
-
-
-# ---------------------------------------------------------------------- recalibrate
-def _monitor_reference(lists: Mapping[str, list[float]], query_ids: set[str],
-                       notes: list[str]) -> dict[str, Any] | None:
-    """The exchangeability monitor's reference of a recalibrated artifact: the statistic of
-    each labelled query's whole served list (as ``calibrate`` records it for its queries)."""
-    from ..monitoring import reference_block
-
-    scores = [s for q in sorted(query_ids) for s in lists.get(q, [])]
-    qids = [q for q in sorted(query_ids) for _ in lists.get(q, [])]
-    block = reference_block(np.asarray(scores, dtype=np.float64), qids) if scores else None
-    if block is None:
-        notes.append("no labelled query was served with 2 or more snippets: the new artifact "
-                     "has no exchangeability monitor reference")
-    return block
-
-
-@dataclass(frozen=True)
-class Recalibration:
-    """The outcome of :func:`recalibrate`."""
-
-    filter: Any
-    mode: str
-    n_labels: int
-    n_used: int
-    n_relevant: int
-    n_without_score: int
-    n_queries: int
-    old_threshold: float
-    new_threshold: float
-    notes: list[str] = field(default_factory=list)
-
-
-def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labels: int = 50,
-                scorer_options: Mapping[str, Any] | None = None) -> Recalibration:
-    """Rebuild a filter artifact from the labels stored by the service.
-
-    The labelled snippets' scores (the served ones, or those sent with the labels) become
-    the calibration scores of the artifact's own mode and parameters; scorer, policy and
-    group field are kept. Modes that need what labels do not carry are refused: the
-    ``budget`` mode (snippet lengths), ``topic`` and ``topic-pac`` (calibration topics).
-
-    Parameters
-    ----------
-    payload : Mapping
-        The current artifact (:func:`~ragsieve.filter.read_artifact`).
-    feedback_db : str or Path
-        The service's feedback database (``serve --feedback``).
-    min_labels : int, default=50
-        Fewest relevant labels with a score to recalibrate on.
-    scorer_options : Mapping, optional
-        Passed to :meth:`ConformalFilter.from_dict` (nothing is scored here).
-
-    Returns
-    -------
-    Recalibration
-        The new filter (save it with ``.save``) and what was used.
-
-    Raises
-    ------
-    CalibrationError
-        Fewer than ``min_labels`` relevant labels with a score.
-    ValueError
-        The mode cannot be recalibrated from labels, or ``min_labels`` < 1.
-    FileNotFoundError, DataError, ArtifactError
-        Missing or foreign database; malformed artifact.
-    """
-    from ..filter import ConformalFilter
-
-    if isinstance(min_labels, bool) or not isinstance(min_labels, int):
-        raise TypeError(f"min_labels is {type(min_labels).__name__}, expected an int >= 1.")
-    if min_labels < 1:
-        raise ValueError(f"min_labels == {min_labels!r}, must be an int >= 1.")
-    old = ConformalFilter.from_dict(payload, scorer_options=scorer_options)
-    cal = old.calibrator
-    if "lengths" in cal.fit_requires or cal.group_kind == "topic":
-        needs = "snippet lengths" if "lengths" in cal.fit_requires else "calibration topics"
-        raise ValueError(f"mode {cal.mode!r} needs {needs}, which feedback labels do not carry; "
-                         "recalibrate it with `ragsieve calibrate` on labelled pairs.")
-    key = scorer_key(old.scorer.spec())
-    store = FeedbackStore(feedback_db, create=False)
-    try:
-        rows = store.labelled(key)
-        lists = store.served_lists(key)
-    finally:
-        store.close()
-    usable = [r for r in rows if r[3] is not None and math.isfinite(r[3])]
-    n_relevant = sum(1 for r in usable if r[2])
-    if n_relevant < min_labels:
-        raise CalibrationError(
-            f"feedback database {str(feedback_db)!r} holds {n_relevant} relevant label(s) with a "
-            f"score ({len(rows)} label(s), {len(rows) - len(usable)} without a score); "
-            f"min_labels is {min_labels}: collect more labels or lower --min-labels.")
-    notes: list[str] = []
-    groups = None
-    if cal.group_kind == "attribute":
-        missing = [r for r in usable if r[4] is None]
-        if missing:
-            notes.append(f"{len(missing)} label(s) without a served group skipped")
-            usable = [r for r in usable if r[4] is not None]
-        groups = [r[4] for r in usable]
-    params = {k: v for k, v in cal.get_params().items() if k != "tokenizer"}
-    new_cal = make_calibrator(cal.mode, **params)
-    new_cal.fit(np.array([r[3] for r in usable], dtype=np.float64),
-                np.array([r[2] for r in usable], dtype=bool),
-                query_ids=[r[0] for r in usable], groups=groups)
-    flt = ConformalFilter(old.scorer, new_cal, min_keep=old.min_keep, group_by=old.group_by,
-                          max_chars=old.max_chars)
-    flt.monitor_reference = _monitor_reference(lists, {r[0] for r in usable}, notes)
-    flt.calibration_info = {
-        "source": "feedback", "n_labels": len(usable),
-        "n_relevant": int(sum(1 for r in usable if r[2])),
-        "n_queries": len({r[0] for r in usable}),
-        "previous_checksum": (payload.get("checksum") or {}).get("value"),
-    }
-    return Recalibration(
-        filter=flt, mode=cal.mode, n_labels=len(rows), n_used=len(usable),
-        n_relevant=int(sum(1 for r in usable if r[2])), n_without_score=len(rows) - len(
-            [r for r in rows if r[3] is not None]),
-        n_queries=len({r[0] for r in usable}), old_threshold=old.threshold,
-        new_threshold=flt.threshold, notes=notes)

@@ -1,0 +1,226 @@
+"""``ragsieve recalibrate``: a new filter artifact from the labels the service collected.
+
+The labels of :class:`~ragsieve.server.feedback.FeedbackStore` carry the scores the service
+served (never a score a client sent). By default they are *merged* with the artifact's own
+calibration scores (``--merge``): the modes that keep their relevant calibration scores in
+the artifact, ``marginal`` (``scores``) and ``adaptive`` (its ``pool``, the last
+``window`` ones), are refitted on those plus the labels. ``--replace`` fits on the labels
+alone and works for every mode labels can feed; the other modes (``pac``,
+``query-recall``, ``query-all``, ``group``) keep only thresholds, so they need it.
+``budget``, ``topic`` and ``topic-pac`` are refused (labels carry no lengths or topics).
+
+A database whose labels have a non-finite score, or whose adaptive state for the artifact
+is outside the bounds the service keeps it in, is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..calibration import make_calibrator
+from ..errors import ArtifactError, CalibrationError, DataError
+from .feedback import FeedbackStore, build_adaptive, scorer_key
+
+__all__ = ["Recalibration", "recalibrate"]
+
+#: Modes whose artifact state keeps the relevant calibration scores, and the state key.
+_KEPT_SCORES = {"marginal": "scores", "adaptive": "pool"}
+
+_Label = tuple[str, str, bool, float, "str | None"]
+
+
+@dataclass(frozen=True)
+class Recalibration:
+    """The outcome of :func:`recalibrate`."""
+
+    filter: Any
+    mode: str
+    n_labels: int
+    n_used: int
+    n_relevant: int
+    n_queries: int
+    n_merged: int
+    old_threshold: float
+    new_threshold: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _check_mode(cal: Any) -> None:
+    if "lengths" in cal.fit_requires or cal.group_kind == "topic":
+        needs = "snippet lengths" if "lengths" in cal.fit_requires else "calibration topics"
+        raise ValueError(f"mode {cal.mode!r} needs {needs}, which feedback labels do not carry; "
+                         "recalibrate it with `ragsieve calibrate` on labelled pairs.")
+
+
+def _kept_scores(cal: Any) -> np.ndarray:
+    """The relevant calibration scores the artifact keeps (for ``--merge``)."""
+    state = cal.to_state()
+    key = _KEPT_SCORES.get(cal.mode)
+    if key is None or key not in state:
+        kind = "a v1 artifact without its scores" if key else f"mode {cal.mode!r}"
+        raise ValueError(f"{kind} keeps only its threshold(s), not its calibration scores, so "
+                         "labels cannot be merged with them: use --replace (calibrate on the "
+                         "labels alone), or `ragsieve calibrate` on the original pairs.")
+    return np.asarray(state[key], dtype=np.float64)
+
+
+def _read_labels(db: str | Path, key: str, checksum: str | None
+                 ) -> tuple[list[_Label], dict[str, list[float]]]:
+    """The labels and served lists under scorer ``key``; refuses out-of-bounds state."""
+    store = FeedbackStore(db, create=False)
+    try:
+        rows = store.labelled(key)
+        lists = store.served_lists(key)
+        try:
+            _version, mode, params, state = store.adaptive_state(checksum or "")
+        except KeyError:
+            pass
+        else:
+            _check_adaptive(db, mode, params, state)
+    finally:
+        store.close()
+    bad = [r for r in rows if not math.isfinite(r[3])]
+    if bad:
+        raise DataError(f"feedback database {str(db)!r} holds {len(bad)} label(s) whose served "
+                        f"score is not finite (first: query_id {bad[0][0]!r}, snippet_id "
+                        f"{bad[0][1]!r}); it was not written by `ragsieve serve`.")
+    return rows, lists
+
+
+def _check_adaptive(db: str | Path, mode: str, params: dict[str, Any],
+                    state: dict[str, Any]) -> None:
+    try:
+        build_adaptive(mode, params, state)
+    except ArtifactError as exc:
+        raise ArtifactError(f"feedback database {str(db)!r} holds an adaptive state for this "
+                            f"artifact outside the bounds the service keeps: {exc}") from exc
+
+
+def _monitor_reference(lists: Mapping[str, list[float]], query_ids: set[str],
+                       notes: list[str]) -> dict[str, Any] | None:
+    """The exchangeability monitor's reference of a recalibrated artifact: the statistic of
+    each labelled query's whole served list (as ``calibrate`` records it for its queries)."""
+    from ..monitoring import reference_block
+
+    scores = [s for q in sorted(query_ids) for s in lists.get(q, [])]
+    qids = [q for q in sorted(query_ids) for _ in lists.get(q, [])]
+    block = reference_block(np.asarray(scores, dtype=np.float64), qids) if scores else None
+    if block is None:
+        notes.append("no labelled query was served with 2 or more snippets: the new artifact "
+                     "has no exchangeability monitor reference")
+    return block
+
+
+def _usable(cal: Any, rows: list[_Label], notes: list[str]) -> tuple[list[_Label], list[Any] | None]:
+    """The labels a mode can fit on, and their groups (group mode)."""
+    if cal.group_kind != "attribute":
+        return rows, None
+    missing = sum(1 for r in rows if r[4] is None)
+    if missing:
+        notes.append(f"{missing} label(s) without a served group skipped")
+    usable = [r for r in rows if r[4] is not None]
+    return usable, [r[4] for r in usable]
+
+
+def _check_enough(db: str | Path, rows: list[_Label], min_labels: int) -> None:
+    n_relevant = sum(1 for r in rows if r[2])
+    if n_relevant < min_labels:
+        raise CalibrationError(
+            f"feedback database {str(db)!r} holds {n_relevant} relevant label(s) of served "
+            f"snippets ({len(rows)} label(s)); min_labels is {min_labels}: collect more labels "
+            "or lower --min-labels.")
+
+
+def _fit(cal: Any, usable: list[_Label], groups: list[Any] | None, merge: bool) -> tuple[Any, int]:
+    """A new calibrator of ``cal``'s mode and parameters, fitted; and how many calibration
+    scores were merged in."""
+    scores = np.array([r[3] for r in usable], dtype=np.float64)
+    relevant = np.array([r[2] for r in usable], dtype=bool)
+    query_ids: list[str] | None = [r[0] for r in usable]
+    base = _kept_scores(cal) if merge else np.empty(0)
+    if base.size:
+        scores, relevant = np.r_[base, scores], np.r_[np.ones(base.size, dtype=bool), relevant]
+        query_ids = None  # the merged modes (marginal, adaptive) fit on scores alone
+    params = {k: v for k, v in cal.get_params().items() if k != "tokenizer"}
+    new = make_calibrator(cal.mode, **params)
+    return new.fit(scores, relevant, query_ids=query_ids, groups=groups), int(base.size)
+
+
+def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labels: int = 50,
+                merge: bool = True,
+                scorer_options: Mapping[str, Any] | None = None) -> Recalibration:
+    """Rebuild a filter artifact from the labels stored by the service.
+
+    The labelled snippets' served scores become calibration scores of the artifact's own
+    mode and parameters, merged with the artifact's calibration scores (``merge=True``)
+    or alone; scorer, policy and group field are kept.
+
+    Parameters
+    ----------
+    payload : Mapping
+        The current artifact (:func:`~ragsieve.filter.read_artifact`).
+    feedback_db : str or Path
+        The service's feedback database (``serve --feedback``).
+    min_labels : int, default=50
+        Fewest relevant labels to recalibrate on.
+    merge : bool, default=True
+        Fit on the artifact's kept calibration scores plus the labels (modes marginal and
+        adaptive); False fits on the labels alone.
+    scorer_options : Mapping, optional
+        Passed to :meth:`ConformalFilter.from_dict` (nothing is scored here).
+
+    Returns
+    -------
+    Recalibration
+        The new filter (save it with ``.save``) and what was used.
+
+    Raises
+    ------
+    CalibrationError
+        Fewer than ``min_labels`` relevant labels.
+    ValueError
+        The mode cannot be recalibrated from labels (or merged: it keeps no calibration
+        scores), or ``min_labels`` < 1.
+    DataError, ArtifactError
+        Missing, foreign or out-of-bounds database (non-finite scores, an adaptive state
+        outside its bounds); malformed artifact.
+    FileNotFoundError
+        No such database.
+    """
+    from ..filter import ConformalFilter
+
+    if isinstance(min_labels, bool) or not isinstance(min_labels, int):
+        raise TypeError(f"min_labels is {type(min_labels).__name__}, expected an int >= 1.")
+    if min_labels < 1:
+        raise ValueError(f"min_labels == {min_labels!r}, must be an int >= 1.")
+    old = ConformalFilter.from_dict(payload, scorer_options=scorer_options)
+    cal = old.calibrator
+    _check_mode(cal)
+    if merge:
+        _kept_scores(cal)  # refuse before reading the database
+    checksum = (payload.get("checksum") or {}).get("value")
+    rows, lists = _read_labels(feedback_db, scorer_key(old.scorer.spec()), checksum)
+    _check_enough(feedback_db, rows, min_labels)
+    notes: list[str] = []
+    usable, groups = _usable(cal, rows, notes)
+    new_cal, n_merged = _fit(cal, usable, groups, merge)
+    flt = ConformalFilter(old.scorer, new_cal, min_keep=old.min_keep, group_by=old.group_by,
+                          max_chars=old.max_chars)
+    queries = {r[0] for r in usable}
+    flt.monitor_reference = _monitor_reference(lists, queries, notes)
+    n_relevant = sum(1 for r in usable if r[2])
+    flt.calibration_info = {
+        "source": "feedback", "n_labels": len(usable), "n_relevant": n_relevant,
+        "n_queries": len(queries), "merged_calibration_scores": n_merged,
+        "previous_checksum": checksum,
+    }
+    return Recalibration(
+        filter=flt, mode=cal.mode, n_labels=len(rows), n_used=len(usable), n_relevant=n_relevant,
+        n_queries=len(queries), n_merged=n_merged, old_threshold=old.threshold,
+        new_threshold=flt.threshold, notes=notes)
