@@ -8,6 +8,7 @@ so ``except ValueError`` keeps working::
     ├── DataError (RagsieveError, ValueError)          bad or unreadable input data
     │   └── CalibrationError (DataError)               calibration data unusable for alpha
     ├── ArtifactError (RagsieveError, ValueError)      a saved filter that cannot be used
+    │   ├── ArtifactTooLargeError (ArtifactError)      a file over the artifact size cap
     │   └── ScorerMismatchError (ArtifactError)        artifact made with another scorer
     ├── ScorerError (RagsieveError, RuntimeError)      a scorer failed to produce scores
     └── LLMError (RagsieveError, RuntimeError)         an LLM request failed for good
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArtifactError",
+    "ArtifactTooLargeError",
     "CalibrationError",
     "DataError",
     "LLMError",
@@ -50,6 +52,10 @@ class CalibrationError(DataError):
 
 class ArtifactError(RagsieveError, ValueError):
     """A saved filter artifact is malformed or incompatible."""
+
+
+class ArtifactTooLargeError(ArtifactError):
+    """An artifact file is larger than the size cap of the reader (nothing was parsed)."""
 
 
 class ScorerMismatchError(ArtifactError):

@@ -41,6 +41,7 @@ import json
 import logging
 import math
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ import numpy as np
 
 from ._io import atomic_write_text
 from ._monitor_reference import read_monitor_block, reference_block
+from ._seal import CHECKSUM_COVERS, check_seal, covers, seal_value
 from ._validation import check_scores
 from ._version import __version__
 from .calibration import (
@@ -60,22 +62,30 @@ from .calibration import (
     make_calibrator,
 )
 from .chunking import DEFAULT_SIZE, chunk_text
-from .errors import ArtifactError, CalibrationError, DataError, NotFittedError, ScorerMismatchError
+from .errors import (
+    ArtifactError,
+    ArtifactTooLargeError,
+    CalibrationError,
+    DataError,
+    NotFittedError,
+    ScorerMismatchError,
+)
 from .scoring import FusedScorer, LLMScorer, Scorer, resolve_scorer
 from .scoring.fusion import fit_topic_count
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
 __all__ = [
-    "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "MAX_CHARS", "ConformalFilter", "SnippetLike",
-    "read_artifact",
+    "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "MAX_ARTIFACT_BYTES", "MAX_CHARS",
+    "ConformalFilter", "SnippetLike", "check_artifact_fields", "parse_artifact", "read_artifact",
+    "read_artifact_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 ARTIFACT_FORMAT = "ragsieve.filter"
 ARTIFACT_VERSION = 2
-#: Artifact blocks sealed by the sha256 checksum (and ``"monitor"`` when present).
-CHECKSUM_COVERS = ("scorer", "calibration", "policy")
+#: Largest artifact file read (bigger ones are refused before parsing).
+MAX_ARTIFACT_BYTES = 64 * 2**20
 #: Inputs longer than this many characters are cut into calibration-sized pieces.
 MAX_CHARS = int(1.2 * DEFAULT_SIZE)
 
@@ -448,6 +458,22 @@ class ConformalFilter:
         return _Pieces(items=list(items), pieces=pieces, owner=np.asarray(owner, dtype=int),
                        spans=spans)
 
+    def piece_texts(self, snippets: Sequence[SnippetLike]) -> list[str]:
+        """The texts :meth:`filter` has the scorer score for ``snippets`` (no scoring).
+
+        A snippet longer than ``max_chars`` counts as its pieces, so the length of the
+        list is the model work a ``filter`` call costs; snippets without text (an outside
+        score) are left out.
+
+        Examples
+        --------
+        >>> flt = ConformalFilter("embedding", alpha=0.2)
+        >>> len(flt.piece_texts(["short", "Long sentence here. " * 100]))  # 1 + 7 pieces
+        8
+        """
+        cut = self._cut([_as_item(s, i) for i, s in enumerate(snippets)])
+        return [p["text"] for p in cut.pieces if isinstance(p.get("text"), str)]
+
     def _apply(self, query: str, scores: Any, cut: _Pieces, group: Any) -> FilterResult:
         """Apply the calibrated rule to the pieces' scores; map the result back to the items."""
         self._check_calibrated()
@@ -634,20 +660,9 @@ class ConformalFilter:
         scorer: Scorer | None = None,
         scorer_options: Mapping[str, Any] | None = None,
     ) -> ConformalFilter:
-        """Rebuild a filter from an artifact dict; see :meth:`load`."""
-        if not isinstance(payload, Mapping) or payload.get("format") != ARTIFACT_FORMAT:
-            got = payload.get("format") if isinstance(payload, Mapping) else type(payload).__name__
-            raise ArtifactError(
-                f"not a ragsieve filter artifact: format == {got!r}, expected {ARTIFACT_FORMAT!r}."
-            )
-        version = payload.get("format_version")
-        if version not in (1, ARTIFACT_VERSION) or isinstance(version, bool):
-            raise ArtifactError(
-                f"artifact format_version == {version!r}; this ragsieve ({__version__}) reads "
-                f"versions 1 and {ARTIFACT_VERSION}."
-            )
-        if version == ARTIFACT_VERSION:
-            _check_checksum(payload)
+        """Rebuild a filter from an artifact dict, checked as :func:`parse_artifact` checks
+        a file (every field, the seal); see :meth:`load`."""
+        version = check_artifact_fields(payload)
         spec, calibrator, group_by, min_keep = _read_payload(payload, version)
         monitor = read_monitor_block(payload["monitor"]) if "monitor" in payload else None
         if scorer is None:
@@ -663,14 +678,12 @@ class ConformalFilter:
                 f"{scorer.spec()!r}; a threshold is only valid for the score it was calibrated on. "
                 "Recalibrate with this scorer or load without passing one."
             )
-        policy = payload.get("policy")
-        max_chars = policy.get("max_chars") if isinstance(policy, Mapping) else None
+        max_chars = payload.get("policy", {}).get("max_chars")
         try:
             flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by, max_chars=max_chars)
         except ValueError as exc:
             raise ArtifactError(f"artifact policy: {exc}") from exc
-        data = payload.get("data", {})
-        flt.calibration_info = dict(data) if isinstance(data, Mapping) else {}
+        flt.calibration_info = dict(payload.get("data", {}))
         flt.monitor_reference = monitor
         return flt
 
@@ -698,8 +711,9 @@ class ConformalFilter:
         Raises
         ------
         ArtifactError
-            Unreadable, non-JSON or malformed file, an unknown format version, or a
-            threshold that disagrees with the stored calibration state.
+            Unreadable, too large, non-JSON or malformed file, a field of the wrong type,
+            an unknown format version, a broken seal, or a threshold that disagrees with
+            the stored calibration state (see :func:`read_artifact`).
         ScorerMismatchError
             The supplied scorer differs from the one the threshold was calibrated with.
         """
@@ -711,43 +725,7 @@ class ConformalFilter:
                 f"alpha={self.alpha}, threshold={tau})")
 
 
-def _covers(payload: Mapping[str, Any]) -> list[str]:
-    """The blocks a checksum seals: ``CHECKSUM_COVERS``, and the monitor block when present."""
-    return [*CHECKSUM_COVERS, *(["monitor"] if "monitor" in payload else [])]
-
-
-def _checksum(payload: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of the sealed blocks."""
-    import hashlib
-
-    sealed = {k: payload.get(k) for k in _covers(payload)}
-    text = json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _check_checksum(payload: Mapping[str, Any]) -> None:
-    seal = payload.get("checksum")
-    if not isinstance(seal, Mapping) or not isinstance(seal.get("value"), str):
-        raise ArtifactError("artifact has no checksum; version 2 artifacts are sealed by "
-                            "`calibrate`: recalibrate instead of writing one by hand.")
-    covers = seal.get("covers", [])
-    covers = list(covers) if isinstance(covers, (list, tuple)) else covers
-    if "monitor" in payload and covers == list(CHECKSUM_COVERS):
-        raise ArtifactError("artifact 'monitor' block is not sealed by its checksum (covers "
-                            f"{covers}); it was added after `calibrate`: recalibrate.")
-    if seal.get("algorithm") != "sha256" or covers != _covers(payload):
-        raise ArtifactError(f"artifact checksum {dict(seal)!r} is not the sha256 over "
-                            f"{_covers(payload)} this ragsieve writes.")
-    try:
-        actual = _checksum(payload)
-    except (TypeError, ValueError) as exc:
-        raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
-    if actual != seal["value"]:
-        raise ArtifactError(
-            "artifact checksum mismatch: its scorer, calibration, policy or monitor block was "
-            "edited after `calibrate` wrote it; recalibrate rather than editing a filter by hand."
-        )
+_covers, _checksum, _check_checksum = covers, seal_value, check_seal
 
 
 def _strict_bool(block: Mapping[str, Any], key: str) -> bool:
@@ -797,25 +775,192 @@ def _read_payload(payload: Mapping[str, Any], version: int) -> tuple[dict[str, A
     return dict(spec), calibrator, group_by, min_keep
 
 
-def read_artifact(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a filter artifact's JSON without building the filter.
+#: The top-level fields of an artifact (format version 2; version 1 has no monitor or checksum).
+_FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
+           "policy", "data", "monitor", "checksum")
+
+
+def read_artifact_text(path: str | os.PathLike[str], *,
+                       max_bytes: int = MAX_ARTIFACT_BYTES) -> str:
+    """The text of an artifact file, refused cheaply when it is larger than ``max_bytes``.
+
+    The size is read from ``stat`` before the file is opened, and at most ``max_bytes + 1``
+    bytes are read (a file growing meanwhile is refused too).
+
+    Raises
+    ------
+    ArtifactTooLargeError
+        The file is larger than ``max_bytes``.
+    ArtifactError
+        The file is missing, not a regular file, unreadable or not UTF-8.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes == {max_bytes!r}, must be an int >= 1.")
+    name = os.fspath(path)
+    try:
+        size = _regular_size(name)
+        if size <= max_bytes:
+            with open(name, "rb") as fh:
+                data = fh.read(max_bytes + 1)
+            size = len(data)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read filter artifact {name!r}: {exc}") from exc
+    if size > max_bytes:
+        raise ArtifactTooLargeError(
+            f"filter artifact {name!r} has {size} bytes, more than the limit of {max_bytes} "
+            "(max_artifact_bytes, --max-artifact-bytes); nothing was parsed.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"cannot read filter artifact {name!r}: {exc}") from exc
+
+
+def _regular_size(name: str) -> int:
+    """The size of a regular file (``OSError`` for anything else: a FIFO is never opened)."""
+    st = os.stat(name)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{name!r} is not a regular file")
+    return st.st_size
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_artifact(text: str, source: str) -> dict[str, Any]:
+    """Parse an artifact's text, type-check every field and verify its seal.
+
+    Every reader of an artifact goes through this function (:func:`read_artifact`, the
+    service's reload check), and :meth:`ConformalFilter.from_dict` runs the same field
+    checks (:func:`check_artifact_fields`) on a dict.
+
+    Parameters
+    ----------
+    text : str
+        The artifact's JSON text.
+    source : str
+        Where it came from (a path), for the error messages.
+
+    Returns
+    -------
+    dict
+        The artifact, checked (the filter is not built).
 
     Raises
     ------
     ArtifactError
-        The file cannot be read, is not UTF-8, or is not a JSON object.
+        Not strict JSON (NaN and Infinity are refused), not an object, or a field the
+        checks of :func:`check_artifact_fields` refuse; the message names ``source``.
     """
-    path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"cannot read filter artifact {str(path)!r}: {exc}") from exc
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"filter artifact {str(path)!r} is not valid JSON: {exc}") from exc
+        payload = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
     if not isinstance(payload, dict):
         raise ArtifactError(
-            f"filter artifact {str(path)!r} holds a JSON {type(payload).__name__}, expected an object."
+            f"filter artifact {source!r} holds a JSON {type(payload).__name__}, expected an object."
         )
+    try:
+        check_artifact_fields(payload)
+    except ArtifactError as exc:
+        raise ArtifactError(f"filter artifact {source!r}: {exc}") from exc
     return payload
+
+
+def check_artifact_fields(payload: Any) -> int:
+    """Type-check every top-level field of an artifact dict and verify its seal.
+
+    ``format`` is ``"ragsieve.filter"``; ``format_version`` 1 or 2; ``library_version`` a
+    string; ``created`` an ISO-8601 string; ``scorer``, ``calibration``, ``policy`` and
+    ``data`` objects; version 2 has a valid ``checksum`` seal and, when present, a valid
+    ``monitor`` block. Unknown fields are refused. The blocks' contents are checked when
+    the filter is built (:meth:`ConformalFilter.from_dict`).
+
+    Returns
+    -------
+    int
+        The format version.
+
+    Raises
+    ------
+    ArtifactError
+        The first field that is missing, unknown or of the wrong type, or a broken seal.
+    """
+    version = _check_format(payload)
+    unknown = sorted(set(payload) - set(_FIELDS))
+    if unknown:
+        raise ArtifactError(f"artifact has unknown field(s) {unknown}; expected only "
+                            f"{list(_FIELDS)} (free-form notes belong in 'data').")
+    for key in ("scorer", "calibration"):
+        if not isinstance(payload.get(key), Mapping):
+            raise ArtifactError(f"malformed filter artifact: {key!r} is "
+                                f"{_kind(payload.get(key))}, expected an object.")
+    if not isinstance(payload["scorer"].get("scorer"), str):
+        raise ArtifactError(f"malformed filter artifact: scorer 'scorer' == "
+                            f"{payload['scorer'].get('scorer')!r}, expected a scorer name.")
+    for key in ("policy", "data"):
+        if key in payload and not isinstance(payload[key], Mapping):
+            raise ArtifactError(f"artifact {key!r} is {_kind(payload[key])}, expected an object.")
+    if "library_version" in payload and not isinstance(payload["library_version"], str):
+        raise ArtifactError(f"artifact 'library_version' is {_kind(payload['library_version'])}, "
+                            "expected a string.")
+    if "created" in payload:
+        _check_created(payload["created"])
+    if version == 1:
+        extra = sorted({"monitor", "checksum"} & set(payload))
+        if extra:
+            raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
+                                "recalibrate.")
+        return version
+    check_seal(payload)
+    if "monitor" in payload:
+        read_monitor_block(payload["monitor"])
+    return version
+
+
+def _kind(value: Any) -> str:
+    return "missing" if value is None else f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _check_format(payload: Any) -> int:
+    if not isinstance(payload, Mapping) or payload.get("format") != ARTIFACT_FORMAT:
+        got = payload.get("format") if isinstance(payload, Mapping) else type(payload).__name__
+        raise ArtifactError(
+            f"not a ragsieve filter artifact: format == {got!r:.80}, expected {ARTIFACT_FORMAT!r}."
+        )
+    version = payload.get("format_version")
+    if version not in (1, ARTIFACT_VERSION) or isinstance(version, bool) \
+            or not isinstance(version, int):
+        raise ArtifactError(
+            f"artifact format_version == {version!r:.80}; this ragsieve ({__version__}) reads "
+            f"versions 1 and {ARTIFACT_VERSION}."
+        )
+    return int(version)
+
+
+def _check_created(value: Any) -> None:
+    try:
+        _dt.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ArtifactError(f"artifact 'created' is {_kind(value)}, expected an ISO-8601 "
+                            "date-time string (e.g. '2025-01-31T12:00:00+00:00').") from None
+
+
+def read_artifact(path: str | os.PathLike[str], *,
+                  max_bytes: int = MAX_ARTIFACT_BYTES) -> dict[str, Any]:
+    """Read a filter artifact (checked, seal verified) without building the filter.
+
+    Parameters
+    ----------
+    path : path-like
+        The JSON artifact.
+    max_bytes : int, default=64 MiB
+        Larger files are refused before they are read (:func:`read_artifact_text`).
+
+    Raises
+    ------
+    ArtifactError
+        The file cannot be read, is too large (``ArtifactTooLargeError``), is not UTF-8 or
+        JSON, or :func:`parse_artifact` refuses it.
+    """
+    return parse_artifact(read_artifact_text(path, max_bytes=max_bytes), os.fspath(path))

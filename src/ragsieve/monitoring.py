@@ -120,6 +120,7 @@ from ._monitor_reference import (
     reference_block,
     separation,
 )
+from ._seal import check_seal
 from ._sqlite import connect_shared
 from ._validation import check_alpha, check_scores
 
@@ -412,8 +413,8 @@ class ExchangeabilityMonitor:
         Raises
         ------
         ArtifactError
-            A malformed ``"monitor"`` block, or one of a statistic this ragsieve does not
-            compute.
+            A malformed ``"monitor"`` block, one of a statistic this ragsieve does not
+            compute, or (for a whole artifact, one with a ``"format"``) a broken seal.
         """
         if not isinstance(payload, Mapping):
             raise TypeError(f"payload has type {type(payload).__name__}; expected the artifact "
@@ -422,6 +423,8 @@ class ExchangeabilityMonitor:
             raise TypeError("k is fixed by the artifact's monitor block; do not pass it.")
         if payload.get("monitor") is None:
             return None
+        if "format" in payload:  # a whole artifact, not a bare {"monitor": block}: sealed
+            check_seal(payload)
         block = read_monitor_block(payload["monitor"])
         return cls(block["reference"], k=block["k"], **kwargs)
 

@@ -1,18 +1,26 @@
 """Hot reload: artifact generations shared by the processes of one ``serve``.
 
-A reload reads the served artifact's path again, checks the new artifact completely
-(JSON, checksum, calibration state, scorer, the served index, ``--adaptive``'s mode, the
-monitor reference) and only then publishes it as the next *generation* in a small SQLite
-file of the state directory (``control.sqlite``: generation, checksum, the artifact's
-text). Every app polls the latest generation and swaps in a service built from the
-published text, so all workers serve the same artifact even if the file changes again,
-and a worker restarted after a crash starts from the last good artifact, not from a file
-that was refused. A malformed artifact is never published: the old one keeps serving and
-the refusal is logged (and answered 422 by ``POST /admin/reload``).
+A reload reads the served artifact's path again (a file over ``max_artifact_bytes`` is
+refused from its ``stat``, before it is read), validates the new artifact by building
+what the service builds from it (the one reader :func:`~ragsieve.filter.parse_artifact`:
+JSON, every field's type, the seal; then the filter, the calibration state, the scorer,
+the served index, ``--adaptive``'s mode, the monitor and the ``/healthz`` view) and only
+then publishes it as the next *generation* in a small SQLite file of the state directory
+(``control.sqlite``: generation, checksum, the artifact's text; the newest
+``_KEEP_GENERATIONS`` are kept). Every app polls the latest generation and swaps in a
+service built from the published text, so all workers serve the same artifact even if the
+file changes again. A worker that cannot build the newest generation (or starts after a
+crash and cannot) serves the newest one it can build and says so in ``/healthz``
+(``published_generation``, ``degraded``). A refused artifact is never published: the old
+one keeps serving and the refusal is logged (and answered 413 for a file over the size
+cap, 422 otherwise, by ``POST /admin/reload``).
 
 Triggers: ``SIGHUP`` (to the ``serve`` process; with ``--workers`` the parent), ``POST
 /admin/reload`` (in the worker that receives it, which swaps before answering), and with
-``--watch`` a change of the file's modification time, size or inode (polled).
+``--watch`` a change of the file's modification time, size or inode (polled). A refused
+file is not read again until one of them changes; a file is published unless it is the
+very text the app serves of the newest generation, so a good file put back after a
+refusal is picked up.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import datetime as _dt
 import hashlib
 import logging
 import os
+import sqlite3
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,18 +37,28 @@ from pathlib import Path
 from typing import Any
 
 from .._sqlite import connect_shared
-from ..errors import ArtifactError
-from ..filter import ConformalFilter
+from ..errors import ArtifactError, DataError
+from ..filter import MAX_ARTIFACT_BYTES, ConformalFilter, parse_artifact, read_artifact_text
 
-__all__ = ["ArtifactCheck", "Generation", "Generations", "Publisher", "check_artifact",
-           "file_signature"]
+__all__ = ["DEFAULT_MAX_ARTIFACT_BYTES", "ArtifactCheck", "Generation", "Generations", "Publisher",
+           "check_artifact", "file_signature", "read_text"]
 
 logger = logging.getLogger(__name__)
 
 #: Largest artifact file a service reads (bigger ones are refused before parsing).
-DEFAULT_MAX_ARTIFACT_BYTES = 64 * 2**20
+DEFAULT_MAX_ARTIFACT_BYTES = MAX_ARTIFACT_BYTES
 #: Generations kept in the control file (older ones are deleted).
 _KEEP_GENERATIONS = 3
+#: The control file's table and its columns.
+_CREATE = ("CREATE TABLE IF NOT EXISTS generations (number INTEGER PRIMARY KEY, checksum TEXT "
+           "NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, time TEXT NOT NULL)")
+_COLUMNS = ["number", "checksum", "text", "source", "time"]
+#: Rows of another shape than :class:`Generation`'s (an edited or foreign file).
+_BAD_ROWS = ("SELECT count(*) FROM generations WHERE typeof(number) != 'integer' OR "
+             "typeof(checksum) != 'text' OR typeof(text) != 'text' OR typeof(source) != 'text'")
+
+#: The artifact file's text, read with the size cap (one reader: ``filter.read_artifact_text``).
+read_text = read_artifact_text
 
 
 def _now() -> str:
@@ -71,15 +90,43 @@ class Generations:
     ----------
     path : str or Path
         ``control.sqlite`` in the state directory (created).
+
+    Raises
+    ------
+    DataError
+        The file is not an SQLite database, is corrupt or has another schema (the message
+        names the file and ``--state-dir``).
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._db = connect_shared(self.path)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS generations (number INTEGER PRIMARY KEY, checksum TEXT "
-            "NOT NULL, text TEXT NOT NULL, source TEXT NOT NULL, time TEXT NOT NULL)")
+        try:
+            self._db = connect_shared(self.path)
+        except sqlite3.DatabaseError as exc:
+            raise self._unusable(exc) from exc
+        try:
+            self._db.execute(_CREATE)
+            self._check_schema()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise self._unusable(exc) from exc
+
+    def _check_schema(self) -> None:
+        found = [row[1] for row in self._db.execute("PRAGMA table_info(generations)")]
+        if found != _COLUMNS:
+            raise sqlite3.DatabaseError(f"table 'generations' has columns {found}, expected "
+                                        f"{_COLUMNS}")
+        check = self._db.execute("PRAGMA quick_check").fetchone()
+        if check is None or check[0] != "ok":
+            raise sqlite3.DatabaseError(f"quick_check: {check and check[0]}")
+        bad = int(self._db.execute(_BAD_ROWS).fetchone()[0])
+        if bad:
+            raise sqlite3.DatabaseError(f"{bad} generation row(s) of the wrong types")
+
+    def _unusable(self, exc: BaseException) -> DataError:
+        return DataError(f"state file {str(self.path)!r} is not a ragsieve control file ({exc}); "
+                         "move it away or pass another --state-dir.")
 
     def publish(self, text: str, checksum: str, source: str) -> int:
         """Add the next generation; returns its number."""
@@ -106,9 +153,21 @@ class Generations:
 
     def latest(self) -> Generation | None:
         """The newest generation, or None."""
+        newest = self.history(limit=1)
+        return newest[0] if newest else None
+
+    def history(self, *, limit: int = _KEEP_GENERATIONS) -> list[Generation]:
+        """The kept generations, newest first (a worker walks back through them)."""
+        with self._lock:
+            rows = self._db.execute("SELECT number, checksum, text, source FROM generations "
+                                    "ORDER BY number DESC LIMIT ?", (limit,)).fetchall()
+        return [Generation(int(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    def get(self, number: int) -> Generation | None:
+        """Generation ``number``, or None when it is not kept."""
         with self._lock:
             row = self._db.execute("SELECT number, checksum, text, source FROM generations "
-                                   "ORDER BY number DESC LIMIT 1").fetchone()
+                                   "WHERE number = ?", (number,)).fetchone()
         return None if row is None else Generation(int(row[0]), row[1], row[2], row[3])
 
     def close(self) -> None:
@@ -133,22 +192,18 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
                    scorer: Any = None) -> ArtifactCheck:
     """Check an artifact's text as the service would load it (no model is loaded).
 
+    The text is read by :func:`~ragsieve.filter.parse_artifact` (every field's type, the
+    seal), then the filter is built. :meth:`~ragsieve.server.service.Runtime.check` adds
+    the ``/healthz`` view.
+
     Raises
     ------
     ArtifactError
-        Not JSON, bad checksum or state, a scorer that cannot be rebuilt or does not match
-        the served index, a mode other than ``adaptive`` under ``--adaptive``, or a
-        malformed monitor reference.
+        Not JSON, a field of the wrong type, a broken seal, bad state, a scorer that cannot
+        be rebuilt or does not match the served index, a mode other than ``adaptive``
+        under ``--adaptive``, or a malformed monitor reference.
     """
-    import json
-
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise ArtifactError(f"filter artifact {source!r} holds a JSON "
-                            f"{type(payload).__name__}, expected an object.")
+    payload = parse_artifact(text, source)
     reuse = scorer if scorer is not None and scorer.spec() == payload.get("scorer") else None
     try:
         flt = ConformalFilter.from_dict(payload, scorer=reuse, scorer_options=scorer_options)
@@ -176,14 +231,6 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
     return ArtifactCheck(payload, text, artifact_checksum(payload, text), flt)
 
 
-def read_text(path: str | Path, *, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> str:
-    """The artifact file's text (``ArtifactError`` when unreadable)."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"cannot read filter artifact {str(path)!r}: {exc}") from exc
-
-
 def file_signature(path: str | Path) -> tuple[int, int, int] | None:
     """(mtime_ns, size, inode) of ``path``, or None when it cannot be read."""
     try:
@@ -206,35 +253,45 @@ class Publisher:
     generations : Generations
         The control file.
     check : callable
-        ``check(text, source) -> ArtifactCheck``; raises ``ArtifactError`` to refuse.
+        ``check(text, source) -> ArtifactCheck``; raises ``ArtifactError`` to refuse. It
+        builds what the service builds, so nothing that cannot be served is published.
     before_publish : callable, optional
         Called with ``(check, previous_checksum)`` after the check and before the publish
         (resets the shared monitor when the checksum changed, before any worker uses it).
+    max_bytes : int
+        Larger files are refused from their size, unread.
+    served : callable, optional
+        ``served() -> int | None``: the generation this process serves (the file watch
+        publishes unless the file is that generation's text and it is the newest). None:
+        the newest published one (the parent of ``--workers``, which serves nothing).
     """
 
     def __init__(self, path: str | Path, generations: Generations,
                  check: Callable[[str, str], ArtifactCheck],
                  before_publish: Callable[[ArtifactCheck, str | None], object] | None = None,
-                 *, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> None:
+                 *, max_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+                 served: Callable[[], int | None] | None = None) -> None:
         self.path = Path(path)
         self.max_bytes = max_bytes
         self.generations = generations
         self.check = check
         self.before_publish = before_publish
+        self.served = served
         self.lock = threading.Lock()
         self.signature = file_signature(self.path)
 
     def publish(self, reason: str, *, only_if_changed: bool = False) -> tuple[ArtifactCheck, int]:
         """Read, check and publish the artifact at the served path.
 
-        With ``only_if_changed`` (the file watch), an artifact equal to the newest
-        generation (same checksum: e.g. already published by ``POST /admin/reload``) is
-        not published again; the newest generation's number is returned.
+        With ``only_if_changed`` (the file watch), a file whose text is the served
+        generation's, while that generation is the newest (e.g. already published by
+        ``POST /admin/reload``), is not published again; its number is returned.
 
         Raises
         ------
         ArtifactError
-            The artifact was refused (logged; nothing published).
+            The artifact was refused (logged; nothing published); ``ArtifactTooLargeError``
+            for a file over ``max_bytes``.
         """
         with self.lock:
             signature = file_signature(self.path)
@@ -243,16 +300,13 @@ class Publisher:
                 checked = self.check(text, str(self.path))
             except ArtifactError as exc:
                 self.signature = signature  # do not retry the same bad file on every poll
-                current = self.generations.latest()
-                logger.error("reload (%s) refused: %s; still serving generation %s (checksum %s)",
-                             reason, exc, current.number if current else "?",
-                             current.checksum[:12] if current else "?")
+                self._log_refusal(reason, exc)
                 raise
             previous = self.generations.latest()
             previous_checksum = previous.checksum if previous else None
-            if only_if_changed and previous is not None and checked.checksum == previous_checksum:
+            if only_if_changed and self._is_served(previous, checked.text):
                 self.signature = signature
-                return checked, previous.number
+                return checked, previous.number  # type: ignore[union-attr]
             if self.before_publish is not None:
                 self.before_publish(checked, previous_checksum)
             number = self.generations.publish(checked.text, checked.checksum, reason)
@@ -261,6 +315,19 @@ class Publisher:
                        reason, number, checked.checksum[:12], checked.filter.mode,
                        "" if checked.checksum != previous_checksum else ", unchanged", self.path)
         return checked, number
+
+    def _is_served(self, newest: Generation | None, text: str) -> bool:
+        """True when ``text`` is the newest generation's and this process serves it."""
+        if newest is None or newest.text != text:
+            return False
+        return self.served is None or self.served() == newest.number
+
+    def _log_refusal(self, reason: str, exc: ArtifactError) -> None:
+        served = None if self.served is None else self.served()
+        current = self.generations.latest() if served is None else self.generations.get(served)
+        logger.error("reload (%s) refused: %s; still serving generation %s (checksum %s)",
+                     reason, exc, current.number if current else "?",
+                     current.checksum[:12] if current else "?")
 
     def file_changed(self) -> bool:
         """True when the file's (mtime, size, inode) differs from the last one read."""

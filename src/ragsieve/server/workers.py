@@ -3,9 +3,10 @@
 :func:`run_workers` (called by :func:`~ragsieve.server.run_server` with ``workers > 1``)
 prepares everything the workers share, then runs uvicorn's process supervisor:
 
-* the state directory (locked by this parent process): the artifact is checked and
-  published as generation 1 in ``control.sqlite``; each worker serves the newest
-  generation and polls for a newer one every 0.5 s;
+* the state directory (locked by this parent process): the artifact is checked (by
+  building what a worker builds) and published as generation 1 in ``control.sqlite``;
+  each worker serves the newest generation it can build and polls for a newer one every
+  0.5 s;
 * the exchangeability monitor's store (``monitor-<checksum>.sqlite``, reset at start and
   on a reload of another artifact): one sequential martingale over the merged stream of
   requests of all workers, updated in a transaction per request;
@@ -20,7 +21,10 @@ environment variable ``RAGSIEVE_SERVE_CONFIG``, the API key from
 ``SIGHUP`` by checking the artifact file and publishing it (uvicorn's own handler would
 restart the processes); a refused artifact is logged and nothing changes. ``--watch``
 runs in the parent too. A worker that dies is replaced by uvicorn and starts from the
-newest published (so last good) artifact.
+newest published generation it can build (walking back through the kept ones, reported
+by ``/healthz`` as ``degraded``). A worker that can build none exits with uvicorn's
+start-up failure code, which stops the service (an error, exit 2) instead of a loop of
+replacement workers dying at start.
 """
 
 from __future__ import annotations
@@ -31,14 +35,24 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from .._optional import require
-from .reload import ArtifactCheck, Generations, Publisher, Trigger, check_artifact, read_text
-from .service import monitor_from_artifact, reset_shared_monitor
+from ..errors import ArtifactError, DataError
+from .reload import (
+    DEFAULT_MAX_ARTIFACT_BYTES,
+    ArtifactCheck,
+    Generations,
+    Publisher,
+    Trigger,
+    check_artifact,
+    read_text,
+)
+from .service import artifact_view, monitor_from_artifact, reset_shared_monitor
 from .state import StateLock
 
 __all__ = ["API_KEY_ENV", "CONFIG_ENV", "app_from_env", "run_workers"]
@@ -51,6 +65,8 @@ CONFIG_ENV = "RAGSIEVE_SERVE_CONFIG"
 API_KEY_ENV = "RAGSIEVE_SERVE_API_KEY"
 #: Seconds between two looks at the artifact file (``--watch``).
 POLL_SECONDS = 0.5
+#: uvicorn's exit code of a worker that failed before serving (its supervisor then stops).
+STARTUP_FAILURE = 3
 
 
 def __getattr__(name: str) -> Any:
@@ -90,8 +106,12 @@ def app_from_env() -> Any:
     from .app import _create_app
 
     options = dict(config["app"])
-    return _create_app(config["filter_path"], role="worker",
-                       api_key=os.environ.get(API_KEY_ENV) or None, **options)
+    try:
+        return _create_app(config["filter_path"], role="worker",
+                           api_key=os.environ.get(API_KEY_ENV) or None, **options)
+    except (ArtifactError, ValueError, OSError) as exc:
+        logging.getLogger(__name__).error("worker pid %d cannot start: %s", os.getpid(), exc)
+        sys.exit(STARTUP_FAILURE)  # the supervisor stops the service: no restart loop
 
 
 def _create_app_defaults() -> dict[str, Any]:
@@ -160,27 +180,30 @@ def run_workers(
                                                  "PROMETHEUS_MULTIPROC_DIR")}
     generations: Generations | None = None
     trigger: Trigger | None = None
+    max_bytes = app_options.get("max_artifact_bytes", DEFAULT_MAX_ARTIFACT_BYTES)
     try:
         generations = Generations(state / "control.sqlite")
 
         def check(text: str, source: str) -> ArtifactCheck:
-            return check_artifact(
+            checked = check_artifact(
                 text, source, scorer_options=scorer_options, index_path=index_path,
                 adaptive=adaptive,
                 monitor_check=lambda p: monitor_from_artifact(p, delta=delta, store=None))
+            artifact_view(checked)  # what a worker builds and shows: a bad one fails here
+            return checked
 
         def before_publish(checked: ArtifactCheck, previous: str | None) -> None:
             if checked.checksum != previous:
                 reset_shared_monitor(checked.payload, checked.checksum, state, delta)
 
-        for old in state.glob("monitor-*.sqlite*"):  # a new serve starts a new martingale
-            old.unlink(missing_ok=True)
-        checked = check(read_text(filter_path), str(filter_path))
+        _remove_monitor_stores(state)  # a new serve starts a new martingale
+        checked = check(read_text(filter_path, max_bytes=max_bytes), str(filter_path))
         reset_shared_monitor(checked.payload, checked.checksum, state, delta)
         number = generations.publish(checked.text, checked.checksum, "start")
         logger.info("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
                        filter_path, number, checked.checksum[:12], workers, state)
-        publisher = Publisher(filter_path, generations, check, before_publish)
+        publisher = Publisher(filter_path, generations, check, before_publish,
+                              max_bytes=max_bytes)
         trigger = Trigger(publisher, watch=watch, interval=POLL_SECONDS)
         worker_options = {
             "state_dir": state, "feedback_db": feedback_db, "adaptive": adaptive,
@@ -211,6 +234,10 @@ def run_workers(
             on_start()
         logger.info("ragsieve server on http://%s:%d (%d workers)", host, port, workers)
         supervisor.run()
+        failed = [p.pid for p in supervisor.processes if p.exitcode == STARTUP_FAILURE]
+        if failed:
+            raise ArtifactError(f"worker {failed[0]} could not start (see the log above); the "
+                                "service stopped rather than restart it in a loop.")
     finally:
         if trigger is not None:
             trigger.stop()
@@ -225,6 +252,16 @@ def run_workers(
         shutil.rmtree(metrics_dir, ignore_errors=True)
         if temporary:
             shutil.rmtree(state, ignore_errors=True)
+
+
+def _remove_monitor_stores(state: Path) -> None:
+    """Delete the monitor stores of an earlier serve (``DataError`` naming one that stays)."""
+    for old in state.glob("monitor-*.sqlite*"):
+        try:
+            old.unlink(missing_ok=True)
+        except OSError as exc:
+            raise DataError(f"state file {str(old)!r} cannot be removed ({exc}); move it away or "
+                            "pass another --state-dir.") from exc
 
 
 def _tcp(sock: socket.socket) -> socket.socket:
