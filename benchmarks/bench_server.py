@@ -17,16 +17,32 @@ in one run:
 process (so only the server is measured), started with an empty embedding cache, which
 gets ``--long-rounds`` (2) rounds of ``--long-clients`` (4) concurrent ``/filter``
 requests, each with one snippet of ``--long-chars`` (~1 MB) characters built from XQuAD
-paragraphs (no snippet sent twice). Reported: the child's RSS before, its peak RSS during
+paragraphs (no snippet sent twice), with ``max_pieces`` raised so that they are served
+(a 1 MB snippet is ~2,400 pieces; the default budget refuses it with 413). Reported: the child's RSS before, its peak RSS during
 each round (``VmHWM`` of ``/proc/PID/status``, reset before each round where the kernel
 allows; psutil's RSS where ``/proc`` is missing) and after it, the latencies and what the
 answers say (``n_cut``, kept spans). A second round that peaks no higher than the first
 shows the memory is bounded per request, not growing with what was sent.
 
+``--fairness`` measures how one client's small requests fare beside a large one. It
+first measures the model's throughput in this process (pieces/s of fresh ~410-character
+pieces, for the default MiniLM ``EmbeddingScorer`` and the fused ``best`` score: the
+numbers behind ``DEFAULT_MAX_PIECES``), then serves the filter with ``run_server`` in a
+child process, once per source tree given (``--before-src DIR``, e.g. a worktree of the
+code before the fair queue, run with ``PYTHONPATH=DIR``; then this tree), and in each:
+one client sends cached 3-snippet ``/filter`` requests back to back (alone, then while
+``--fair-rounds`` large requests of ``--large-snippets`` fresh 550-character snippets
+(within the default budget) are in flight one after the other, then while one request of
+``--huge-snippets`` fresh snippets (above it: 413 on the budgeted service) is sent).
+Reported per phase: the small requests' count, p50, p99 and max latency, and the large
+requests' status and latency.
+
 Usage: ``python benchmarks/bench_server.py [--requests 200] [--clients 4] [--snippets 10]
-[--k 20] [--endpoints filter,query] [--warm] [--json]`` or ``python
+[--k 20] [--endpoints filter,query] [--warm] [--json]``, ``python
 benchmarks/bench_server.py --long [--long-chars 1000000] [--long-clients 4]
-[--long-rounds 2] [--json]``
+[--long-rounds 2] [--json]`` or ``python benchmarks/bench_server.py --fairness
+[--before-src /work/orig/src] [--large-snippets 120] [--huge-snippets 1000]
+[--fair-rounds 3] [--json]``
 """
 
 from __future__ import annotations
@@ -110,7 +126,16 @@ _SERVER_CHILD = """
 import sys
 from ragsieve.server import run_server
 run_server(sys.argv[1], port=int(sys.argv[2]), log_level="warning",
-           max_body_bytes=int(sys.argv[3]), scorer_options={"cache_dir": sys.argv[4]})
+           max_body_bytes=int(sys.argv[3]), scorer_options={"cache_dir": sys.argv[4]},
+           max_pieces=int(sys.argv[5]))
+"""
+
+
+#: The child process of ``--fairness``: ``run_server`` with the options given as JSON.
+_FAIR_CHILD = """
+import json, sys
+from ragsieve.server import run_server
+run_server(sys.argv[1], port=int(sys.argv[2]), log_level="warning", **json.loads(sys.argv[3]))
 """
 
 
@@ -177,7 +202,8 @@ def _run_long(args: argparse.Namespace) -> dict[str, Any]:
         max_body = args.long_chars * 2 + 10_000
         cmd = [sys.executable, "-c", _SERVER_CHILD, str(path), str(port), str(max_body)]
         # a fresh embedding cache for the server: every piece is embedded, none read back
-        child = subprocess.Popen([*cmd, str(Path(tmp) / "server-cache")])
+        child = subprocess.Popen([*cmd, str(Path(tmp) / "server-cache"),
+                                  str(args.long_chars // 100)])  # above the pieces sent
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 300
@@ -243,6 +269,162 @@ def _long_round(
     }
 
 
+def _model_rate(pairs: list[Any], cache_dir: str, n: int = 128) -> list[dict[str, Any]]:
+    """Pieces/s of fresh ~410-character pieces through ``filter`` (model warm), 3 repeats."""
+    from ragsieve import ConformalFilter
+    from ragsieve.chunking import chunk_text
+    from ragsieve.scoring import EmbeddingScorer, resolve_scorer
+
+    contexts = list(dict.fromkeys(p.text for p in pairs))
+    text = " ".join(f"(r.{i}) {t}" for i, t in enumerate(contexts * 3))[:120_000]
+    pieces = [s.text for s in chunk_text(text, "r", overlap=250)][:n]
+    rows = []
+    for name in ("embedding", "best"):
+        scorer = EmbeddingScorer(cache_dir=cache_dir) if name == "embedding" else (
+            resolve_scorer("best", cache_dir=cache_dir))
+        flt = ConformalFilter(scorer, alpha=0.2).calibrate(pairs[::5][:400])
+        rates = []
+        for _ in range(3):
+            tag = f"{name}-{time.time_ns()}"
+            batch = [f"[{tag}.{i}] {p}" for i, p in enumerate(pieces)]
+            t0 = time.perf_counter()
+            flt.filter("Who won?", batch)
+            rates.append(round(len(batch) / (time.perf_counter() - t0), 1))
+        rows.append({"scorer": name, "pieces": len(pieces),
+                     "mean_chars": round(float(np.mean([len(p) for p in pieces]))),
+                     "pieces_per_s": rates})
+    return rows
+
+
+def _fresh_snippets(contexts: list[str], n: int, tag: str) -> list[str]:
+    """``n`` snippets of 550 characters nobody sent before (one piece each)."""
+    text = _long_text(contexts, 600 * n, tag)
+    return [text[600 * i : 600 * i + 550] for i in range(n)]
+
+
+def _small_while(base: str, small: dict[str, Any], large: list[dict[str, Any]]
+                 ) -> dict[str, Any]:
+    """Small requests back to back from one client while ``large`` are sent one by one."""
+    import httpx
+
+    done = threading.Event()
+    big: list[tuple[int, float]] = []
+
+    def send_large() -> None:
+        try:
+            for body in large:
+                t0 = time.perf_counter()
+                r = httpx.post(base + "/filter", json=body, timeout=3600)
+                big.append((r.status_code, round(time.perf_counter() - t0, 2)))
+        finally:
+            done.set()
+
+    lat: list[float] = []
+    with httpx.Client(timeout=3600) as client:
+        thread = threading.Thread(target=send_large)
+        thread.start()
+        while not done.is_set() or not lat:
+            t0 = time.perf_counter()
+            client.post(base + "/filter", json=small).raise_for_status()
+            lat.append(time.perf_counter() - t0)
+        thread.join()
+    arr = np.asarray(lat) * 1e3
+    return {"n_small": len(lat), "p50_ms": round(float(np.percentile(arr, 50)), 1),
+            "p99_ms": round(float(np.percentile(arr, 99)), 1),
+            "max_ms": round(float(arr.max()), 1),
+            "large_status": [c for c, _ in big], "large_s": [t for _, t in big]}
+
+
+def _fair_server(src: str | None, path: Path, cache_dir: str, pairs: list[Any],
+                 contexts: list[str], args: argparse.Namespace, label: str,
+                 tag: str) -> dict[str, Any]:
+    """One server (code from ``src``, or this tree): small latency alone and beside large."""
+    import httpx
+
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    port = _free_port()
+    options = {"max_body_bytes": 16 * 2**20, "scorer_options": {"cache_dir": cache_dir}}
+    child = subprocess.Popen([sys.executable, "-c", _FAIR_CHILD, str(path), str(port),
+                              json.dumps(options)], env=env)
+    base = f"http://127.0.0.1:{port}"
+    small = {"query": pairs[400].query, "snippets": [p.text for p in pairs[400:403]]}
+    try:
+        _wait_healthy(base, child)
+        httpx.post(base + "/filter", json=small, timeout=600).raise_for_status()  # cached now
+        alone = load_test(base + "/filter", [small], 100, 1)
+        within = [{"query": pairs[300 + r].query,
+                   "snippets": _fresh_snippets(contexts, args.large_snippets, f"{tag}w{r}")}
+                  for r in range(args.fair_rounds)]
+        huge = [{"query": pairs[350].query,
+                 "snippets": _fresh_snippets(contexts, args.huge_snippets, f"{tag}h")}]
+        return {"code": label, "alone": alone, "within_budget": _small_while(base, small, within),
+                "above_budget": _small_while(base, small, huge)}
+    finally:
+        child.terminate()
+        child.wait(timeout=60)
+
+
+def _wait_healthy(base: str, child: subprocess.Popen[bytes]) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(base + "/healthz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if child.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the server did not start (exit code {child.poll()})")
+        time.sleep(0.5)
+
+
+def _run_fairness(args: argparse.Namespace) -> dict[str, Any]:
+    """Model throughput, then small-request latency beside large ones, before and after."""
+    from ragsieve import ConformalFilter
+    from ragsieve.data import load_xquad
+    from ragsieve.scoring import EmbeddingScorer
+
+    pairs = load_xquad("en")
+    contexts = list(dict.fromkeys(p.text for p in pairs))
+    rate = _model_rate(pairs, args.cache_dir)
+    servers = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "filter.json"
+        ConformalFilter(EmbeddingScorer(cache_dir=args.cache_dir), alpha=0.2).calibrate(
+            pairs[:300]).save(path)
+        codes = ([("before", args.before_src)] if args.before_src else []) + [("after", None)]
+        run = time.time_ns()  # in the snippets' tags: nothing is in the cache of earlier runs
+        for label, src in codes:
+            servers.append(_fair_server(src, path, args.cache_dir, pairs, contexts, args, label,
+                                        f"{label}{run}"))
+    return {"model_rate": rate, "large_snippets": args.large_snippets,
+            "huge_snippets": args.huge_snippets, "rounds": args.fair_rounds,
+            "load_avg_1m_end": round(os.getloadavg()[0], 2), "servers": servers}
+
+
+def _print_fairness(out: dict[str, Any]) -> None:
+    for r in out["model_rate"]:
+        print(f"model: {r['scorer']:<9} {r['pieces']} fresh pieces of ~{r['mean_chars']} "
+              f"chars: {r['pieces_per_s']} pieces/s")
+    print(f"small = cached 3-snippet /filter from one client; within = {out['rounds']} x "
+          f"{out['large_snippets']} fresh snippets; above = 1 x {out['huge_snippets']}; "
+          f"load average at end {out['load_avg_1m_end']}")
+    print("{:<7} {:<7} {:>7} {:>9} {:>9} {:>9}  {}".format(
+        "code", "phase", "n", "p50 ms", "p99 ms", "max ms", "large requests (status, s)"))
+    for srv in out["servers"]:
+        a = srv["alone"]
+        print(f"{srv['code']:<7} {'alone':<7} {100:>7} {a['p50_ms']:>9} {a['p99_ms']:>9} "
+              f"{'':>9}")
+        for phase in ("within_budget", "above_budget"):
+            r = srv[phase]
+            print(f"{srv['code']:<7} {phase.split('_')[0]:<7} {r['n_small']:>7} {r['p50_ms']:>9} "
+                  f"{r['p99_ms']:>9} {r['max_ms']:>9}  "
+                  f"{list(zip(r['large_status'], r['large_s'], strict=True))}")
+
+
 def _print_long(out: dict[str, Any]) -> None:
     print(
         f"{out['requests_per_round']} concurrent /filter requests per round, one snippet of "
@@ -277,7 +459,24 @@ def main() -> None:
     ap.add_argument("--long-chars", type=int, default=1_000_000, help="characters per snippet")
     ap.add_argument("--long-clients", type=int, default=4, help="concurrent long requests")
     ap.add_argument("--long-rounds", type=int, default=2, help="rounds of long requests")
+    ap.add_argument("--fairness", action="store_true",
+                    help="small-request latency beside large requests (before/after)")
+    ap.add_argument("--before-src", default=None, metavar="DIR",
+                    help="--fairness: also serve the code in DIR (put first on PYTHONPATH)")
+    ap.add_argument("--large-snippets", type=int, default=120,
+                    help="--fairness: fresh snippets per large request within the budget")
+    ap.add_argument("--huge-snippets", type=int, default=1000,
+                    help="--fairness: fresh snippets of the request above the budget")
+    ap.add_argument("--fair-rounds", type=int, default=3,
+                    help="--fairness: large requests within the budget, one after the other")
     args = ap.parse_args()
+    if args.fairness:
+        out_fair = _run_fairness(args)
+        if args.json:
+            print(json.dumps(out_fair))
+        else:
+            _print_fairness(out_fair)
+        return
     if args.long:
         out_long = _run_long(args)
         if args.json:

@@ -62,7 +62,10 @@ from .types import FilterResult, Snippet
 if TYPE_CHECKING:
     from .filter import ConformalFilter
 
-__all__ = ["SUPPORTED_SUFFIXES", "Hit", "IndexReport", "SnippetIndex", "html_to_text"]
+__all__ = [
+    "SUPPORTED_SUFFIXES", "Hit", "IndexMissingError", "IndexReport", "SnippetIndex",
+    "html_to_text",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,14 @@ _LOCK_NAME = ".ragsieve-write.lock"
 _FORMAT = 1
 _SNIPPETS = "snippets"
 _FILES = "files"
+
+
+class IndexMissingError(FileNotFoundError):
+    """An open index whose directory (or metadata file) has been removed.
+
+    Raised by every read and write of a :class:`SnippetIndex` once its files are gone, so
+    a removed index is never silently recreated empty.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +466,19 @@ class SnippetIndex:
         }
 
     def _table(self, name: str) -> Any:
+        """Table ``name`` (created empty in a new index, never in a removed one).
+
+        Raises
+        ------
+        IndexMissingError
+            The index directory or its metadata file is gone.
+        """
+        if not (self.path / _META_NAME).is_file():
+            raise IndexMissingError(
+                f"index {str(self.path)!r} is gone (no {_META_NAME} in it any more); it was "
+                "removed or moved while open. Rebuild it with `ragsieve index DOCS --index "
+                f"{self.path}` and restart, or restore the directory."
+            )
         return self._db.create_table(name, schema=self._schemas()[name], exist_ok=True)
 
     def _column(self, name: str, columns: list[str]) -> list[dict[str, Any]]:

@@ -203,6 +203,24 @@ class Scorer(ABC):
             texts.append(text)
         return self.score_batch(query, texts)
 
+    def prepare(self, query: str, snippets: Sequence[str]) -> None:
+        """Do the model work of scoring ``snippets`` ahead, so that a later call is cheap.
+
+        A service calls it on a long list a few dozen snippets at a time, between other
+        requests' work, then scores the whole list (a list-relative score needs it
+        whole). Scorers that cache what the model computes (the embedding scorer and the
+        scores built on it) fill their cache here; the default does nothing, and the
+        whole cost then falls on the scoring call.
+        """
+
+    def vector_dim(self) -> int | None:
+        """The dimension of the vectors :meth:`scores_from_vectors` takes; None: no vectors.
+
+        The default takes none; the embedding scorer gives its model's dimension (loading
+        the model), and the relative / fused scores their base scorer's.
+        """
+        return None
+
     def scores_from_vectors(self, query_vector: Any, snippet_vectors: Any) -> np.ndarray:
         """Scores from the caller's own embeddings, without a model call.
 

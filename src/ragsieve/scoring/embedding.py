@@ -162,6 +162,14 @@ class EmbeddingScorer(Scorer):
             )
         return self.scores_from_embeddings(q[0], s) if s.shape[0] else np.empty(0)
 
+    def prepare(self, query: str, snippets: Sequence[str]) -> None:
+        """Embed the query and ``snippets`` into the cache (see :meth:`Scorer.prepare`)."""
+        self.score_batch(query, snippets)
+
+    def vector_dim(self) -> int:
+        """The model's embedding dimension (loads the model)."""
+        return int(self.model.dim)
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's snippets; see :meth:`Scorer.score_batch`."""
         if not isinstance(query, str):

@@ -185,6 +185,14 @@ class FusedScorer(Scorer):
         base = np.asarray(base, dtype=float)
         return self.scores_from_features(feature_matrix(base, np.zeros(len(base), dtype=int)))
 
+    def prepare(self, query: str, snippets: Sequence[str]) -> None:
+        """The base scorer's model work for ``snippets`` (the list transform comes later)."""
+        self.base.prepare(query, snippets)
+
+    def vector_dim(self) -> int | None:
+        """The base scorer's vector dimension."""
+        return self.base.vector_dim()
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (the features need the list)."""
         self._check_fitted()

@@ -144,6 +144,14 @@ class RelativeScorer(Scorer):
         base = np.asarray(base, dtype=float)
         return relative_scores(base, np.zeros(len(base), dtype=int), self.kind)
 
+    def prepare(self, query: str, snippets: Sequence[str]) -> None:
+        """The base scorer's model work for ``snippets`` (the list transform comes later)."""
+        self.base.prepare(query, snippets)
+
+    def vector_dim(self) -> int | None:
+        """The base scorer's vector dimension."""
+        return self.base.vector_dim()
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (relative scores need the list)."""
         return self.scores_from_base(self.base.score_batch(query, snippets))

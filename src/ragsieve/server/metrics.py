@@ -21,7 +21,11 @@ Exposed (text format 0.0.4):
   the served artifact) and ``ragsieve_artifact_generation``;
 * ``ragsieve_drift_alarm`` (0 or 1) and ``ragsieve_exchangeability_martingale`` (NaN when
   the artifact has no monitor reference);
-* ``ragsieve_feedback_labels_total{relevant}`` and ``ragsieve_reloads_total{outcome}``.
+* ``ragsieve_feedback_labels_total{relevant}`` and ``ragsieve_reloads_total{outcome}``;
+* ``ragsieve_model_queue_requests`` and ``ragsieve_model_queue_pieces`` (requests queued
+  for model work, the one running included, and the snippet pieces they still need;
+  summed over the workers) and ``ragsieve_refused_requests_total{reason}`` (refused before
+  any model work: ``max_pieces`` with 413, ``max_queue`` with 429).
 """
 
 from __future__ import annotations
@@ -146,6 +150,17 @@ class ServiceMetrics:
         self.reloads = prom.Counter(
             "ragsieve_reloads", "Artifact reloads, by outcome (loaded or refused).",
             ["outcome"], registry=reg)
+        self.queue = prom.Gauge(
+            "ragsieve_model_queue_requests",
+            "Requests queued for model work (the one running included).",
+            registry=reg, multiprocess_mode="livesum")
+        self.queue_pieces = prom.Gauge(
+            "ragsieve_model_queue_pieces", "Snippet pieces of model work still queued.",
+            registry=reg, multiprocess_mode="livesum")
+        self.refused = prom.Counter(
+            "ragsieve_refused_requests",
+            "Requests refused before any model work: max_pieces (413), max_queue (429).",
+            ["reason"], registry=reg)
         self._artifact_labels: tuple[str, ...] | None = None
         self.martingale.set(math.nan)
         self.alarm.set(0)
@@ -177,6 +192,11 @@ class ServiceMetrics:
         self._artifact_labels = labels
         self.generation.set(generation)
         self.threshold.set(threshold)
+
+    def set_queue(self, requests: int, pieces: int) -> None:
+        """Show the model queue: requests in it and the pieces they still need."""
+        self.queue.set(requests)
+        self.queue_pieces.set(pieces)
 
     def set_monitor(self, state: Any | None) -> None:
         """Show the monitor's state (``None``: no monitor; the martingale becomes NaN)."""
