@@ -328,6 +328,10 @@ def test_write_rejects_non_pairs_and_bad_destination(tmp_path: Path) -> None:
 _ids = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8).filter(
     lambda s: bool(s.strip())
 )
+_printable_ids = st.text(  # ids hold no control characters (the reader refuses them)
+    st.characters(codec="utf-8", exclude_categories=("Cc", "Cs", "Zl", "Zp")),
+    min_size=1, max_size=8,
+).filter(lambda s: bool(s.strip()))
 _json_values = st.recursive(
     st.none()
     | st.booleans()
@@ -342,12 +346,13 @@ _json_values = st.recursive(
 @st.composite
 def _pair_lists(draw: st.DrawFn) -> list[Pair]:
     n = draw(st.integers(1, 8))
-    queries = {qid: draw(_ids) for qid in draw(st.lists(_ids, min_size=1, max_size=3, unique=True))}
+    queries = {qid: draw(_ids)
+               for qid in draw(st.lists(_printable_ids, min_size=1, max_size=3, unique=True))}
     out: list[Pair] = []
     seen: set[tuple[str, str]] = set()
     for _ in range(n):
         qid = draw(st.sampled_from(sorted(queries)))
-        sid = draw(_ids)
+        sid = draw(_printable_ids)
         if (qid, sid) in seen:
             continue
         seen.add((qid, sid))
@@ -355,7 +360,8 @@ def _pair_lists(draw: st.DrawFn) -> list[Pair]:
             st.dictionaries(
                 _ids.filter(
                     lambda k: (
-                        k not in ("query_id", "query", "snippet_id", "text", "relevant", "group")
+                        k not in ("query_id", "query", "snippet_id", "text", "relevant", "group",
+                                  "doc_id")
                     )
                 ),
                 _json_values,
@@ -369,7 +375,7 @@ def _pair_lists(draw: st.DrawFn) -> list[Pair]:
                 sid,
                 draw(_ids),
                 draw(st.sampled_from([0, 1, None])),
-                draw(st.just("") | _ids),
+                draw(st.just("") | _printable_ids),
                 meta,
             )
         )

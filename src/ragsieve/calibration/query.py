@@ -21,7 +21,13 @@ import numpy as np
 from .._validation import check_alpha, check_codes
 from .base import Guarantee, ThresholdCalibrator
 from .split import SplitConformalCalibrator, relevant_scores
-from .stats import min_calibration_size, pooled_cdf
+from .stats import (
+    left_out_details,
+    left_out_of,
+    min_calibration_size,
+    pooled_cdf,
+    units_with_evidence,
+)
 
 __all__ = ["QueryAllCalibrator", "QueryRecallCalibrator"]
 
@@ -40,7 +46,9 @@ class QueryRecallCalibrator(ThresholdCalibrator):
     which guarantees ``E[L_new(threshold_)] <= alpha``: on average over new queries at
     least ``1 - alpha`` of each query's evidence is kept (Angelopoulos, Bates, Fisch, Lei
     & Schuster, *Conformal Risk Control*, 2022). Needs ``n >= 1/alpha - 1`` queries for a
-    finite threshold; otherwise ``+inf`` with a warning.
+    finite threshold; otherwise ``+inf`` with a warning. A calibration query without a
+    relevant snippet has no miss rate and is left out (logged, ``n_queries_left_out_``,
+    a note in the guarantee).
     """
 
     mode = "query-recall"
@@ -50,7 +58,8 @@ class QueryRecallCalibrator(ThresholdCalibrator):
             groups: Any = None, lengths: Any = None) -> QueryRecallCalibrator:
         alpha = check_alpha(self.alpha)
         arr, rel = relevant_scores(scores, relevant)
-        q = check_codes(query_ids, arr.size, "query_ids", mode=self.mode)[rel]
+        codes = check_codes(query_ids, arr.size, "query_ids", mode=self.mode)
+        q, self.n_queries_left_out_ = units_with_evidence(codes, rel, mode=self.mode, unit="query")
         cand, cdf, n = pooled_cdf(arr[rel], q)
         # mean miss rate when keeping scores <= t is 1 - the query-pooled CDF at t
         cand, risk = np.r_[cand, np.inf], np.r_[1.0 - cdf, 0.0]
@@ -72,8 +81,16 @@ class QueryRecallCalibrator(ThresholdCalibrator):
             mode=self.mode, metric="query_coverage", target=1 - a, alpha=a,
             statement=f"mean share of a new query's relevant snippets kept >= {1 - a:.3g}",
             n_calibration=self.n_calibration_, n_required=math.ceil(1 / a - 1 - 1e-9),
-            infinite=self.infinite_, details={"unit": "query"},
+            infinite=self.infinite_,
+            details={"unit": "query", **left_out_details(self.n_queries_left_out_, "query")},
         )
+
+    def _state(self) -> dict[str, Any]:
+        return {**super()._state(), "n_queries_left_out": self.n_queries_left_out_}
+
+    def _set_state(self, state: dict[str, Any]) -> None:
+        super()._set_state(state)
+        self.n_queries_left_out_ = left_out_of(state, "query", self.mode)
 
 
 class QueryAllCalibrator(ThresholdCalibrator):

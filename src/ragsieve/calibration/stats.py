@@ -7,18 +7,26 @@ with the exact definitions).
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
 import numpy as np
 
 from .._validation import check_alpha
+from ..errors import ArtifactError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "binomial_sf",
     "clopper_pearson_lower",
     "conformal_rank",
+    "left_out_details",
+    "left_out_of",
     "min_calibration_size",
     "pooled_cdf",
+    "units_with_evidence",
 ]
 
 
@@ -109,3 +117,73 @@ def pooled_cdf(scores: np.ndarray, units: np.ndarray) -> tuple[np.ndarray, np.nd
     pooled = np.cumsum(1.0 / (k * counts[inv[order]]))
     last = np.r_[s_sorted[1:] != s_sorted[:-1], True]
     return s_sorted[last], pooled[last], int(k)
+
+
+_SAID: set[tuple[str, int, int]] = set()
+
+
+def units_with_evidence(codes: np.ndarray, rel: np.ndarray, *, mode: str,
+                        unit: str) -> tuple[np.ndarray, int]:
+    """The unit (query, topic) of every relevant snippet, renumbered 0..K-1 over the units
+    that have one, and how many units have none.
+
+    A unit without a relevant snippet has no miss rate (0/0): it is left out of the
+    calibration, with a logged warning naming how many (once per mode and counts in a
+    process: a sweep refits the same case many times); the caller reports the count in
+    its guarantee.
+
+    Parameters
+    ----------
+    codes : ndarray of int
+        The unit of every calibration snippet (relevant or not).
+    rel : ndarray of bool
+        Which snippets are relevant.
+    mode, unit : str
+        Named in the warning (``"topic-pac"``, ``"topic"``).
+
+    Returns
+    -------
+    (ndarray, int)
+        Codes of the relevant snippets, and the number of units left out.
+    """
+    kept, inverse = np.unique(codes[rel], return_inverse=True)
+    left_out = int(np.unique(codes).size - kept.size)
+    said = (mode, left_out, int(kept.size))
+    if left_out and said not in _SAID:  # once per case: a sweep fits the same case often
+        _SAID.add(said)
+        logger.warning(
+            "%s: %d of %d calibration %s have no relevant snippet and are left out (no miss "
+            "rate without evidence); the guarantee rests on the other %d.", mode, left_out,
+            kept.size + left_out, _plural(unit), kept.size)
+    return inverse.astype(np.int64).reshape(-1), left_out
+
+
+def _plural(unit: str) -> str:
+    return unit[:-1] + "ies" if unit.endswith("y") else unit + "s"
+
+
+def left_out_details(n_left_out: int, unit: str) -> dict[str, Any]:
+    """Guarantee details for ``n_left_out`` units without evidence: their count under
+    ``n_<units>_left_out`` (``n_topics_left_out``, ``n_queries_left_out``) and, when
+    there are any, a ``note`` saying so."""
+    details: dict[str, Any] = {f"n_{_plural(unit)}_left_out": int(n_left_out)}
+    if n_left_out:
+        plural = unit if n_left_out == 1 else _plural(unit)
+        details["note"] = (f"{n_left_out} calibration {plural} without a relevant snippet "
+                           "left out (no miss rate)")
+    return details
+
+
+def left_out_of(state: dict[str, Any], unit: str, mode: str) -> int:
+    """The ``n_<units>_left_out`` count of a saved state (0 when absent).
+
+    Raises
+    ------
+    ArtifactError
+        The count is not an int >= 0.
+    """
+    key = f"n_{_plural(unit)}_left_out"
+    value = state.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ArtifactError(f"{mode} state {key} == {value!r}, expected an int >= 0.")
+    return value

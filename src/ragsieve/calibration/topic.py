@@ -12,7 +12,7 @@ from .._validation import check_alpha, check_codes
 from ..errors import ArtifactError
 from .base import Guarantee, ThresholdCalibrator
 from .split import relevant_scores
-from .stats import pooled_cdf
+from .stats import left_out_details, left_out_of, pooled_cdf, units_with_evidence
 
 __all__ = ["TopicCalibrator"]
 
@@ -34,7 +34,9 @@ class TopicCalibrator(ThresholdCalibrator):
     however many snippets it has, and the (K+1)/K inflation is the finite-sample
     correction at the topic level. The level exceeds 1 — threshold ``+inf`` with a
     warning — unless ``K >= (1 - alpha) / alpha`` (9 topics at alpha = 0.1, 4 at 0.2):
-    ``topics_required_``. ``groups`` passed to ``fit`` are the topics.
+    ``topics_required_``. ``groups`` passed to ``fit`` are the topics; a topic without a
+    relevant snippet has no CDF and is left out (logged, ``n_topics_left_out_``, a note
+    in the guarantee).
     """
 
     mode = "topic"
@@ -45,7 +47,8 @@ class TopicCalibrator(ThresholdCalibrator):
             groups: Any = None, lengths: Any = None) -> TopicCalibrator:
         alpha = check_alpha(self.alpha)
         arr, rel = relevant_scores(scores, relevant)
-        g = check_codes(groups, arr.size, "groups (topics)", mode=self.mode)[rel]
+        codes = check_codes(groups, arr.size, "groups (topics)", mode=self.mode)
+        g, self.n_topics_left_out_ = units_with_evidence(codes, rel, mode=self.mode, unit="topic")
         cand, cdf, k = pooled_cdf(arr[rel], g)
         self.n_topics_ = int(k)
         self.topics_required_ = math.ceil((1 - alpha) / alpha - 1e-9)
@@ -58,7 +61,8 @@ class TopicCalibrator(ThresholdCalibrator):
         return self
 
     def _state(self) -> dict[str, Any]:
-        return {**super()._state(), "n_topics": self.n_topics_}
+        return {**super()._state(), "n_topics": self.n_topics_,
+                "n_topics_left_out": self.n_topics_left_out_}
 
     def _set_state(self, state: dict[str, Any]) -> None:
         super()._set_state(state)
@@ -66,6 +70,7 @@ class TopicCalibrator(ThresholdCalibrator):
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ArtifactError(f"topic calibration state n_topics == {k!r}, expected an int >= 1.")
         self.n_topics_ = k
+        self.n_topics_left_out_ = left_out_of(state, "topic", self.mode)
         self.topics_required_ = math.ceil((1 - check_alpha(self.alpha)) / self.alpha - 1e-9)
 
     def guarantee(self) -> Guarantee:
@@ -76,5 +81,6 @@ class TopicCalibrator(ThresholdCalibrator):
             statement=(f"a relevant snippet of a new topic (topics weighted equally) is kept with "
                        f"probability >= {1 - a:.3g}"),
             n_calibration=self.n_topics_, n_required=self.topics_required_,
-            infinite=self.infinite_, details={"unit": "topic", "n_relevant": self.n_calibration_},
+            infinite=self.infinite_, details={"unit": "topic", "n_relevant": self.n_calibration_,
+                                              **left_out_details(self.n_topics_left_out_, "topic")},
         )

@@ -19,6 +19,7 @@ from ..errors import ArtifactError
 from .base import Guarantee, ThresholdCalibrator
 from .bounds import BOUNDS, certifies, upper_bound
 from .split import relevant_scores
+from .stats import left_out_details, left_out_of, units_with_evidence
 
 __all__ = ["TopicPACCalibrator", "topics_required"]
 
@@ -70,7 +71,9 @@ class TopicPACCalibrator(ThresholdCalibrator):
     is that of the bound chosen (``bound_used_``). ``benchmarks/bench_topic_pac.py``
     compares them. ``topics_required_`` is the fewest topics with which a calibration
     without a single miss gives a finite threshold; with fewer the threshold is ``+inf``,
-    with a warning.
+    with a warning. A calibration topic without a relevant snippet has no miss rate: it
+    is left out, with a logged warning, and counted in ``n_topics_left_out_`` and in the
+    guarantee's details (a ``note``).
 
     ``weighting="snippet"`` controls the *snippet*-weighted miss rate
     ``E[n_k L_k] / E[n_k]`` instead (topics of unequal size count by size). It is at most
@@ -128,7 +131,9 @@ class TopicPACCalibrator(ThresholdCalibrator):
             groups: Any = None, lengths: Any = None) -> TopicPACCalibrator:
         alpha, delta = self._check_params()
         arr, rel = relevant_scores(scores, relevant)
-        g = check_codes(groups, arr.size, "groups (topics)", mode=self.mode)[rel]
+        codes = check_codes(groups, arr.size, "groups (topics)", mode=self.mode)
+        g, self.n_topics_left_out_ = units_with_evidence(codes, rel, mode=self.mode,
+                                                         unit="topic")
         s = arr[rel]
         k = int(g.max()) + 1
         # the betting bound reads the topics in order and is valid for i.i.d. topics in
@@ -159,6 +164,7 @@ class TopicPACCalibrator(ThresholdCalibrator):
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "n_topics": self.n_topics_,
+                "n_topics_left_out": self.n_topics_left_out_,
                 "bound_achieved": None if math.isnan(self.bound_achieved_) else self.bound_achieved_}
 
     def _set_state(self, state: dict[str, Any]) -> None:
@@ -170,6 +176,7 @@ class TopicPACCalibrator(ThresholdCalibrator):
         if achieved is not None and (isinstance(achieved, bool) or not isinstance(achieved, float)):
             raise ArtifactError(f"topic-pac state bound_achieved == {achieved!r}, expected a number.")
         self.n_topics_ = k
+        self.n_topics_left_out_ = left_out_of(state, "topic", self.mode)
         self.bound_achieved_ = math.nan if achieved is None else achieved
         self.bound_used_ = self._bound_for(k, alpha, delta)
         self.topics_required_ = topics_required(alpha, delta, bound=self.bound_used_)
@@ -186,5 +193,6 @@ class TopicPACCalibrator(ThresholdCalibrator):
             infinite=self.infinite_,
             details={"delta": d, "bound": self.bound_used_, "weighting": self.weighting,
                      "bound_achieved": None if math.isnan(self.bound_achieved_)
-                     else self.bound_achieved_, "n_relevant": self.n_calibration_},
+                     else self.bound_achieved_, "n_relevant": self.n_calibration_,
+                     **left_out_details(self.n_topics_left_out_, "topic")},
         )

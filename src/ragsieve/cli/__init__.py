@@ -4,7 +4,10 @@ Library errors become one-line messages with exit code 2 (no traceback); a
 ``TypeError`` is a bug and keeps its traceback. ``--json`` gives machine-readable output
 next to the human tables. Options are declared once, in the groups of
 :mod:`~ragsieve.cli.options`; the commands are in :mod:`~ragsieve.cli.commands`, the
-demos in :mod:`~ragsieve.cli.demos`. No parser accepts abbreviated options.
+demos in :mod:`~ragsieve.cli.demos`. No parser accepts abbreviated options; every count
+option has an upper bound (:data:`~ragsieve.cli.options.LIMITS`). Before a command that
+writes runs, :func:`check_paths` refuses an output that would overwrite, or write into,
+one of its inputs (:data:`PATH_ROLES`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from .._version import __version__
 from ..errors import RagsieveError
 from . import commands, demos
 from .options import (
+    LIMITS,
     add_cache_options,
     add_data_options,
     add_embedding_options,
@@ -26,6 +30,9 @@ from .options import (
     add_json_option,
     add_llm_options,
     add_scorer_options,
+    at_most,
+    bounded_ints,
+    count,
     finite_float,
     floats,
     fraction,
@@ -35,7 +42,6 @@ from .options import (
     port,
     positive_float,
     positive_int,
-    positive_ints,
     subparser,
 )
 
@@ -45,6 +51,67 @@ CLEAN_ERRORS: tuple[type[BaseException], ...] = (RagsieveError, ValueError, OSEr
 """Exceptions ``main`` reports as one line with exit code 2 (a ``TypeError`` is a bug and
 is not among them)."""
 
+PATH_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "evaluate": (("data",), ("plot",)),
+    "answers": (("data",), ("per_query", "plot")),
+    "calibrate": (("data",), ("out",)),
+    "score": (("data", "filter"), ("out",)),
+    "filter": (("data", "filter"), ("out",)),
+    "label": (("data",), ("out",)),
+    "recalibrate": (("feedback", "filter"), ("out",)),
+    "export": (("data",), ("out",)),
+    "index": (("docs_dir",), ("index",)),
+    "demo": (("data_dir",), ("out",)),
+    "rag-demo": (("data_dir",), ("out",)),
+    "shift-demo": (("data_dir",), ("out",)),
+}
+"""Per command that writes: the options it reads and the options it writes (namespace
+attributes). ``main`` refuses, before the command runs, an output that is one of the
+inputs (same path, symlink or hard link), lies inside an input directory, or holds an
+input (:func:`ragsieve._paths.check_outputs_apart`)."""
+
+_ENGINE_COMMANDS = frozenset({"score", "filter", "label"})
+
+
+def _option_name(attr: str) -> str:
+    return attr if attr == "docs_dir" else "--" + attr.replace("_", "-")
+
+
+def _written_paths(args: argparse.Namespace, attr: str) -> dict[str, str]:
+    """The paths an output option makes a command write: the path, and the file a plot
+    really goes to or the ``<out>.parts`` directory of an engine's file output."""
+    from .._paths import figure_path
+
+    value = getattr(args, attr, None)
+    if value is None:
+        return {}
+    paths = {_option_name(attr): str(value)}
+    if attr == "plot":
+        paths[_option_name(attr)] = str(figure_path(value))
+    elif attr == "out" and args.command in _ENGINE_COMMANDS:
+        from ..engines.base import output_directory
+
+        paths[f"{_option_name(attr)} (its parts)"] = str(output_directory(value))
+    return paths
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse a command whose outputs would overwrite or write into its inputs.
+
+    Raises
+    ------
+    ValueError
+        Naming both options (see :data:`PATH_ROLES`).
+    """
+    from .._paths import check_outputs_apart
+
+    inputs, outputs = PATH_ROLES.get(args.command, ((), ()))
+    written: dict[str, str] = {}
+    for attr in outputs:
+        written.update(_written_paths(args, attr))
+    read = {_option_name(a): getattr(args, a) for a in inputs if getattr(args, a, None)}
+    check_outputs_apart(written, read)
+
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "evaluate", "topic-disjoint coverage/removal sweep with baselines")
@@ -53,13 +120,15 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     add_guarantee_options(p, several=True)
     g = p.add_argument_group("sweep")
     g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
-    g.add_argument("--top-k", type=positive_ints, default=[1, 2, 3, 5])
+    g.add_argument("--top-k", type=bounded_ints(LIMITS["top_k"]), default=[1, 2, 3, 5],
+                   help=f"top-k baselines, comma-separated ({at_most('top_k')} each)")
     g.add_argument("--theta", type=floats, default=[0.2, 0.3, 0.4, 0.5],
                    help="fixed similarity cut-offs (keep when 1 - score >= theta)")
-    g.add_argument("--splits", type=positive_int, default=20)
+    g.add_argument("--splits", type=count("splits"), default=20,
+                   help=f"topic-disjoint calibration/test splits (default 20, {at_most('splits')})")
     g.add_argument("--calibration-fraction", type=fraction, default=0.5)
     g.add_argument("--seed", type=nonnegative_int, default=0)
-    g.add_argument("--limit-queries", type=positive_int, default=None,
+    g.add_argument("--limit-queries", type=count("limit_queries"), default=None,
                    help="evaluate on N queries drawn at random across topics (bounds LLM cost)")
     g.add_argument("--on-error", choices=["raise", "drop"], default="raise",
                    help="pairs the scorer cannot score: fail (default) or drop them and report "
@@ -78,12 +147,12 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     add_guarantee_options(p, several=True)
     g = p.add_argument_group("answers")
     g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2])
-    g.add_argument("--splits", type=positive_int, default=1,
+    g.add_argument("--splits", type=count("splits"), default=1,
                    help="topic-disjoint splits (default 1; each repeats the generation for its "
-                        "test queries)")
+                        f"test queries; {at_most('splits')})")
     g.add_argument("--calibration-fraction", type=fraction, default=0.5)
     g.add_argument("--seed", type=nonnegative_int, default=0)
-    g.add_argument("--limit-queries", type=positive_int, default=None,
+    g.add_argument("--limit-queries", type=count("limit_queries"), default=None,
                    help="evaluate at most N test queries (a seeded sample; calibration keeps "
                         "every calibration topic): bounds the LLM cost")
     g.add_argument("--no-generate", action="store_true",
@@ -93,11 +162,13 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                        help="judge the answers (nugget metrics) even with the local model")
     judge.add_argument("--no-judge", dest="judge", action="store_false",
                        help="skip the nugget judge (default: judge with --base-url only)")
-    g.add_argument("--max-tokens", type=positive_int, default=32,
-                   help="length cap of a generated answer (default 32)")
+    g.add_argument("--max-tokens", type=count("max_tokens"), default=32,
+                   help=f"length cap of a generated answer (default 32, {at_most('max_tokens')})")
     g.add_argument("--confidence", type=fraction, default=0.95,
                    help="level of the paired bootstrap intervals (default 0.95)")
-    g.add_argument("--bootstrap-resamples", type=positive_int, default=2000)
+    g.add_argument("--bootstrap-resamples", type=count("bootstrap_resamples"), default=2000,
+                   help=f"paired bootstrap resamples (default 2000, "
+                        f"{at_most('bootstrap_resamples')})")
     add_json_option(p)
     p.add_argument("--plot", default=None, help="write the quality-vs-context-size figure to this PNG")
     p.add_argument("--per-query", default=None, metavar="FILE",
@@ -159,7 +230,8 @@ def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--method", choices=["auto", "logprob", "yes-no"], default="auto")
     p.add_argument("--threshold", type=fraction, default=0.5,
                    help="P(yes) threshold of --method logprob")
-    p.add_argument("--limit-queries", type=positive_int, default=None)
+    p.add_argument("--limit-queries", type=count("limit_queries"), default=None,
+                   help=f"label N queries drawn at random ({at_most('limit_queries')})")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--price-per-million-tokens", type=nonnegative_float, default=0.0,
                    help="for the cost estimate (0 for a local model)")
@@ -178,14 +250,17 @@ def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="gemma3-270m, smollm2-135m or a .gguf path")
     q.add_argument("--host", default="127.0.0.1")
     q.add_argument("--port", type=port, default=8080)
-    q.add_argument("--threads", type=positive_int, default=None,
-                   help="CPU threads (env RAGSIEVE_LLM_THREADS, default 1)")
-    q.add_argument("--n-ctx", type=positive_int, default=4096)
-    q.add_argument("--parallel", type=positive_int, default=1, help="parallel slots")
+    q.add_argument("--threads", type=count("threads"), default=None,
+                   help=f"CPU threads (env RAGSIEVE_LLM_THREADS, default 1; {at_most('threads')})")
+    q.add_argument("--n-ctx", type=count("n_ctx"), default=4096,
+                   help=f"context (KV cache) in tokens (default 4096, {at_most('n_ctx')})")
+    q.add_argument("--parallel", type=count("parallel"), default=1,
+                   help=f"parallel slots (default 1, {at_most('parallel')})")
     q.set_defaults(func=commands.cmd_llm_serve)
     q = subparser(llm_sub, "injection", "measure how far injected instructions move judgements")
     add_data_options(q)
-    q.add_argument("--n-pairs", type=positive_int, default=40, help="non-relevant pairs to test")
+    q.add_argument("--n-pairs", type=count("n_pairs"), default=40,
+                   help=f"non-relevant pairs to test (default 40, {at_most('n_pairs')})")
     q.add_argument("--seed", type=nonnegative_int, default=0)
     add_llm_options(q)
     add_json_option(q)
@@ -199,8 +274,9 @@ def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--phase2", default="xquad-de")
     p.add_argument("--alpha", type=finite_float, default=0.1)
     p.add_argument("--gamma", type=positive_float, default=0.005, help="ACI step size")
-    p.add_argument("--window", type=positive_int, default=None,
-                   help="recent scores the adaptive filter keeps (default: the library's)")
+    p.add_argument("--window", type=count("window"), default=None,
+                   help="recent scores the adaptive filter keeps (default: the library's; "
+                        f"{at_most('window')})")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
     add_json_option(p)
@@ -214,7 +290,8 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
                    help="index directory (created if missing; one writer at a time)")
     p.add_argument("--model", default=None,
                    help="embedding model (default: the index's, or MiniLM)")
-    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--batch-size", type=count("batch_size"), default=32,
+                   help=f"snippets embedded at once (default 32, {at_most('batch_size')})")
     p.set_defaults(func=commands.cmd_index)
 
     p = subparser(sub, "query", "retrieve from an index, filtered by a calibrated filter")
@@ -223,7 +300,8 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
                    help="index directory built by `ragsieve index` (never created here)")
     p.add_argument("--filter", default=None,
                    help="filter artifact: embedding, relative or best scorer on the index's model")
-    p.add_argument("-k", type=positive_int, default=20, help="snippets to retrieve")
+    p.add_argument("-k", type=count("top_k"), default=20,
+                   help=f"snippets to retrieve (default 20, {at_most('top_k')})")
     p.add_argument("--group", default=None,
                    help="the query's group, for a filter of the group mode (e.g. its language)")
     p.add_argument("--generate", action="store_true",
@@ -241,7 +319,8 @@ def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--question", default=None,
                    help="default: a question from the held-out articles")
     p.add_argument("--alpha", type=finite_float, default=0.1)
-    p.add_argument("-k", type=positive_int, default=20)
+    p.add_argument("-k", type=count("top_k"), default=20,
+                   help=f"snippets to retrieve (default 20, {at_most('top_k')})")
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
     add_cache_options(p)
@@ -314,7 +393,13 @@ def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--filter", required=True, help="the artifact the labels were collected with")
     p.add_argument("--out", required=True, help="the new artifact (JSON)")
     p.add_argument("--min-labels", type=positive_int, default=50,
-                   help="fewest relevant labels with a score to recalibrate on (default 50)")
+                   help="fewest relevant labels of served snippets to recalibrate on (default 50)")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--merge", dest="merge", action="store_true", default=True,
+                     help="fit on the artifact's calibration scores plus the labels (default; "
+                          "modes marginal and adaptive, which keep their scores)")
+    how.add_argument("--replace", dest="merge", action="store_false",
+                     help="fit on the labels alone (any mode labels can feed)")
     add_json_option(p)
     p.set_defaults(func=commands.cmd_recalibrate)
 
@@ -330,7 +415,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p = subparser(sub, "demo", "XQuAD end to end: 1 - cos vs the fused score, table, plot, "
                                "an example query")
     p.add_argument("--out", default="ragsieve-demo")
-    p.add_argument("--splits", type=positive_int, default=20)
+    p.add_argument("--splits", type=count("splits"), default=20,
+                   help=f"topic-disjoint splits (default 20, {at_most('splits')})")
     p.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
     p.add_argument("--seed", type=nonnegative_int, default=0)
     p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
@@ -376,9 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-        0 on success; 2 for a usage error or a library error (``RagsieveError``,
-        ``ValueError``, ``OSError``, ``ImportError``), printed as one line on stderr;
-        130 when interrupted. Other exceptions, ``TypeError`` among them, propagate
+        0 on success; 2 for a usage error, an output that would overwrite or write into
+        an input (:func:`check_paths`, checked before any work) or a library error
+        (``RagsieveError``, ``ValueError``, ``OSError``, ``ImportError``), printed as one
+        line on stderr; 130 when interrupted. Other exceptions, ``TypeError`` among them, propagate
         with their traceback: they are bugs.
     """
     parser = build_parser()
@@ -388,6 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        check_paths(args)
         return int(args.func(args) or 0)
     except CLEAN_ERRORS as exc:
         print(f"ragsieve {args.command}: error: {one_line(exc)}", file=sys.stderr)

@@ -96,8 +96,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.plot:
         from ..evaluation.plots import plot_report
 
-        plot_report({args.scorer: report}, args.plot, title=f"ragsieve evaluate: {args.data}")
-        eprint(f"plot written to {args.plot}")
+        written = plot_report({args.scorer: report}, args.plot,
+                              title=f"ragsieve evaluate: {args.data}")
+        eprint(f"plot written to {written}")
     return 0
 
 
@@ -151,8 +152,8 @@ def cmd_answers(args: argparse.Namespace) -> int:
     if args.plot:
         from ..evaluation.plots import plot_answers
 
-        plot_answers(report, args.plot, title=f"ragsieve answers: {args.data}")
-        eprint(f"plot written to {args.plot}")
+        written = plot_answers(report, args.plot, title=f"ragsieve answers: {args.data}")
+        eprint(f"plot written to {written}")
     return 0
 
 
@@ -185,6 +186,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         line += (f"; calibrated on {data.get('n_relevant')} relevant snippets "
                  f"({data.get('n_queries')} queries, {data.get('n_groups')} groups)")
     print(f"{line} -> {args.out}")
+    note = (guarantee.get("details") or {}).get("note")
+    if note:
+        print(f"note: {note}")
     return 0
 
 
@@ -432,7 +436,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..server import api_key_from_env, run_server
 
     key = api_key_from_env(args.api_key_env) if args.api_key_env else None
-    options = artifact_scorer_options(args, read_artifact(args.filter))
+    payload = read_artifact(args.filter, max_bytes=args.max_artifact_bytes)
+    options = artifact_scorer_options(args, payload)
     run_server(args.filter, host=args.host, port=args.port, api_key=key,
                max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
                scorer_options=options or None, index_path=args.index, max_k=args.max_k,
@@ -461,24 +466,26 @@ def serve_operation_options(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_recalibrate(args: argparse.Namespace) -> int:
     """``ragsieve recalibrate``: a new artifact from the labels stored by ``serve``."""
     from ..filter import read_artifact
-    from ..server.feedback import recalibrate
+    from ..server.recalibrate import recalibrate
 
     payload = read_artifact(args.filter)
-    result = recalibrate(payload, args.feedback, min_labels=args.min_labels)  # scores nothing
+    result = recalibrate(payload, args.feedback, min_labels=args.min_labels,
+                         merge=args.merge)  # scores nothing
     result.filter.save(args.out)
     report = {
         "out": args.out, "mode": result.mode, "labels": result.n_labels,
         "labels_used": result.n_used, "relevant_used": result.n_relevant,
-        "without_score": result.n_without_score, "queries": result.n_queries,
+        "queries": result.n_queries, "merged_calibration_scores": result.n_merged,
         "old_threshold": result.old_threshold, "new_threshold": result.new_threshold,
         "notes": result.notes,
     }
     if args.json:
         print(dumps(report))
         return 0
+    merged = (f" + {result.n_merged} calibration scores of the artifact" if result.n_merged
+              else "; calibration scores replaced")
     print(f"mode {result.mode}: recalibrated on {result.n_used} labels ({result.n_relevant} "
-          f"relevant, {result.n_queries} queries; {result.n_without_score} of "
-          f"{result.n_labels} labels had no score)")
+          f"relevant, {result.n_queries} queries){merged}")
     extra = "".join(f"; {note}" for note in result.notes)
     print(f"tau={_tau(result.new_threshold)} (was {_tau(result.old_threshold)}){extra} -> {args.out}")
     return 0

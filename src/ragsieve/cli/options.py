@@ -19,9 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..data.splits import MAX_SPLITS  # the library's own bound on splits
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "LIMITS",
     "add_cache_options",
     "add_data_options",
     "add_embedding_options",
@@ -32,8 +35,12 @@ __all__ = [
     "add_scorer_options",
     "artifact_score_field",
     "artifact_scorer_options",
+    "at_most",
+    "bounded_int",
+    "bounded_ints",
     "calibrator_params",
     "check_scorer_options",
+    "count",
     "dumps",
     "embedding_cache_dir",
     "embedding_options",
@@ -115,6 +122,73 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
+
+
+LIMITS: dict[str, int] = {
+    "splits": MAX_SPLITS,
+    "top_k": 10_000,            # snippets per query kept by a top-k baseline / retrieved
+    "limit_queries": 10_000_000,
+    "bootstrap_resamples": 100_000,
+    "max_tokens": 32_768,       # length cap of a generated answer
+    "n_ctx": 131_072,           # KV cache of the local model, in tokens
+    "parallel": 64,             # decoding slots of the local model
+    "threads": 256,             # CPU threads
+    "concurrency": 256,         # LLM requests in flight
+    "workers": 1_024,           # Ray actors
+    "shard_bytes": 2**30,       # a shard is read into memory whole
+    "batch_size": 4_096,        # snippets embedded at once
+    "n_pairs": 100_000,
+    "window": 10_000_000,       # recent scores kept by the adaptive mode
+}
+"""Upper bounds of the count options, far above any real use: a mistyped count is a usage
+error (``--splits 1000000000: must be <= 10000``) instead of a run that allocates until
+the kernel kills it."""
+
+
+def bounded_int(high: int, *, low: int = 1) -> Any:
+    """An ``argparse`` type: an integer in ``[low, high]``.
+
+    Examples
+    --------
+    >>> bounded_int(10)("7")
+    7
+    >>> bounded_int(10)("11")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: 11: must be <= 10
+    """
+    def parse(text: str) -> int:
+        value = _int(text, f"an integer >= {low}")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        if value > high:
+            raise argparse.ArgumentTypeError(f"{value}: must be <= {high}")
+        return value
+
+    parse.__name__ = f"integer in [{low}, {high}]"
+    return parse
+
+
+def bounded_ints(high: int) -> Any:
+    """An ``argparse`` type: comma-separated integers in ``[1, high]``, at least one."""
+    def parse(text: str) -> list[int]:
+        values = positive_ints(text)
+        over = [v for v in values if v > high]
+        if over:
+            raise argparse.ArgumentTypeError(f"{over[0]}: must be <= {high}")
+        return values
+
+    parse.__name__ = f"integers in [1, {high}]"
+    return parse
+
+
+def count(name: str) -> Any:
+    """The ``argparse`` type of the count option ``name`` (a key of :data:`LIMITS`)."""
+    return bounded_int(LIMITS[name])
+
+
+def at_most(name: str) -> str:
+    """Help text naming the bound of a count option: ``"at most 10000"``."""
+    return f"at most {LIMITS[name]}"
 
 
 def nonnegative_int(text: str) -> int:
@@ -283,10 +357,11 @@ def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None
                         "smollm2-135m, a .gguf path) (env RAGSIEVE_LLM_MODEL)")
     g.add_argument("--llm-style", choices=["completion", "chat"], default=None,
                    help="prompt style (default: the local model's, chat for endpoints)")
-    g.add_argument("--llm-threads", type=positive_int, default=None,
-                   help="CPU threads of the local model (env RAGSIEVE_LLM_THREADS, default 1)")
-    g.add_argument("--llm-concurrency", type=positive_int, default=None,
-                   help="requests in flight")
+    g.add_argument("--llm-threads", type=count("threads"), default=None,
+                   help="CPU threads of the local model (env RAGSIEVE_LLM_THREADS, default 1; "
+                        f"{at_most('threads')})")
+    g.add_argument("--llm-concurrency", type=count("concurrency"), default=None,
+                   help=f"requests in flight ({at_most('concurrency')})")
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="env var holding the API key")
     if scorer:
@@ -309,11 +384,12 @@ def add_engine_options(p: argparse.ArgumentParser, *, output: bool = True) -> No
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="--engine ray: the cluster to join (`ray start --head` prints it; "
                         "default: start a local Ray runtime for this command)")
-    g.add_argument("--workers", type=positive_int, default=None,
-                   help="--engine ray: actors in the pool (default: one per CPU)")
-    g.add_argument("--shard-bytes", type=positive_int, default=DEFAULT_SHARD_BYTES,
+    g.add_argument("--workers", type=count("workers"), default=None,
+                   help=f"--engine ray: actors in the pool (default: one per CPU; "
+                        f"{at_most('workers')})")
+    g.add_argument("--shard-bytes", type=count("shard_bytes"), default=DEFAULT_SHARD_BYTES,
                    help=f"input bytes per shard, the unit of work and of resuming (default "
-                        f"{DEFAULT_SHARD_BYTES})")
+                        f"{DEFAULT_SHARD_BYTES}; {at_most('shard_bytes')})")
     if output:
         g.add_argument("--format", choices=["jsonl", "parquet"], default=None,
                        help="part format of a directory --out (default jsonl; a file --out "
@@ -420,8 +496,8 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
                    help="budget mode: unit of --budget (default chars)")
     g.add_argument("--gamma", type=positive_float, default=None,
                    help="adaptive mode: step size of the online update")
-    g.add_argument("--window", type=positive_int, default=None,
-                   help="adaptive mode: number of recent scores kept")
+    g.add_argument("--window", type=count("window"), default=None,
+                   help=f"adaptive mode: number of recent scores kept ({at_most('window')})")
 
 
 # ------------------------------------------------------------------ options -> objects

@@ -3,7 +3,8 @@
 A line is a JSON object with the keys ``query_id``, ``query``, ``snippet_id``,
 ``text`` (required, non-empty), ``relevant`` (0, 1, ``true``, ``false``, ``null`` or
 absent = unlabelled) and ``group`` (the topic for disjoint splits; defaults to
-``query_id``). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
+``query_id``). Ids (``query_id``, ``snippet_id``, ``group``, ``doc_id``) hold no control
+characters (NUL, newline, ...). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
 written back, so a read/write round trip loses nothing. See ``docs/data-format.md``.
 """
 
@@ -13,12 +14,13 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ragsieve._io import create_temp
+from ragsieve._io import create_temp, direct_target
 from ragsieve.errors import DataError
 from ragsieve.types import Pair, fingerprint_pairs
 
@@ -52,6 +54,10 @@ that carry one of them must carry the same list."""
 
 _STANDARD_KEYS = frozenset(REQUIRED_KEYS + OPTIONAL_KEYS)
 _ID_KEYS = frozenset({"query_id", "snippet_id"})
+_META_ID_KEYS = ("doc_id",)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""Characters no id may hold: C0/C1 controls (NUL, newline, escape, ...) and the Unicode
+line and paragraph separators; they corrupt logs, terminals, paths and joins."""
 
 PathOrFile = str | os.PathLike[str] | IO[Any]
 
@@ -61,6 +67,16 @@ PathOrFile = str | os.PathLike[str] | IO[Any]
 
 def _type_name(value: Any) -> str:
     return "null" if value is None else type(value).__name__
+
+
+def _check_id(value: str, key: str, where: str) -> str:
+    """Return an id unchanged, or raise ``DataError`` when it holds a control character."""
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        raise DataError(
+            f"{where}: {key} == {value[:60]!r} holds the control character {bad.group()!r} "
+            f"at position {bad.start()}; ids must be printable text.")
+    return value
 
 
 def _string_field(record: Mapping[str, Any], key: str, where: str) -> str:
@@ -77,7 +93,7 @@ def _string_field(record: Mapping[str, Any], key: str, where: str) -> str:
         raise DataError(f"{where}: {key} == {value!r} ({_type_name(value)}), must be {accepted}.")
     if not value.strip():
         raise DataError(f"{where}: {key} is empty, must be a non-empty string.")
-    return value
+    return _check_id(value, key, where) if key in _ID_KEYS else value
 
 
 def _label_field(record: Mapping[str, Any], where: str, require_labels: bool) -> int | None:
@@ -112,7 +128,7 @@ def _group_field(record: Mapping[str, Any], where: str) -> str:
             f"{where}: group == {value!r} ({_type_name(value)}), must be a string, an integer "
             "or null."
         )
-    return value if value.strip() else ""
+    return _check_id(value, "group", where) if value.strip() else ""
 
 
 def _string_list_field(record: Mapping[str, Any], key: str, where: str) -> None:
@@ -138,6 +154,9 @@ def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
     query_id, query, snippet_id, text = (_string_field(record, k, where) for k in REQUIRED_KEYS)
     for key in QUERY_LIST_KEYS:
         _string_list_field(record, key, where)
+    for key in _META_ID_KEYS:
+        if isinstance(record.get(key), str):
+            _check_id(record[key], key, where)
     return Pair(
         query_id=query_id,
         query=query,
@@ -310,7 +329,9 @@ def iter_pairs(
     ------
     DataError
         With ``file:line`` for: unreadable file, bytes that are not UTF-8, malformed
-        JSON, a line that is not an object, a missing/empty/mistyped required key, a
+        JSON, a line that is not an object, a missing/empty/mistyped required key, an id
+        (``query_id``, ``snippet_id``, ``group``, ``doc_id``) holding a control
+        character (NUL, newline, ...), a
         label outside {0, 1, true, false, null}, a duplicate (query_id, snippet_id),
         two query texts for one query_id, or a file without any pair.
     """
@@ -432,8 +453,9 @@ def write_pairs(pairs: Iterable[Pair], destination: PathOrFile) -> int:
         The pairs; ``meta`` keys become extra keys of each line.
     destination : str, os.PathLike or text file object
         A path (written to a temporary file in the same directory, then renamed, so
-        readers never see a half-written file), ``"-"`` for standard output, or an open
-        text file.
+        readers never see a half-written file; a character device or a FIFO is written
+        in place, a block device or a socket refused), ``"-"`` for standard output, or an
+        open text file.
 
     Returns
     -------
@@ -453,6 +475,9 @@ def write_pairs(pairs: Iterable[Pair], destination: PathOrFile) -> int:
     if os.fspath(destination) == "-":
         return _serialise(pairs, sys.stdout)
     path = Path(destination)
+    if direct_target(path):  # a device or FIFO: written in place, never replaced
+        with open(path, "w", encoding="utf-8", newline="\n") as handle:
+            return _serialise(pairs, handle)
     if path.is_dir():
         raise DataError(f"{path}: is a directory, expected a file path for the JSONL output.")
     directory = path.parent if str(path.parent) else Path(".")

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path, PurePosixPath
 
-from ragsieve._io import create_temp
+from ragsieve._io import create_temp, special_kind
 from ragsieve._paths import CACHE_ENV, cache_dir  # re-exported: defined below data/ and llm/
 from ragsieve.errors import DataError
 
@@ -124,6 +124,9 @@ def _download(url: str, target: Path, sha256: str | None, timeout: float) -> Non
     """Fetch ``url`` into ``target`` via a verified temporary file."""
     if not url.startswith(("https://", "http://")):
         raise DataError(f"url == {url!r}, must be an http(s) URL.")
+    kind = special_kind(target)
+    if kind is not None:  # a rename would replace it: never touch a special file
+        raise DataError(f"{target}: is a {kind}, not a dataset file; remove it from the cache.")
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = create_temp(target.parent, target.name)
     digest = hashlib.sha256()

@@ -27,6 +27,7 @@ Examples
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -42,6 +43,7 @@ from .parquet import parquet_file
 __all__ = [
     "DEFAULT_SHARD_BYTES",
     "Shard",
+    "check_not_empty",
     "expand_inputs",
     "input_fingerprint",
     "iter_input_pairs",
@@ -49,6 +51,8 @@ __all__ = [
     "query_batches",
     "read_shard",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SHARD_BYTES = 16 * 1024 * 1024
 """Bytes of input per shard: a unit of work and of resumption (one output part each)."""
@@ -95,9 +99,37 @@ def _kind(path: Path) -> str:
     return kind
 
 
+def _skip_reason(entry: Path) -> str | None:
+    """Why a directory entry is not read as input (None: it is a file of pairs)."""
+    if entry.name.startswith("."):
+        return "a hidden entry"
+    if entry.is_dir():
+        return "a subdirectory (only the directory's own files are read)"
+    if not entry.is_file():
+        return "not a regular file"
+    if entry.suffix.lower() not in _SUFFIXES:
+        return f"suffix {entry.suffix or '(none)'!r}, not .jsonl or .parquet"
+    return None
+
+
+def _directory_files(directory: Path) -> list[Path]:
+    """The ``.jsonl`` / ``.parquet`` files of a directory in name order; every other entry
+    is skipped with a logged warning naming it and why."""
+    found = []
+    for entry in sorted(directory.iterdir()):
+        reason = _skip_reason(entry)
+        if reason is None:
+            found.append(entry)
+        else:
+            logger.warning("%s: skipped %s: %s", directory, entry.name, reason)
+    return found
+
+
 def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     """The files behind ``inputs``: files as given, directories as their ``*.jsonl`` and
     ``*.parquet`` files in name order (a ragsieve output directory: its finished parts).
+    Any other entry of a directory (a subdirectory, a ``.json`` file, a hidden file) is
+    skipped with a logged warning that names it and says why.
 
     Raises
     ------
@@ -112,8 +144,7 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
         if path.is_dir():
             found = finished_parts(path)
             if found is None:
-                found = sorted(p for p in path.iterdir()
-                               if p.suffix.lower() in _SUFFIXES and not p.name.startswith("."))
+                found = _directory_files(path)
             if not found:
                 raise DataError(f"{path}: directory holds no .jsonl or .parquet file of pairs.")
             files.extend(found)
@@ -126,6 +157,36 @@ def expand_inputs(inputs: Sequence[str | os.PathLike[str]]) -> list[Path]:
     if not files:
         raise DataError("no input files given; expected JSONL or Parquet files of pairs.")
     return files
+
+
+def _has_pairs(path: Path) -> bool:
+    """Whether a file can hold a pair: a Parquet file with a row, a JSONL file with a byte
+    that is not whitespace (nor a UTF-8 byte-order mark)."""
+    if _kind(path) == "parquet":
+        return bool(parquet_file(path).metadata.num_rows)
+    with open(path, "rb") as handle:
+        first = True
+        while chunk := handle.read(1 << 16):
+            if first and chunk.startswith(b"\xef\xbb\xbf"):
+                chunk = chunk[3:]
+            first = False
+            if chunk.strip():
+                return True
+    return False
+
+
+def check_not_empty(files: Sequence[Path]) -> None:
+    """Refuse inputs without a single pair (before any output is written).
+
+    Raises
+    ------
+    DataError
+        Every file is empty or blank (Parquet: has no row), naming the files.
+    """
+    if not any(_has_pairs(path) for path in files):
+        names = ", ".join(str(p) for p in files[:3]) + (" ..." if len(files) > 3 else "")
+        raise DataError(f"{names}: contains no pairs; expected one JSON object per line "
+                        "(or Parquet rows) of (query, snippet) pairs.")
 
 
 def input_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:

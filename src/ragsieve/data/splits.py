@@ -10,7 +10,11 @@ import numpy as np
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
-__all__ = ["group_splits", "sample_queries"]
+__all__ = ["MAX_SPLITS", "group_splits", "sample_queries"]
+
+MAX_SPLITS = 10_000
+"""Most splits :func:`group_splits` makes (each holds index arrays over every item; a
+mistyped count must fail at once, not allocate until the process is killed)."""
 
 
 def group_splits(
@@ -52,7 +56,8 @@ def group_splits(
         If an element of ``groups`` is not a str or int, or ``n_splits``/``seed`` is
         not an int.
     ValueError
-        If ``calibration_fraction`` is outside (0, 1) or ``n_splits < 1``.
+        If ``calibration_fraction`` is outside (0, 1) or ``n_splits`` outside
+        ``[1, MAX_SPLITS]``.
     DataError
         If there are fewer than 2 distinct groups.
 
@@ -73,6 +78,8 @@ def group_splits(
             raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r}).")
     if n_splits < 1:
         raise ValueError(f"n_splits == {n_splits}, must be >= 1.")
+    if n_splits > MAX_SPLITS:
+        raise ValueError(f"n_splits == {n_splits}, must be in [1, {MAX_SPLITS}].")
     if isinstance(groups, (str, bytes)):
         raise TypeError("groups must be a sequence of group names, got a single string.")
 

@@ -29,6 +29,7 @@ from ..data.partitioned import PartitionedOutput
 from ..data.shards import (
     DEFAULT_SHARD_BYTES,
     Shard,
+    check_not_empty,
     expand_inputs,
     input_fingerprint,
     plan_shards,
@@ -321,19 +322,29 @@ def _output_dir(out: Path) -> tuple[Path, str | None]:
     return out, None
 
 
-def _merge_parts(parts: Sequence[Path], out: Path, fmt: str) -> None:
-    """Concatenate finished parts into one file, atomically (streaming, bounded memory)."""
+def _copy_parts(parts: Sequence[Path], sink: Any) -> None:
+    """Stream the bytes of JSONL parts into an open binary file, in order."""
+    for part in parts:
+        with open(part, "rb") as source:
+            while chunk := source.read(1 << 20):
+                sink.write(chunk)
+
+
+def _merge_parts(parts: Sequence[Path], out: Path, fmt: str, *, direct: bool = False) -> None:
+    """Concatenate finished parts into one file, atomically (streaming, bounded memory);
+    with ``direct`` (a JSONL output that is a device or a FIFO) written to it in place."""
     from .._io import create_temp
 
+    if direct:
+        with open(out, "wb") as sink:
+            _copy_parts(parts, sink)
+        return
     fd, temp = create_temp(out.parent, out.name)
     os.close(fd)
     try:
         if fmt == "jsonl":
             with open(temp, "wb") as sink:
-                for part in parts:
-                    with open(part, "rb") as source:
-                        while chunk := source.read(1 << 20):
-                            sink.write(chunk)
+                _copy_parts(parts, sink)
         else:
             from .._optional import require
 
@@ -357,6 +368,24 @@ def _merge_parts(parts: Sequence[Path], out: Path, fmt: str) -> None:
         temp.unlink(missing_ok=True)
 
 
+def _check_output(out: Path, file_fmt: str | None) -> bool:
+    """Whether the output file is written in place (a device or FIFO given for JSONL).
+
+    Raises
+    ------
+    ValueError
+        A special file given for Parquet or for a directory of parts, or a block device
+        or a socket (see :func:`ragsieve._io.direct_target`).
+    """
+    from .._io import direct_target, special_kind
+
+    kind = special_kind(out)
+    if file_fmt is None and kind is not None:
+        raise DataError(f"{out}: is a {kind}; expected an output directory, or a .jsonl / "
+                        ".parquet file path. Nothing was written.")
+    return direct_target(out, stream=file_fmt == "jsonl")
+
+
 def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
             engine: Engine, *, fmt: str | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES,
             batch_pairs: int = DEFAULT_BATCH_PAIRS, overwrite: bool = False,
@@ -372,7 +401,9 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
     out : path
         A directory (parts + manifest are kept there), or a file ending in ``.jsonl`` /
         ``.parquet``: parts go to ``<out>.parts/`` while the run lasts, then are merged
-        into the file and removed.
+        into the file and removed. A ``.jsonl`` output that is a character device or a
+        FIFO is written to in place (never replaced); a Parquet output, or a directory
+        output, that is a special file is refused before any work.
     engine : Engine
         Local or Ray.
     fmt : {"jsonl", "parquet"}, optional
@@ -394,8 +425,8 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
     Raises
     ------
     DataError
-        Unreadable or invalid input (naming file and byte/row), or an output that holds
-        another run.
+        Unreadable, invalid or empty input (naming file and byte/row), or an output that
+        holds another run.
     """
     t0 = time.perf_counter()
     out = Path(out)
@@ -406,10 +437,12 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
         fmt = file_fmt
         if out.is_dir():
             raise DataError(f"{out}: is a directory; a file output needs a file path.")
+    direct = _check_output(out, file_fmt)
     fmt = fmt or "jsonl"
     if isinstance(batch_pairs, bool) or not isinstance(batch_pairs, int) or batch_pairs < 1:
         raise ValueError(f"batch_pairs == {batch_pairs!r}, expected an integer >= 1.")
     files = expand_inputs(inputs)
+    check_not_empty(files)  # an empty input is an error, as for every other command
     shards = plan_shards(files, shard_bytes=shard_bytes)
     job = {"task": task.spec(), "inputs": input_fingerprint(files), "shard_bytes": shard_bytes}
     output = PartitionedOutput(directory, job, fmt=fmt, overwrite=overwrite)
@@ -436,7 +469,7 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
     output.finish(len(shards), summary={"rows": rows, "pairs": pairs, **stats})
     target = directory
     if file_fmt is not None:
-        _merge_parts(output.parts(), out, fmt)
+        _merge_parts(output.parts(), out, fmt, direct=direct)
         import shutil
 
         shutil.rmtree(directory)

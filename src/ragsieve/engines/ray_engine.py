@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,9 +33,67 @@ from typing import Any, Self
 from ..data.shards import Shard
 from .base import Task, process_shard
 
-__all__ = ["RayEngine"]
+__all__ = ["PROBE_TIMEOUT", "RayEngine", "probe_address"]
 
 logger = logging.getLogger(__name__)
+
+
+PROBE_TIMEOUT = 5.0
+"""Seconds a TCP connection to ``address`` may take before the engine gives up on it
+(``ray.init`` itself waits minutes for a cluster that is not there)."""
+
+
+def probe_address(address: str, *, timeout: float = PROBE_TIMEOUT) -> None:
+    """Check that something listens at a Ray address before Ray is asked to join it.
+
+    ``"auto"`` and ``"local"`` are left to Ray; at ``HOST:PORT`` and ``ray://HOST:PORT``
+    one TCP connection must open and answer the HTTP/2 preface (Ray's servers speak
+    gRPC), else ``ray.init`` would wait for minutes.
+
+    Raises
+    ------
+    ValueError
+        The address is neither of those forms.
+    ConnectionError
+        Nothing accepted the connection within ``timeout`` seconds, or what did is not a
+        gRPC server.
+    """
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"Ray address {address!r}: expected HOST:PORT (as `ray start --head` "
+                         "prints it), ray://HOST:PORT or auto.")
+    try:
+        speaks_grpc = _speaks_http2((host.strip("[]"), int(port)), timeout)
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConnectionError(
+            f"no Ray cluster at {address}: {reason.lower()} (waited at most {timeout:g} s); "
+            "start one with `ray start --head`, or leave out the address to run Ray "
+            "locally.") from None
+    if not speaks_grpc:
+        raise ConnectionError(
+            f"no Ray cluster at {address}: something listens there but does not answer as "
+            "Ray's gRPC server does; check the address `ray start --head` printed.")
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
+"""The HTTP/2 client preface followed by an empty SETTINGS frame."""
+
+
+def _speaks_http2(target: tuple[str, int], timeout: float) -> bool:
+    """Whether the server at ``target`` answers the HTTP/2 preface with a SETTINGS frame,
+    as every gRPC server (Ray's GCS and client server among them) does at once."""
+    with socket.create_connection(target, timeout=timeout) as conn:
+        conn.sendall(_HTTP2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                return False
+            head += chunk
+    return head[3] == 0x04  # frame type SETTINGS
 
 
 def _import_ray() -> Any:
@@ -116,6 +175,9 @@ class RayEngine:
     ------
     ImportError
         Ray is not installed: ``pip install 'ragsieve[ray]'``.
+    ConnectionError
+        Nothing listens at ``address`` (:func:`probe_address`, within
+        :data:`PROBE_TIMEOUT` seconds).
     """
 
     name = "ray"
@@ -127,6 +189,8 @@ class RayEngine:
             raise ValueError(f"workers == {workers!r}, expected an integer >= 1.")
         if not (isinstance(cpus_per_worker, (int, float)) and cpus_per_worker > 0):
             raise ValueError(f"cpus_per_worker == {cpus_per_worker!r}, expected a number > 0.")
+        if address is not None:
+            probe_address(address)  # fail in seconds, before any data is read
         self.address = address
         self.workers = workers
         self.cpus_per_worker = float(cpus_per_worker)

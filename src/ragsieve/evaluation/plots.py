@@ -189,13 +189,23 @@ def plot_answers(report: AnswerReport, path: str | os.PathLike[str], *,
 
 
 def save_figure(fig: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
-    """Title, lay out, write as PNG (creating the directory) and close a figure."""
+    """Title, lay out, write (creating the directory) and close a figure.
+
+    Returns the file written, :func:`ragsieve._paths.figure_path` of ``path``: a path
+    without a suffix gets ``.png``; a character device or a FIFO is written in place as
+    PNG; otherwise the suffix names the format. Matplotlib opens the file itself, so a
+    special file is never replaced.
+    """
+    from .._paths import figure_path
+
     plt = require("matplotlib.pyplot", "plot")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    target = figure_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(target, dpi=110, format=None if target.suffix else "png")
+    finally:
+        plt.close(fig)
+    return target

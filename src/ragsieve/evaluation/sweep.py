@@ -19,7 +19,7 @@ import numpy as np
 
 from .._validation import check_alpha, check_scores
 from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
-from ..data.splits import group_splits
+from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
 from ..scoring.fusion import FUSION_FIT_FRACTION
 from ..types import Pair
@@ -61,7 +61,7 @@ class EvaluationConfig:
         Fixed similarity cut-offs: keep when ``1 - score >= theta`` (for the embedding
         scorer ``1 - score`` is the cosine).
     n_splits : int
-        Number R of random group-disjoint splits.
+        Number R of random group-disjoint splits, in [1, ``MAX_SPLITS``] (10000).
     calibration_fraction : float
         Fraction of groups used for calibration in each split.
     seed : int
@@ -120,8 +120,9 @@ class EvaluationConfig:
         if "budget" in modes and not self.budgets:
             raise ValueError("mode 'budget' needs a budget: pass budgets=(N,) (CLI --budget N).")
         check_alpha(self.delta, name="delta")
-        if isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int) or self.n_splits < 1:
-            raise ValueError(f"n_splits == {self.n_splits!r}, must be an int >= 1.")
+        if (isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int)
+                or not 1 <= self.n_splits <= MAX_SPLITS):
+            raise ValueError(f"n_splits == {self.n_splits!r}, must be an int in [1, {MAX_SPLITS}].")
 
     def calibrator(self, mode: str, alpha: float) -> BaseCalibrator:
         """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters."""
@@ -483,6 +484,9 @@ def _conformal_metrics(data: ScoredData, cal: BaseCalibrator, kept: np.ndarray,
     metrics["n_calibration"] = g.n_calibration
     metrics["n_required"] = g.n_required
     metrics["metric"] = g.metric
+    # calibration units (queries, topics) without a relevant snippet, left out of the fit
+    metrics["n_left_out"] = int(g.details.get("n_topics_left_out",
+                                              g.details.get("n_queries_left_out", 0)))
     if g.metric == "group_coverage_min" and data.attribute is not None:
         # groups calibrated on their own (fallback ones carry the marginal guarantee only)
         own_groups = [k for k in g.details["groups"] if k not in g.details["fallback_groups"]]
@@ -554,6 +558,11 @@ def _conformal_row(mode: str, a: float, ms: list[dict[str, Any]], delta: float) 
     n_mean = float(np.mean([m["n_calibration"] for m in ms]))
     row["n_calibration_mean"] = n_mean
     row["n_required"] = ms[0]["n_required"]
+    left_out = float(np.mean([m["n_left_out"] for m in ms]))
+    if left_out:
+        row["n_left_out_mean"] = left_out
+        row["note"] = (f"on average {left_out:g} calibration units (queries or topics) without "
+                       "a relevant snippet were left out of each calibration")
     if ms[0]["metric"] == "topic_coverage":
         row["topics_required"] = ms[0]["n_required"]
     row["band_low"] = 1.0 - a
