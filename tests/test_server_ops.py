@@ -227,17 +227,17 @@ def test_feedback_joins_the_served_score(artifacts: dict[str, Path], options: di
                             headers=AUTH).json()
         ids = [p.snippet_id for p in xquad_en[340:346]]
         items = [{"query_id": "Q", "snippet_id": ids[0], "relevant": True},
-                 {"query_id": "Q", "snippet_id": ids[1], "relevant": 0, "score": 9.0},
-                 {"query_id": "other", "snippet_id": "x", "relevant": 1, "score": 0.25},
-                 {"query_id": "other", "snippet_id": "y", "relevant": 1}]
+                 {"query_id": "Q", "snippet_id": ids[1], "relevant": 0},
+                 {"query_id": "other", "snippet_id": "x", "relevant": 1},
+                 {"query_id": "Q", "snippet_id": "never-served", "relevant": 1}]
         r = httpx.post(srv.url + "/feedback", json={"items": items}, headers=AUTH)
         assert r.status_code == 200, r.text
         first = r.json()
         again = httpx.post(srv.url + "/feedback", json={"items": items[:1]}, headers=AUTH).json()
         m = _metrics(srv.url)
-    assert first == {"stored": 4, "new": 4, "with_served_score": 2, "with_given_score": 1,
-                     "without_score": 1, "adaptive_updates": 0, "adaptive": None}
-    assert again["new"] == 0 and again["stored"] == 1
+    assert first == {"accepted": 2, "new": 2, "unknown": 2, "over_limit": 0,
+                     "adaptive_updates": 0, "adaptive": None}
+    assert again["new"] == 0 and again["accepted"] == 1
     assert _m(m, "ragsieve_feedback_labels_total", relevant="1") == 4
     assert _m(m, "ragsieve_feedback_labels_total", relevant="0") == 1
     store = FeedbackStore(tmp_path / "fb.sqlite", create=False)
@@ -246,10 +246,8 @@ def test_feedback_joins_the_served_score(artifacts: dict[str, Path], options: di
         rows = {(q, s): (r, score) for q, s, r, score, _ in store.labelled(key)}
     finally:
         store.close()
-    assert rows[("Q", ids[0])] == (True, pytest.approx(served["scores"][0]))
-    assert rows[("Q", ids[1])] == (False, pytest.approx(served["scores"][1]))  # served wins
-    assert rows[("other", "x")] == (True, 0.25)
-    assert rows[("other", "y")] == (True, None)
+    assert rows == {("Q", ids[0]): (True, pytest.approx(served["scores"][0])),
+                    ("Q", ids[1]): (False, pytest.approx(served["scores"][1]))}
 
 
 # ---------------------------------------------------------------------- --adaptive
@@ -328,7 +326,7 @@ def test_recalibrate_from_served_labels(artifacts: dict[str, Path], options: dic
             served_lists[qid] = body["scores"]
     out = tmp_path / "recal.json"
     code = cli_main(["recalibrate", "--feedback", str(db), "--filter", str(artifacts["a"]),
-                     "--out", str(out), "--min-labels", "10"])
+                     "--out", str(out), "--min-labels", "10", "--replace"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     expected = SplitConformalCalibrator(alpha=0.2).fit(relevant_scores).threshold_
@@ -344,6 +342,17 @@ def test_recalibrate_from_served_labels(artifacts: dict[str, Path], options: dic
     assert ExchangeabilityMonitor.from_artifact(json.loads(out.read_text())) is not None
     assert f"recalibrated on {len(live)} labels ({len(relevant_scores)} relevant" in printed
     assert f"tau={expected:.4f}" in printed
+    # the default merges the labels with the artifact's own calibration scores
+    merged = tmp_path / "merged.json"
+    assert cli_main(["recalibrate", "--feedback", str(db), "--filter", str(artifacts["a"]),
+                     "--out", str(merged), "--min-labels", "10", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    old = ConformalFilter.load(artifacts["a"], scorer_options=options["scorer_options"])
+    kept = list(old.calibrator.scores_)
+    assert report["merged_calibration_scores"] == len(kept) > 0
+    both = SplitConformalCalibrator(alpha=0.2).fit(kept + relevant_scores).threshold_
+    assert ConformalFilter.load(merged, scorer_options=options["scorer_options"]).threshold \
+        == pytest.approx(both)
     # too few labels: one line, exit 2, nothing written
     code = cli_main(["recalibrate", "--feedback", str(db), "--filter", str(artifacts["a"]),
                      "--out", str(tmp_path / "no.json"), "--min-labels", "100000"])
@@ -517,7 +526,7 @@ def test_monitor_counts_filter_and_query_requests(artifacts: dict[str, Path],
         fb = httpx.post(srv.url + "/feedback", headers=AUTH, json={"items": [
             {"query_id": "qq", "snippet_id": q["hits"][0]["snippet_id"], "relevant": 1}]}).json()
     assert q["query_id"] == "qq"
-    assert fb["with_served_score"] == 1  # /query answers are recorded too
+    assert fb["accepted"] == 1  # /query answers are recorded too
     monitor = health["monitor"]
     assert monitor["n_observed"] == 4  # refused requests are not observed
     assert monitor["alarm"] is False and monitor["fired_at"] is None

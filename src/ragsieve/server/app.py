@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._version import __version__
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ArtifactTooLargeError
 from ..filter import ConformalFilter
 from .connections import check_seconds
 from .feedback import (
@@ -30,7 +31,6 @@ from .feedback import (
     DEFAULT_MAX_LABELS_PER_MINUTE,
     DEFAULT_MAX_LABELS_PER_QUERY,
     DEFAULT_MAX_SERVED_ROWS,
-    SERVED_BATCH_SECONDS,
     FeedbackStore,
 )
 from .metrics import ServiceMetrics
@@ -41,7 +41,14 @@ from .parsing import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from .reload import DEFAULT_MAX_ARTIFACT_BYTES, Generations, Publisher, Trigger, read_text
+from .reload import (
+    DEFAULT_MAX_ARTIFACT_BYTES,
+    Generation,
+    Generations,
+    Publisher,
+    Trigger,
+    read_text,
+)
 from .schemas import (
     ErrorResponse,
     FeedbackRequest,
@@ -49,12 +56,20 @@ from .schemas import (
     FilterRequest,
     FilterResponse,
     Health,
+    MonitorInfo,
     QueryRequest,
     QueryResponse,
     ReloadResponse,
 )
 from .security import BodyLimitMiddleware, api_key_check, is_loopback_host
-from .service import DEFAULT_MAX_PIECES, DEFAULT_MAX_QUEUE, Runtime, http_error
+from .service import (
+    DEFAULT_MAX_PIECES,
+    DEFAULT_MAX_QUEUE,
+    NO_MONITOR,
+    Runtime,
+    http_error,
+    monitor_info,
+)
 from .state import StateLock
 
 __all__ = ["check_delta", "create_app"]
@@ -123,6 +138,8 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
     reload_errors = {
         **key_errors,
         403: _error("No API key is configured and the client is not on a loopback address."),
+        413: _error("The artifact file is larger than max_artifact_bytes (refused unread); "
+                    "the previous one keeps serving."),
         422: _error("The artifact at the served path was refused (detail says why); the "
                     "previous one keeps serving."),
     }
@@ -163,18 +180,16 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         responses=reload_errors,
     )
     def admin_reload(request: fastapi.Request) -> ReloadResponse:
-        client = request.client.host if request.client is not None else ""
-        if api_key is None and not is_loopback_host(client):
-            raise http_error(403, "POST /admin/reload without an API key is accepted from "
-                                  "loopback clients only; start the service with an API key.")
+        _admin_client(request, api_key, "/admin/reload")
         before = runtime.current
         try:
             checked, number = publisher.publish("POST /admin/reload")
         except ArtifactError as exc:
             runtime.metrics.reloads.labels("refused").inc()
             raise http_error(
-                422, f"artifact refused, still serving generation {before.generation} (checksum "
-                     f"{before.checksum[:12]}): {printable(str(exc))}") from exc
+                413 if isinstance(exc, ArtifactTooLargeError) else 422,
+                f"artifact refused, still serving generation {before.generation} (checksum "
+                f"{before.checksum[:12]}): {printable(str(exc))}") from exc
         runtime.sync()
         now = runtime.current
         if now.generation < number:  # built from the file a moment ago: should not happen
@@ -183,6 +198,52 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         changed = checked.checksum != before.checksum
         return ReloadResponse(generation=now.generation, checksum=now.checksum, changed=changed,
                               monitor_reset=changed and now.monitor is not None)
+
+
+def _admin_client(request: fastapi.Request, api_key: str | None, route: str) -> str:
+    """The client of an admin route; 403 unless a key is set (checked by the route's
+    dependency) or the client is on a loopback address."""
+    client = request.client.host if request.client is not None else ""
+    if api_key is None and not is_loopback_host(client):
+        raise http_error(403, f"POST {route} without an API key is accepted from loopback "
+                              "clients only; start the service with an API key.")
+    return client
+
+
+def _add_monitor_reset(app: fastapi.FastAPI, runtime: Runtime, api_key: str | None) -> None:
+    """``POST /admin/monitor/reset``: restart the exchangeability alarm (all workers)."""
+    protected = [fastapi.Depends(api_key_check(api_key))] if api_key is not None else []
+    responses: dict[int | str, dict[str, Any]] = {
+        403: _error("No API key is configured and the client is not on a loopback address."),
+        404: _error("The served artifact has no monitor reference."),
+    }
+    if api_key is not None:
+        responses[401] = _error("Missing or invalid API key.")
+
+    @app.post("/admin/monitor/reset", response_model=MonitorInfo, dependencies=protected,
+              responses=responses)
+    def admin_monitor_reset(request: fastapi.Request) -> MonitorInfo:
+        client = _admin_client(request, api_key, "/admin/monitor/reset")
+        service = runtime.current
+        if service.monitor is None:
+            raise http_error(404, NO_MONITOR)
+        service.monitor.reset()
+        state = service.monitor.state
+        runtime.metrics.set_monitor(state)
+        logger.warning("exchangeability monitor reset by POST /admin/monitor/reset from %s "
+                       "(generation %d)", printable(client), service.generation)
+        return monitor_info(state)
+
+
+def _prepare_index(runtime: Runtime, index_path: str | Path | None, checked: Any, *,
+                   warmup: bool) -> None:
+    """Open the served index once, with the first artifact built (shares its model)."""
+    if index_path is None or runtime.index is not None:
+        return
+    runtime.index = _open_index(index_path, checked.filter)
+    runtime.index_info = Runtime.index_info_of(runtime.index)
+    if warmup:
+        runtime.index.search("warm-up", k=1)
 
 
 def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
@@ -349,8 +410,7 @@ def _create_app(
         metrics = ServiceMetrics()
         store = FeedbackStore(Path(feedback_db) if feedback_db else state / "feedback.sqlite",
                               max_served_rows=max_served_rows,
-                              retention_seconds=feedback_retention,
-                              batch_seconds=SERVED_BATCH_SECONDS)
+                              retention_seconds=feedback_retention)
         closables.append(store)
         generations = Generations(state / "control.sqlite")
         closables.append(generations)
@@ -363,24 +423,20 @@ def _create_app(
             max_labels_per_query=max_labels_per_query,
             max_labels_per_minute=max_labels_per_minute)
         publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish,
-                              max_bytes=max_artifact_bytes)
+                              max_bytes=max_artifact_bytes, served=lambda: runtime.current.generation)
+        prepare = partial(_prepare_index, runtime, index_path, warmup=warmup)
         if role == "single":
             checked = runtime.check(read_text(filter_path, max_bytes=max_artifact_bytes),
                                     str(filter_path))
             number = generations.publish(checked.text, checked.checksum, "start")
-        else:
-            gen = generations.latest()
-            if gen is None:
+            runtime.start([Generation(number, checked.checksum, checked.text, "start")], prepare,
+                          checked=checked)
+        else:  # the newest generation this worker can build (walks back after a bad one)
+            history = generations.history()
+            if not history:
                 raise ArtifactError(f"state directory {str(state)!r} holds no published artifact; "
                                     "workers are started by run_server(workers=N).")
-            checked = runtime.check(gen.text, f"generation {gen.number}")
-            number = gen.number
-        if index_path is not None:
-            runtime.index = _open_index(index_path, checked.filter)
-            runtime.index_info = Runtime.index_info_of(runtime.index)
-            if warmup:
-                runtime.index.search("warm-up", k=1)
-        runtime.swap(runtime.build(checked, number))
+            number = runtime.start(history, prepare).generation
     except BaseException:
         for closable in closables:
             closable.close()
@@ -425,11 +481,12 @@ def _create_app(
     for exc_class, handler in handlers:
         app.add_exception_handler(exc_class, handler)
     _add_routes(app, runtime, publisher, api_key)
+    _add_monitor_reset(app, runtime, api_key)
     app.add_middleware(
         BodyLimitMiddleware, max_body_bytes=max_body_bytes, body_timeout=body_timeout
     )
     app.add_middleware(_MetricsMiddleware, metrics=metrics)  # outermost: counts 413 and 408 too
-    app.state.filter = checked.filter
+    app.state.filter = runtime.current.flt
     app.state.index = runtime.index
     app.state.runtime = runtime
     app.state.trigger = trigger

@@ -24,6 +24,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from .._sqlite import is_busy
+
 __all__ = [
     "BodyError",
     "StrictJSONRoute",
@@ -282,14 +284,6 @@ async def http_error_handler(request: fastapi.Request, exc: StarletteHTTPExcepti
 
 #: Seconds a client is told to wait (``Retry-After``) when the service's state file is busy.
 BUSY_RETRY_AFTER = 2
-
-
-def is_busy(exc: BaseException) -> bool:
-    """True for SQLite's "database is locked" / "busy" errors (another writer holds the file)."""
-    import sqlite3
-
-    text = str(exc).lower()
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
 
 
 async def unexpected_error_handler(request: fastapi.Request, exc: Exception) -> JSONResponse:

@@ -6,9 +6,11 @@ The per-request limits (``max_snippets``, ``max_k``) are options of
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     AllowInfNan,
     BaseModel,
     ConfigDict,
@@ -55,7 +57,21 @@ _QUERY_ID_IN = (
 _QUERY_ID_OUT = "The request's query_id (yours, or generated): use it in POST /feedback."
 #: Longest ``query_id`` / ``snippet_id`` accepted in a request.
 MAX_ID_CHARS = 256
-QueryId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
+
+
+def _no_control_characters(value: str) -> str:
+    """Refuse NUL and other control characters (Unicode category Cc) in an id."""
+    for i, char in enumerate(value):
+        if unicodedata.category(char) == "Cc":
+            raise ValueError(f"control character U+{ord(char):04X} at position {i}; an id must "
+                             "be printable text (no NUL, tab, newline or other control "
+                             "characters)")
+    return value
+
+
+#: A ``query_id`` / ``snippet_id``: 1 to 256 characters, none of them a control character.
+QueryId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS),
+                    AfterValidator(_no_control_characters)]
 
 
 class SnippetIn(BaseModel):
@@ -68,7 +84,7 @@ class SnippetIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: StrictStr | None = None
-    snippet_id: StrictStr | None = None
+    snippet_id: QueryId | None = None
     score: FiniteNumber | None = Field(
         default=None, description="Outside score, for filters calibrated on a score field."
     )
@@ -251,6 +267,14 @@ class Health(BaseModel):
     generation: int = Field(
         default=1, description="Artifact generation: 1 at start, +1 per accepted reload."
     )
+    published_generation: int | None = Field(
+        default=None, description="The newest published generation (the one served unless "
+        "'degraded' says why not)."
+    )
+    degraded: str | None = Field(
+        default=None, description="Why this process serves an older generation than the "
+        "newest published one (it could not build it); null when it serves the newest."
+    )
     monitor: MonitorInfo | None = Field(
         default=None,
         description="Exchangeability monitor; null when the artifact carries no monitor "
@@ -271,11 +295,16 @@ class FeedbackItem(BaseModel):
         "/query: the hit's snippet_id)."
     )
     relevant: StrictBool | StrictInt = Field(description="true/false or 1/0.")
-    score: FiniteNumber | None = Field(
-        default=None,
-        description="The filter's score of the snippet, used only when the service has no "
-        "record of serving it.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_score(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "score" in data:
+            raise ValueError(
+                "'score' is not accepted: a label counts with the score the service computed "
+                "when it served the snippet (send query_id, snippet_id and relevant only)"
+            )
+        return data
 
     @field_validator("relevant")
     @classmethod
@@ -295,15 +324,24 @@ class FeedbackRequest(BaseModel):
 
 
 class FeedbackResponse(BaseModel):
-    """What ``POST /feedback`` stored and did."""
+    """What ``POST /feedback`` stored and did.
 
-    stored: int = Field(description="Labels written (a repeated label replaces the earlier one).")
-    new: int = Field(description="Labels for (query_id, snippet_id) pairs not labelled before.")
-    with_served_score: int = Field(description="Labels joined to a score the service served.")
-    with_given_score: int = Field(description="Labels that carry only the score sent with them.")
-    without_score: int = Field(
-        description="Labels with no score (unknown to the service and none sent): stored, but "
-        "unused by --adaptive and recalibrate until a score is known."
+    Every item is counted once: ``accepted + unknown + over_limit`` is the batch size.
+    """
+
+    accepted: int = Field(
+        description="Labels stored, each joined to the snippet the service served under this "
+        "query_id and the score it computed (a repeated label replaces the earlier one)."
+    )
+    new: int = Field(description="Accepted labels of (query_id, snippet_id) pairs not labelled "
+                                 "before.")
+    unknown: int = Field(
+        description="Items whose (query_id, snippet_id) the service did not serve with this "
+        "scorer within the retention window: counted, never stored."
+    )
+    over_limit: int = Field(
+        description="Items beyond the service's max_labels_per_query for their query_id: "
+        "counted, never stored."
     )
     adaptive_updates: int = Field(
         description="Relevant new labels applied to the adaptive threshold (serve --adaptive)."

@@ -14,9 +14,18 @@ answered in Starlette's threadpool and served concurrently. Every call that may 
 model (scoring snippet texts, embedding a ``/query`` question) is handed to one
 dedicated model thread: the embedding cache serialises model calls anyway, and doing
 them all in one thread keeps the model's working memory in one allocator arena instead
-of one per pool thread (measured in ``benchmarks/bench_server.py --long``). Requests with
-vectors or outside scores need no model and stay in the pool. Index searches are
-serialised with a lock, and so are scorers not known to be thread-safe.
+of one per pool thread (measured in ``benchmarks/bench_server.py --long``).
+
+Model work is fair (:class:`~ragsieve.server.scheduling.FairQueue`): a request's pieces
+are counted before any model work (413 beyond ``max_pieces``), then embedded into the
+scorer's cache ``PIECES_PER_STEP`` at a time, one step per waiting request in turn, and
+the request's final ``filter`` call (which a list-relative score needs whole) reads them
+back from the cache. A small request therefore waits for one step of each request ahead
+of it, not for a large request to finish; more than ``max_queue`` waiting requests get
+429 with ``Retry-After``. Requests with vectors or outside scores need no model and stay
+in the pool (vectors must have the dimension of the scorer's model). Index searches are
+serialised with a lock, and so are scorers not known to be thread-safe outside the model
+thread. A served index whose directory is removed answers 503 and logs an error.
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ import copy
 import logging
 import math
 import os
+import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,10 +50,11 @@ from .._version import __version__
 from ..errors import ArtifactError, DataError
 from ..filter import ConformalFilter
 from ..types import FilterResult
-from .feedback import AdaptiveThreshold, FeedbackStore, ServedRow, scorer_key
+from .feedback import AdaptiveThreshold, FeedbackStore, LabelRateLimited, ServedRow, scorer_key
 from .metrics import ServiceMetrics
-from .parsing import printable
+from .parsing import BUSY_RETRY_AFTER, printable
 from .reload import ArtifactCheck, Generation, Generations, check_artifact
+from .scheduling import FairQueue, QueueFull
 from .schemas import (
     AdaptiveInfo,
     ArtifactInfo,
@@ -60,7 +71,8 @@ from .schemas import (
     QueryResponse,
 )
 
-__all__ = ["Runtime", "Service", "monitor_from_artifact", "monitor_path", "reset_shared_monitor"]
+__all__ = ["Runtime", "Service", "monitor_from_artifact", "monitor_info", "monitor_path",
+           "reset_shared_monitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +84,19 @@ _THREAD_SAFE_SCORERS = frozenset({"embedding", "field"})
 _NO_MODEL_SCORERS = frozenset({"field"})
 #: How many filters with a request's own ``min_keep`` are kept for reuse.
 _MAX_CACHED_FILTERS = 64
-#: Most snippet pieces one request may have scored by the model (413 beyond).
-DEFAULT_MAX_PIECES = 4000
+#: Most snippet pieces one request may have scored by the model (413 beyond). Sized to
+#: ~2 s of model time on 2 cores: ``benchmarks/bench_server.py --fairness`` measured, on
+#: fresh ~410-character pieces, 42-65 pieces/s for the default MiniLM ``EmbeddingScorer``
+#: and 73-78 for the fused ``best`` score with the 2 cores at load ~1.6 (128 pieces: 2.0-3.0
+#: s and 1.7 s), and 16-40 pieces/s for both at load 3-8 (other jobs on the cores). A
+#: snippet of up to 600 characters is one piece; a longer one is cut into pieces of ~500
+#: (see ``ConformalFilter.piece_texts``).
+DEFAULT_MAX_PIECES = 128
+#: Pieces of one request embedded per turn of the fair model queue: about what a small
+#: request waits for beside a large one (p99 443 ms at load 4.5 in ``--fairness``).
+PIECES_PER_STEP = 8
+#: Measured model throughput (pieces/s, see ``DEFAULT_MAX_PIECES``), for ``Retry-After``.
+PIECES_PER_SECOND = 50
 #: Most requests waiting for model work at once (429 beyond).
 DEFAULT_MAX_QUEUE = 64
 NO_MONITOR = "artifact has no monitor reference; recalibrate to enable the alarm"
@@ -134,6 +157,33 @@ def _check_min_keep(min_keep: int | None, limit: int, what: str) -> None:
         )
 
 
+def _check_vector_dim(dim: int, scorer_dim: int | None, spec: Mapping[str, Any]) -> None:
+    """422 unless the request's vectors have the dimension the served scorer takes."""
+    if scorer_dim is None:
+        raise http_error(
+            422,
+            f"the served scorer ({spec.get('scorer')}) does not score from vectors; send the "
+            "snippets' texts (or outside scores) without 'query_vector' and 'vector'.",
+        )
+    if dim != scorer_dim:
+        raise http_error(
+            422,
+            f"query_vector and the snippet vectors have dimension {dim}; the served scorer's "
+            f"model ({_model_of(spec)}) makes vectors of dimension "
+            f"{scorer_dim}. Embed with that model.",
+        )
+
+
+def _model_of(spec: Mapping[str, Any]) -> Any:
+    """The embedding model named by a scorer spec (or by its base scorer's)."""
+    base = spec.get("base")
+    return spec.get("model") or (base.get("model") if isinstance(base, Mapping) else base)
+
+
+def _chunks(texts: Sequence[str], size: int) -> list[Sequence[str]]:
+    return [texts[i:i + size] for i in range(0, len(texts), size)]
+
+
 def _snippet_vectors(request: FilterRequest) -> np.ndarray | None:
     """The ``(n, dim)`` snippet vectors of a request with ``query_vector``, else None.
 
@@ -188,7 +238,8 @@ def reset_shared_monitor(payload: Mapping[str, Any], checksum: str, monitor_dir:
     return True
 
 
-def _monitor_info(state: Any) -> MonitorInfo:
+def monitor_info(state: Any) -> MonitorInfo:
+    """What ``/healthz`` (and ``/admin/monitor/reset``) show of a monitor state."""
     return MonitorInfo(
         alarm=bool(state.alarm),
         martingale=_finite_or_none(float(state.martingale)),
@@ -198,6 +249,17 @@ def _monitor_info(state: Any) -> MonitorInfo:
         n_observed=int(state.n_observed),
         delta=float(state.delta),
     )
+
+
+def artifact_view(checked: ArtifactCheck) -> ArtifactInfo:
+    """Build what ``/healthz`` shows of a checked artifact, so a reload that cannot be shown
+    is refused before it is published (``ArtifactError``)."""
+    try:
+        info = _artifact_info(checked.filter, checked.payload, checked.checksum)
+        Health(status="ok", library_version=__version__, artifact=info)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ArtifactError(f"artifact cannot be shown by /healthz: {printable(str(exc))}") from exc
+    return info
 
 
 def _artifact_info(flt: ConformalFilter, payload: Mapping[str, Any], checksum: str) -> ArtifactInfo:
@@ -218,6 +280,14 @@ def _artifact_info(flt: ConformalFilter, payload: Mapping[str, Any], checksum: s
         guarantee=guarantee,
         checksum=checksum,
     )
+
+
+def _state_unavailable(store: FeedbackStore, exc: sqlite3.Error) -> fastapi.HTTPException:
+    """503 with ``Retry-After`` for a state file that could not be written (logged)."""
+    logger.error("feedback database %s: %s; answered 503", store.path, exc)
+    return http_error(503, f"the service's state file is unavailable ({printable(str(exc))}); "
+                           f"nothing was stored, retry after {BUSY_RETRY_AFTER} s.",
+                      retry_after=BUSY_RETRY_AFTER)
 
 
 class Service:
@@ -241,8 +311,11 @@ class Service:
         self.guarantee = self.info.guarantee
         self.scorer_key = scorer_key(flt.scorer.spec())
         thread_safe = flt.scorer.spec().get("scorer") in _THREAD_SAFE_SCORERS
+        # calls outside the model thread (vectors, outside scores); the model thread runs
+        # one call at a time anyway
         self.lock: AbstractContextManager[Any] = nullcontext() if thread_safe else threading.Lock()
         self.uses_model = flt.scorer.spec().get("scorer") not in _NO_MODEL_SCORERS
+        self._vector_dim: tuple[int | None] | None = None
         self._cache_lock = threading.Lock()
         self._adaptive_version: int | None = None
         self._filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
@@ -289,20 +362,16 @@ class Service:
             raise http_error(413, f"got {n} snippets; the limit is {rt.max_snippets} per request.")
         _check_min_keep(request.min_keep, rt.max_snippets, "snippets")
         vectors = _snippet_vectors(request)
+        if vectors is not None:
+            _check_vector_dim(vectors.shape[1], self.vector_dim(), self.flt.scorer.spec())
         items = [s if isinstance(s, str) else s.as_item() for s in request.snippets]
         use = self.filter_for(request.min_keep)
-        with bad_request_as_422(), self.lock:
+        with bad_request_as_422():
             if vectors is None and self.uses_model:
-                res = rt.in_model_thread(
-                    lambda: use.filter(request.query, items, group=request.group)
-                )
-            elif vectors is None:
-                res = use.filter(request.query, items, group=request.group)
+                res = self._filter_with_model(use, request.query, items, request.group)
             else:
-                query_vector = np.asarray(request.query_vector, dtype=np.float64)
-                res = use.filter_vectors(
-                    request.query, query_vector, vectors, items, group=request.group
-                )
+                with self.lock:
+                    res = self._filter_in_pool(use, request, items, vectors)
         query_id = request.query_id or uuid.uuid4().hex
         snippet_ids = [str(i) if isinstance(s, str) or s.snippet_id is None else s.snippet_id
                        for i, s in enumerate(request.snippets)]
@@ -310,6 +379,35 @@ class Service:
                   for s in request.snippets]
         self._served("/filter", query_id, snippet_ids, groups, res)
         return self._filter_response(res, query_id)
+
+    def vector_dim(self) -> int | None:
+        """The dimension of the vectors the served scorer takes (None: it takes none)."""
+        if self._vector_dim is None:  # asked once: it may load the model
+            self._vector_dim = (self.runtime.in_model_thread(self.flt.scorer.vector_dim),)
+        return self._vector_dim[0]
+
+    def _filter_with_model(self, use: ConformalFilter, query: str, items: list[Any],
+                           group: Any) -> FilterResult:
+        """Count the pieces (413 over budget), embed them in fair steps, then filter."""
+        rt = self.runtime
+        texts = use.piece_texts(items)
+        rt.check_budget(len(texts))
+        chunks = _chunks(texts, PIECES_PER_STEP) or [[]]
+        # all chunks but the last go to the cache first; the last step embeds the last
+        # chunk and reads the others back (a request of one chunk is a single step)
+        steps: list[Callable[[], Any]] = [partial(use.scorer.prepare, query, c)
+                                          for c in chunks[:-1]]
+        steps.append(lambda: use.filter(query, items, group=group))
+        return rt.run_model_work(steps, costs=[len(c) for c in chunks])
+
+    def _filter_in_pool(self, use: ConformalFilter, request: FilterRequest, items: list[Any],
+                        vectors: np.ndarray | None) -> FilterResult:
+        """Filter without the model: outside scores, or the request's own vectors."""
+        if vectors is None:
+            return use.filter(request.query, items, group=request.group)
+        query_vector = np.asarray(request.query_vector, dtype=np.float64)
+        return use.filter_vectors(request.query, query_vector, vectors, items,
+                                  group=request.group)
 
     def _filter_response(self, res: FilterResult, query_id: str) -> FilterResponse:
         kept = [
@@ -347,12 +445,19 @@ class Service:
             raise http_error(413, f"k == {_show_int(request.k)}; the limit is {rt.max_k}.")
         _check_min_keep(request.min_keep, rt.max_k, "hits (k)")
         use = self.filter_for(request.min_keep)
-        with bad_request_as_422(), rt.index_lock:
-            hits, res = rt.in_model_thread(  # embeds the question
-                lambda: rt.index.query_with_filter(
-                    request.query, use, k=request.k, group=request.group
+        from ..store import IndexMissingError
+
+        try:
+            with bad_request_as_422(), rt.index_lock:
+                hits, res = rt.run_model_work(  # embeds the question; hits use stored vectors
+                    [lambda: rt.index.query_with_filter(
+                        request.query, use, k=request.k, group=request.group)],
+                    costs=[1],
                 )
-            )
+        except IndexMissingError as exc:
+            logger.error("cannot answer /query: %s", exc)
+            raise http_error(503, "the served index is missing (removed while serving); the "
+                             "operator must restore or rebuild it.") from exc
         kept = {s.index for s in res.kept}
         query_id = request.query_id or uuid.uuid4().hex
         self._served("/query", query_id, [h.snippet_id for h in hits],
@@ -383,16 +488,14 @@ class Service:
 
     def _served(self, endpoint: str, query_id: str, snippet_ids: Sequence[str],
                 groups: Sequence[Any], res: FilterResult) -> None:
-        """After an answer is computed: metrics, the served record, the monitor.
+        """After an answer is computed: the served record, metrics, the monitor.
 
-        None of them may fail the request: their errors are logged.
+        The served rows are committed before the request is answered; when the state
+        file cannot be written the request is answered 503 (with ``Retry-After``) and
+        nothing of it counts. Metrics and monitor errors are logged, never raised.
         """
         rt = self.runtime
         kept = {s.index for s in res.kept}
-        try:
-            rt.metrics.served(endpoint, res.scores, len(kept), res.threshold)
-        except Exception:  # pragma: no cover - prometheus-client does not raise here
-            logger.exception("metrics update failed")
         if rt.store is not None:
             rows = [ServedRow(query_id, str(sid), float(score), float(res.threshold), i in kept,
                               None if g is None else str(g))
@@ -401,9 +504,12 @@ class Service:
             try:
                 rt.store.record_served(rows, key=self.scorer_key, checksum=self.checksum,
                                        endpoint=endpoint)
-            except Exception:
-                logger.exception("could not record the served scores of query_id %r "
-                                 "(feedback for it will need its score)", query_id)
+            except sqlite3.Error as exc:
+                raise _state_unavailable(rt.store, exc) from exc
+        try:
+            rt.metrics.served(endpoint, res.scores, len(kept), res.threshold)
+        except Exception:  # pragma: no cover - prometheus-client does not raise here
+            logger.exception("metrics update failed")
         if self.monitor is not None and res.scores:
             self.observe(res.scores)
 
@@ -424,20 +530,25 @@ class Service:
         # the monitor itself logs the alarm once, in the process whose request fired it
 
     def run_feedback(self, request: FeedbackRequest, *, client: str = "") -> FeedbackResponse:
-        """``POST /feedback``: store labels; under --adaptive, move the threshold."""
+        """``POST /feedback``: store labels of served snippets; under --adaptive, move the
+        threshold. 413 over ``max_snippets`` (or the per-minute cap) items, 429 beyond
+        ``max_labels_per_minute`` for ``client``, 503 when the state file is busy."""
         rt = self.runtime
         if rt.store is None:  # pragma: no cover - every runtime has a store
             raise http_error(404, "this service keeps no feedback.")
-        n = len(request.items)
-        if n > rt.max_snippets:
-            raise http_error(413, f"got {n} labels; the limit is {rt.max_snippets} per request.")
-        items = [(i.query_id, i.snippet_id, bool(i.relevant), i.score) for i in request.items]
+        n, per_minute = len(request.items), rt.max_labels_per_minute
+        for limit, what in ((rt.max_snippets, "per request"), (per_minute, "per minute")):
+            if limit is not None and n > limit:
+                raise http_error(413, f"got {n} labels; the limit is {limit} {what}.")
+        items = [(i.query_id, i.snippet_id, bool(i.relevant)) for i in request.items]
         try:
-            rt.store.flush()  # this process's served rows are joinable before the labels
-        except Exception:
-            logger.exception("could not write the queued served scores before a feedback batch")
-        with bad_request_as_422():
-            outcome = rt.store.add_labels(items, key=self.scorer_key, adaptive=self.adaptive)
+            outcome = rt.store.add_labels(
+                items, key=self.scorer_key, client=client, adaptive=self.adaptive,
+                max_per_query=rt.max_labels_per_query, max_per_minute=per_minute)
+        except LabelRateLimited as exc:
+            raise http_error(429, str(exc), retry_after=exc.retry_after) from exc
+        except sqlite3.Error as exc:
+            raise _state_unavailable(rt.store, exc) from exc
         for item in request.items:
             rt.metrics.feedback.labels("1" if item.relevant else "0").inc()
         if outcome.adaptive_updates:
@@ -445,9 +556,8 @@ class Service:
                         outcome.adaptive_updates, outcome.adaptive)
             rt.metrics.threshold.set(self.threshold)
         return FeedbackResponse(
-            stored=outcome.stored, new=outcome.new, with_served_score=outcome.with_served_score,
-            with_given_score=outcome.with_given_score, without_score=outcome.without_score,
-            adaptive_updates=outcome.adaptive_updates,
+            accepted=outcome.accepted, new=outcome.new, unknown=outcome.unknown,
+            over_limit=outcome.over_limit, adaptive_updates=outcome.adaptive_updates,
             adaptive=None if outcome.adaptive is None else AdaptiveInfo(**outcome.adaptive),
         )
 
@@ -459,10 +569,11 @@ class Service:
         if self.adaptive is not None:
             adaptive = AdaptiveInfo(**self.adaptive.info())
             info = info.model_copy(update={"threshold": adaptive.threshold})
-        monitor = None if self.monitor is None else _monitor_info(self.monitor.state)
+        monitor = None if self.monitor is None else monitor_info(self.monitor.state)
         return Health(status="ok", library_version=__version__, artifact=info,
                       index=rt.index_info, generation=self.generation, monitor=monitor,
-                      adaptive=adaptive)
+                      adaptive=adaptive, published_generation=rt.published_generation,
+                      degraded=rt.degraded)
 
 
 class Runtime:
@@ -524,7 +635,9 @@ class Runtime:
         self.index_info = self.index_info_of(index)
         self.swap_lock = threading.Lock()
         self._refused_generation = 0
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragsieve-model")
+        self.published_generation: int | None = None  # the newest in the control file
+        self.degraded: str | None = None  # why the newest generation is not served here
+        self._model_queue = FairQueue(max_waiting=max_queue, on_change=metrics.set_queue)
         self.service: Service | None = None
 
     @staticmethod
@@ -537,12 +650,43 @@ class Runtime:
 
     # ------------------------------------------------------------------ model thread
     def in_model_thread(self, fn: Callable[[], _T]) -> _T:
-        """``fn()`` run in the one model thread (its exceptions re-raised here)."""
-        return self._model_thread.submit(fn).result()
+        """``fn()`` run in the one model thread, in turn (never refused; exceptions re-raised)."""
+        result: _T = self._model_queue.run([fn], costs=[1], refuse_when_full=False)
+        return result
+
+    def check_budget(self, n_pieces: int) -> None:
+        """413 when one request needs more than ``max_pieces`` pieces of model work."""
+        if n_pieces > self.max_pieces:
+            self.metrics.refused.labels("max_pieces").inc()
+            logger.info("request refused (413): %d pieces of model work, limit %d",
+                        n_pieces, self.max_pieces)
+            raise http_error(
+                413,
+                f"request needs {n_pieces} pieces of model work; the limit is "
+                f"{self.max_pieces} per request (--max-pieces). Send fewer or shorter "
+                "snippets (a snippet longer than the filter's window counts as its pieces).",
+            )
+
+    def run_model_work(self, steps: Sequence[Callable[[], Any]], *,
+                       costs: Sequence[int]) -> Any:
+        """Run ``steps`` in the model thread, in turn with other requests (429 when full)."""
+        try:
+            return self._model_queue.run(steps, costs=costs)
+        except QueueFull as exc:
+            self.metrics.refused.labels("max_queue").inc()
+            retry = min(60.0, max(1.0, exc.pending_cost / PIECES_PER_SECOND))
+            logger.info("request refused (429): %d requests already wait for model work",
+                        exc.waiting)
+            raise http_error(
+                429,
+                f"{exc.waiting} requests are waiting for model work, the limit is "
+                f"{self.max_queue} (--max-queue); retry in {math.ceil(retry)} s.",
+                retry_after=retry,
+            ) from exc
 
     def close(self) -> None:
-        """Stop the model thread (after the call it is running, if any) and close the files."""
-        self._model_thread.shutdown(wait=False, cancel_futures=True)
+        """Stop the model thread (after the step it is running, if any) and close the files."""
+        self._model_queue.close()
         monitor = None if self.service is None else self.service.monitor
         for closable in (self.store, self.generations, monitor):
             if closable is None or not callable(getattr(closable, "close", None)):
@@ -579,13 +723,16 @@ class Runtime:
 
     # ------------------------------------------------------------------ building, swapping
     def check(self, text: str, source: str) -> ArtifactCheck:
-        """Check an artifact as this runtime would serve it (see :func:`check_artifact`)."""
+        """Check an artifact by building what this runtime would serve from it
+        (:func:`check_artifact`, then :func:`artifact_view`)."""
         current = self.service
-        return check_artifact(
+        checked = check_artifact(
             text, source, scorer_options=self.scorer_options,
             index_path=None if self.index is None else self.index.path, adaptive=self.adaptive,
             monitor_check=self.check_monitor,
             scorer=None if current is None else current.flt.scorer)
+        artifact_view(checked)
+        return checked
 
     def build(self, checked: ArtifactCheck, generation: int) -> Service:
         """A service for a checked artifact: model warmed up, monitor and adaptive attached."""
@@ -627,10 +774,63 @@ class Runtime:
         self.swap(service)
         return service
 
+    def start(self, generations: Sequence[Generation],
+              prepare: Callable[[ArtifactCheck], object] | None = None, *,
+              checked: ArtifactCheck | None = None) -> Service:
+        """Serve the newest of ``generations`` (newest first) that can be built.
+
+        A worker starting after a crash walks back to an older generation rather than die
+        on one it cannot build; ``/healthz`` then reports ``degraded``. ``prepare(checked)``
+        runs before the first build (the app opens its index there); ``checked`` is the
+        first generation already checked (a single app checks the file before publishing).
+
+        Raises
+        ------
+        ArtifactError
+            No generation can be built (the reasons of all of them); with one generation,
+            the error that stopped it.
+        """
+        reasons: list[str] = []
+        error: BaseException | None = None
+        for i, gen in enumerate(generations):
+            try:
+                if i or checked is None:
+                    checked = self.check(gen.text, f"generation {gen.number}")
+                if prepare is not None:
+                    prepare(checked)
+                self.swap(self.build(checked, gen.number))
+            except (ArtifactError, ValueError, OSError) as exc:
+                reasons.append(f"generation {gen.number}: {exc}")
+                error = exc
+                if i + 1 < len(generations):
+                    logger.error("pid %d cannot serve generation %d (%s); trying generation %d",
+                                 os.getpid(), gen.number, exc, generations[i + 1].number)
+                continue
+            self._set_published(generations[0].number, reasons[0] if reasons else None)
+            self._refused_generation = generations[0].number if reasons else 0
+            return self.current
+        if len(reasons) == 1 and error is not None:
+            raise error
+        raise ArtifactError("no published generation can be served here: " + "; ".join(reasons)
+                            if reasons else "no generation is published")
+
+    def _set_published(self, number: int, refusal: str | None) -> None:
+        """Record the newest published generation and why it is not served (None: it is)."""
+        self.published_generation = number
+        self.degraded = None if refusal is None else (
+            f"serving generation {self.current.generation}, not the newest ({refusal})")
+
     def sync(self) -> None:
-        """Swap in the newest published generation if it is newer than the served one."""
+        """Swap in the newest published generation if it is newer than the served one.
+
+        One that cannot be built is tried once (logged); the served one stays and
+        ``/healthz`` says so (``degraded``) until a newer generation is served.
+        """
         current = self.service
-        if current is not None and self.generations.latest_number() <= current.generation:
+        latest = self.generations.latest_number()
+        if current is not None and latest <= current.generation:
+            if latest == current.generation:
+                self._set_published(latest, None)
             return
         with self.swap_lock:
             gen = self.generations.latest()
@@ -642,9 +842,11 @@ class Runtime:
             try:
                 self.load_generation(gen)
                 self.metrics.reloads.labels("loaded").inc()
+                self._set_published(gen.number, None)
             except (ArtifactError, ValueError, OSError) as exc:
                 self._refused_generation = gen.number
                 self.metrics.reloads.labels("refused").inc()
+                self._set_published(gen.number, f"generation {gen.number}: {printable(str(exc))}")
                 logger.error("pid %d cannot serve generation %d: %s; still serving generation %s",
                              os.getpid(), gen.number, exc,
                              None if current is None else current.generation)
