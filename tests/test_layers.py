@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "ragsieve"
 
 # Layers from low to high (DESIGN.md, "Target module map"). Components starting with "_"
-# (private helpers: _io, _optional, _paths, _sqlite, _validation, _version) are layer 0.
+# (private helpers: _io, _optional, _paths, _seal, _sqlite, _validation, _version) are layer 0.
 LAYERS: dict[str, int] = {
     "types": 0,
     "errors": 0,
