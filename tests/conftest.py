@@ -82,6 +82,31 @@ def xquad_en(shared_data_dir: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def served_artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en,  # type: ignore[no-untyped-def]
+                    embedding_cache_dir: Path):
+    """Save real MiniLM filter artifacts calibrated on the first 300 XQuAD-en pairs.
+
+    ``served_artifact(calibrator)`` returns the path of one (saved once per mode and
+    parameters in the session; never write to it: copy it to change it).
+    """
+    from ragsieve import ConformalFilter
+    from ragsieve.scoring import EmbeddingScorer
+
+    root = tmp_path_factory.mktemp("served-artifacts")
+    scorer = EmbeddingScorer(cache_dir=embedding_cache_dir)
+    saved: dict[str, Path] = {}
+
+    def save(calibrator, *, monitor: bool = True) -> Path:  # type: ignore[no-untyped-def]
+        key = f"{calibrator.mode}-{sorted(calibrator.get_params().items())}-{monitor}"
+        if key not in saved:
+            saved[key] = ConformalFilter(scorer, calibrator).calibrate(
+                xquad_en[:300], monitor=monitor).save(root / f"artifact-{len(saved)}.json")
+        return saved[key]
+
+    return save
+
+
+@pytest.fixture(scope="session")
 def xquad_en_scores(xquad_en, minilm_scorer):  # type: ignore[no-untyped-def]
     """MiniLM scores of every XQuAD English pair (computed once per session)."""
     return minilm_scorer.score_pairs(xquad_en)

@@ -30,11 +30,10 @@ httpx = pytest.importorskip("httpx")
 
 from servers import serving
 
-from ragsieve import ConformalFilter, Pair
+from ragsieve import Pair
 from ragsieve.calibration import AdaptiveCalibrator, PACCalibrator, SplitConformalCalibrator
 from ragsieve.cli import main as cli_main
 from ragsieve.errors import DataError
-from ragsieve.scoring import EmbeddingScorer
 from ragsieve.server.feedback import FeedbackStore, ServedRow, scorer_key
 
 KEY = "hardening-key"
@@ -42,18 +41,11 @@ AUTH = {"X-API-Key": KEY}
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
-              embedding_cache_dir: Path) -> dict[str, Path]:
+def artifacts(served_artifact: Any) -> dict[str, Path]:
     """Real artifacts: marginal (alpha 0.2), adaptive (alpha 0.2, gamma 0.05, window 200), pac."""
-    root = tmp_path_factory.mktemp("hardening-artifacts")
-    scorer = EmbeddingScorer(cache_dir=embedding_cache_dir)
-    out = {}
-    for name, calibrator in [("marginal", SplitConformalCalibrator(alpha=0.2)),
-                             ("adaptive", AdaptiveCalibrator(alpha=0.2, gamma=0.05, window=200)),
-                             ("pac", PACCalibrator(alpha=0.2, delta=0.1))]:
-        out[name] = ConformalFilter(scorer, calibrator).calibrate(xquad_en[:300]).save(
-            root / f"{name}.json")
-    return out
+    return {"marginal": served_artifact(SplitConformalCalibrator(alpha=0.2)),
+            "adaptive": served_artifact(AdaptiveCalibrator(alpha=0.2, gamma=0.05, window=200)),
+            "pac": served_artifact(PACCalibrator(alpha=0.2, delta=0.1))}
 
 
 @pytest.fixture(scope="module")

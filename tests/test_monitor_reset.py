@@ -16,6 +16,7 @@ httpx = pytest.importorskip("httpx")
 from servers import serving
 
 from ragsieve import ConformalFilter, Pair
+from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.monitoring import DEFAULT_MIN_REQUESTS, ExchangeabilityMonitor
 from ragsieve.scoring import EmbeddingScorer
 
@@ -24,12 +25,8 @@ AUTH = {"X-API-Key": KEY}
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
-             embedding_cache_dir: Path) -> Path:
-    path = tmp_path_factory.mktemp("monitor-reset") / "filter.json"
-    ConformalFilter(EmbeddingScorer(cache_dir=embedding_cache_dir), alpha=0.2).calibrate(
-        xquad_en[:300]).save(path)
-    return path
+def artifact(served_artifact: Any) -> Path:
+    return served_artifact(SplitConformalCalibrator(alpha=0.2))
 
 
 def _extreme(i: int) -> dict[str, Any]:

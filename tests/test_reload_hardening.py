@@ -36,13 +36,12 @@ httpx = pytest.importorskip("httpx")
 
 from servers import ThreadServer, serving
 
-from ragsieve import ConformalFilter, Pair
+from ragsieve import ConformalFilter
 from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.cli import main as cli_main
 from ragsieve.errors import ArtifactError
 from ragsieve.filter import read_artifact
 from ragsieve.monitoring import ExchangeabilityMonitor
-from ragsieve.scoring import EmbeddingScorer
 from ragsieve.server import create_app
 from ragsieve.server.app import _create_app
 from ragsieve.server.reload import Generations
@@ -54,13 +53,10 @@ AUTH = {"X-API-Key": KEY}
 
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
-              embedding_cache_dir: Path) -> dict[str, Path]:
+def artifacts(tmp_path_factory: pytest.TempPathFactory, served_artifact: Any) -> dict[str, Path]:
     """Two real artifacts (marginal alpha 0.2 and 0.1) and their bad twins."""
     root = tmp_path_factory.mktemp("reload-artifacts")
-    scorer = EmbeddingScorer(cache_dir=embedding_cache_dir)
-    out = {name: ConformalFilter(scorer, SplitConformalCalibrator(alpha=alpha))
-           .calibrate(xquad_en[:300]).save(root / f"{name}.json")
+    out = {name: served_artifact(SplitConformalCalibrator(alpha=alpha))
            for name, alpha in [("a", 0.2), ("b", 0.1)]}
     out["bad"] = root / "bad.json"  # same seal as "a": only the unsealed 'created' differs
     out["bad"].write_text(_edited(out["a"], created={"by": "hand"}))

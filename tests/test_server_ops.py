@@ -49,20 +49,11 @@ AUTH = {"X-API-Key": KEY}
 
 # ---------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
-              embedding_cache_dir: Path) -> dict[str, Path]:
+def artifacts(served_artifact: Any) -> dict[str, Path]:
     """Three real artifacts: marginal alpha 0.2 and 0.1, and adaptive (gamma 0.05)."""
-    root = tmp_path_factory.mktemp("ops-artifacts")
-    scorer = EmbeddingScorer(cache_dir=embedding_cache_dir)
-    out = {}
-    for name, calibrator in [
-        ("a", SplitConformalCalibrator(alpha=0.2)),
-        ("b", SplitConformalCalibrator(alpha=0.1)),
-        ("adaptive", AdaptiveCalibrator(alpha=0.2, gamma=0.05, window=200)),
-    ]:
-        out[name] = ConformalFilter(scorer, calibrator).calibrate(xquad_en[:300]).save(
-            root / f"{name}.json")
-    return out
+    return {"a": served_artifact(SplitConformalCalibrator(alpha=0.2)),
+            "b": served_artifact(SplitConformalCalibrator(alpha=0.1)),
+            "adaptive": served_artifact(AdaptiveCalibrator(alpha=0.2, gamma=0.05, window=200))}
 
 
 @pytest.fixture(scope="module")
