@@ -132,3 +132,23 @@ def llm_connection(local_llm, tmp_path: Path):  # type: ignore[no-untyped-def]
                  style=local_llm.prompt_style, cache=tmp_path / "llm-cache.sqlite",
                  concurrency=1) as conn:
         yield conn
+
+
+@pytest.fixture(scope="session")
+def small_index(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> Path:
+    """A small real LanceDB index of two XQuAD-en articles (4 paragraphs each); copy it to
+    change it."""
+    import json
+
+    from ragsieve.data.xquad import xquad_file
+    from ragsieve.store import SnippetIndex
+
+    pytest.importorskip("lancedb")
+    root = tmp_path_factory.mktemp("small-index")
+    raw = json.loads(xquad_file("en", data_dir=shared_data_dir).read_text(encoding="utf-8"))
+    (root / "docs").mkdir()
+    for article in raw["data"][:2]:
+        text = "\n\n".join(p["context"] for p in article["paragraphs"][:4])
+        (root / "docs" / f"{article['title']}.txt").write_text(text, encoding="utf-8")
+    SnippetIndex.open(root / "idx", create=True).index_directory(root / "docs")
+    return root / "idx"

@@ -9,7 +9,6 @@ requests complete, seen through the service's own queue gauge.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import threading
@@ -205,30 +204,13 @@ def test_vectors_of_the_wrong_dimension_get_422(artifact: Path, options: dict[st
 
 
 # ---------------------------------------------------------------------- removed index
-@pytest.fixture(scope="module")
-def built_index(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> Path:
-    """A small real LanceDB index of two XQuAD articles (copied per test)."""
-    from ragsieve.data.xquad import xquad_file
-    from ragsieve.store import SnippetIndex
-
-    pytest.importorskip("lancedb")
-    root = tmp_path_factory.mktemp("fair-index")
-    raw = json.loads(xquad_file("en", data_dir=shared_data_dir).read_text(encoding="utf-8"))
-    (root / "docs").mkdir()
-    for article in raw["data"][:2]:
-        text = "\n\n".join(p["context"] for p in article["paragraphs"][:4])
-        (root / "docs" / f"{article['title']}.txt").write_text(text, encoding="utf-8")
-    SnippetIndex.open(root / "idx", create=True).index_directory(root / "docs")
-    return root / "idx"
-
-
 def test_removed_index_is_a_503_and_logged(artifact: Path, options: dict[str, Any],
-                                           built_index: Path, tmp_path: Path,
+                                           small_index: Path, tmp_path: Path,
                                            caplog: pytest.LogCaptureFixture) -> None:
     """Defect 12: a served index directory removed while serving was recreated empty (200,
     zero hits); now 503, an error in the log, and nothing is created."""
     index = tmp_path / "idx"
-    shutil.copytree(built_index, index)
+    shutil.copytree(small_index, index)
     body = {"query": "Who won Super Bowl 50?", "k": 5}
     with serving(artifact, index_path=index, **options) as srv:
         before = httpx.post(srv.url + "/query", json=body, timeout=120)
@@ -243,12 +225,12 @@ def test_removed_index_is_a_503_and_logged(artifact: Path, options: dict[str, An
     assert not index.exists()  # never recreated empty
 
 
-def test_removed_index_raises_and_is_not_recreated(built_index: Path, tmp_path: Path) -> None:
+def test_removed_index_raises_and_is_not_recreated(small_index: Path, tmp_path: Path) -> None:
     """Defect 12, in the library: every read of a removed index raises IndexMissingError."""
     from ragsieve.store import IndexMissingError, SnippetIndex
 
     index = tmp_path / "idx"
-    shutil.copytree(built_index, index)
+    shutil.copytree(small_index, index)
     opened = SnippetIndex.open(index)
     assert opened.count() > 0
     shutil.rmtree(index)

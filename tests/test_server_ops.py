@@ -506,8 +506,8 @@ def test_watch_reloads_a_changed_file(artifacts: dict[str, Path], options: dict[
 # ---------------------------------------------------------------------- monitor wiring
 def test_monitor_counts_filter_and_query_requests(artifacts: dict[str, Path],
                                                   options: dict[str, Any], xquad_en: list[Pair],
-                                                  index_dir: Path) -> None:
-    with serving(artifacts["a"], index_path=index_dir, **options) as srv:
+                                                  small_index: Path) -> None:
+    with serving(artifacts["a"], index_path=small_index, **options) as srv:
         for i in range(3):
             httpx.post(srv.url + "/filter", json=_payload(xquad_en, 300 + i), headers=AUTH)
         q = httpx.post(srv.url + "/query", json={"query": "Who won Super Bowl 50?", "k": 5,
@@ -523,22 +523,6 @@ def test_monitor_counts_filter_and_query_requests(artifacts: dict[str, Path],
     assert monitor["alarm"] is False and monitor["fired_at"] is None
     assert monitor["delta"] == pytest.approx(0.01)
     assert monitor["martingale"] >= 0
-
-
-@pytest.fixture(scope="module")
-def index_dir(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path) -> Path:
-    from ragsieve.data.xquad import xquad_file
-    from ragsieve.store import SnippetIndex
-
-    pytest.importorskip("lancedb")
-    root = tmp_path_factory.mktemp("ops-index")
-    raw = json.loads(xquad_file("en", data_dir=shared_data_dir).read_text(encoding="utf-8"))
-    (root / "docs").mkdir()
-    for article in raw["data"][:2]:
-        text = "\n\n".join(p["context"] for p in article["paragraphs"][:4])
-        (root / "docs" / f"{article['title']}.txt").write_text(text, encoding="utf-8")
-    SnippetIndex.open(root / "idx", create=True).index_directory(root / "docs")
-    return root / "idx"
 
 
 class _BrokenMonitor:
