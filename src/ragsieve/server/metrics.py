@@ -16,6 +16,8 @@ Exposed (text format 0.0.4):
   ``endpoint`` is the route (``/filter``, ``/query``, ...) or ``other`` for unknown paths;
 * ``ragsieve_snippets_scored_total{endpoint}``, ``ragsieve_snippets_kept_total{endpoint}``
   and ``ragsieve_served_score`` (histogram of every served snippet's score);
+* ``ragsieve_empty_results_total{endpoint}`` (requests that kept none of their snippets)
+  and ``ragsieve_kept_share{endpoint}`` (histogram of each request's share kept);
 * ``ragsieve_threshold`` (the threshold in force; ``+Inf`` keeps all);
 * ``ragsieve_artifact_info{format_version, library_version, mode, alpha, checksum}`` (1 for
   the served artifact) and ``ragsieve_artifact_generation``;
@@ -56,6 +58,8 @@ ENDPOINTS = frozenset(
 #: (z, gap) may be negative and fall in the ``le="0.0"`` bucket (a negative bucket bound
 #: would make prometheus-client drop the histogram's ``_sum``).
 SCORE_BUCKETS = (0.0, *(round(0.05 * i, 2) for i in range(1, 21)), 1.5, 2.0)
+#: Buckets of the per-request share of snippets kept (0 = an empty result).
+SHARE_BUCKETS = (0.0, *(round(0.1 * i, 1) for i in range(1, 11)))
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 _Scope = MutableMapping[str, Any]
@@ -123,6 +127,13 @@ class ServiceMetrics:
         self.kept = prom.Counter(
             "ragsieve_snippets_kept", "Snippets kept by /filter and /query.",
             ["endpoint"], registry=reg)
+        self.empty = prom.Counter(
+            "ragsieve_empty_results",
+            "Answered /filter and /query requests that kept no snippet (of at least one).",
+            ["endpoint"], registry=reg)
+        self.kept_share = prom.Histogram(
+            "ragsieve_kept_share", "Share of a request's snippets kept, per answered request.",
+            ["endpoint"], buckets=SHARE_BUCKETS, registry=reg)
         self.scores = prom.Histogram(
             "ragsieve_served_score", "Nonconformity score of every served snippet.",
             buckets=SCORE_BUCKETS, registry=reg)
@@ -171,6 +182,10 @@ class ServiceMetrics:
         values = [float(s) for s in scores]
         self.scored.labels(endpoint).inc(len(values))
         self.kept.labels(endpoint).inc(n_kept)
+        if values:
+            self.kept_share.labels(endpoint).observe(n_kept / len(values))
+            if n_kept == 0:
+                self.empty.labels(endpoint).inc()
         for value in values:
             if math.isfinite(value):
                 self.scores.observe(value)
