@@ -30,6 +30,7 @@ from .options import (
 __all__ = [
     "cmd_answers",
     "cmd_calibrate",
+    "cmd_choose_alpha",
     "cmd_evaluate",
     "cmd_export",
     "cmd_filter",
@@ -100,6 +101,32 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                               title=f"ragsieve evaluate: {args.data}")
         eprint(f"plot written to {written}")
     return 0
+
+
+def cmd_choose_alpha(args: argparse.Namespace) -> int:
+    """``ragsieve choose-alpha``: the alpha that reaches a removal or coverage target."""
+    from ..evaluation import DEFAULT_ALPHA_GRID, choose_alpha
+
+    check_scorer_options(args)
+    if args.mode in ("budget", "adaptive"):
+        raise ValueError(f"choose-alpha picks alpha for a fixed guarantee; mode {args.mode!r} "
+                         "is not one (budget: choose the budget; adaptive: its alpha is a "
+                         "long-run target). Use --mode marginal, query-recall, pac, ...")
+    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
+    choice = choose_alpha(
+        pairs, make_scorer(args), removal=args.removal, coverage=args.coverage,
+        mode=args.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
+        seed=args.seed, progress=not args.quiet, group_by=args.group_by, delta=args.delta,
+        min_group_size=args.min_group_size)
+    if args.json:
+        print(dumps(choice.to_dict()))
+    else:
+        print(choice.statement)
+        for row in choice.grid:
+            mark = " <-" if row["alpha"] == choice.alpha else ""
+            print(f"  alpha {row['alpha']:<5g} coverage {row['coverage']:.3f}  "
+                  f"removal {row['removal']:.3f}{mark}")
+    return 0 if choice.reached else 1
 
 
 def _close(engine: Any) -> None:

@@ -11,6 +11,7 @@ from .answer_metrics import (
 )
 from .answers import AnswerConfig, AnswerReport, evaluate_answers
 from .bootstrap import PairedInterval, paired_bootstrap
+from .choose import DEFAULT_ALPHA_GRID, AlphaChoice, choose_alpha
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 from .sweep import (
     DEFAULT_ALPHAS,
@@ -28,9 +29,11 @@ from .table import format_answer_table, format_table
 __all__ = [
     "ARTICLES",
     "DEFAULT_ALPHAS",
+    "DEFAULT_ALPHA_GRID",
     "DEFAULT_THETAS",
     "DEFAULT_TOP_K",
     "TOLERANCE_SE",
+    "AlphaChoice",
     "AnswerConfig",
     "AnswerReport",
     "EvaluationConfig",
@@ -40,6 +43,7 @@ __all__ = [
     "answer_in_context",
     "answer_tokens",
     "char_removal",
+    "choose_alpha",
     "count_tokens",
     "coverage",
     "evaluate",
