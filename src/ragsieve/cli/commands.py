@@ -196,8 +196,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet)
     flt.save(args.out)
     info = flt.to_dict()
-    if args.json:
-        print(dumps(info))
+    rule = flt.scorer.keep_rule(flt.threshold)
+    if args.json:  # the artifact, and the keep rule in the score's own units
+        print(dumps({**info, **rule.to_dict()}))
         return 0
     guarantee = flt.guarantee()
     tau = _tau(flt.threshold)
@@ -213,6 +214,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         line += (f"; calibrated on {data.get('n_relevant')} relevant snippets "
                  f"({data.get('n_queries')} queries, {data.get('n_groups')} groups)")
     print(f"{line} -> {args.out}")
+    if not guarantee.get("infinite"):
+        print(f"{rule} (each snippet's {rule.score} against the calibrated threshold)")
     note = (guarantee.get("details") or {}).get("note")
     if note:
         print(f"note: {note}")

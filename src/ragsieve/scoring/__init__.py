@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .base import Scorer
+from .base import KeepRule, Scorer
 from .embedding import EmbeddingScorer
 from .field import FieldScorer
 from .fusion import FusedScorer
@@ -23,6 +23,7 @@ __all__ = [
     "EmbeddingScorer",
     "FieldScorer",
     "FusedScorer",
+    "KeepRule",
     "LLMScorer",
     "RelativeScorer",
     "Scorer",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -12,7 +13,31 @@ import numpy as np
 from ..errors import DataError, ScorerError
 from ..types import Pair
 
-__all__ = ["Scorer", "check_score_array", "group_pairs"]
+__all__ = ["KeepRule", "Scorer", "check_score_array", "group_pairs"]
+
+
+@dataclass(frozen=True)
+class KeepRule:
+    """Which snippets a threshold keeps, in the score's own units: ``score keep_if threshold``.
+
+    Examples
+    --------
+    >>> str(KeepRule("bm25", ">=", 0.655))
+    'keep bm25 >= 0.655'
+    """
+
+    score: str
+    keep_if: str
+    threshold: float
+
+    def __str__(self) -> str:
+        return f"keep {self.score} {self.keep_if} {self.threshold:.4g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"score", "keep_if", "threshold"}`` (threshold None when infinite: keep all)."""
+        tau = self.threshold
+        return {"score": self.score, "keep_if": self.keep_if,
+                "threshold": tau if np.isfinite(tau) else None}
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +145,8 @@ class Scorer(ABC):
     #: True when the score is computed from the snippet's text (so a text longer than the
     #: model's window must be cut into pieces); False for scores handed in (``field``)
     reads_text: ClassVar[bool] = True
+    #: How the score reads in a keep rule (``keep 1 - cos <= 0.52``); default "<name> score".
+    score_label: ClassVar[str] = ""
 
     @abstractmethod
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
@@ -145,6 +172,15 @@ class Scorer(ABC):
         ``resolve_scorer(scorer.spec())`` rebuilds an equivalent scorer; artifacts
         compare specs to refuse a threshold calibrated on another score.
         """
+
+    def keep_rule(self, threshold: float) -> KeepRule:
+        """The rule a threshold on this score means, in the score's own units.
+
+        Nonconformity scores keep ``score <= threshold``; an outside score that is higher-is-
+        better says ``keep <field> >= value`` (:class:`~ragsieve.scoring.FieldScorer`).
+        """
+        return KeepRule(score=self.score_label or f"{self.name} score", keep_if="<=",
+                        threshold=float(threshold))
 
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
         """Score many pairs, one ``score_batch`` call per query.

@@ -48,6 +48,7 @@ class EmbeddingScorer(Scorer):
     """
 
     name = "embedding"
+    score_label = "1 - cos"
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import DataError, ScorerError
 from ..types import Pair
-from .base import Scorer
+from .base import KeepRule, Scorer
 
 __all__ = ["FieldScorer"]
 
@@ -54,6 +54,18 @@ class FieldScorer(Scorer):
 
     def spec(self) -> dict[str, Any]:
         return {"scorer": self.name, "field": self.field, "higher_is_better": self.higher_is_better}
+
+    def keep_rule(self, threshold: float) -> KeepRule:
+        """``keep <field> <= tau``, or ``keep <field> >= -tau`` for a higher-is-better score.
+
+        Examples
+        --------
+        >>> str(FieldScorer("bm25", higher_is_better=True).keep_rule(-0.655))
+        'keep bm25 >= 0.655'
+        """
+        if self.higher_is_better:
+            return KeepRule(score=self.field, keep_if=">=", threshold=-float(threshold))
+        return KeepRule(score=self.field, keep_if="<=", threshold=float(threshold))
 
     def _value(self, value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):

@@ -112,6 +112,7 @@ class FusedScorer(Scorer):
     """
 
     name: ClassVar[str] = "fusion"
+    score_label: ClassVar[str] = "fused score"
     list_dependent: ClassVar[bool] = True
 
     def __init__(self, base: Any = "embedding", *, weights: Sequence[float] | None = None,

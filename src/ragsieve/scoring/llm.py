@@ -98,6 +98,7 @@ class LLMScorer(Scorer):
     """
 
     name: ClassVar[str] = "llm"
+    score_label: ClassVar[str] = "1 - P(yes)"
 
     def __init__(
         self,

@@ -124,6 +124,7 @@ class RelativeScorer(Scorer):
     """
 
     name: ClassVar[str] = "relative"
+    score_label: ClassVar[str] = "relative score"
     list_dependent: ClassVar[bool] = True
 
     def __init__(self, base: Any = "embedding", *, kind: str = "gap", **base_options: Any) -> None:
