@@ -52,7 +52,7 @@ import numpy as np
 from ._io import atomic_write_text
 from ._monitor_reference import read_monitor_block, reference_block
 from ._seal import CHECKSUM_COVERS, check_seal, covers, seal_value
-from ._validation import check_scores
+from ._validation import check_alpha, check_scores
 from ._version import __version__
 from .calibration import (
     BaseCalibrator,
@@ -95,8 +95,39 @@ _ACCEPTED = (
 )
 
 
+#: Single values that iterate into pieces of themselves (characters, keys, fields): refused
+#: where a sequence of snippets is expected.
+_NOT_A_SEQUENCE = (str, bytes, bytearray, Mapping, Snippet, Pair)
+
+
+def _snippet_list(snippets: Any, name: str = "snippets") -> list[Any]:
+    """``snippets`` as a list; ``TypeError`` for one snippet given where a sequence is expected.
+
+    A bare ``str`` would otherwise be read as one snippet per character (and a mapping as
+    one per key).
+
+    Examples
+    --------
+    >>> _snippet_list("a string")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: snippets is a str ('a string'); expected a sequence of snippets, e.g. ['a string'] ...
+    """
+    if isinstance(snippets, _NOT_A_SEQUENCE):
+        shown = f"{snippets!r:.60}"
+        raise TypeError(
+            f"{name} is a {type(snippets).__name__} ({shown}); expected a sequence of snippets, "
+            f"e.g. [{shown}] (each a {_ACCEPTED})."
+        )
+    return list(snippets)
+
+
 def _as_item(item: Any, index: int) -> dict[str, Any]:
-    """One accepted snippet form as a dict with ``snippet_id`` and, where known, ``text``."""
+    """One accepted snippet form as a dict with ``snippet_id`` and, where known, ``text``.
+
+    A mapping names its id ``snippet_id`` or ``id``, not both (``DataError``), the same rule
+    as the service's snippet objects.
+    """
     if isinstance(item, str):
         return {"text": item, "snippet_id": str(index)}
     if isinstance(item, Snippet):
@@ -108,6 +139,9 @@ def _as_item(item: Any, index: int) -> dict[str, Any]:
         text = out.get("text")
         if text is not None and not isinstance(text, str):
             raise TypeError(f"snippet {index}: 'text' has type {type(text).__name__}, expected str.")
+        if "snippet_id" in out and "id" in out:
+            raise DataError(f"snippet {index} has both 'snippet_id' ({out['snippet_id']!r}) and "
+                            f"'id' ({out['id']!r}); 'id' is another name of 'snippet_id': give one.")
         out["snippet_id"] = str(out.get("snippet_id", out.get("id", index)))
         return out
     raise TypeError(f"snippet {index} has type {type(item).__name__}; expected {_ACCEPTED}.")
@@ -173,7 +207,9 @@ class ConformalFilter:
         mode name (``"marginal"``, ``"query-all"``, ...) built with ``alpha``.
         Defaults to the marginal mode.
     alpha : float, default=0.1
-        Used only when ``calibrator`` is None or a mode name.
+        Used only when ``calibrator`` is None or a mode name; checked at once (``ValueError``
+        outside (0, 1), ``TypeError`` for a non-number), like ``min_keep``, ``group_by``
+        and ``max_chars``.
     min_keep : int, default=0
         Empty-result policy: keep at least this many best-scoring snippets.
     group_by : str, optional
@@ -211,6 +247,7 @@ class ConformalFilter:
         group_by: str | None = None,
         max_chars: int | None = None,
     ) -> None:
+        alpha = check_alpha(alpha)  # the user facade checks its plain parameters at once
         self.scorer = resolve_scorer(scorer)
         if calibrator is None or isinstance(calibrator, str):
             calibrator = make_calibrator(calibrator or "marginal", alpha=alpha)
@@ -471,7 +508,7 @@ class ConformalFilter:
         >>> len(flt.piece_texts(["short", "Long sentence here. " * 100]))  # 1 + 7 pieces
         8
         """
-        cut = self._cut([_as_item(s, i) for i, s in enumerate(snippets)])
+        cut = self._cut([_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))])
         return [p["text"] for p in cut.pieces if isinstance(p.get("text"), str)]
 
     def _apply(self, query: str, scores: Any, cut: _Pieces, group: Any) -> FilterResult:
@@ -512,8 +549,15 @@ class ConformalFilter:
             for i, it in enumerate(cut.items)
             if keep[i]
         )
+        removed = tuple(
+            Scored(index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
+                   score=float(item_scores[i]))
+            for i, it in enumerate(cut.items)
+            if not keep[i]
+        )
         return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in item_scores),
-                            threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut)
+                            threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut,
+                            removed=removed)
 
     def _empty_policy(self, keep: np.ndarray, scores: np.ndarray, tau: float) -> str:
         """Nothing passed the rule: keep the ``min_keep`` best (in place) and say why."""
@@ -546,21 +590,24 @@ class ConformalFilter:
 
         Raises
         ------
+        TypeError
+            ``snippets`` is one snippet (a ``str``, bytes, a mapping, a ``Snippet``) instead
+            of a sequence of them, or holds a form not accepted.
         DataError
             A snippet lacks what the score or the mode needs (text, outside score, group).
         """
         if not isinstance(query, str):
             raise TypeError(f"query must be a str, got {type(query).__name__}.")
         self._check_calibrated()  # fail before scoring
-        cut = self._cut([_as_item(s, i) for i, s in enumerate(snippets)])
+        cut = self._cut([_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))])
         scores = self.scorer.score_items(query, cut.pieces) if cut.pieces else np.zeros(0)
         return self._apply(query, scores, cut, group)
 
     def filter_scores(self, query: str, scores: Any, snippets: Sequence[SnippetLike], *,
                       group: Any = None) -> FilterResult:
         """Apply the calibrated rule to precomputed scores of this filter's score (no scoring)."""
-        return self._apply(query, scores, _Pieces.whole([_as_item(s, i) for i, s in enumerate(snippets)]),
-                           group)
+        items = [_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))]
+        return self._apply(query, scores, _Pieces.whole(items), group)
 
     def filter_vectors(self, query: str, query_vector: Any, snippet_vectors: Any,
                        snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
@@ -578,7 +625,7 @@ class ConformalFilter:
             Vectors that are not finite, zero, or of mismatched dimension or count.
         """
         self._check_calibrated()
-        items = [_as_item(s, i) for i, s in enumerate(snippets)]
+        items = [_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))]
         sv = np.asarray(snippet_vectors, dtype=float) if len(items) else np.zeros((0, 1))
         if sv.ndim != 2 or sv.shape[0] != len(items):
             raise ValueError(f"got snippet_vectors of shape {sv.shape} for {len(items)} snippets; "
@@ -592,7 +639,11 @@ class ConformalFilter:
         A group-mode filter reads each pair's group from ``Pair.meta[group_by]``.
         """
         self._check_calibrated()
-        pairs = list(pairs)
+        pairs = _snippet_list(pairs, "pairs")
+        for i, p in enumerate(pairs):
+            if not isinstance(p, Pair):
+                raise TypeError(f"pairs[{i}] is a {type(p).__name__}; expected a ragsieve.Pair "
+                                "(filter() takes other snippet forms).")
         by_query: dict[str, list[int]] = {}
         for i, p in enumerate(pairs):
             by_query.setdefault(p.query_id, []).append(i)

@@ -126,6 +126,9 @@ class FilterResult:
     n_cut : int
         Input snippets longer than the filter's window, cut into pieces and scored piece
         by piece (kept when any piece is kept).
+    removed : tuple of Scored
+        The snippets not kept, in their original order, each with its score (above
+        ``threshold``, the threshold it missed).
     """
 
     query: str
@@ -135,11 +138,17 @@ class FilterResult:
     n_input: int
     note: str | None = None
     n_cut: int = 0
+    removed: tuple[Scored, ...] = ()
 
     @property
     def kept_ids(self) -> list[str]:
         """Identifiers of the kept snippets."""
         return [s.snippet_id for s in self.kept]
+
+    @property
+    def removed_ids(self) -> list[str]:
+        """Identifiers of the removed snippets."""
+        return [s.snippet_id for s in self.removed]
 
     @property
     def removal(self) -> float:

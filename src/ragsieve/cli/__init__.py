@@ -22,6 +22,7 @@ from ..errors import RagsieveError
 from . import commands, demos
 from .options import (
     LIMITS,
+    OneLineParser,
     add_cache_options,
     add_data_options,
     add_embedding_options,
@@ -139,6 +140,29 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.set_defaults(func=commands.cmd_evaluate)
 
 
+def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "choose-alpha", "the alpha that reaches a removal (or coverage) target, "
+                                       "measured on held-out topics")
+    add_data_options(p)
+    add_scorer_options(p)
+    add_guarantee_options(p, several=False)
+    g = p.add_argument_group("target (give one)")
+    t = g.add_mutually_exclusive_group(required=True)
+    t.add_argument("--removal", type=fraction, default=None,
+                   help="share of snippets to remove, e.g. 0.5: the smallest alpha that removes "
+                        "at least this much on held-out topics")
+    t.add_argument("--coverage", type=fraction, default=None,
+                   help="share of relevant snippets to keep, e.g. 0.9: the largest alpha whose "
+                        "guarantee promises it")
+    g.add_argument("--alphas", type=floats, default=None,
+                   help="alphas to try (default 0.01,0.02,0.05,0.1,0.15,0.2,0.25,0.3,0.4,0.5)")
+    g.add_argument("--splits", type=count("splits"), default=10,
+                   help=f"topic-disjoint calibration/test splits (default 10, {at_most('splits')})")
+    g.add_argument("--seed", type=nonnegative_int, default=0)
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_choose_alpha)
+
+
 def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "answers", "downstream answer quality of each method's kept context "
                                   "(answer in context, EM/F1, nugget F1, paired bootstrap CIs)")
@@ -202,6 +226,9 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_llm_options(p)
     add_engine_options(p)
     add_json_option(p)
+    p.add_argument("--show-removed", action="store_true",
+                   help="also print each removed snippet with its score and the threshold it "
+                        "missed (--json always carries them under 'removed')")
     p.set_defaults(func=commands.cmd_filter)
 
 
@@ -436,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     -------
     argparse.ArgumentParser
     """
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(  # its subcommand parsers are OneLineParsers too
         prog="ragsieve", allow_abbrev=False,
         description="ragsieve: calibrated filters for retrieved context (evaluate, calibrate, "
                     "filter, serve). Errors: one line on stderr, exit code 2.")
@@ -444,7 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log INFO messages")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_evaluate, _add_answers, _add_calibrate, _add_score, _add_filter,
+    for add in (_add_evaluate, _add_choose_alpha, _add_answers, _add_calibrate, _add_score, _add_filter,
                 _add_label, _add_llm, _add_shift_demo, _add_index_and_query, _add_rag_demo,
                 _add_serve, _add_recalibrate, _add_export, _add_demo):
         add(sub)

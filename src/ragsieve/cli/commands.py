@@ -258,6 +258,9 @@ def cmd_filter(args: argparse.Namespace) -> int:
             spans = ", ".join(f"{a}-{b}" for a, b in _spans(s))
             print(f"    {s.score:.4f}  {s.snippet_id}"
                   + (f"  (cut; kept characters {spans})" if spans else ""))
+        if args.show_removed:
+            for s in r.removed:
+                print(f"    removed {s.score:.4f} > {r.threshold:.4f}  {s.snippet_id}")
         if r.note:
             print(f"    note: {r.note}")
     if not args.json:

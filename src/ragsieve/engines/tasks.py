@@ -112,6 +112,9 @@ def filter_record(query_id: str, result: FilterResult) -> dict[str, Any]:
         "removal": result.removal,
         "threshold": result.threshold if math.isfinite(result.threshold) else None,
         "note": result.note,
+        "removed": [{"snippet_id": s.snippet_id, "score": s.score,
+                     "threshold": result.threshold if math.isfinite(result.threshold) else None}
+                    for s in result.removed],
     }
 
 
@@ -176,9 +179,10 @@ class FilterTask:
             ("query_id", pa.string()), ("query", pa.string()), ("kept", pa.list_(pa.string())),
             ("scores", pa.list_(pa.float64())), ("spans", pa.string()), ("n_input", pa.int64()),
             ("n_cut", pa.int64()), ("removal", pa.float64()), ("threshold", pa.float64()),
-            ("note", pa.string()),
+            ("note", pa.string()), ("removed", pa.string()),
         ])
-        rows = [{**r, "spans": json.dumps(r["spans"])} for r in records]
+        rows = [{**r, "spans": json.dumps(r["spans"]), "removed": json.dumps(r["removed"])}
+                for r in records]
         return pa.Table.from_pylist(rows, schema=schema)
 
     def close(self) -> None:

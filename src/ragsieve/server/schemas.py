@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     AllowInfNan,
     BaseModel,
     ConfigDict,
@@ -42,6 +43,7 @@ __all__ = [
     "QueryRequest",
     "QueryResponse",
     "ReloadResponse",
+    "RemovedSnippet",
     "SnippetIn",
 ]
 
@@ -75,7 +77,8 @@ QueryId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length
 
 
 class SnippetIn(BaseModel):
-    """A snippet as an object; ``snippet_id`` defaults to its position.
+    """A snippet as an object; ``snippet_id`` (or its other name ``id``, as in the Python
+    API; not both) defaults to its position.
 
     It carries at least one of ``text`` (scored by the served scorer), ``score`` (an
     outside score, for filters calibrated on one) or ``vector`` (its embedding, used
@@ -84,7 +87,9 @@ class SnippetIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     text: StrictStr | None = None
-    snippet_id: QueryId | None = None
+    snippet_id: QueryId | None = Field(
+        default=None, validation_alias=AliasChoices("snippet_id", "id"),
+        description="The snippet's id (also accepted as 'id'); defaults to its position.")
     score: FiniteNumber | None = Field(
         default=None, description="Outside score, for filters calibrated on a score field."
     )
@@ -94,6 +99,14 @@ class SnippetIn(BaseModel):
     vector: list[FiniteNumber] | None = Field(
         default=None, min_length=1, description="The snippet's embedding (with query_vector)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "snippet_id" in data and "id" in data:
+            raise ValueError("a snippet object has both 'snippet_id' and 'id'; 'id' is another "
+                             "name of 'snippet_id': give one.")
+        return data
 
     @model_validator(mode="after")
     def _has_content(self) -> SnippetIn:
@@ -147,10 +160,21 @@ class KeptSnippet(BaseModel):
     )
 
 
+class RemovedSnippet(BaseModel):
+    """A snippet the filter removed: its score was above the threshold it missed."""
+
+    index: int = Field(description="Position in the request's snippets (or the hits).")
+    snippet_id: str
+    score: float = Field(description="Its score (for a snippet cut into pieces: the best piece's).")
+    threshold: float | None = Field(description="The threshold it missed (null: keep all).")
+
+
 class FilterResponse(BaseModel):
-    """The kept snippets of one ``/filter`` request."""
+    """The kept snippets of one ``/filter`` request, and the removed ones."""
 
     kept: list[KeptSnippet]
+    removed: list[RemovedSnippet] = Field(
+        default_factory=list, description="The snippets not kept, each with its score.")
     scores: list[float]
     threshold: float | None = Field(description=_THRESHOLD)
     removal: float
@@ -221,6 +245,8 @@ class QueryResponse(BaseModel):
 
     hits: list[HitOut]
     n_kept: int
+    removed: list[RemovedSnippet] = Field(
+        default_factory=list, description="The hits not kept, each with its score.")
     threshold: float | None = Field(description=_THRESHOLD)
     removal: float
     note: str | None

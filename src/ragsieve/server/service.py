@@ -69,6 +69,7 @@ from .schemas import (
     MonitorInfo,
     QueryRequest,
     QueryResponse,
+    RemovedSnippet,
 )
 
 __all__ = ["Runtime", "Service", "monitor_from_artifact", "monitor_info", "monitor_path",
@@ -236,6 +237,13 @@ def reset_shared_monitor(payload: Mapping[str, Any], checksum: str, monitor_dir:
         return False
     monitor.reset()
     return True
+
+
+def _removed(res: FilterResult) -> list[RemovedSnippet]:
+    """The removed snippets of a result, each with its score and the threshold it missed."""
+    tau = _finite_or_none(res.threshold)
+    return [RemovedSnippet(index=s.index, snippet_id=s.snippet_id, score=s.score, threshold=tau)
+            for s in res.removed]
 
 
 def monitor_info(state: Any) -> MonitorInfo:
@@ -422,6 +430,7 @@ class Service:
         ]
         return FilterResponse(
             kept=kept,
+            removed=_removed(res),
             scores=list(res.scores),
             threshold=_finite_or_none(res.threshold),
             removal=res.removal,
@@ -479,6 +488,7 @@ class Service:
                 for i, h in enumerate(hits)
             ],
             n_kept=len(kept),
+            removed=_removed(res),
             threshold=_finite_or_none(res.threshold),
             removal=res.removal,
             note=res.note,
