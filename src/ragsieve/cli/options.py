@@ -17,7 +17,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..data.splits import MAX_SPLITS  # the library's own bound on splits
 
@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "LIMITS",
+    "OneLineParser",
     "add_cache_options",
     "add_data_options",
     "add_embedding_options",
@@ -295,6 +296,16 @@ def one_line(text: Any) -> str:
 
 
 # ------------------------------------------------------------------ parser helpers
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr (exit code 2), like
+    the library errors: ``ragsieve calibrate: error: argument --alpha: ...``, with a pointer
+    to ``--help`` instead of the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``message`` as one line and exit with code 2."""
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')\n")
+
+
 def subparser(sub: Any, name: str, summary: str) -> argparse.ArgumentParser:
     """A subcommand parser (``summary`` is its help line) that rejects prefix
     abbreviations of its options."""

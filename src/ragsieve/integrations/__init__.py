@@ -19,12 +19,17 @@ text (:func:`filter_items`), so a ``group``-mode filter finds the group under it
 ``group_by`` key (e.g. ``metadata["language"]``) and a filter calibrated on an outside
 score (``FieldScorer(field="rerank")``) finds it under that field. A document lacking
 what the mode needs raises the filter's ``DataError``.
+
+``from_file(path, **options)`` splits its keywords: the policy keywords (``min_keep``,
+``max_chars``: :data:`POLICY_KEYS`) set the loaded filter's policy, the others rebuild the
+artifact's scorer (``cache_dir``); an unknown keyword is a ``TypeError`` listing both kinds
+(:func:`load_filter`). One document (or a string) where a list goes is a ``TypeError``.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
@@ -32,11 +37,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MODE_KEY",
+    "POLICY_KEYS",
     "SCORE_KEY",
     "SPANS_KEY",
     "THRESHOLD_KEY",
+    "check_documents",
     "filter_items",
     "kept_metadata",
+    "load_filter",
+    "scorer_option_names",
+    "split_options",
 ]
 
 SCORE_KEY = "ragsieve_score"
@@ -114,21 +124,126 @@ def kept_metadata(flt: ConformalFilter, result: Any, kept: Any) -> dict[str, Any
     return meta
 
 
+def check_documents(documents: Any, kind: type, name: str = "documents") -> list[Any]:
+    """``documents`` as a list of ``kind``; ``TypeError`` for one document or a string given
+    where a sequence is expected, or an item of another type (named by its index)."""
+    qualified = f"{kind.__module__}.{kind.__name__}"
+    if isinstance(documents, (str, bytes, bytearray, Mapping, kind)) \
+            or not isinstance(documents, Iterable):
+        raise TypeError(f"{name} is a {type(documents).__name__} ({documents!r:.60}); expected "
+                        f"a sequence of {qualified}, e.g. [doc].")
+    for i, d in enumerate(documents):
+        if not isinstance(d, kind):
+            raise TypeError(f"{name}[{i}] is a {type(d).__name__}; expected {qualified}.")
+    return list(documents)
+
+
+#: ``from_file`` keywords that set the filter's empty-result and long-snippet policy (see
+#: ``ConformalFilter``); every other keyword rebuilds the artifact's scorer.
+POLICY_KEYS = ("min_keep", "max_chars")
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``from_file`` keywords as (scorer options, policy keywords of :data:`POLICY_KEYS`)."""
+    policy = {k: v for k, v in options.items() if k in POLICY_KEYS}
+    return {k: v for k, v in options.items() if k not in POLICY_KEYS}, policy
+
+
+def scorer_option_names(spec: Mapping[str, Any]) -> list[str] | None:
+    """The keyword options that rebuild a scorer from its artifact ``spec`` (the keywords of
+    its constructor that the spec does not fix), or None when they cannot be listed (an
+    unknown alias, a plug-in taking any keyword).
+
+    Examples
+    --------
+    >>> scorer_option_names({"scorer": "embedding", "model": "all-MiniLM-L6-v2"})
+    ['backend', 'batch_size', 'cache_dir', 'language']
+    """
+    import inspect
+
+    from ragsieve.scoring import _lookup
+
+    try:
+        factory = _lookup(str(spec.get("scorer")))
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        base = spec.get("base")
+        if isinstance(base, Mapping):  # relative, fused: the options go to the base scorer
+            inner = scorer_option_names(base)
+        elif spec.get("scorer") == "llm":  # the connection's options
+            from ragsieve.llm import connect
+
+            inner = list(inspect.signature(connect).parameters)
+        else:
+            return None
+        if inner is None:
+            return None
+        names |= set(inner)
+    return sorted(names - set(spec) - {"base", "connection"})
+
+
+def load_filter(path: str | os.PathLike[str], scorer_options: Mapping[str, Any],
+                policy: Mapping[str, Any]) -> ConformalFilter:
+    """Load an artifact for a framework component: scorer options rebuild its scorer, the
+    policy keywords (:data:`POLICY_KEYS`) replace the artifact's policy.
+
+    Raises
+    ------
+    TypeError
+        A keyword that is neither a policy keyword nor an option of the artifact's scorer;
+        the message lists the accepted ones.
+    ValueError
+        A policy value the filter refuses (``min_keep=-1``).
+    ArtifactError
+        The artifact cannot be read or is not valid.
+    """
+    from ragsieve.filter import ConformalFilter, read_artifact
+
+    payload = read_artifact(path)
+    accepted = scorer_option_names(payload["scorer"])
+    unknown = sorted(set(scorer_options) - set(accepted)) if accepted is not None else []
+    if unknown:
+        raise TypeError(
+            f"from_file got unexpected keyword argument(s) {unknown}; it accepts the policy "
+            f"keywords {list(POLICY_KEYS)} and the options of the artifact's "
+            f"{payload['scorer']['scorer']!r} scorer {accepted}.")
+    flt = ConformalFilter.from_dict(payload, scorer_options=dict(scorer_options) or None)
+    if policy:  # checked by the constructor, as for a filter built by hand
+        checked = ConformalFilter(flt.scorer, flt.calibrator, group_by=flt.group_by,
+                                  **{"min_keep": flt.min_keep, "max_chars": flt.max_chars,
+                                     **policy})
+        flt.min_keep, flt.max_chars = checked.min_keep, checked.max_chars
+    return flt
+
+
 class FromFileMixin:
     """``from_file`` for a framework component with a ``filter`` field."""
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> Self:
+    def from_file(cls, path: str | os.PathLike[str], **options: Any) -> Self:
         """Load a saved filter artifact.
 
         Parameters
         ----------
         path : path-like
             JSON artifact written by ``ConformalFilter.save``.
-        **scorer_options
-            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
-        """
-        from ragsieve.filter import ConformalFilter
+        **options
+            Policy keywords (``min_keep=1``, ``max_chars=...``) set the filter's policy; the
+            others rebuild the scorer without changing its scores (``cache_dir=...``; see
+            ``ConformalFilter.load(scorer_options=...)``).
 
-        flt = ConformalFilter.load(path, scorer_options=scorer_options or None)
+        Raises
+        ------
+        TypeError
+            An unknown keyword (the message lists the accepted ones).
+        """
+        scorer_options, policy = split_options(options)
+        return cls._from_loaded(load_filter(path, scorer_options, policy), scorer_options)
+
+    @classmethod
+    def _from_loaded(cls, flt: ConformalFilter, scorer_options: dict[str, Any]) -> Self:
+        """The component around a loaded filter (``scorer_options`` as given to it)."""
         return cls(filter=flt)  # type: ignore[call-arg]

@@ -28,6 +28,8 @@ from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
     filter_items,
     kept_metadata,
+    load_filter,
+    split_options,
 )
 
 require("haystack", "haystack")
@@ -57,6 +59,9 @@ class ConformalRanker:
     scorer_options : mapping, optional
         With ``path``: keyword arguments for rebuilding the scorer that do not change its
         scores (e.g. ``{"cache_dir": "emb-cache"}``); see ``ConformalFilter.load``.
+    min_keep, max_chars : int, optional
+        With ``path``: replace the artifact's empty-result policy (keep at least
+        ``min_keep`` best documents) and long-document window (see ``ConformalFilter``).
 
     Notes
     -----
@@ -106,6 +111,8 @@ class ConformalRanker:
         *,
         filter: ConformalFilter | None = None,
         scorer_options: Mapping[str, Any] | None = None,
+        min_keep: int | None = None,
+        max_chars: int | None = None,
     ) -> None:
         if (path is None) == (filter is None):
             raise ValueError(
@@ -122,6 +129,9 @@ class ConformalRanker:
             if scorer_options:
                 raise ValueError("scorer_options apply when loading from path; a ready "
                                  "filter already has its scorer.")
+            if min_keep is not None or max_chars is not None:
+                raise ValueError("min_keep and max_chars apply when loading from path; set "
+                                 "them on the ConformalFilter itself.")
             self.path: str | None = None
             self.filter = filter
         else:
@@ -129,27 +139,38 @@ class ConformalRanker:
                 raise TypeError(f"path has type {type(path).__name__}; expected str or "
                                 "os.PathLike (a filter artifact written by ConformalFilter.save).")
             self.path = os.fspath(path)
-            self.filter = ConformalFilter.load(path, scorer_options=dict(scorer_options or {})
-                                               or None)
+            self.filter = load_filter(path, dict(scorer_options or {}), self._policy(
+                min_keep, max_chars))
         self.scorer_options: dict[str, Any] = dict(scorer_options or {})
+        self.min_keep, self.max_chars = min_keep, max_chars
+
+    @staticmethod
+    def _policy(min_keep: int | None, max_chars: int | None) -> dict[str, int]:
+        return {k: v for k, v in (("min_keep", min_keep), ("max_chars", max_chars))
+                if v is not None}
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **scorer_options: Any) -> Self:
+    def from_file(cls, path: str | os.PathLike[str], **options: Any) -> Self:
         """Load a saved filter artifact.
 
         Parameters
         ----------
         path : path-like
             JSON artifact written by ``ConformalFilter.save``.
-        **scorer_options
-            Passed to ``ConformalFilter.load(scorer_options=...)``, e.g. ``cache_dir=...``.
+        **options
+            Policy keywords (``min_keep=1``, ``max_chars=...``) set the filter's policy; the
+            others rebuild the scorer without changing its scores (``cache_dir=...``; see
+            ``ConformalFilter.load(scorer_options=...)``).
 
         Raises
         ------
+        TypeError
+            An unknown keyword (the message lists the accepted ones).
         ArtifactError
             The file cannot be read or is not a valid filter artifact (the message names it).
         """
-        return cls(path, scorer_options=scorer_options)
+        scorer_options, policy = split_options(options)
+        return cls(path, scorer_options=scorer_options, **policy)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -167,7 +188,8 @@ class ConformalRanker:
             )
         options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v
                    for k, v in self.scorer_options.items()}
-        return default_to_dict(self, path=self.path, scorer_options=options)
+        return default_to_dict(self, path=self.path, scorer_options=options,
+                               **self._policy(self.min_keep, self.max_chars))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:

@@ -1,9 +1,10 @@
 """LangChain document compressor backed by a calibrated :class:`~ragsieve.ConformalFilter`.
 
 Use it wherever LangChain accepts a ``BaseDocumentCompressor``, e.g. in
-``ContextualCompressionRetriever(base_compressor=..., base_retriever=...)`` (shipped in
-``langchain-classic``/``langchain``), or call :meth:`ConformalCompressor.compress_documents`
-directly. Requires ``pip install 'ragsieve[langchain]'`` (langchain-core).
+``ContextualCompressionRetriever(base_compressor=..., base_retriever=...)``
+(``from langchain_classic.retrievers import ContextualCompressionRetriever``), or call
+:meth:`ConformalCompressor.compress_documents` directly. Requires
+``pip install 'ragsieve[langchain]'`` (langchain-core and langchain-classic).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
     FromFileMixin,
+    check_documents,
     filter_items,
     kept_metadata,
 )
@@ -86,17 +88,15 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
 
         Raises
         ------
+        TypeError
+            ``documents`` is one Document or a string instead of a sequence of Documents.
         DataError
             A document lacks what the filter's mode or score needs in its metadata (the
             group under ``filter.group_by``, an outside score).
         """
-        docs = list(documents)
+        docs = check_documents(documents, Document)
         if not docs:
             return []
-        for i, d in enumerate(docs):
-            if not isinstance(d, Document):
-                raise TypeError(f"documents[{i}] has type {type(d).__name__}; expected "
-                                "langchain_core.documents.Document.")
         items = filter_items(self.filter, [d.page_content for d in docs],
                              [d.metadata for d in docs])
         result = self.filter.filter(query, items)

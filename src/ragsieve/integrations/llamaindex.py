@@ -8,6 +8,9 @@ Requires ``pip install 'ragsieve[llamaindex]'`` (llama-index-core).
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
+from typing import Any, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
@@ -17,6 +20,7 @@ from ragsieve.integrations import (
     SPANS_KEY,
     THRESHOLD_KEY,
     FromFileMixin,
+    check_documents,
     filter_items,
     kept_metadata,
 )
@@ -24,7 +28,7 @@ from ragsieve.integrations import (
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field, field_serializer, model_validator
 
 __all__ = ["ORIGINAL_SCORE_KEY", "ConformalPostprocessor"]
 
@@ -56,11 +60,41 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
     ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
     reads ``metadata[field]``; a node without it raises ``DataError``.
+
+    **Serialisation.** ``to_dict()`` / ``to_json()`` store the filter as its artifact (the
+    dict ``ConformalFilter.to_dict`` writes, sealed) and the scorer options (path-likes as
+    str); ``from_dict`` / ``from_json`` (and the constructor, given such a dict as
+    ``filter``) rebuild it, checking the seal as ``ConformalFilter.load`` does.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     filter: ConformalFilter
+    scorer_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Options that rebuild the filter's scorer from its artifact (cache_dir).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _filter_from_artifact(cls, data: Any) -> Any:
+        """A ``filter`` given as an artifact dict (``to_dict`` output) is rebuilt."""
+        if isinstance(data, Mapping) and isinstance(data.get("filter"), Mapping):
+            options = dict(data.get("scorer_options") or {})
+            flt = ConformalFilter.from_dict(data["filter"], scorer_options=options or None)
+            data = {**data, "filter": flt}
+        return data
+
+    @field_serializer("filter")
+    def _filter_as_artifact(self, flt: ConformalFilter) -> dict[str, Any]:
+        return flt.to_dict()
+
+    @field_serializer("scorer_options")
+    def _options_as_json(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
+
+    @classmethod
+    def _from_loaded(cls, flt: ConformalFilter, scorer_options: dict[str, Any]) -> Self:
+        return cls(filter=flt, scorer_options=scorer_options)
 
     @classmethod
     def class_name(cls) -> str:
@@ -76,6 +110,8 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
 
         Raises
         ------
+        TypeError
+            ``nodes`` is one node or a string instead of a list of ``NodeWithScore``.
         ValueError
             No query (``query_bundle`` is None).
         DataError
@@ -86,7 +122,7 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
                 "query_bundle is None; ConformalPostprocessor scores nodes against the query. "
                 "Call postprocess_nodes(nodes, query_str='...') or pass a QueryBundle."
             )
-        nodes = list(nodes)
+        nodes = check_documents(nodes, NodeWithScore, "nodes")
         if not nodes:
             return []
         texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
