@@ -72,7 +72,9 @@ def test_hostile_requests_and_the_authenticated_reset(artifact: Path,
         assert r.status_code == 200, r.text
         assert r.json()["alarm"] is False and r.json()["n_observed"] == 0
         after = _monitor(srv.url)
-        assert not after["alarm"] and after["n_observed"] == 0 and after["martingale"] == 1.0
+        # two statistics (separation, best score): the union-bound martingale starts at 1/2
+        assert not after["alarm"] and after["n_observed"] == 0 \
+            and after["martingale"] == pytest.approx(0.5)
         metrics = httpx.get(srv.url + "/metrics", headers=AUTH).text
         assert "ragsieve_drift_alarm 0.0" in metrics
 

@@ -21,6 +21,7 @@ __all__ = [
     "STATISTIC",
     "STATISTIC_VERSION",
     "TOP_K",
+    "best_score",
     "read_monitor_block",
     "reference_block",
     "separation",
@@ -35,6 +36,9 @@ TOP_K = 5
 MAX_REFERENCE = 20_000
 
 _KEYS = frozenset({"statistic", "version", "k", "reference", "n_queries", "seed"})
+#: Optional keys: ``"best"``, the best score of every calibration query with 1 or more
+#: snippets (the second statistic; blocks written without it hold the separation alone).
+_OPTIONAL = frozenset({"best"})
 
 
 def separation(scores: Any, k: int = TOP_K) -> float | None:
@@ -68,6 +72,27 @@ def separation(scores: Any, k: int = TOP_K) -> float | None:
     return float(best.mean() - best[0])
 
 
+def best_score(scores: Any) -> float | None:
+    """A request's best (lowest) score; None for an empty list.
+
+    Examples
+    --------
+    >>> best_score([0.9, 0.2, 0.5])
+    0.2
+    >>> best_score([]) is None
+    True
+    """
+    arr = np.asarray(scores, dtype=np.float64).ravel()
+    return float(arr.min()) if arr.size else None
+
+
+def _subsample(values: list[float], seed: int, max_size: int) -> list[float]:
+    if len(values) <= max_size:
+        return values
+    rng = np.random.default_rng(seed)
+    return [values[i] for i in np.sort(rng.choice(len(values), size=max_size, replace=False))]
+
+
 def reference_block(scores: Any, query_ids: Sequence[Any], *, seed: int = 0,
                     max_size: int = MAX_REFERENCE, k: int = TOP_K) -> dict[str, Any] | None:
     """The artifact's ``"monitor"`` block: the statistic of every calibration query.
@@ -90,8 +115,10 @@ def reference_block(scores: Any, query_ids: Sequence[Any], *, seed: int = 0,
     Returns
     -------
     dict or None
-        ``{"statistic", "version", "k", "reference", "n_queries", "seed"}``; None when no
-        query has 2 or more snippets.
+        ``{"statistic", "version", "k", "reference", "n_queries", "seed", "best"}``:
+        ``reference`` holds the separation of every query with 2 or more snippets, ``best``
+        the best score of every query (each a seeded subsample of at most ``max_size``);
+        None when no query has 2 or more snippets.
     """
     arr = np.asarray(scores, dtype=np.float64)
     if arr.shape != (len(query_ids),):
@@ -102,11 +129,10 @@ def reference_block(scores: Any, query_ids: Sequence[Any], *, seed: int = 0,
     stats = [v for v in (separation(s, k) for s in by_query.values()) if v is not None]
     if not stats:
         return None
-    if len(stats) > max_size:
-        rng = np.random.default_rng(seed)
-        stats = [stats[i] for i in np.sort(rng.choice(len(stats), size=max_size, replace=False))]
+    best = [float(min(s)) for s in by_query.values()]
     return {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
-            "reference": stats, "n_queries": len(by_query), "seed": seed}
+            "reference": _subsample(stats, seed, max_size), "n_queries": len(by_query),
+            "seed": seed, "best": _subsample(best, seed, max_size)}
 
 
 def _count(block: Mapping[str, Any], key: str, low: int) -> int:
@@ -119,17 +145,23 @@ def _count(block: Mapping[str, Any], key: str, low: int) -> int:
 def read_monitor_block(block: Any) -> dict[str, Any]:
     """Check an artifact's ``"monitor"`` block strictly; return it with a float ``reference``.
 
+    The optional ``"best"`` (blocks written before it are the separation alone, and are
+    returned without it) must be a non-empty list of finite numbers, at most one per
+    calibration query.
+
     Raises
     ------
     ArtifactError
         Not an object, missing or unknown keys, a statistic or version this ragsieve does
-        not compute, or a reference that is not a non-empty list of finite numbers >= 0.
+        not compute, a reference that is not a non-empty list of finite numbers >= 0, or a
+        malformed ``"best"``.
     """
     if not isinstance(block, Mapping):
         raise ArtifactError(f"artifact 'monitor' is a {type(block).__name__}, expected an object "
                             f"with keys {sorted(_KEYS)}.")
-    if set(block) != _KEYS:
-        raise ArtifactError(f"artifact 'monitor' has keys {sorted(block)}, expected {sorted(_KEYS)}.")
+    if not _KEYS <= set(block) <= _KEYS | _OPTIONAL:
+        raise ArtifactError(f"artifact 'monitor' has keys {sorted(block)}, expected {sorted(_KEYS)} "
+                            f"and optionally {sorted(_OPTIONAL)}.")
     if block["statistic"] != STATISTIC or block["version"] != STATISTIC_VERSION \
             or isinstance(block["version"], bool):
         raise ArtifactError(
@@ -147,5 +179,17 @@ def read_monitor_block(block: Any) -> dict[str, Any]:
     if len(ref) > n_queries:
         raise ArtifactError(f"artifact monitor holds {len(ref)} reference values for "
                             f"{n_queries} calibration queries; expected at most one per query.")
-    return {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
-            "reference": [float(v) for v in ref], "n_queries": n_queries, "seed": seed}
+    out = {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
+           "reference": [float(v) for v in ref], "n_queries": n_queries, "seed": seed}
+    if "best" in block:
+        best = block["best"]
+        if not isinstance(best, list) or not best or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                for v in best):
+            raise ArtifactError("artifact monitor 'best' must be a non-empty list of finite "
+                                "numbers (the best score of each calibration query).")
+        if len(best) > n_queries:
+            raise ArtifactError(f"artifact monitor holds {len(best)} 'best' values for "
+                                f"{n_queries} calibration queries; expected at most one per query.")
+        out["best"] = [float(v) for v in best]
+    return out

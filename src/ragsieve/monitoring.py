@@ -1,9 +1,9 @@
 """Is live traffic still exchangeable with the calibration data?
 
 * :class:`ExchangeabilityMonitor` -- watches every served request and raises an alarm
-  (latched, logged once) when a conformal test martingale reaches ``1/delta``. By Ville's
-  inequality it ever fires on exchangeable traffic with probability at most ``delta``,
-  however long it runs.
+  (latched, logged once) when one of its conformal test martingales (one per statistic,
+  ``K`` of them) reaches ``K/delta``. By Ville's inequality and a union bound it ever fires
+  on exchangeable traffic with probability at most ``delta``, however long it runs.
 * :func:`drift_check` -- a two-sample Kolmogorov-Smirnov test (``scipy.stats.ks_2samp``)
   of calibration against live relevant scores; a small p-value says the static
   threshold's guarantee no longer applies (recalibrate, or use the ``adaptive`` mode).
@@ -17,7 +17,8 @@ therefore takes one number per request, and the artifact holds the same number f
 calibration query (computed from the scores of *all* its snippets, relevant or not, since
 served traffic is unlabelled).
 
-**Statistic: separation.** ``mean(best m scores) - best score`` with ``m = min(n, 5)``:
+**Statistics: the separation and the best score.** The separation,
+``mean(best m scores) - best score`` with ``m = min(n, 5)``:
 how far the best snippet of a request stands out from the next ones. Served traffic
 that the calibration no longer describes shows first as a score that stops separating:
 on snippets from unrelated documents nothing stands out, and an English model reading
@@ -35,20 +36,48 @@ same for any list that holds the same five best snippets: a retriever's top-k fo
 ``min(5, calibration list length)`` snippets. A list shorter than the calibration ones
 (say top-3 against articles of 10 snippets) separates less by construction and will be
 flagged (that traffic is indeed not exchangeable with the calibration queries). A request
-with fewer than 2 scores carries no separation: it is not observed (skipping by a fixed
-rule on the request itself keeps the stream exchangeable; the reference skips such
-calibration queries too). *Blind spot*: a shift that moves every score by the same
-amount leaves the separation unchanged and goes unseen.
+with fewer than 2 scores carries no separation: the separation's martingale skips it
+(skipping by a fixed rule on the request itself keeps that statistic's stream
+exchangeable; its reference skips such calibration queries too).
 
-**p-values: online, smoothed.** Request ``t``'s statistic ``a_t`` is ranked against the
-reference *and every earlier live request* (Vovk, Gammerman and Shafer, *Algorithmic
-Learning in a Random World*, ch. 7)::
+Short lists (1 to 6 snippets, as retrieved for CLAPNQ-like data) are where the separation
+is weakest: with one or two neighbours it moves little, a request of one snippet has none,
+and a list of the retriever's best few stands out little from junk of the same kind. The
+second statistic is therefore the request's **best score** itself (lowest score, every
+request with at least one score): off-topic or unrelated text raises it on every list,
+however short. The empty-result indicator (the threshold filter kept nothing) is
+``best > tau``, a fixed monotone function of the best score, so the best score's ranks
+carry it at full resolution and need no threshold on either side; the kept count is not
+watched. On XQuAD-en short lists (``benchmarks/bench_drift.py --short``) the pair fired
+on unrelated and off-topic snippets at the 10-request floor (the separation alone: a
+median of 16 and 26 on lists of the retriever's top 1-6), and after 600 stable requests
+within a median of 5 (32 and 54). *Blind spot*: a shift that moves every score by a
+small amount leaves the separation unchanged and the best score's ranks nearly so.
+
+**Combination: a union bound.** The monitor runs one conformal test martingale ``M^i``
+per statistic, each on its own statistic's p-values (below), and reports
+``M_t = max_i M^i_t / K``; the alarm fires at ``M_t >= 1/delta``, i.e. some
+``M^i_t >= K/delta``. Each ``M^i`` is a test martingale on exchangeable traffic (its
+statistic is a fixed function of one request, computed the same way on calibration
+queries, so its values are exchangeable), hence ``P(sup_t M^i_t >= K/delta) <= delta/K``
+and ``P(alarm) <= K * delta/K = delta``. The union bound needs no independence between the
+statistics (the separation and the best score of one request are dependent); the price
+is ``log K`` more evidence before the alarm. ``M_t`` starts at ``1/K``. An artifact whose
+monitor block holds the separation alone (``"best"`` absent) gets ``K = 1``, the monitor
+as it was.
+
+**p-values: online, smoothed.** For each statistic, request ``t``'s value ``a_t`` (``t``
+counts the requests that statistic observed) is ranked against its reference *and every
+earlier live request* (Vovk, Gammerman and Shafer, *Algorithmic Learning in a Random
+World*, ch. 7)::
 
     p_t = (#{j : a_j > a_t} + theta_t * #{j : a_j = a_t}) / (n_ref + t)
 
 over the ``n_ref + t`` values so far (``a_t`` itself included in the ties), with
-``theta_t`` uniform in (0, 1) (a hash of ``seed``, the reset epoch and ``t``, so a replay
-reproduces it). Under exchangeability these p-values are independent and uniform, which
+``theta_t`` uniform in (0, 1) (a hash of ``seed``, the reset epoch, ``t`` and the
+statistic, so a replay reproduces it). Under exchangeability these p-values are
+independent and uniform, ties included (the best score of lists on a coarse grid takes a
+handful of values; ``theta`` spreads each tie over its share of (0, 1)), which
 is what makes the martingale below a true test martingale; ranking against the fixed
 reference alone would make them dependent (they share the reference) and void the bound.
 The reference is a seeded random subsample of at most 20,000 calibration queries (a random
@@ -57,9 +86,10 @@ compared at a relative precision of 2**-10 (a fixed monotone rounding of the flo
 rounded values are ties, which ``theta`` breaks exactly), so the live counts fit a bounded
 table however long the service runs.
 
-**Martingale: power bets mixed over epsilon and over the start.** With betting functions
-``f_eps(p) = eps * p**(eps - 1)`` (evidence from small p: separation larger than at
-calibration) and ``f_eps(1 - p)`` (separation smaller), ``eps`` in {0.05, 0.15, ..., 0.95},
+**Martingale (one per statistic): power bets mixed over epsilon and over the start.** With
+betting functions
+``f_eps(p) = eps * p**(eps - 1)`` (evidence from small p: the statistic larger than
+at calibration) and ``f_eps(1 - p)`` (smaller), ``eps`` in {0.05, 0.15, ..., 0.95},
 the monitor runs a test martingale that starts betting at step ``s`` for every ``s`` and
 mixes them with prior weights ``pi_0 = 1/2``, ``pi_s = (g(s) - g(s + 1)) / 2`` where
 ``g(s) = ln 2 / ln(s + 1)``::
@@ -75,7 +105,7 @@ Jumper) keeps losing capital at a steady rate while traffic is stable and a plai
 started at 0 loses it all. ``alternative="less"`` or ``"greater"`` keeps one side of the bets
 (the measured shifts all made the separation smaller); two-sided is the default. The
 state is kept in log space; the alarm latches at the first ``M_t >= 1/delta`` with at
-least ``min_requests`` requests observed since the last reset (default 10: fewer requests
+least ``min_requests`` requests observed (by any statistic) since the last reset (default 10: fewer requests
 cannot latch it, whoever sends them) until :meth:`~ExchangeabilityMonitor.reset`, while
 ``M_t`` keeps moving. The service resets it with an authenticated ``POST
 /admin/monitor/reset``.
@@ -85,8 +115,10 @@ cannot latch it, whoever sends them) until :meth:`~ExchangeabilityMonitor.reset`
 ``.lock`` file beside it so that waiting workers take turns instead of SQLite's sleeping
 retries), so the worker processes of one server update *one* sequential martingale over
 their merged stream: the live statistics
-(a table of counts per rounded value, indexed for the rank counts), the martingale row and
-a log of the last 100,000 requests in the order they were processed.
+(a table of counts per rounded value per statistic, indexed for the rank counts), the
+martingale row (every statistic's state) and a log of the last 100,000 requests in the
+order they were processed. The store's fingerprint covers the statistic set and every
+reference, so workers agree on them; a store of another set is started afresh.
 """
 
 from __future__ import annotations
@@ -116,6 +148,7 @@ from ._monitor_reference import (
     STATISTIC,
     STATISTIC_VERSION,
     TOP_K,
+    best_score,
     read_monitor_block,
     reference_block,
     separation,
@@ -141,7 +174,9 @@ KEY_BITS = 10
 DEFAULT_MIN_REQUESTS = 10
 #: Requests kept in the store's ordered log.
 HISTORY = 100_000
-_SCHEMA = 1
+_SCHEMA = 2
+#: The live-count table of each statistic in the store.
+_LIVE = {"separation": "monitor_live", "best": "monitor_live_best"}
 _LN2 = math.log(2.0)
 _MAX_LOG10 = math.log10(np.finfo(np.float64).max)
 
@@ -151,14 +186,15 @@ _TABLES = {
          "fingerprint TEXT NOT NULL, epoch INTEGER NOT NULL, n_observed INTEGER NOT NULL, "
          "log_a TEXT NOT NULL, log_m REAL NOT NULL, fired_at INTEGER, fired_time TEXT)"),
         ["id", "fingerprint", "epoch", "n_observed", "log_a", "log_m", "fired_at", "fired_time"]),
-    "monitor_live": (
-        "CREATE TABLE IF NOT EXISTS monitor_live (key INTEGER PRIMARY KEY, n INTEGER NOT NULL)",
-        ["key", "n"]),
+    **{table: (f"CREATE TABLE IF NOT EXISTS {table} (key INTEGER PRIMARY KEY, n INTEGER NOT NULL)",
+               ["key", "n"]) for table in _LIVE.values()},
     "monitor_log": (
-        ("CREATE TABLE IF NOT EXISTS monitor_log (seq INTEGER PRIMARY KEY, statistic REAL NOT NULL, "
-         "p_value REAL NOT NULL, log10_martingale REAL NOT NULL)"),
-        ["seq", "statistic", "p_value", "log10_martingale"]),
+        ("CREATE TABLE IF NOT EXISTS monitor_log (seq INTEGER PRIMARY KEY, statistic REAL, "
+         "p_value REAL, log10_martingale REAL NOT NULL, detail TEXT NOT NULL)"),
+        ["seq", "statistic", "p_value", "log10_martingale", "detail"]),
 }
+#: Columns of an earlier store's log (a log, nothing to keep: replaced on open).
+_OLD_LOG = ["seq", "statistic", "p_value", "log10_martingale"]
 
 
 @dataclass(frozen=True)
@@ -168,7 +204,8 @@ class MonitorState:
     Attributes
     ----------
     martingale : float
-        Current value of the conformal test martingale (``>= 0``; 1 at the start; capped
+        Current value ``max_i M^i / K`` of the statistics' conformal test martingales
+        (``>= 0``; ``1/K`` at the start, 1 for the separation alone; capped
         at the largest float).
     log10_martingale : float
         Its base-10 logarithm (never capped).
@@ -233,7 +270,7 @@ class _Row(NamedTuple):
     fingerprint: str
     epoch: int
     n_observed: int
-    log_a: list[float]
+    log_a: dict[str, Any]  # {"t": [requests seen per statistic], "a": [log A_eps per statistic]}
     log_m: float
     fired_at: int | None
     fired_time: str | None
@@ -301,16 +338,20 @@ def drift_check(calibration_scores: Any, live_scores: Any, *, alpha: float = 0.0
 class ExchangeabilityMonitor:
     """Alarm when served requests stop looking exchangeable with the calibration queries.
 
-    Each :meth:`observe` turns one request's served scores into its separation statistic,
-    a smoothed online conformal p-value and one step of a conformal test martingale (see
-    the module docstring); the alarm fires, once and latched, when the martingale reaches
-    ``1/delta``.
+    Each :meth:`observe` turns one request's served scores into its statistics (the
+    separation, and the best score when a ``best`` reference is given), a smoothed online
+    conformal p-value for each and one step of each statistic's conformal test martingale
+    (see the module docstring); the alarm fires, once and latched, when
+    ``max_i M^i / K`` reaches ``1/delta``.
 
     Parameters
     ----------
     reference : array-like of float
         The separation of each calibration query (the artifact's ``"monitor"`` block; use
         :meth:`from_artifact`). Finite, at least one value.
+    best : array-like of float, optional
+        The best (lowest) score of each calibration query (the artifact's monitor
+        ``"best"``); None watches the separation alone (``K = 1``).
     delta : float, default=0.01
         False-alarm bound in (0, 1): on exchangeable traffic the alarm ever fires with
         probability at most ``delta``.
@@ -357,11 +398,18 @@ class ExchangeabilityMonitor:
     def __init__(self, reference: Any, *, delta: float = 0.01,
                  store: str | os.PathLike[str] | None = None, seed: int = 0,
                  alternative: str = "two-sided", k: int = TOP_K,
-                 min_requests: int = DEFAULT_MIN_REQUESTS) -> None:
+                 min_requests: int = DEFAULT_MIN_REQUESTS, best: Any = None) -> None:
         ref = check_scores(reference, name="reference")
         if ref.size == 0:
             raise ValueError("reference is empty; expected the separation of at least one "
                              "calibration query (the artifact's 'monitor' block).")
+        refs = {"separation": np.sort(_keys(ref))}
+        if best is not None:
+            best_ref = check_scores(best, name="best")
+            if best_ref.size == 0:
+                raise ValueError("best is empty; expected the best score of at least one "
+                                 "calibration query (the artifact's monitor 'best'), or None.")
+            refs["best"] = np.sort(_keys(best_ref))
         self.delta = check_alpha(delta, name="delta")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed == {seed!r}, must be an int >= 0.")
@@ -376,7 +424,10 @@ class ExchangeabilityMonitor:
             raise TypeError(f"store has type {type(store).__name__}; expected a path or None.")
         self.seed, self.alternative, self.k = seed, alternative, k
         self.store = None if store is None else Path(store)
-        self._ref = np.sort(_keys(ref))
+        self._ref = refs["separation"]
+        #: The watched statistics and their sorted reference keys, in a fixed order.
+        self._refs = refs
+        self._log_k = math.log(len(refs))
         sides = {"two-sided": (1.0, -1.0), "greater": (1.0,), "less": (-1.0,)}[alternative]
         self._side = np.repeat(np.array(sides), len(EPSILONS))  # +1: bet on p, -1: on 1 - p
         self._eps = np.tile(np.array(EPSILONS), len(sides))
@@ -425,8 +476,10 @@ class ExchangeabilityMonitor:
             return None
         if "format" in payload:  # a whole artifact, not a bare {"monitor": block}: sealed
             check_seal(payload)
+        if "best" in kwargs:
+            raise TypeError("best is fixed by the artifact's monitor block; do not pass it.")
         block = read_monitor_block(payload["monitor"])
-        return cls(block["reference"], k=block["k"], **kwargs)
+        return cls(block["reference"], k=block["k"], best=block.get("best"), **kwargs)
 
     # ------------------------------------------------------------------ public
     def observe(self, scores: Any) -> MonitorState:
@@ -448,11 +501,10 @@ class ExchangeabilityMonitor:
             Scores that are not a 1-d array of finite numbers.
         """
         arr = check_scores(scores, name="scores")
-        stat = separation(arr, self.k)
-        if stat is None:
-            logger.debug("request with %d score(s) not observed: separation needs 2", arr.size)
+        values = {"separation": separation(arr, self.k), "best": best_score(arr)}
+        if all(values[name] is None for name in self._refs):
+            logger.debug("request with %d score(s) not observed: no watched statistic", arr.size)
             return self.state
-        key = _key(stat)
         fired = None
         with self._writing() as db:
             db.execute("BEGIN IMMEDIATE")
@@ -463,29 +515,33 @@ class ExchangeabilityMonitor:
                     self._warn_stale()
                     return self._as_state(row)
                 t = row.n_observed + 1
-                gt_live, eq_live = db.execute(
-                    "SELECT COALESCE(SUM(CASE WHEN key > ?1 THEN n END), 0), "
-                    "COALESCE(SUM(CASE WHEN key = ?1 THEN n END), 0) FROM monitor_live "
-                    "WHERE key >= ?1", (key,)).fetchone()
-                lo = int(np.searchsorted(self._ref, key, "left"))
-                hi = int(np.searchsorted(self._ref, key, "right"))
-                gt = self._ref.size - hi + gt_live
-                ties = hi - lo + eq_live + 1  # itself included
-                p = (gt + self._theta(row.epoch, t) * ties) / (self._ref.size + t)
-                log_a = self._bet(np.array(row.log_a, dtype=np.float64), t, p)
-                log_m = float(np.logaddexp(_logsumexp(log_a) + self._log_w, _log_unstarted(t)))
+                counts, log_as = list(row.log_a["t"]), list(row.log_a["a"])
+                detail: dict[str, list[float]] = {}
+                log_ms = []
+                for i, (name, ref) in enumerate(self._refs.items()):
+                    stat = values[name]
+                    if stat is not None:
+                        counts[i] += 1
+                        p = self._p_value(db, name, ref, stat, row.epoch, counts[i])
+                        log_as[i] = self._bet(np.array(log_as[i], dtype=np.float64), counts[i],
+                                              p).tolist()
+                        detail[name] = [stat, p]
+                    log_ms.append(float(np.logaddexp(
+                        _logsumexp(np.array(log_as[i], dtype=np.float64)) + self._log_w,
+                        _log_unstarted(counts[i]))))
+                log_m = max(log_ms) - self._log_k  # union bound: max_i M_i / K
                 fired_at, fired_time = row.fired_at, row.fired_time
                 if fired_at is None and t >= self.min_requests and log_m >= self._log_alarm:
                     fired_at = t
                     fired_time = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
-                    fired = fired_at
+                    fired = list(self._refs)[int(np.argmax(log_ms))]
                 db.execute("UPDATE monitor_state SET n_observed = ?, log_a = ?, log_m = ?, "
                            "fired_at = ?, fired_time = ? WHERE id = 1",
-                           (t, json.dumps(log_a.tolist()), log_m, fired_at, fired_time))
-                db.execute("INSERT INTO monitor_live (key, n) VALUES (?, 1) "
-                           "ON CONFLICT(key) DO UPDATE SET n = n + 1", (key,))
-                db.execute("INSERT INTO monitor_log VALUES (?, ?, ?, ?)",
-                           (t, stat, p, log_m / math.log(10.0)))
+                           (t, json.dumps({"t": counts, "a": log_as}), log_m, fired_at,
+                            fired_time))
+                sep = detail.get("separation", [None, None])
+                db.execute("INSERT INTO monitor_log VALUES (?, ?, ?, ?, ?)",
+                           (t, sep[0], sep[1], log_m / math.log(10.0), json.dumps(detail)))
                 if t % 1000 == 0:
                     db.execute("DELETE FROM monitor_log WHERE seq <= ?", (t - HISTORY,))
                 db.execute("COMMIT")
@@ -493,14 +549,14 @@ class ExchangeabilityMonitor:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-        state = self._as_state(_Row(row.fingerprint, row.epoch, t, [], log_m, fired_at, fired_time))
+        state = self._as_state(_Row(row.fingerprint, row.epoch, t, {}, log_m, fired_at, fired_time))
         if fired is not None:
             logger.warning(
                 "exchangeability alarm: the conformal test martingale reached %.3g >= 1/delta = "
                 "%.3g at request %d; served requests no longer look exchangeable with the "
-                "calibration data (false-alarm probability <= %g), so the filter's guarantee "
-                "may not hold: check the traffic and recalibrate.",
-                state.martingale, 1.0 / self.delta, fired, self.delta)
+                "calibration data (the %s statistic moved; false-alarm probability <= %g), so "
+                "the filter's guarantee may not hold: check the traffic and recalibrate.",
+                state.martingale, 1.0 / self.delta, fired_at, fired, self.delta)
         return state
 
     @property
@@ -510,7 +566,7 @@ class ExchangeabilityMonitor:
             return self._as_state(self._read(self._db()))
 
     def reset(self) -> None:
-        """Start afresh: martingale 1, alarm off, no live requests (e.g. after a recalibration).
+        """Start afresh: martingales 1, alarm off, no live requests (e.g. after a recalibration).
 
         With a shared store this resets it for every worker (and takes it over for this
         monitor's reference).
@@ -534,14 +590,17 @@ class ExchangeabilityMonitor:
         Returns
         -------
         list of dict
-            ``{"seq", "statistic", "p_value", "log10_martingale"}`` per request.
+            ``{"seq", "statistic", "p_value", "log10_martingale", "statistics"}`` per request:
+            ``statistic`` and ``p_value`` are the separation's (None for a request of one
+            score), ``statistics`` maps every statistic observed on the request to its
+            ``[value, p_value]``.
         """
         with self._lock:
             rows = self._db().execute(
-                "SELECT seq, statistic, p_value, log10_martingale FROM monitor_log ORDER BY seq"
-            ).fetchall()
-        return [dict(zip(("seq", "statistic", "p_value", "log10_martingale"), r, strict=True))
-                for r in rows]
+                "SELECT seq, statistic, p_value, log10_martingale, detail FROM monitor_log "
+                "ORDER BY seq").fetchall()
+        return [{"seq": r[0], "statistic": r[1], "p_value": r[2], "log10_martingale": r[3],
+                 "statistics": json.loads(r[4])} for r in rows]
 
     def close(self) -> None:
         """Close the store connection (an in-memory monitor loses its state)."""
@@ -560,7 +619,8 @@ class ExchangeabilityMonitor:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"ExchangeabilityMonitor(n_reference={self._ref.size}, delta={self.delta}, "
+        return (f"ExchangeabilityMonitor(n_reference={self._ref.size}, "
+                f"statistics={list(self._refs)}, delta={self.delta}, "
                 f"alternative={self.alternative!r}, store={None if self.store is None else str(self.store)!r})")
 
     # ------------------------------------------------------------------ internals
@@ -569,14 +629,37 @@ class ExchangeabilityMonitor:
         h.update(json.dumps({"schema": _SCHEMA, "statistic": STATISTIC, "version": STATISTIC_VERSION,
                              "k": self.k, "key_bits": KEY_BITS, "delta": self.delta,
                              "alternative": self.alternative, "seed": self.seed,
-                             "epsilons": EPSILONS}, sort_keys=True).encode())
-        h.update(self._ref.astype("<i8").tobytes())
+                             "epsilons": EPSILONS, "statistics": list(self._refs)},
+                            sort_keys=True).encode())
+        for ref in self._refs.values():
+            h.update(ref.astype("<i8").tobytes())
+            h.update(b"|")
         return h.hexdigest()
 
-    def _theta(self, epoch: int, t: int) -> float:
-        """Tie-breaking uniform in (0, 1), a hash of (seed, epoch, t): the same in every worker."""
-        digest = hashlib.blake2b(f"{self.seed}:{epoch}:{t}".encode(), digest_size=8).digest()
+    def _theta(self, epoch: int, t: int, name: str = "separation") -> float:
+        """Tie-breaking uniform in (0, 1), a hash of (seed, epoch, t, statistic): the same in
+        every worker."""
+        tail = "" if name == "separation" else f":{name}"
+        digest = hashlib.blake2b(f"{self.seed}:{epoch}:{t}{tail}".encode(), digest_size=8).digest()
         return ((int.from_bytes(digest, "little") >> 11) + 0.5) / 2.0**53
+
+    def _p_value(self, db: sqlite3.Connection, name: str, ref: np.ndarray, stat: float,
+                 epoch: int, t: int) -> float:
+        """The smoothed online p-value of the ``t``-th observation of statistic ``name``
+        (ranked against its reference and earlier requests), counted into the live table."""
+        key = _key(stat)
+        table = _LIVE[name]
+        gt_live, eq_live = db.execute(
+            f"SELECT COALESCE(SUM(CASE WHEN key > ?1 THEN n END), 0), "  # fixed table names
+            f"COALESCE(SUM(CASE WHEN key = ?1 THEN n END), 0) FROM {table} "
+            "WHERE key >= ?1", (key,)).fetchone()
+        lo = int(np.searchsorted(ref, key, "left"))
+        hi = int(np.searchsorted(ref, key, "right"))
+        gt = ref.size - hi + gt_live
+        ties = hi - lo + eq_live + 1  # itself included
+        db.execute(f"INSERT INTO {table} (key, n) VALUES (?, 1) "
+                   "ON CONFLICT(key) DO UPDATE SET n = n + 1", (key,))
+        return (gt + self._theta(epoch, t, name) * ties) / (ref.size + t)
 
     def _bet(self, log_a: np.ndarray, t: int, p: float) -> np.ndarray:
         """One step: start the martingale of prior weight pi_{t-1}, then every one bets on p."""
@@ -626,6 +709,10 @@ class ExchangeabilityMonitor:
             for table, (create, columns) in _TABLES.items():
                 db.execute(create)
                 found = [r[1] for r in db.execute(f"PRAGMA table_info({table})")]
+                if table == "monitor_log" and found == _OLD_LOG:  # an earlier store's log
+                    db.execute("DROP TABLE monitor_log")
+                    db.execute(create)
+                    found = columns
                 if found != columns:
                     raise ValueError(f"{self.store}: table {table!r} has columns {found}, expected "
                                      f"{columns}; not an exchangeability monitor store.")
@@ -650,10 +737,12 @@ class ExchangeabilityMonitor:
         return db
 
     def _write_fresh(self, db: sqlite3.Connection, epoch: int) -> None:
-        db.execute("DELETE FROM monitor_live")
+        for table in _LIVE.values():
+            db.execute(f"DELETE FROM {table}")  # fixed table names
         db.execute("DELETE FROM monitor_log")
-        db.execute("INSERT OR REPLACE INTO monitor_state VALUES (1, ?, ?, 0, ?, 0.0, NULL, NULL)",
-                   (self._fingerprint, epoch, json.dumps([-math.inf] * self._eps.size)))
+        fresh = {"t": [0] * len(self._refs), "a": [[-math.inf] * self._eps.size] * len(self._refs)}
+        db.execute("INSERT OR REPLACE INTO monitor_state VALUES (1, ?, ?, 0, ?, ?, NULL, NULL)",
+                   (self._fingerprint, epoch, json.dumps(fresh), -self._log_k))
 
     def _read(self, db: sqlite3.Connection) -> _Row:
         row = db.execute("SELECT fingerprint, epoch, n_observed, log_a, log_m, fired_at, fired_time "

@@ -249,6 +249,14 @@ class Scorer(ABC):
         whole cost then falls on the scoring call.
         """
 
+    def outside_field(self) -> str | None:
+        """The field holding the outside score this scorer reads; None: it reads none.
+
+        The service refuses a snippet's ``score`` for a scorer that reads none, rather than
+        ignore it (the relative / fused scores ask their base scorer).
+        """
+        return None
+
     def vector_dim(self) -> int | None:
         """The dimension of the vectors :meth:`scores_from_vectors` takes; None: no vectors.
 

@@ -55,6 +55,10 @@ class FieldScorer(Scorer):
     def spec(self) -> dict[str, Any]:
         return {"scorer": self.name, "field": self.field, "higher_is_better": self.higher_is_better}
 
+    def outside_field(self) -> str | None:
+        """The field read: the artifact's own name for the outside score."""
+        return self.field
+
     def keep_rule(self, threshold: float) -> KeepRule:
         """``keep <field> <= tau``, or ``keep <field> >= -tau`` for a higher-is-better score.
 

@@ -190,6 +190,10 @@ class FusedScorer(Scorer):
         """The base scorer's model work for ``snippets`` (the list transform comes later)."""
         self.base.prepare(query, snippets)
 
+    def outside_field(self) -> str | None:
+        """The base scorer's outside field (None for embedding-based scores)."""
+        return self.base.outside_field()
+
     def vector_dim(self) -> int | None:
         """The base scorer's vector dimension."""
         return self.base.vector_dim()

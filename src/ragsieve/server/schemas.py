@@ -6,6 +6,7 @@ The per-request limits (``max_snippets``, ``max_k``) are options of
 
 from __future__ import annotations
 
+import math
 import unicodedata
 from typing import Annotated, Any
 
@@ -81,11 +82,14 @@ class SnippetIn(BaseModel):
     API; not both) defaults to its position.
 
     It carries at least one of ``text`` (scored by the served scorer), ``score`` (an
-    outside score, for filters calibrated on one) or ``vector`` (its embedding, used
-    with the request's ``query_vector``).
+    outside score, for filters calibrated on one; also accepted under the field name the
+    filter was calibrated on, e.g. ``"bm25"``) or ``vector`` (its embedding, used with the
+    request's ``query_vector``). Any other key must be a number and is checked by the
+    service against the served filter: a key or a ``score`` the filter does not read is a
+    422, never ignored.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     text: StrictStr | None = None
     snippet_id: QueryId | None = Field(
         default=None, validation_alias=AliasChoices("snippet_id", "id"),
@@ -110,17 +114,30 @@ class SnippetIn(BaseModel):
 
     @model_validator(mode="after")
     def _has_content(self) -> SnippetIn:
-        if self.text is None and self.score is None and self.vector is None:
+        for key, value in self.outside.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not math.isfinite(value):
+                raise ValueError(f"snippet key {key[:40]!r} == {str(value)[:40]!r}; keys other than "
+                                 "text, snippet_id, id, score, group and vector are outside "
+                                 "scores: finite numbers.")
+        if self.text is None and self.score is None and self.vector is None \
+                and not self.outside:
             given = sorted(self.model_fields_set) or ["nothing"]
             raise ValueError(
                 f"a snippet object needs 'text', 'score' or 'vector'; got {', '.join(given)}."
             )
         return self
 
+    @property
+    def outside(self) -> dict[str, Any]:
+        """The keys beyond the named fields: outside scores under the filter's field name."""
+        return dict(self.model_extra or {})
+
     def as_item(self) -> dict[str, Any]:
         """The snippet as the mapping :meth:`ConformalFilter.filter` accepts (no vector)."""
         keys = ("text", "snippet_id", "score", "group")
-        return {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        named = {k: getattr(self, k) for k in keys if getattr(self, k) is not None}
+        return {**self.outside, **named}
 
 
 class FilterRequest(BaseModel):

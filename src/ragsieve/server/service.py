@@ -239,6 +239,31 @@ def reset_shared_monitor(payload: Mapping[str, Any], checksum: str, monitor_dir:
     return True
 
 
+def _check_outside_scores(request: FilterRequest, scorer: Any) -> None:
+    """422 for an outside score the served filter does not read (never ignored).
+
+    A filter calibrated on an outside score reads it as ``score`` or under its field name
+    (e.g. ``bm25``); any other filter reads none.
+    """
+    field = scorer.outside_field()
+    for i, s in enumerate(request.snippets):
+        if isinstance(s, str):
+            continue
+        extra = sorted(s.outside)
+        if field is None and (s.score is not None or extra):
+            given = ["score"] if s.score is not None else []
+            raise http_error(422, f"snippet {i} has {given + extra}, but this filter scores "
+                                  f"{scorer.keep_rule(0.0).score} and reads no outside score; "
+                                  "drop them.")
+        unknown = [k for k in extra if k != field]
+        if unknown:
+            raise http_error(422, f"snippet {i} has unknown key(s) {unknown}; this filter reads "
+                                  f"its outside score as {field!r} (or 'score').")
+        if field in extra and s.score is not None and field != "score":
+            raise http_error(422, f"snippet {i} has both 'score' and {field!r}; they name the "
+                                  "same outside score: give one.")
+
+
 def _removed(res: FilterResult) -> list[RemovedSnippet]:
     """The removed snippets of a result, each with its score and the threshold it missed."""
     tau = _finite_or_none(res.threshold)
@@ -369,6 +394,7 @@ class Service:
         if n > rt.max_snippets:
             raise http_error(413, f"got {n} snippets; the limit is {rt.max_snippets} per request.")
         _check_min_keep(request.min_keep, rt.max_snippets, "snippets")
+        _check_outside_scores(request, self.flt.scorer)
         vectors = _snippet_vectors(request)
         if vectors is not None:
             _check_vector_dim(vectors.shape[1], self.vector_dim(), self.flt.scorer.spec())
