@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import DataError, ScorerError
 from ..types import Pair
 
-__all__ = ["KeepRule", "Scorer", "check_score_array", "group_pairs"]
+__all__ = ["KeepRule", "ListTransform", "Scorer", "check_score_array", "group_pairs"]
 
 
 @dataclass(frozen=True)
@@ -287,3 +287,25 @@ class Scorer(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec()!r})"
+
+
+class ListTransform(Scorer):
+    """A score computed from a base scorer's scores over each query's list (relative, fused).
+
+    The base scorer does the model work: :meth:`prepare`, :meth:`outside_field` and
+    :meth:`vector_dim` are the base scorer's (``self.base``).
+    """
+
+    base: Scorer
+
+    def prepare(self, query: str, snippets: Sequence[str]) -> None:
+        """The base scorer's model work for ``snippets`` (the list transform comes later)."""
+        self.base.prepare(query, snippets)
+
+    def outside_field(self) -> str | None:
+        """The base scorer's outside field (None for embedding-based scores)."""
+        return self.base.outside_field()
+
+    def vector_dim(self) -> int | None:
+        """The base scorer's vector dimension."""
+        return self.base.vector_dim()

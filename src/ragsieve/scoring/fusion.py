@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
-from .base import Scorer
+from .base import ListTransform, Scorer
 from .relative import query_index_of, relative_scores
 
 __all__ = [
@@ -97,7 +97,7 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int =
     return w[:-1], float(w[-1]), mean, scale
 
 
-class FusedScorer(Scorer):
+class FusedScorer(ListTransform):
     """``A = -logit P(relevant | features)`` with fitted weights.
 
     Parameters
@@ -185,18 +185,6 @@ class FusedScorer(Scorer):
         """Fused scores of one query's list from its base scores (e.g. stored ``1 - cos``)."""
         base = np.asarray(base, dtype=float)
         return self.scores_from_features(feature_matrix(base, np.zeros(len(base), dtype=int)))
-
-    def prepare(self, query: str, snippets: Sequence[str]) -> None:
-        """The base scorer's model work for ``snippets`` (the list transform comes later)."""
-        self.base.prepare(query, snippets)
-
-    def outside_field(self) -> str | None:
-        """The base scorer's outside field (None for embedding-based scores)."""
-        return self.base.outside_field()
-
-    def vector_dim(self) -> int | None:
-        """The base scorer's vector dimension."""
-        return self.base.vector_dim()
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (the features need the list)."""

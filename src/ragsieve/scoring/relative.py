@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..types import Pair
-from .base import Scorer, group_pairs
+from .base import ListTransform, Scorer, group_pairs
 
 __all__ = [
     "RELATIVE_KINDS",
@@ -110,7 +110,7 @@ def relative_scores(base: np.ndarray, query_index: np.ndarray, kind: str) -> np.
     return -(sim - mean[inv]) / sd[inv]
 
 
-class RelativeScorer(Scorer):
+class RelativeScorer(ListTransform):
     """A base scorer's scores made relative to each query's retrieved list.
 
     Parameters
@@ -144,18 +144,6 @@ class RelativeScorer(Scorer):
         """Relative scores of one query's list from its base scores (e.g. stored ``1 - cos``)."""
         base = np.asarray(base, dtype=float)
         return relative_scores(base, np.zeros(len(base), dtype=int), self.kind)
-
-    def prepare(self, query: str, snippets: Sequence[str]) -> None:
-        """The base scorer's model work for ``snippets`` (the list transform comes later)."""
-        self.base.prepare(query, snippets)
-
-    def outside_field(self) -> str | None:
-        """The base scorer's outside field (None for embedding-based scores)."""
-        return self.base.outside_field()
-
-    def vector_dim(self) -> int | None:
-        """The base scorer's vector dimension."""
-        return self.base.vector_dim()
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's whole retrieved list (relative scores need the list)."""
