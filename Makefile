@@ -1,6 +1,6 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   -> creates .venv, installs CPU torch 2.13.0 + ragsieve, runs the demo
-#   make test   -> same install, runs the default test suite
+#   make test   -> same install (and Debian's chromium for the browser tests), runs the default test suite
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install browser demo test test-all bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
@@ -25,13 +25,22 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Debian's chromium + chromedriver for the browser tests of the report and the served page
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then \
+		sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	else echo "the browser tests need Debian's chromium and chromium-driver: apt-get install chromium chromium-driver"; exit 2; fi
+
 demo: $(STAMP)
 	$(VENV)/bin/ragsieve demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -m "not slow" -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) browser
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
