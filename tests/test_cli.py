@@ -59,10 +59,10 @@ def test_evaluate_json_schema(small_jsonl: Path, embedding_cache_dir: Path, tmp_
 def test_evaluate_table(small_jsonl: Path, embedding_cache_dir: Path,
                         capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["-q", "evaluate", "--data", str(small_jsonl), "--alpha", "0.2",
-                        "--splits", "2", "--top-k", "2", "--theta", "0.4",
+                        "--splits", "2", "--top-k", "2", "--thresholds", "0.6",
                         "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
-    assert "alpha=0.2" in out and "k=2" in out and "theta=0.4" in out
+    assert "alpha=0.2" in out and "k=2" in out and "keep 1 - cos <= 0.6" in out
 
 
 def test_calibrate_then_filter(small_jsonl: Path, embedding_cache_dir: Path, tmp_path: Path,
@@ -179,8 +179,9 @@ def test_index_and_query_commands(tmp_path: Path, embedding_cache_dir: Path, sma
     code, out, _ = run(["-q", "index", str(docs), "--index", str(tmp_path / "idx")], capsys)
     assert code == 0 and "0 snippet(s) embedded" in out  # unchanged: nothing re-embedded
     filt = tmp_path / "f.json"
-    assert run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.2", "--out", str(filt),
-                "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
+    assert run(["-q", "calibrate", "--scorer", "embedding", "--data", str(small_jsonl),
+                "--alpha", "0.2", "--out", str(filt), "--cache-dir", str(embedding_cache_dir)],
+               capsys)[0] == 0
     code, out, _ = run(["-q", "query", "Which planet is the largest?",
                         "--index", str(tmp_path / "idx"), "--filter", str(filt), "--json"], capsys)
     assert code == 0
@@ -488,10 +489,10 @@ def test_serve_refuses_a_directory_that_is_not_an_index(tmp_path: Path, small_js
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["evaluate", "--data", "x.jsonl", "--theta", "nan"], "--theta: expected finite numbers"),
-        (["evaluate", "--data", "x.jsonl", "--theta", "0.2,inf"], "expected finite numbers"),
+        (["evaluate", "--data", "x.jsonl", "--thresholds", "nan"], "--thresholds: expected finite numbers"),
+        (["evaluate", "--data", "x.jsonl", "--thresholds", "0.2,inf"], "expected finite numbers"),
         (["evaluate", "--data", "x.jsonl", "--alpha", "nan"], "expected finite numbers"),
-        (["evaluate", "--data", "x.jsonl", "--theta", ","], "expected at least one number"),
+        (["evaluate", "--data", "x.jsonl", "--thresholds", ","], "expected at least one number"),
         (["evaluate", "--data", "x.jsonl", "--limit-queries", "0"],
          "--limit-queries: expected an integer >= 1, got '0'"),
         (["evaluate", "--data", "x.jsonl", "--limit-queries", "-3"], "integer >= 1"),
@@ -547,8 +548,9 @@ def test_filter_json_reports_the_kept_spans_of_a_cut_snippet(
         capsys: pytest.CaptureFixture[str]) -> None:
     """A snippet longer than the filter's window is cut; ``--json`` says which parts were kept."""
     filt = tmp_path / "f.json"
-    assert run(["-q", "calibrate", "--data", str(small_jsonl), "--alpha", "0.2", "--out", str(filt),
-                "--cache-dir", str(embedding_cache_dir)], capsys)[0] == 0
+    assert run(["-q", "calibrate", "--scorer", "embedding", "--data", str(small_jsonl),
+                "--alpha", "0.2", "--out", str(filt), "--cache-dir", str(embedding_cache_dir)],
+               capsys)[0] == 0
     filler = " ".join(f"The committee met on day {i} to discuss the annual budget of the town "
                       "library and its opening hours." for i in range(40))
     answer = "Jupiter is the largest planet in the Solar System."

@@ -298,6 +298,8 @@ def test_cli_engine_errors_are_one_line(tmp_path: Path) -> None:
     cases = [
         (["score", "--data", str(src), "--out", str(tmp_path / "o"), "--scorer", "best"],
          "--scorer best is fitted when a filter is calibrated"),
+        (["score", "--data", str(src), "--out", str(tmp_path / "o1"), "--scorer", "auto"],
+         "--scorer auto is chosen and fitted when a filter is calibrated"),
         (["score", "--data", str(src), "--out", str(tmp_path / "o2"), "--workers", "2"],
          "--ray-address and --workers apply to --engine ray only"),
         (["score", "--data", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o3")],

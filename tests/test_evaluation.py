@@ -98,7 +98,7 @@ def test_report_schema_and_table() -> None:
     assert {r["method"] for r in d["results"]} == {"conformal", "top-k", "threshold", "top-k (calibrated)", "threshold (calibrated)"}
     assert [r["alpha"] for r in rep.rows("conformal")] == [0.1, 0.2]
     table = format_table(rep)
-    assert "alpha=0.1" in table and "k=2" in table and "theta=0.4" in table
+    assert "alpha=0.1" in table and "k=2" in table and "keep score <= 0.4" in table
 
 
 def test_scored_data_from_pairs_requires_labels() -> None:

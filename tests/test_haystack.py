@@ -161,7 +161,11 @@ def test_run_does_not_mutate_and_keeps_input_order(
 
 
 def test_empty_inputs(ranker: ConformalRanker, make_ranker: Any, held_out: tuple[list[Document], list[str]]) -> None:
-    assert ranker.run(query="anything", documents=[]) == {"documents": []}
+    out = ranker.run(query="anything", documents=[])
+    assert out["documents"] == [] and out["removed"] == []
+    assert out["ragsieve"] == {"kept": 0, "removed": 0, "dropped": 0, "score": "1 - cos",
+                               "keep_if": "<=", "threshold": ranker.filter.threshold,
+                               "mode": "marginal", "reason": None}
     # a pipeline whose retriever finds nothing: an empty store
     _, got = _run(_pipeline(make_ranker(), []), held_out[1][0])
     assert got == []
@@ -187,7 +191,8 @@ def test_documents_without_text_are_dropped_and_logged(
     assert all(i in warned[0] for i in ("image", "empty", "spaces"))
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="ragsieve.integrations.haystack"):
-        assert ranker.run(query=questions[1], documents=blank) == {"documents": []}
+        out = ranker.run(query=questions[1], documents=blank)
+    assert out["documents"] == [] and out["ragsieve"]["dropped"] == 3
     assert "dropped 3 of 3" in caplog.text
 
 
@@ -343,21 +348,29 @@ def test_outside_score_filter_reads_meta_and_needs_no_text(
     n_kept = n_dropped = 0
     for query in questions[:4]:
         rerank = [float(c) for c in 1.0 - minilm_scorer.score_batch(query, [d.content for d in docs])]
-        # no text at all (content None): the score comes from meta; a decoy "score" is ignored
-        given = [Document(id=d.id, meta={"rerank": r, "score": -1e9}, score=0.5)
+        # no text at all (content None): the score comes from meta
+        given = [Document(id=d.id, meta={"rerank": r}, score=0.5)
                  for d, r in zip(docs, rerank, strict=True)]
         out = ranker.run(query=query, documents=given)["documents"]
         res = flt.filter(query, [{"rerank": r} for r in rerank])
         assert [d.id for d in out] == [given[k.index].id for k in res.kept]
-        for d, k in zip(out, res.kept, strict=True):
-            assert abs(d.meta["ragsieve_score"] + rerank[k.index]) <= TOL
-            assert abs(d.score - (1.0 + rerank[k.index])) <= TOL
+        for d, k in zip(out, res.kept, strict=True):  # in its own units: keep rerank >= t
+            assert abs(d.meta["ragsieve_score"] - rerank[k.index]) <= TOL
+            assert abs(d.meta["ragsieve_threshold"] + res.threshold) <= TOL
+            assert d.meta["ragsieve_keep_if"] == ">="
+            assert abs(d.score - rerank[k.index]) <= TOL
             assert d.meta["ragsieve_original_score"] == 0.5
         n_kept += len(out)
         n_dropped += len(given) - len(out)
     assert n_kept > 0 and n_dropped > 0
     with pytest.raises(DataError, match="'rerank'"):
-        ranker.run(query=questions[0], documents=[Document(content="x", meta={"score": 0.9})])
+        ranker.run(query=questions[0], documents=[Document(content="x", meta={"other": 0.9})])
+    # "score" is the alias of the field name; both with different values are refused
+    alias = ranker.run(query=questions[0], documents=[Document(content="x", meta={"score": 0.9})])
+    assert alias["ragsieve"]["kept"] + alias["ragsieve"]["removed"] == 1
+    with pytest.raises(DataError, match=r"both 'score' \(0.9\) and 'rerank' \(0.1\)"):
+        ranker.run(query=questions[0],
+                   documents=[Document(content="x", meta={"score": 0.9, "rerank": 0.1})])
 
 
 def test_module_names_the_extra_when_haystack_is_missing() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -359,14 +360,19 @@ def test_components_filter_on_an_outside_score_from_metadata(
     for query, ps in queries:
         rerank = [float(c) for c in 1.0 - embed.score_batch(query, [p.text for p in ps])]
         res = flt.filter(query, [{"text": p.text, "rerank": r} for p, r in zip(ps, rerank)])
-        # a decoy "score" (say, the retriever's) must not be read as the outside score
-        metas = [{"rerank": r, "score": -1e9} for r in rerank]
+        metas = [{"rerank": r} for r in rerank]
         docs = [Document(page_content=p.text, metadata=m) for p, m in zip(ps, metas)]
         out = comp.compress_documents(docs, query)
         assert [d.page_content for d in out] == [k.text for k in res.kept]
-        for d, k in zip(out, res.kept, strict=True):
-            assert d.metadata["ragsieve_score"] == pytest.approx(-rerank[k.index])
-            assert d.metadata["ragsieve_score"] <= d.metadata["ragsieve_threshold"]
+        # "score" is the alias of the field name: the same documents kept
+        aliased = [Document(page_content=p.text, metadata={"score": r}) for p, r in zip(ps, rerank)]
+        assert [d.page_content for d in comp.compress_documents(aliased, query)] == \
+            [d.page_content for d in out]
+        for d, k in zip(out, res.kept, strict=True):  # in the score's own units: keep rerank >= t
+            assert d.metadata["ragsieve_score"] == pytest.approx(rerank[k.index])
+            assert d.metadata["ragsieve_threshold"] == pytest.approx(-res.threshold)
+            assert d.metadata["ragsieve_keep_if"] == ">="
+            assert d.metadata["ragsieve_score"] >= d.metadata["ragsieve_threshold"]
             assert d.metadata["ragsieve_mode"] == "marginal"
         nodes = [NodeWithScore(node=TextNode(text=p.text, id_=p.snippet_id, metadata=m),
                                score=0.5) for p, m in zip(ps, metas)]
@@ -375,9 +381,74 @@ def test_components_filter_on_an_outside_score_from_metadata(
         n_kept += len(out)
         n_dropped += len(ps) - len(out)
     assert n_kept > 0 and n_dropped > 0
-    docs = [Document(page_content=p.text, metadata={"score": 0.9}) for p in ps]
+    docs = [Document(page_content=p.text, metadata={"other": 0.9}) for p in ps]
     with pytest.raises(DataError, match="'rerank'"):
         comp.compress_documents(docs, query)
+    # a decoy "score" (say, the retriever's) beside the field: refused, never one preferred
+    decoy = [Document(page_content=p.text, metadata={"rerank": 0.5, "score": -1e9}) for p in ps]
+    with pytest.raises(DataError, match=r"document 0 has both 'score' \(-1000000000.0\) and "
+                                        r"'rerank' \(0.5\); they name the same outside score"):
+        comp.compress_documents(decoy, query)
+    nodes = [NodeWithScore(node=TextNode(text=d.page_content, metadata=d.metadata), score=0.5)
+             for d in decoy]
+    with pytest.raises(DataError, match="both 'score'"):
+        post.postprocess_nodes(nodes, query_str=query)
+
+
+def test_a_score_given_to_a_filter_that_reads_none_is_refused(
+    compressor: Any, postprocessor: Any, queries: list[tuple[str, list[Pair]]]
+) -> None:
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    query, ps = queries[0]
+    docs = [Document(page_content=p.text, metadata={"score": 0.8}) for p in ps]
+    with pytest.raises(DataError, match=r"document 0 has 'score' \(0.8\), but this filter "
+                                        r"scores 1 - cos and reads no outside score"):
+        compressor.compress_documents(docs, query)
+    nodes = [NodeWithScore(node=TextNode(text=p.text, metadata={"score": 0.8}), score=0.8)
+             for p in ps]
+    with pytest.raises(DataError, match="reads no outside score"):
+        postprocessor.postprocess_nodes(nodes, query_str=query)
+
+
+def test_empty_result_is_a_warning_with_the_reason_in_the_scores_units(
+    filter_path: Path, embedding_cache_dir: Path, queries: list[tuple[str, list[Pair]]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from ragsieve.integrations.langchain import ConformalCompressor
+    from ragsieve.integrations.llamaindex import ConformalPostprocessor
+
+    query = "How long should sourdough bread dough proof before baking?"
+    _, ps = queries[0]
+    flt = ConformalFilter.load(filter_path, scorer_options={"cache_dir": embedding_cache_dir})
+    res = flt.filter(query, [p.text for p in ps])
+    assert not res.kept  # Tesla's biography holds no baking evidence
+    best = min(res.scores)
+    docs = [Document(page_content=p.text) for p in ps]
+    nodes = [NodeWithScore(node=TextNode(text=p.text), score=1.0) for p in ps]
+    comp = ConformalCompressor.from_file(filter_path, cache_dir=embedding_cache_dir)
+    post = ConformalPostprocessor.from_file(filter_path, cache_dir=embedding_cache_dir)
+    for name, run, kind in (("langchain", lambda: comp.compress_documents(docs, query), "documents"),
+                            ("llamaindex", lambda: post.postprocess_nodes(nodes, query_str=query),
+                             "nodes")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=f"ragsieve.integrations.{name}"):
+            assert run() == []
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1, warned
+        assert f"kept 0 of {len(ps)} {kind}" in warned[0]
+        assert (f"every score is above the threshold (keep 1 - cos <= {res.threshold:.4g}; "
+                f"the best is {best:.4g})") in warned[0]
+    # min_keep keeps the best anyway and says so on the document
+    comp1 = ConformalCompressor.from_file(filter_path, cache_dir=embedding_cache_dir, min_keep=1)
+    out = comp1.compress_documents(docs, query)
+    assert len(out) == 1 and out[0].metadata["ragsieve_score"] == pytest.approx(best)
+    assert "kept the 1 best by min_keep=1, outside the calibrated guarantee" in \
+        out[0].metadata["ragsieve_note"]
 
 
 def test_components_cut_long_documents_and_report_spans(

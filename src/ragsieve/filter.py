@@ -70,7 +70,8 @@ from .errors import (
     NotFittedError,
     ScorerMismatchError,
 )
-from .scoring import FusedScorer, LLMScorer, Scorer, resolve_scorer
+from .scoring import AutoScorer, FusedScorer, LLMScorer, Scorer, resolve_scorer
+from .scoring.auto import ScoreChoice, choose_language
 from .scoring.fusion import fit_topic_count
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
@@ -199,9 +200,12 @@ class ConformalFilter:
 
     Parameters
     ----------
-    scorer : Scorer or str
+    scorer : Scorer or str, default="auto"
         The nonconformity score (an alias such as ``"embedding"`` or ``"best"`` is
-        resolved; ``"best"`` is fitted by :meth:`calibrate`).
+        resolved; ``"best"`` is fitted by :meth:`calibrate`). ``"auto"`` is chosen by
+        :meth:`calibrate`: the fused score where the pairs give whole lists, else
+        ``1 - cos`` (:func:`~ragsieve.scoring.auto.choose_score`), over the embedding model
+        of the detected language.
     calibrator : BaseCalibrator or str, optional
         A calibrator of any mode, fitted already or fitted by :meth:`calibrate`, or a
         mode name (``"marginal"``, ``"query-all"``, ...) built with ``alpha``.
@@ -239,7 +243,7 @@ class ConformalFilter:
 
     def __init__(
         self,
-        scorer: Scorer | str,
+        scorer: Scorer | str = "auto",
         calibrator: BaseCalibrator | str | None = None,
         *,
         alpha: float = 0.1,
@@ -320,6 +324,7 @@ class ConformalFilter:
         group_by: str | None = None,
         seed: int = 0,
         monitor: bool | None = None,
+        language: str | None = None,
     ) -> ConformalFilter:
         """Score labelled calibration pairs and fit the calibrator.
 
@@ -350,6 +355,11 @@ class ConformalFilter:
             when the mode would not need them. False skips it (the artifact then has no
             monitor block). The default records it unless that would send the irrelevant
             pairs to an LLM score (logged; pass True to pay for it).
+        language : str, optional
+            Language of the calibration texts, recorded in the artifact (``data.language``)
+            and used by an ``"auto"`` score to pick the model. None detects it in a sample
+            of the queries and snippets (py3langid); an undetected language is not recorded
+            (``"auto"`` then uses English).
 
         Returns
         -------
@@ -382,16 +392,25 @@ class ConformalFilter:
                 "mode 'group' needs group_by: the Pair.meta field holding each snippet's group "
                 "(e.g. group_by='language'; CLI --group-by FIELD)."
             )
-        info: dict[str, Any] = {}
+        info, choice = self._resolve_auto(pairs, language)
         if isinstance(self.scorer, FusedScorer) and not self.scorer.is_fitted:
             fit_idx, cal_idx = _topic_halves(pairs, seed)
-            self.scorer = self.scorer.fitted_on([pairs[i] for i in fit_idx])
-            logger.info("fused score fitted on %d pairs of some topics; calibrating on the other %d",
-                        len(fit_idx), len(cal_idx))
-            info["fusion_fit_pairs"] = len(fit_idx)
-            pairs = [pairs[i] for i in cal_idx]
-            if not any(p.relevant == 1 for p in pairs):
-                raise CalibrationError("the calibration share of the topics has no relevant pair.")
+            try:
+                self.scorer = self.scorer.fitted_on([pairs[i] for i in fit_idx])
+            except CalibrationError as exc:
+                if choice is None:
+                    raise
+                self.scorer, choice = self.scorer.base, ScoreChoice(
+                    "embedding", f"the fused score could not be fitted ({exc})")
+                logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
+                info["score_choice"] = choice.to_dict()
+            else:
+                logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
+                            "other %d", len(fit_idx), len(cal_idx))
+                info["fusion_fit_pairs"] = len(fit_idx)
+                pairs = [pairs[i] for i in cal_idx]
+                if not any(p.relevant == 1 for p in pairs):
+                    raise CalibrationError("the calibration share of the topics has no relevant pair.")
         if self.scorer.list_dependent or self.calibrator.uses_irrelevant:
             used = pairs
             scores = self.scorer.score_pairs(used, progress=progress)
@@ -423,6 +442,21 @@ class ConformalFilter:
         }
         self._warn_if_short()
         return self
+
+    @property
+    def language(self) -> str | None:
+        """The language the filter was calibrated on (``data.language``), or None."""
+        code = self.calibration_info.get("language")
+        return code if isinstance(code, str) else None
+
+    def _resolve_auto(self, pairs: list[Pair], language: str | None) -> tuple[dict[str, Any], ScoreChoice | None]:
+        """Resolve an ``"auto"`` score; the language and score choice for the artifact."""
+        if isinstance(self.scorer, AutoScorer):
+            self.scorer, choice, (code, source) = self.scorer.resolve(pairs, language=language)
+            return {"language": code, "language_source": source,
+                    "score_choice": choice.to_dict()}, choice
+        found, source = choose_language(pairs, language, fallback=None)
+        return ({"language": found, "language_source": source} if found else {}), None
 
     def _monitor_block(self, pairs: list[Pair], used: list[Pair], scores: np.ndarray, seed: int,
                        progress: bool) -> dict[str, Any] | None:
@@ -539,7 +573,8 @@ class ConformalFilter:
             notes.append(f"{n_cut} snippet(s) longer than {self.max_chars} characters were cut into "
                          f"{sum(sp is not None for sp in cut.spans)} pieces and scored piece by "
                          "piece (kept when any piece is kept; see spans)")
-        if n and not keep.any():
+        rule_kept_none = bool(n and not keep.any())
+        if rule_kept_none:
             notes.append(self._empty_policy(keep, item_scores, tau))
             logger.info("query %r: %s", query[:80], notes[-1])
         spans = cut.kept_spans(keep_piece)
@@ -557,7 +592,7 @@ class ConformalFilter:
         )
         return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in item_scores),
                             threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut,
-                            removed=removed)
+                            removed=removed, rule_kept_none=rule_kept_none)
 
     def _empty_policy(self, keep: np.ndarray, scores: np.ndarray, tau: float) -> str:
         """Nothing passed the rule: keep the ``min_keep`` best (in place) and say why."""

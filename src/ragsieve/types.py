@@ -129,6 +129,9 @@ class FilterResult:
     removed : tuple of Scored
         The snippets not kept, in their original order, each with its score (above
         ``threshold``, the threshold it missed).
+    rule_kept_none : bool
+        The mode's rule kept none of the ``n_input`` snippets: ``kept`` is then empty, or
+        holds the ``min_keep`` best, outside the calibrated guarantee (``note`` says which).
     """
 
     query: str
@@ -139,6 +142,7 @@ class FilterResult:
     note: str | None = None
     n_cut: int = 0
     removed: tuple[Scored, ...] = ()
+    rule_kept_none: bool = False
 
     @property
     def kept_ids(self) -> list[str]:

@@ -53,8 +53,9 @@ CLEAN_ERRORS: tuple[type[BaseException], ...] = (RagsieveError, ValueError, OSEr
 is not among them)."""
 
 PATH_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "evaluate": (("data",), ("plot",)),
-    "answers": (("data",), ("per_query", "plot")),
+    "evaluate": (("data",), ("plot", "html")),
+    "answers": (("data",), ("per_query", "plot", "html")),
+    "report": (("data", "filter"), ("out",)),
     "calibrate": (("data",), ("out",)),
     "score": (("data", "filter"), ("out",)),
     "filter": (("data", "filter"), ("out",)),
@@ -123,8 +124,13 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
     g.add_argument("--top-k", type=bounded_ints(LIMITS["top_k"]), default=[1, 2, 3, 5],
                    help=f"top-k baselines, comma-separated ({at_most('top_k')} each)")
-    g.add_argument("--theta", type=floats, default=[0.2, 0.3, 0.4, 0.5],
-                   help="fixed similarity cut-offs (keep when 1 - score >= theta)")
+    g.add_argument("--thresholds", type=floats, default=None,
+                   help="fixed cut-off baselines in the score's own units and direction, "
+                        "comma-separated (keep 1 - cos <= V; keep bm25 >= V with "
+                        "--higher-is-better); default: cut at --threshold-quantiles")
+    g.add_argument("--threshold-quantiles", type=floats, default=[0.1, 0.2, 0.3, 0.5, 0.7, 0.9],
+                   help="quantiles of the score, on each split's calibration topics, that the "
+                        "fixed cut-off baselines cut at (default 0.1,0.2,0.3,0.5,0.7,0.9)")
     g.add_argument("--splits", type=count("splits"), default=20,
                    help=f"topic-disjoint calibration/test splits (default 20, {at_most('splits')})")
     g.add_argument("--calibration-fraction", type=fraction, default=0.5)
@@ -137,6 +143,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     add_engine_options(p, output=False)
     add_json_option(p)
     p.add_argument("--plot", default=None, help="write the figure to this PNG")
+    p.add_argument("--html", default=None, metavar="PATH",
+                   help="also write the results as one self-contained HTML page (table, "
+                        "figure, the guarantee)")
     p.set_defaults(func=commands.cmd_evaluate)
 
 
@@ -197,6 +206,9 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--plot", default=None, help="write the quality-vs-context-size figure to this PNG")
     p.add_argument("--per-query", default=None, metavar="FILE",
                    help="also write every query's values per method as JSONL")
+    p.add_argument("--html", default=None, metavar="PATH",
+                   help="also write the results as one self-contained HTML page (answer "
+                        "metrics with intervals, figure)")
     p.set_defaults(func=commands.cmd_answers)
 
 
@@ -210,6 +222,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--min-keep", type=nonnegative_int, default=0,
                    help="empty-result policy (default 0)")
     p.add_argument("--out", required=True, help="artifact to write (JSON)")
+    p.add_argument("--no-expected", action="store_true",
+                   help="skip the expected coverage and removal on new topics (a 5-fold "
+                        "cross-validation over the calibration topics; it scores every pair)")
     add_json_option(p)
     p.set_defaults(func=commands.cmd_calibrate)
 
@@ -232,6 +247,27 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.set_defaults(func=commands.cmd_filter)
 
 
+def _add_report(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "report", "one self-contained HTML page of what a saved filter does to "
+                                 "data: guarantee, coverage and removal, trade-off, per query")
+    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    add_data_options(p)
+    p.add_argument("--out", required=True, metavar="PATH", help="the HTML page to write")
+    p.add_argument("--max-queries", type=count("limit_queries"), default=50,
+                   help="queries listed one by one (default 50; the measures use all)")
+    p.add_argument("--splits", type=count("splits"), default=10,
+                   help="topic-disjoint splits of the trade-off figure (default 10, "
+                        f"{at_most('splits')})")
+    p.add_argument("--confidence", type=fraction, default=0.95,
+                   help="level of the bootstrap intervals (default 0.95)")
+    p.add_argument("--seed", type=nonnegative_int, default=0)
+    add_embedding_options(p, model=False)
+    add_cache_options(p)
+    add_llm_options(p)
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_report)
+
+
 def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "score", "write every pair's nonconformity score (JSONL or Parquet), "
                                 "streaming and resumable, locally or on Ray")
@@ -243,7 +279,8 @@ def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "default: --scorer")
     p.add_argument("--score-name", default="score",
                    help="the key each pair's score is written under (default score)")
-    add_scorer_options(p)
+    # the pairs need no labels here, and the fused score is fitted on labels: 1 - cos
+    add_scorer_options(p, default="embedding")
     add_engine_options(p)
     add_json_option(p)
     p.set_defaults(func=commands.cmd_score)
@@ -472,6 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_evaluate, _add_choose_alpha, _add_answers, _add_calibrate, _add_score, _add_filter,
+                _add_report,
                 _add_label, _add_llm, _add_shift_demo, _add_index_and_query, _add_rag_demo,
                 _add_serve, _add_recalibrate, _add_export, _add_demo):
         add(sub)

@@ -16,7 +16,9 @@ from .options import (
     artifact_score_field,
     artifact_scorer_options,
     calibrator_params,
+    check_artifact_language,
     check_scorer_options,
+    choice_lines,
     dumps,
     engine_inputs,
     eprint,
@@ -25,6 +27,8 @@ from .options import (
     make_engine,
     make_scorer,
     score_field_of,
+    scorer_choice,
+    warn_traffic_language,
 )
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "cmd_llm_serve",
     "cmd_query",
     "cmd_recalibrate",
+    "cmd_report",
     "cmd_score",
     "cmd_serve",
     "serve_operation_options",
@@ -64,7 +69,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from ..data import sample_queries
 
         pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
-    scorer = make_scorer(args)
+    chosen = _choice(args, pairs)
+    scorer = chosen.scorer
     if engine.name == "ray":
         from ..engines.scorer import on_engine
 
@@ -77,13 +83,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             pairs, scorer, progress=not args.quiet, on_error=args.on_error,
             group_by=args.group_by, modes=args.mode, delta=args.delta,
             min_group_size=args.min_group_size, budgets=args.budget, alphas=args.alpha,
-            top_k=args.top_k, thetas=args.theta, n_splits=args.splits,
+            top_k=args.top_k, thetas=args.thresholds,
+            threshold_quantiles=args.threshold_quantiles, n_splits=args.splits,
             calibration_fraction=args.calibration_fraction, seed=args.seed,
         )
     finally:
         _close(engine)
     seconds = time.perf_counter() - t0
     report.info["dataset"] = str(args.data)
+    report.info["choice"] = chosen.to_dict(args)
     report.info["engine"] = engine.describe()
     report.info["scoring_seconds"] = round(seconds, 2)
     report.info["pairs_per_second"] = round(len(pairs) / max(seconds, 1e-9), 3)
@@ -97,9 +105,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.plot:
         from ..evaluation.plots import plot_report
 
-        written = plot_report({args.scorer: report}, args.plot,
+        written = plot_report({_score_name(args, chosen): report}, args.plot,
                               title=f"ragsieve evaluate: {args.data}")
         eprint(f"plot written to {written}")
+    if args.html:
+        from ..evaluation.report import evaluation_page, write_report
+
+        page = evaluation_page(report, title=f"ragsieve evaluate: {args.data}",
+                               label=_score_name(args, chosen), text_table=format_table(report))
+        eprint(f"report written to {write_report(page, args.html)}")
     return 0
 
 
@@ -114,7 +128,7 @@ def cmd_choose_alpha(args: argparse.Namespace) -> int:
                          "long-run target). Use --mode marginal, query-recall, pac, ...")
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
     choice = choose_alpha(
-        pairs, make_scorer(args), removal=args.removal, coverage=args.coverage,
+        pairs, _chosen_scorer(args, pairs), removal=args.removal, coverage=args.coverage,
         mode=args.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
         seed=args.seed, progress=not args.quiet, group_by=args.group_by, delta=args.delta,
         min_group_size=args.min_group_size)
@@ -150,7 +164,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
         n_resamples=args.bootstrap_resamples, language=args.language,
     )
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
-    scorer = make_scorer(args)
+    scorer = _chosen_scorer(args, pairs)
     connection = None
     if config.generate:
         from ..llm import connect
@@ -181,7 +195,33 @@ def cmd_answers(args: argparse.Namespace) -> int:
 
         written = plot_answers(report, args.plot, title=f"ragsieve answers: {args.data}")
         eprint(f"plot written to {written}")
+    if args.html:
+        from ..evaluation.report import answers_page, write_report
+
+        page = answers_page(report, title=f"ragsieve answers: {args.data}",
+                            text_table=format_answer_table(report))
+        eprint(f"report written to {write_report(page, args.html)}")
     return 0
+
+
+def _choice(args: argparse.Namespace, pairs: Any) -> Any:
+    """The scorer of ``--scorer`` for ``pairs`` (a ``ScorerChoice``); the choice of ``auto``
+    goes to stderr."""
+    chosen = scorer_choice(args, pairs)
+    if args.scorer == "auto":
+        for line in choice_lines(chosen.to_dict(args)):
+            eprint(line)
+    return chosen
+
+
+def _score_name(args: argparse.Namespace, chosen: Any) -> str:
+    """``--scorer``, or what ``auto`` resolved to (``best``, ``embedding``)."""
+    return str(chosen.score.alias if chosen.score is not None else args.scorer)
+
+
+def _chosen_scorer(args: argparse.Namespace, pairs: Any) -> Any:
+    """The scorer of ``--scorer`` for ``pairs`` (see :func:`_choice`)."""
+    return _choice(args, pairs).scorer
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -192,14 +232,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_scorer_options(args)
     calibrator = make_calibrator(args.mode, **calibrator_params(args))
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
-    flt = ConformalFilter(make_scorer(args), calibrator, min_keep=args.min_keep)
-    flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet)
+    chosen = scorer_choice(args, pairs, resolve_auto=False)
+    flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep)
+    flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet,
+                  language=chosen.language)
+    if chosen.language is not None:  # where the CLI took the language from
+        flt.calibration_info["language_source"] = chosen.language_source
     flt.save(args.out)
     info = flt.to_dict()
     rule = flt.scorer.keep_rule(flt.threshold)
-    if args.json:  # the artifact, and the keep rule in the score's own units
-        print(dumps({**info, **rule.to_dict()}))
+    choice = chosen.to_dict(args, flt.calibration_info, info["scorer"])
+    if args.json:  # the artifact, the keep rule in the score's own units, the choice made
+        expected = None if args.no_expected else _expected(args, pairs, flt.scorer).to_dict()
+        print(dumps({**info, **rule.to_dict(), "choice": choice, "expected": expected}))
         return 0
+    for choice_line in choice_lines(choice):
+        print(choice_line)
     guarantee = flt.guarantee()
     tau = _tau(flt.threshold)
     if guarantee.get("infinite"):
@@ -214,12 +262,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         line += (f"; calibrated on {data.get('n_relevant')} relevant snippets "
                  f"({data.get('n_queries')} queries, {data.get('n_groups')} groups)")
     print(f"{line} -> {args.out}")
+    if not args.no_expected:  # cross-validation over the calibration topics
+        print(_expected(args, pairs, flt.scorer))
     if not guarantee.get("infinite"):
         print(f"{rule} (each snippet's {rule.score} against the calibrated threshold)")
     note = (guarantee.get("details") or {}).get("note")
     if note:
         print(f"note: {note}")
     return 0
+
+
+def _expected(args: argparse.Namespace, pairs: list[Any], scorer: Any) -> Any:
+    """What ``calibrate``'s mode and alpha are expected to do on new topics (topic folds)."""
+    from ..evaluation.expect import expected_on_new_topics
+
+    return expected_on_new_topics(pairs, scorer, mode=args.mode, group_by=args.group_by,
+                                  progress=not args.quiet, **calibrator_params(args))
 
 
 def _spans(scored: Any) -> tuple[tuple[int, int], ...]:
@@ -236,6 +294,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     from ..filter import ConformalFilter, read_artifact
 
     payload = read_artifact(args.filter)
+    check_artifact_language(args, payload)
     options = artifact_scorer_options(args, payload)
     if args.out is not None:
         return _run_filter_job(args, payload, options)
@@ -246,6 +305,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
 
     flt = ConformalFilter.from_dict(payload, scorer_options=options)
     pairs = load_pairs(args, score_field=artifact_score_field(payload))
+    warn_traffic_language(payload, pairs)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
@@ -266,6 +326,25 @@ def cmd_filter(args: argparse.Namespace) -> int:
     if not args.json:
         print(_filter_summary(len(results), total_kept, total_in, flt))
         print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """``ragsieve report``: one self-contained HTML page of what a saved filter does to data."""
+    from ..evaluation.report import build_report, write_report
+    from ..filter import ConformalFilter, read_artifact
+
+    payload = read_artifact(args.filter)
+    flt = ConformalFilter.from_dict(payload, scorer_options=artifact_scorer_options(args, payload))
+    pairs = load_pairs(args, score_field=artifact_score_field(payload))
+    page = build_report(flt, pairs, data_name=str(args.data), filter_name=str(args.filter),
+                        max_queries=args.max_queries, n_splits=args.splits,
+                        confidence=args.confidence, seed=args.seed, progress=not args.quiet)
+    written = write_report(page, args.out)
+    if args.json:
+        print(dumps({"out": str(written), "bytes": written.stat().st_size}))
+    else:
+        print(f"report written to {written}")
     return 0
 
 
@@ -331,9 +410,11 @@ def cmd_score(args: argparse.Namespace) -> int:
         spec, options = payload["scorer"], artifact_scorer_options(args, payload)
         score_field = artifact_score_field(payload)
     else:
-        if args.scorer == "best":
-            raise ValueError("--scorer best is fitted when a filter is calibrated: give the "
-                             "filter with --filter ARTIFACT to score with its fitted weights.")
+        if args.scorer in ("best", "auto"):
+            chosen = "chosen and " if args.scorer == "auto" else ""
+            raise ValueError(f"--scorer {args.scorer} is {chosen}fitted when a filter is "
+                             "calibrated: give the filter with --filter ARTIFACT to score with "
+                             "its score, or name one (--scorer embedding, the default here).")
         scorer = make_scorer(args)
         spec = scorer.spec()
         options = artifact_scorer_options(args, {"scorer": spec})

@@ -40,7 +40,9 @@ __all__ = [
     "bounded_int",
     "bounded_ints",
     "calibrator_params",
+    "check_artifact_language",
     "check_scorer_options",
+    "choice_lines",
     "count",
     "dumps",
     "embedding_cache_dir",
@@ -51,6 +53,7 @@ __all__ = [
     "floats",
     "fraction",
     "ints",
+    "language_choice",
     "language_of",
     "llm_options",
     "load_pairs",
@@ -65,7 +68,9 @@ __all__ = [
     "positive_int",
     "positive_ints",
     "score_field_of",
+    "scorer_choice",
     "subparser",
+    "warn_traffic_language",
 ]
 
 # ------------------------------------------------------------------ argparse types
@@ -353,7 +358,8 @@ def add_embedding_options(p: argparse.ArgumentParser, *, model: bool = True) -> 
                             "fp32 when installed, same vectors as torch; onnx-int8 is faster, "
                             "with slightly different vectors)")
     g.add_argument("--language", default=None,
-                   help="language of the data (default: en, or the dataset's)")
+                   help="language of the data (default: an xquad-XX dataset's, else detected "
+                        "in the calibration texts with py3langid, else en)")
 
 
 def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None:
@@ -450,14 +456,21 @@ def engine_inputs(args: argparse.Namespace, *, limit_queries: int | None = None,
     return [target]
 
 
-def add_scorer_options(p: argparse.ArgumentParser) -> None:
+def add_scorer_options(p: argparse.ArgumentParser, *, default: str = "auto") -> None:
     """Everything that builds a scorer: ``--scorer`` and its options, the embedding
-    model, the cache and the LLM endpoint."""
+    model, the cache and the LLM endpoint.
+
+    ``default`` is ``"auto"`` for the commands that fit a filter (the fused score where the
+    labelled pairs give whole lists, else ``1 - cos``); ``score`` keeps ``"embedding"``, as
+    its pairs need no labels and the fused score is fitted on labels.
+    """
     g = p.add_argument_group("score")
-    g.add_argument("--scorer", default="embedding",
-                   help="embedding (1 - cos), relative (query-relative, see --relative-kind), "
-                        "best (fused score, fitted on part of the calibration data), llm, or "
-                        "field (an outside score read from --score-field)")
+    g.add_argument("--scorer", default=default,
+                   help="auto (the fused score where the calibration pairs give whole lists, "
+                        "else 1 - cos), embedding (1 - cos), relative (query-relative, see "
+                        "--relative-kind), best (fused score, fitted on part of the calibration "
+                        "data), llm, or field (an outside score read from --score-field) "
+                        f"(default {default})")
     g.add_argument("--relative-kind", choices=["gap", "z", "rank", "ratio"], default="gap",
                    help="scorer relative: how a snippet's cosine is compared with its list")
     g.add_argument("--score-field", default=None, metavar="NAME",
@@ -512,14 +525,26 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
 
 
 # ------------------------------------------------------------------ options -> objects
-def language_of(args: argparse.Namespace) -> str:
-    """``--language``, or the language of an ``xquad-XX`` dataset, or ``en``."""
+def language_choice(args: argparse.Namespace, pairs: Any = None) -> tuple[str, str]:
+    """The language of the data and where it comes from: ``--language`` (``"given"``), an
+    ``xquad-XX`` dataset's (``"dataset"``), the language detected in ``pairs``
+    (:func:`ragsieve.scoring.auto.choose_language`), or ``en``."""
     if getattr(args, "language", None):
-        return str(args.language)
+        return str(args.language), "given"
     name = str(getattr(args, "data", "") or "")
     if name.startswith("xquad-"):
-        return name.split("-", 1)[1]
-    return "en"
+        return name.split("-", 1)[1], f"dataset {name}"
+    if pairs:
+        from ..scoring.auto import choose_language
+
+        return choose_language(pairs, None)
+    return "en", "default"
+
+
+def language_of(args: argparse.Namespace, pairs: Any = None) -> str:
+    """``--language``, the language of an ``xquad-XX`` dataset, the language detected in
+    ``pairs``, or ``en`` (see :func:`language_choice`)."""
+    return language_choice(args, pairs)[0]
 
 
 def embedding_cache_dir(args: argparse.Namespace) -> Path:
@@ -529,9 +554,11 @@ def embedding_cache_dir(args: argparse.Namespace) -> Path:
     return Path(args.cache_dir) if args.cache_dir else cache_dir() / "embeddings"
 
 
-def embedding_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword arguments of an embedding-based scorer: model, language, cache."""
-    opts: dict[str, Any] = {"model": getattr(args, "model", None), "language": language_of(args)}
+def embedding_options(args: argparse.Namespace, language: str | None = None) -> dict[str, Any]:
+    """Keyword arguments of an embedding-based scorer: model, language (``language``, else
+    :func:`language_of`), cache."""
+    opts: dict[str, Any] = {"model": getattr(args, "model", None),
+                            "language": language or language_of(args)}
     if getattr(args, "backend", "auto") != "auto":
         opts["backend"] = args.backend
     if not args.no_cache:
@@ -570,15 +597,96 @@ def check_scorer_options(args: argparse.Namespace) -> None:
                          f"(got --scorer {args.scorer}).")
 
 
-def make_scorer(args: argparse.Namespace) -> Any:
+class ScorerChoice:
+    """The scorer of a command, the language and model it uses, and why (printed and in
+    ``--json`` as ``"choice"``)."""
+
+    def __init__(self, scorer: Any, language: str | None, language_source: str,
+                 score: Any = None) -> None:
+        self.scorer = scorer
+        self.language = language
+        self.language_source = language_source
+        self.score = score  # a ScoreChoice when --scorer auto was resolved here
+
+    def to_dict(self, args: argparse.Namespace, info: dict[str, Any] | None = None,
+                spec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The choice as JSON values; ``info`` (a calibrated filter's ``calibration_info``)
+        and ``spec`` (its scorer's) take precedence, as ``calibrate`` resolves ``auto``."""
+        info = info or {}
+        spec = spec or self.scorer.spec()
+        label = self.scorer.keep_rule(0.0).score or args.scorer
+        score = info.get("score_choice") or (self.score.to_dict() if self.score else {
+            "scorer": args.scorer, "label": f"{label} ({args.scorer})",
+            "reason": f"given by --scorer {args.scorer}"})
+        language = ({"code": self.language, "source": self.language_source}
+                    if self.language is not None else
+                    {"code": info.get("language"), "source": info.get("language_source")})
+        return {"score": score, "model": _model_of(spec), "language": language}
+
+
+def _model_of(spec: dict[str, Any]) -> str | None:
+    while isinstance(spec, dict):
+        if spec.get("model"):
+            return str(spec["model"])
+        spec = spec.get("base")  # type: ignore[assignment]
+    return None
+
+
+def choice_lines(choice: dict[str, Any]) -> list[str]:
+    """``score: fused (best) - whole lists ...`` and ``model: ... - language ru (...)``."""
+    score = choice["score"]
+    lines = [f"score: {score.get('label', score['scorer'])} - {score['reason']}"]
+    lang = choice["language"]
+    where = (f"language {lang['code']} ({lang['source']})" if lang["code"] else
+             f"language {lang['source'] or 'not detected'}")
+    lines.append(f"model: {choice['model']} - {where}" if choice["model"] else where)
+    return lines
+
+
+def scorer_choice(args: argparse.Namespace, pairs: Any = None, *,
+                  resolve_auto: bool = True) -> ScorerChoice:
+    """The scorer named by ``--scorer`` for ``pairs``, with the language it was built for.
+
+    ``auto`` is resolved on ``pairs`` (``ragsieve.scoring.auto.choose_score``) unless
+    ``resolve_auto`` is False (``calibrate``: ``ConformalFilter.calibrate`` resolves it and
+    detects the language, and falls back to ``1 - cos`` when the fused score cannot be
+    fitted); the language is then None unless ``--language`` or the dataset gives it.
+    """
+    from ..scoring import AutoScorer
+
+    if (args.scorer == "auto" and not resolve_auto) or args.scorer in ("field", "llm"):
+        # calibrate detects and records the language; field and llm choose no model by it
+        known, source = language_choice(args)
+        language = None if source == "default" else known
+        if args.scorer != "auto":
+            return ScorerChoice(make_scorer(args, language=language or "en"), language, source)
+        opts = {**embedding_options(args, "en"), "language": language}
+        return ScorerChoice(AutoScorer(**opts), language, source)
+    language, source = language_choice(args, pairs)
+    if args.scorer != "auto":
+        return ScorerChoice(make_scorer(args, language=language), language, source)
+    auto = AutoScorer(**embedding_options(args, language))
+    if not pairs:
+        return ScorerChoice(auto, language, source)
+    scorer, score, _ = auto.resolve(pairs)
+    return ScorerChoice(scorer, language, source, score)
+
+
+def make_scorer(args: argparse.Namespace, pairs: Any = None, *,
+                language: str | None = None) -> Any:
     """The scorer named by ``--scorer`` with its options (``resolve_scorer`` does the rest).
 
     ``best`` gives an unfitted fused scorer: ``evaluate`` fits it in every split and
-    ``ConformalFilter.calibrate`` on half of the calibration topics.
+    ``ConformalFilter.calibrate`` on a quarter of the calibration topics. ``auto`` is
+    resolved on ``pairs`` (see :func:`scorer_choice`).
     """
     from ..scoring import resolve_scorer
 
     check_scorer_options(args)
+    if args.scorer == "auto":
+        return scorer_choice(args, pairs).scorer
+    if language is None:
+        language = language_of(args, pairs)
     if args.scorer == "field":
         return resolve_scorer("field", field=args.score_field,
                               higher_is_better=bool(args.higher_is_better))
@@ -589,9 +697,9 @@ def make_scorer(args: argparse.Namespace) -> Any:
             kwargs["cache"] = False
         return resolve_scorer("llm", **kwargs)
     if args.scorer == "relative":
-        base = resolve_scorer("embedding", **embedding_options(args))
+        base = resolve_scorer("embedding", **embedding_options(args, language))
         return resolve_scorer("relative", kind=args.relative_kind, base=base)
-    return resolve_scorer(args.scorer, **embedding_options(args))
+    return resolve_scorer(args.scorer, **embedding_options(args, language))
 
 
 def score_field_of(args: argparse.Namespace) -> str | None:
@@ -610,6 +718,61 @@ def artifact_scorer_options(args: argparse.Namespace, payload: dict[str, Any]) -
         options = {k: v for k, v in llm_options(args).items() if v is not None and k != "model"}
         return {**options, "cache": False} if args.no_cache else options
     return {}
+
+
+def _block(payload: dict[str, Any], key: str) -> dict[str, Any]:
+    value = payload.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def check_artifact_language(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    """``--language`` of ``filter``/``serve`` against the artifact's: the model and
+    threshold were fixed by ``calibrate``, so a different language is an error.
+
+    Raises
+    ------
+    ValueError
+        ``--language`` differs from the language the artifact records, or (an artifact
+        without one) is not a language of its embedding model.
+    """
+    given = getattr(args, "language", None)
+    if not given:
+        return
+    from ..embeddings.languages import MODEL_LANGUAGES, normalise_language
+
+    code = normalise_language(given)
+    recorded = _block(payload, "data").get("language")
+    recorded = recorded if isinstance(recorded, str) else None
+    spec = _block(payload, "scorer")
+    model = _model_of(spec)
+    if recorded is not None:
+        if code == normalise_language(recorded):
+            return
+        uses = f"model {model}" if model else f"score {spec.get('scorer')}"
+        raise ValueError(
+            f"--language {given}: the filter {args.filter} was calibrated on language "
+            f"{recorded} ({uses}); --language does not change a "
+            f"saved filter: drop it, or calibrate a filter on {code} data.")
+    trained = MODEL_LANGUAGES.get(model or "")
+    if trained is not None and code not in trained:
+        raise ValueError(
+            f"--language {given}: the filter {args.filter} uses model {model}, not trained on "
+            f"{code}; --language does not change a saved filter: calibrate one on {code} data.")
+
+
+def warn_traffic_language(payload: dict[str, Any], pairs: Any) -> str | None:
+    """Log (once, as a warning) and return a note when the queries of ``pairs`` are in
+    another language than the artifact records; None when they agree or nothing is known."""
+    recorded = _block(payload, "data").get("language")
+    if not isinstance(recorded, str) or not pairs:
+        return None
+    from ..embeddings.detection import traffic_language_note
+
+    note = traffic_language_note(recorded, list(dict.fromkeys(p.query for p in pairs)),
+                                 model=_model_of(_block(payload, "scorer")))
+    if note:
+        logger.warning("%s", note)
+    return note
 
 
 def artifact_score_field(payload: dict[str, Any]) -> str | None:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..data.jsonl import group_by_query, write_pairs
 from ..data.shards import expand_inputs
-from ..scoring import FusedScorer, Scorer
+from ..scoring import FusedScorer, KeepRule, Scorer
 from ..types import Pair
 from .base import DEFAULT_BATCH_PAIRS, run_job
 from .tasks import ScoreTask
@@ -60,6 +60,10 @@ class EngineScorer(Scorer):
 
     def spec(self) -> dict[str, Any]:
         return self.scorer.spec()
+
+    def keep_rule(self, threshold: float) -> KeepRule:
+        """The wrapped scorer's keep rule (the engine changes where, not what, is scored)."""
+        return self.scorer.keep_rule(threshold)
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         return self.scorer.score_batch(query, snippets)

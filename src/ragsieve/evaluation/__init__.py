@@ -12,10 +12,11 @@ from .answer_metrics import (
 from .answers import AnswerConfig, AnswerReport, evaluate_answers
 from .bootstrap import PairedInterval, paired_bootstrap
 from .choose import DEFAULT_ALPHA_GRID, AlphaChoice, choose_alpha
+from .expect import Expectation, expected_on_new_topics
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 from .sweep import (
     DEFAULT_ALPHAS,
-    DEFAULT_THETAS,
+    DEFAULT_THRESHOLD_QUANTILES,
     DEFAULT_TOP_K,
     TOLERANCE_SE,
     EvaluationConfig,
@@ -30,7 +31,7 @@ __all__ = [
     "ARTICLES",
     "DEFAULT_ALPHAS",
     "DEFAULT_ALPHA_GRID",
-    "DEFAULT_THETAS",
+    "DEFAULT_THRESHOLD_QUANTILES",
     "DEFAULT_TOP_K",
     "TOLERANCE_SE",
     "AlphaChoice",
@@ -38,6 +39,7 @@ __all__ = [
     "AnswerReport",
     "EvaluationConfig",
     "EvaluationReport",
+    "Expectation",
     "PairedInterval",
     "ScoredData",
     "answer_in_context",
@@ -50,6 +52,7 @@ __all__ = [
     "evaluate_answers",
     "evaluate_scores",
     "exact_match",
+    "expected_on_new_topics",
     "format_answer_table",
     "format_table",
     "normalize_answer",

@@ -126,21 +126,29 @@ def plot_report(
 
     first_label, first = next(iter(named.items()))
     suffix = f" ({first_label})" if len(named) > 1 else ""
-    for method, key, marker, colour in (("top-k", "k", "^", "tab:gray"),
-                                        ("threshold", "theta", "v", "tab:brown")):
+    for method, marker, colour in (("top-k", "^", "tab:gray"), ("threshold", "v", "tab:brown")):
         rows = first.rows(method)
         if not rows:
             continue
         trade_ax.scatter([r["removal_mean"] for r in rows], [r["coverage_mean"] for r in rows],
                          marker=marker, color=colour, label=method + suffix)
         for r in rows:
-            trade_ax.annotate(f"{key}={r[key]}", (r["removal_mean"], r["coverage_mean"]),
+            trade_ax.annotate(_baseline_label(r), (r["removal_mean"], r["coverage_mean"]),
                               fontsize=6, xytext=(3, 3), textcoords="offset points")
     trade_ax.set_xlabel("fraction of snippets removed")
     trade_ax.set_ylabel("coverage")
     trade_ax.set_title("trade-off on the same test splits")
     trade_ax.legend(fontsize=7)
     return save_figure(fig, path, title=title)
+
+
+def _baseline_label(row: dict[str, Any]) -> str:
+    """``k=2``; a fixed cut-off by its quantile of the score, or its value in the score's units."""
+    if "k" in row:
+        return f"k={row['k']}"
+    if row.get("quantile") is not None:
+        return f"q={row['quantile']:g}"
+    return f"{row.get('keep_rule', {}).get('keep_if', '<=')} {row.get('theta'):g}"
 
 
 def plot_answers(report: AnswerReport, path: str | os.PathLike[str], *,

@@ -3,7 +3,10 @@
 Scores are computed once for every pair; each of ``n_splits`` random group-disjoint
 calibration/test splits then calibrates tau on the calibration groups and measures,
 on the test groups, micro coverage, per-query coverage and removal, for the conformal
-filter and, on the same test groups, for per-query top-k and fixed similarity cut-offs.
+filter and, on the same test groups, for per-query top-k and fixed cut-offs on the score.
+The fixed cut-offs are by default quantiles of the score itself, taken on each split's
+calibration side (so they mean something for any score, in any units), and are reported
+as keep rules in the score's own units and direction (``keep bm25 >= 6.1``).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,13 +24,14 @@ from .._validation import check_alpha, check_scores
 from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
 from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
+from ..scoring.base import KeepRule
 from ..scoring.fusion import FUSION_FIT_FRACTION
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
 __all__ = [
     "DEFAULT_ALPHAS",
-    "DEFAULT_THETAS",
+    "DEFAULT_THRESHOLD_QUANTILES",
     "DEFAULT_TOP_K",
     "TOLERANCE_SE",
     "EvaluationConfig",
@@ -41,7 +45,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ALPHAS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.4)
 DEFAULT_TOP_K: tuple[int, ...] = (1, 2, 3, 5)
-DEFAULT_THETAS: tuple[float, ...] = (0.2, 0.3, 0.4, 0.5)
+#: Quantiles of the score (on each split's calibration side) that the fixed-threshold
+#: baselines cut at: ``keep score <= its q-quantile`` keeps about a share q of the snippets.
+DEFAULT_THRESHOLD_QUANTILES: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 #: A conformal row passes when coverage_mean >= target - TOLERANCE_SE * standard error
 #: of the mean over splits (about a 3-sigma sampling tolerance).
 TOLERANCE_SE = 3.0
@@ -57,9 +63,15 @@ class EvaluationConfig:
         Miscoverage levels of the conformal rows.
     top_k : tuple of int
         Per-query top-k baselines (keep the k lowest scores of each query).
-    thetas : tuple of float
-        Fixed similarity cut-offs: keep when ``1 - score >= theta`` (for the embedding
-        scorer ``1 - score`` is the cosine).
+    thetas : tuple of float or None
+        Fixed cut-offs in the score's own units and direction, as its keep rule reads
+        them (``keep 1 - cos <= theta``, ``keep bm25 >= theta``; see
+        :meth:`ragsieve.scoring.Scorer.keep_rule`). None (the default): cut at the
+        ``threshold_quantiles`` of the score instead. An empty tuple: no fixed cut-offs.
+    threshold_quantiles : tuple of float
+        With ``thetas=None``: the quantiles, in (0, 1), of the scores of each split's
+        calibration topics (all snippets, relevant or not) that the fixed-threshold rows
+        cut at; the test topics never choose a cut-off.
     n_splits : int
         Number R of random group-disjoint splits, in [1, ``MAX_SPLITS``] (10000).
     calibration_fraction : float
@@ -85,11 +97,15 @@ class EvaluationConfig:
     fusion_fraction : float
         With ``fusion_features``: share of each split's calibration topics that fit the
         fused score's weights (the rest calibrate the threshold).
+    calibrator_params : Mapping
+        Further parameters of every conformal calibrator (``unit``, ``gamma``, ...,
+        as :func:`ragsieve.calibration.make_calibrator` takes them).
     """
 
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
     top_k: tuple[int, ...] = DEFAULT_TOP_K
-    thetas: tuple[float, ...] = DEFAULT_THETAS
+    thetas: tuple[float, ...] | None = None
+    threshold_quantiles: tuple[float, ...] = DEFAULT_THRESHOLD_QUANTILES
     n_splits: int = 20
     calibration_fraction: float = 0.5
     seed: int = 0
@@ -100,6 +116,7 @@ class EvaluationConfig:
     calibrated_baselines: bool = True
     bound: str = "auto"
     fusion_fraction: float = FUSION_FIT_FRACTION
+    calibrator_params: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "alphas", tuple(check_alpha(a) for a in self.alphas))
@@ -107,10 +124,15 @@ class EvaluationConfig:
         if any(k < 1 for k in top_k):
             raise ValueError(f"top_k values must be >= 1, got {list(top_k)}.")
         object.__setattr__(self, "top_k", top_k)
-        thetas = tuple(float(t) for t in self.thetas)
-        if any(not math.isfinite(t) for t in thetas):
-            raise ValueError(f"thetas must be finite numbers, got {list(thetas)}.")
-        object.__setattr__(self, "thetas", thetas)
+        if self.thetas is not None:
+            thetas = tuple(float(t) for t in self.thetas)
+            if any(not math.isfinite(t) for t in thetas):
+                raise ValueError(f"thetas must be finite numbers, got {list(thetas)}.")
+            object.__setattr__(self, "thetas", thetas)
+        quantiles = tuple(float(q) for q in self.threshold_quantiles)
+        if any(not 0.0 < q < 1.0 for q in quantiles):
+            raise ValueError(f"threshold_quantiles must lie in (0, 1), got {list(quantiles)}.")
+        object.__setattr__(self, "threshold_quantiles", quantiles)
         modes = tuple(self.modes)
         for mode in modes:
             if mode not in MODES:
@@ -126,10 +148,10 @@ class EvaluationConfig:
 
     def calibrator(self, mode: str, alpha: float) -> BaseCalibrator:
         """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters."""
-        return make_calibrator(mode, alpha=alpha, delta=self.delta,
-                               min_group_size=self.min_group_size,
-                               budget=self.budgets[0] if self.budgets else None,
-                               bound=self.bound)
+        params = {"delta": self.delta, "min_group_size": self.min_group_size,
+                  "budget": self.budgets[0] if self.budgets else None, "bound": self.bound,
+                  **self.calibrator_params, "alpha": alpha}
+        return make_calibrator(mode, **params)
 
 
 @dataclass(frozen=True)
@@ -285,6 +307,50 @@ def _calibrated_threshold(data: ScoredData, cal_idx: np.ndarray, test: np.ndarra
     return m
 
 
+def _fixed_threshold(data: ScoredData, t: float, test: np.ndarray) -> dict[str, Any]:
+    """A fixed cut-off ``score <= t`` (nonconformity units) on the test topics."""
+    m: dict[str, Any] = _split_metrics(data, data.scores <= t, test)
+    m["threshold"] = t
+    return m
+
+
+def _quantile_threshold(data: ScoredData, cal_idx: np.ndarray, test: np.ndarray,
+                        q: float) -> dict[str, Any]:
+    """Cut at the q-quantile of the calibration topics' scores (a score value, so about
+    a share q of the calibration snippets is kept), measured on the test topics."""
+    t = float(np.quantile(data.scores[cal_idx], q, method="inverted_cdf"))
+    return _fixed_threshold(data, t, test)
+
+
+def nonconformity_keep_rule(threshold: float) -> KeepRule:
+    """The keep rule of bare nonconformity scores: ``keep score <= threshold``."""
+    return KeepRule(score="score", keep_if="<=", threshold=float(threshold))
+
+
+def to_nonconformity(keep_rule: Callable[[float], KeepRule], value: float) -> float:
+    """The nonconformity threshold whose keep rule reads ``value`` in the score's units.
+
+    A keep rule maps the nonconformity threshold to the score's units by an affine map
+    (the identity, or a negation for a higher-is-better outside score); this inverts it.
+
+    Raises
+    ------
+    ValueError
+        The keep rule does not depend on the threshold.
+    """
+    at0, at1 = keep_rule(0.0).threshold, keep_rule(1.0).threshold
+    if at1 == at0:
+        raise ValueError(f"keep rule {keep_rule(0.0)} does not move with its threshold; "
+                         "cannot read a cut-off in its units.")
+    return (float(value) - at0) / (at1 - at0)
+
+
+def _keep_fields(keep_rule: Callable[[float], KeepRule], threshold: float) -> dict[str, Any]:
+    """``keep`` (the rule as text) and ``keep_rule`` (its dict) of a mean threshold."""
+    rule = keep_rule(threshold)
+    return {"keep": str(rule), "keep_rule": rule.to_dict()}
+
+
 class _OncePerMessage(logging.Filter):
     """Let each distinct log message through once (the same warning from every split)."""
 
@@ -377,11 +443,14 @@ def _aggregate(per_split: list[dict[str, float]]) -> dict[str, float]:
         "coverage_std": float(np.nanstd(cov)),
         "coverage_se": float(np.nanstd(cov, ddof=1) / math.sqrt(len(cov))) if len(cov) > 1 else math.nan,
         "coverage_min": float(np.nanmin(cov)),
+        "coverage_max": float(np.nanmax(cov)),
         "query_coverage_mean": float(np.nanmean(col("query_coverage_mean"))),
         "query_coverage_std": float(np.nanmean(col("query_coverage_std"))),
         "query_all_kept_mean": float(np.nanmean(col("query_all_kept"))),
         "removal_mean": float(np.mean(col("removal"))),
         "removal_std": float(np.std(col("removal"))),
+        "removal_min": float(np.min(col("removal"))),
+        "removal_max": float(np.max(col("removal"))),
         "removal_chars_mean": float(np.mean(col("removal_chars"))),
         "topic_coverage_mean": float(np.nanmean(col("topic_coverage"))),
     }
@@ -398,6 +467,8 @@ def evaluate_scores(
     config: EvaluationConfig | None = None,
     *,
     fusion_features: np.ndarray | None = None,
+    keep_rule: Callable[[float], KeepRule] | None = None,
+    splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
     **config_kwargs: Any,
 ) -> EvaluationReport:
     """Run the split sweep on precomputed scores.
@@ -414,6 +485,15 @@ def evaluate_scores(
         the conformal rows use a fused score fitted per split on a random
         ``fusion_fraction`` of the calibration topics and calibrated on the rest
         (``--scorer best``).
+    keep_rule : callable, optional
+        The scorer's :meth:`~ragsieve.scoring.Scorer.keep_rule` (of the base score when
+        the score is fused per split): explicit ``thetas`` are read in its units and the
+        fixed-threshold rows report their cut-off through it (``keep``, ``keep_rule``).
+        Default: bare nonconformity scores, ``keep score <= theta``.
+    splits : sequence of (ndarray, ndarray), optional
+        Calibration/test index pairs to use instead of ``n_splits`` random group-disjoint
+        splits (e.g. the topic-disjoint folds of
+        :func:`~ragsieve.evaluation.expect.expected_on_new_topics`).
     **config_kwargs
         Fields of :class:`EvaluationConfig` (not allowed together with ``config``).
 
@@ -432,12 +512,14 @@ def evaluate_scores(
     if needs_attribute and data.attribute is None:
         raise ValueError(f"mode(s) {needs_attribute} need a per-pair attribute: pass group_by "
                          "(CLI --group-by FIELD).")
-    splits = group_splits(
-        data.group_index.tolist(),
-        calibration_fraction=config.calibration_fraction,
-        n_splits=config.n_splits,
-        seed=config.seed,
-    )
+    if splits is None:
+        splits = group_splits(
+            data.group_index.tolist(),
+            calibration_fraction=config.calibration_fraction,
+            n_splits=config.n_splits,
+            seed=config.seed,
+        )
+    splits = list(splits)
     ranks = within_query_rank(data.scores, data.query_index)
     # the same calibration warning from every split is shown once (logger filters apply to
     # the logger that emits the record, so each calibration module gets the filter)
@@ -447,7 +529,8 @@ def evaluate_scores(
     for lg in loggers:
         lg.addFilter(once)
     try:
-        results = _sweep(data, splits, ranks, config, fusion_features)
+        results = _sweep(data, splits, ranks, config, fusion_features,
+                         keep_rule or nonconformity_keep_rule)
     finally:
         for lg in loggers:
             lg.removeFilter(once)
@@ -496,7 +579,8 @@ def _conformal_metrics(data: ScoredData, cal: BaseCalibrator, kept: np.ndarray,
 
 
 def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks: np.ndarray,
-           config: EvaluationConfig, fusion_features: np.ndarray | None) -> list[dict[str, Any]]:
+           config: EvaluationConfig, fusion_features: np.ndarray | None,
+           keep_rule: Callable[[float], KeepRule]) -> list[dict[str, Any]]:
     """The loop over splits of :func:`evaluate_scores`; returns the aggregated rows."""
     alphas, modes = config.alphas, config.modes
     conf: dict[tuple[str, float], list[dict[str, Any]]] = {(md, a): [] for md in modes for a in alphas}
@@ -505,7 +589,11 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
     cal_thr: dict[float, list[dict[str, Any]]] = {a: [] for a in alphas} if with_baselines else {}
     topk: dict[int, list[dict[str, float]]] = {k: [] for k in config.top_k}
     budget_rows: dict[int, list[dict[str, Any]]] = {b: [] for b in config.budgets}
-    thr: dict[float, list[dict[str, float]]] = {t: [] for t in config.thetas}
+    # fixed cut-offs: explicit ones (read in the score's units) or quantiles of the score
+    explicit = config.thetas is not None
+    cutoffs: tuple[float, ...] = config.threshold_quantiles if config.thetas is None else config.thetas
+    fixed = {v: to_nonconformity(keep_rule, v) for v in cutoffs} if explicit else {}
+    thr: dict[float, list[dict[str, Any]]] = {v: [] for v in cutoffs}
     for split_no, (cal_idx, test_idx) in enumerate(splits):
         test = np.zeros(data.scores.size, dtype=bool)
         test[test_idx] = True
@@ -527,8 +615,9 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
             topk[k].append(_split_metrics(data, ranks < k, test))
         for b in config.budgets:
             budget_rows[b].append(_budget_split(data, b, cal_idx, test))
-        for t in config.thetas:
-            thr[t].append(_split_metrics(data, (1.0 - data.scores) >= t, test))
+        for v, rows in thr.items():
+            rows.append(_fixed_threshold(data, fixed[v], test) if explicit
+                        else _quantile_threshold(data, cal_idx, test, v))
     if not any(conf.values()) and alphas:
         raise DataError("no usable split: every split lacked relevant snippets on one side.")
     results: list[dict[str, Any]] = [_conformal_row(mode, a, ms, config.delta)
@@ -539,15 +628,17 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
         results.append({"method": "top-k (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms),
                         "k_mean": float(np.mean([m["k"] for m in ms])), "threshold_mean": None})
     for a, ms in cal_thr.items():
-        results.append({"method": "threshold (calibrated)", "alpha": a, "target": 1.0 - a, **_aggregate(ms)})
+        agg = _aggregate(ms)
+        results.append({"method": "threshold (calibrated)", "alpha": a, "target": 1.0 - a, **agg,
+                        **_keep_fields(keep_rule, agg["threshold_mean"])})
     for b, ms in budget_rows.items():
         row = {"method": "budget", "budget": b, "target": None, **_aggregate(ms), "threshold_mean": None}
         row["predicted_coverage_lower_mean"] = float(np.mean([m["predicted_coverage_lower"] for m in ms]))
         results.append(row)
-    for t, ms in thr.items():
-        results.append(
-            {"method": "threshold", "theta": t, "target": None, **_aggregate(ms), "threshold_mean": 1.0 - t}
-        )
+    for v, ms in thr.items():
+        agg = _aggregate(ms)
+        results.append({"method": "threshold", ("theta" if explicit else "quantile"): v,
+                        "target": None, **agg, **_keep_fields(keep_rule, agg["threshold_mean"])})
     return results
 
 
@@ -624,8 +715,11 @@ def evaluate(
         config = EvaluationConfig(**config_kwargs)
     elif config_kwargs:
         raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    from ..scoring import resolve_scorer
+
+    scorer = resolve_scorer(scorer, **(scorer_options or {}))
     pairs, scores, features, scorer_info, n_dropped = score_for_evaluation(
-        pairs, scorer, progress=progress, on_error=on_error, scorer_options=scorer_options,
+        pairs, scorer, progress=progress, on_error=on_error,
         fusion_fraction=config.fusion_fraction)
     needs_attribute = any(CALIBRATORS[m].group_kind == "attribute" for m in config.modes)
     if group_by is None and needs_attribute:
@@ -633,7 +727,7 @@ def evaluate(
         logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
                        "(pairs without it form one group); pass group_by / --group-by FIELD")
     report = evaluate_scores(ScoredData.from_pairs(pairs, scores, group_by=group_by), config,
-                             fusion_features=features)
+                             fusion_features=features, keep_rule=baseline_scorer(scorer).keep_rule)
     report.info["group_by"] = group_by
     report.info["scorer"] = scorer_info
     report.info["n_dropped_errors"] = n_dropped
@@ -654,11 +748,11 @@ def score_for_evaluation(
         ``fusion_fraction`` of the calibration topics, see :func:`evaluate_scores`), else
         None, the scorer's spec for the report, and the number of pairs dropped.
     """
-    from ..scoring import FusedScorer, resolve_scorer
+    from ..scoring import resolve_scorer
 
     scorer = resolve_scorer(scorer, **(scorer_options or {}))
-    fusion = isinstance(scorer, FusedScorer) and not scorer.is_fitted
-    base = scorer.base if fusion else scorer  # the fused score is fitted per split on its base
+    base = baseline_scorer(scorer)  # the fused score is fitted per split on its base
+    fusion = base is not scorer
     pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
     if not fusion:
         return pairs, scores, None, scorer.spec(), n_dropped
@@ -668,6 +762,14 @@ def score_for_evaluation(
     info = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
             "fitted": f"per split, on a random {fusion_fraction:g} of the calibration topics"}
     return pairs, scores, feature_matrix(scores, query_index_of(pairs)), info, n_dropped
+
+
+def baseline_scorer(scorer: Any) -> Any:
+    """The score the baselines (top-k, fixed cut-offs) use: an unfitted fused score's base
+    (the fused score is fitted per split), else the scorer itself."""
+    from ..scoring import FusedScorer
+
+    return scorer.base if isinstance(scorer, FusedScorer) and not scorer.is_fitted else scorer
 
 
 def _score_or_drop(scorer: Any, pairs: list[Pair], progress: bool,

@@ -23,12 +23,20 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
+def _cutoff(row: dict[str, Any]) -> str:
+    """``q=0.2: keep bm25 >= 6.1`` (a quantile of the score) or ``keep bm25 >= 6``."""
+    keep = row.get("keep") or f"theta={row.get('theta')}"
+    return keep if row.get("quantile") is None else f"q={row['quantile']:g}: {keep}"
+
+
 def format_table(report: EvaluationReport) -> str:
     """Render the report rows as an aligned text table.
 
     Columns: method, parameter, target, coverage mean ± sd over splits, mean per-query
     coverage, fraction of queries with all evidence kept, snippet and character removal,
-    mean threshold, and (conformal rows) whether coverage is within tolerance.
+    mean threshold (nonconformity units), and (conformal rows) whether coverage is within
+    tolerance. A fixed-threshold row's parameter is its keep rule in the score's own units
+    (mean cut-off over splits), after the quantile of the score it cuts at.
     """
     header = ["method", "param", "target", "coverage", "± sd", "q-cov", "q-all", "removed",
               "chars rm", "tau", "guaranteed", "value", "ok"]
@@ -50,8 +58,8 @@ def format_table(report: EvaluationReport) -> str:
             param, ok = f"chars={r['budget']}", ""
             guaranteed = "predicted lower"
             value = _fmt(r.get("predicted_coverage_lower_mean"))
-        else:
-            param, ok = f"theta={r['theta']:g}", ""
+        else:  # a fixed cut-off, in the score's own units and direction
+            param, ok = _cutoff(r), ""
         lines.append([
             method, param, _fmt(r["target"]), _fmt(r["coverage_mean"]), _fmt(r["coverage_std"]),
             _fmt(r["query_coverage_mean"]), _fmt(r["query_all_kept_mean"]), _fmt(r["removal_mean"]),

@@ -20,28 +20,39 @@ import copy
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
+    check_score_source,
     filter_items,
     kept_metadata,
     load_filter,
+    native_pairs,
+    report_result,
     split_options,
 )
+from ragsieve.types import FilterResult, Pair
 
 require("haystack", "haystack")
 from haystack import Document, component, default_from_dict, default_to_dict
 from haystack.core.errors import SerializationError
 
-__all__ = ["ORIGINAL_SCORE_KEY", "ConformalRanker"]
+__all__ = ["NATIVE_FIELD", "ORIGINAL_SCORE_KEY", "ConformalRanker"]
 
 logger = logging.getLogger(__name__)
 
 #: the ``Document.score`` a document had before the ranker (e.g. the retriever's BM25 score)
 ORIGINAL_SCORE_KEY = "ragsieve_original_score"
+#: the field name a native-score filter is calibrated under by default
+NATIVE_FIELD = "score"
+_NATIVE_NAME = "Document.score"
+
+
+def _read_native(d: Document) -> tuple[Any, str, Any, dict[str, Any]]:
+    return d.id, d.content or "", d.score, dict(d.meta)
 
 
 @component
@@ -62,6 +73,9 @@ class ConformalRanker:
     min_keep, max_chars : int, optional
         With ``path``: replace the artifact's empty-result policy (keep at least
         ``min_keep`` best documents) and long-document window (see ``ConformalFilter``).
+    score_source : {"filter", "native"}, default="filter"
+        ``"native"``: filter on ``Document.score`` (the retriever's score, e.g. BM25; higher
+        is better), given to a filter calibrated on it (:meth:`calibrate_native`).
 
     Notes
     -----
@@ -72,16 +86,23 @@ class ConformalRanker:
     has no ``top_k`` (cutting the kept set would break the guarantee). ``id`` and ``content``
     are kept.
 
-    **Scores.** ``Document.score`` becomes ``1 - s``, where ``s`` is ragsieve's
-    nonconformity score (lower = more relevant), so that higher is better as Haystack's
-    rankers and retrievers report it: the cosine similarity for the embedding score
-    (``s = 1 - cos``), the LLM's relevance for the LLM score (``s = 1 - r``); for other
-    scores a monotone rescaling without a unit. A document is kept when
-    ``s <= tau``, i.e. ``Document.score >= 1 - tau``. ``meta`` also gets
-    ``"ragsieve_score"`` (``s``), ``"ragsieve_threshold"`` (tau), ``"ragsieve_mode"`` (the
-    guarantee mode), ``"ragsieve_original_score"`` (the score the document arrived with,
-    e.g. the retriever's BM25 score, or None) and, for a document longer than the filter's
-    window (cut into pieces), ``"ragsieve_spans"`` (the kept character spans).
+    **Scores.** For a score kept when low (``keep s <= tau``), ``Document.score`` becomes
+    ``1 - s``, so that higher is better as Haystack's rankers and retrievers report it: the
+    cosine similarity for the embedding score (``s = 1 - cos``), the LLM's relevance for
+    the LLM score (``s = 1 - r``); for other such scores a monotone rescaling without a
+    unit. For a higher-is-better outside score (``keep bm25 >= t``, and
+    ``score_source="native"``) ``Document.score`` is that score itself. ``meta`` also gets
+    ``"ragsieve_score"`` and ``"ragsieve_threshold"`` (in the keep rule's units),
+    ``"ragsieve_keep_if"`` (``"<="`` or ``">="``), ``"ragsieve_mode"`` (the guarantee mode),
+    ``"ragsieve_original_score"`` (the score the document arrived with, e.g. the
+    retriever's BM25 score, or None) and, for a document longer than the filter's window
+    (cut into pieces), ``"ragsieve_spans"`` (the kept character spans).
+
+    **Outputs.** ``documents`` (kept), ``removed`` (the others, as new Documents with the
+    same score keys) and ``ragsieve``: ``{"kept", "removed", "dropped"`` (documents without
+    text), ``"score", "keep_if", "threshold"`` (the rule, in the score's units),
+    ``"mode", "reason"}``; ``reason`` is None unless the rule kept nothing, when it says why
+    (every score below the threshold, the best score) and a WARNING log line says the same.
 
     **Every mode.** Each document goes to the filter as its ``meta`` plus its text (see
     :func:`ragsieve.integrations.filter_items`): a ``group``-mode filter reads
@@ -113,6 +134,7 @@ class ConformalRanker:
         scorer_options: Mapping[str, Any] | None = None,
         min_keep: int | None = None,
         max_chars: int | None = None,
+        score_source: str = "filter",
     ) -> None:
         if (path is None) == (filter is None):
             raise ValueError(
@@ -143,6 +165,7 @@ class ConformalRanker:
                 min_keep, max_chars))
         self.scorer_options: dict[str, Any] = dict(scorer_options or {})
         self.min_keep, self.max_chars = min_keep, max_chars
+        self.score_source = check_score_source(self.filter, score_source, _NATIVE_NAME)
 
     @staticmethod
     def _policy(min_keep: int | None, max_chars: int | None) -> dict[str, int]:
@@ -158,8 +181,9 @@ class ConformalRanker:
         path : path-like
             JSON artifact written by ``ConformalFilter.save``.
         **options
-            Policy keywords (``min_keep=1``, ``max_chars=...``) set the filter's policy; the
-            others rebuild the scorer without changing its scores (``cache_dir=...``; see
+            ``score_source="native"`` filters on ``Document.score``; policy keywords
+            (``min_keep=1``, ``max_chars=...``) set the filter's policy; the others rebuild
+            the scorer without changing its scores (``cache_dir=...``; see
             ``ConformalFilter.load(scorer_options=...)``).
 
         Raises
@@ -169,8 +193,60 @@ class ConformalRanker:
         ArtifactError
             The file cannot be read or is not a valid filter artifact (the message names it).
         """
+        score_source = options.pop("score_source", "filter")
         scorer_options, policy = split_options(options)
-        return cls(path, scorer_options=scorer_options, **policy)
+        return cls(path, scorer_options=scorer_options, score_source=score_source, **policy)
+
+    @classmethod
+    def native_pairs(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD) -> list[Pair]:
+        """Labelled retriever output as calibration pairs holding ``Document.score``.
+
+        Parameters
+        ----------
+        examples : iterable
+            ``(query, documents, relevant_ids[, topic])``: what a retriever returned for a
+            query and the ids (``Document.id``) of the relevant ones.
+        field : str
+            The name the score is calibrated under (``Pair.meta[field]``).
+
+        Examples
+        --------
+        >>> from ragsieve.data import write_pairs  # doctest: +SKIP
+        >>> write_pairs(ConformalRanker.native_pairs(examples), "pairs.jsonl")  # doctest: +SKIP
+
+        then ``ragsieve calibrate --data pairs.jsonl --scorer field --score-field score
+        --higher-is-better --out filter.json`` and
+        ``ConformalRanker.from_file("filter.json", score_source="native")``.
+        """
+        return native_pairs(examples, Document, _read_native, field=field)
+
+    @classmethod
+    def calibrate_native(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD,
+                         **filter_options: Any) -> Self:
+        """A ranker on ``Document.score``, calibrated on labelled retriever output.
+
+        Parameters
+        ----------
+        examples : iterable
+            See :meth:`native_pairs`.
+        field : str
+            The score's name in the keep rule and the artifact.
+        **filter_options
+            ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
+            ``min_keep``, ``group_by``).
+
+        Returns
+        -------
+        ConformalRanker
+            With ``score_source="native"``, on an in-memory filter: save it
+            (``ranker.filter.save(path)``) and use ``from_file(path, score_source="native")``
+            for a pipeline that serialises.
+        """
+        from ragsieve.scoring import FieldScorer
+
+        flt = ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options)
+        return cls(filter=flt.calibrate(cls.native_pairs(examples, field=field)),
+                   score_source="native")
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -188,8 +264,9 @@ class ConformalRanker:
             )
         options = {k: os.fspath(v) if isinstance(v, os.PathLike) else v
                    for k, v in self.scorer_options.items()}
+        source = {"score_source": self.score_source} if self.score_source != "filter" else {}
         return default_to_dict(self, path=self.path, scorer_options=options,
-                               **self._policy(self.min_keep, self.max_chars))
+                               **self._policy(self.min_keep, self.max_chars), **source)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -202,8 +279,9 @@ class ConformalRanker:
         if self.filter.scorer.reads_text:
             self.filter.scorer.score_batch("warm-up", ["warm-up"])
 
-    @component.output_types(documents=list[Document])
-    def run(self, query: str, documents: list[Document]) -> dict[str, list[Document]]:
+    @component.output_types(documents=list[Document], removed=list[Document],
+                            ragsieve=dict[str, Any])
+    def run(self, query: str, documents: list[Document]) -> dict[str, Any]:
         """Keep the documents the calibrated filter keeps, as new Documents in input order.
 
         Parameters
@@ -216,8 +294,9 @@ class ConformalRanker:
         Returns
         -------
         dict
-            ``{"documents": [...]}``: copies of the kept documents, ``score = 1 - s`` and
-            ``s``, tau, the mode and the original score in ``meta`` (see the class notes).
+            ``{"documents": [...], "removed": [...], "ragsieve": {...}}``: copies of the
+            kept and of the removed documents with their scores, and what was decided
+            (see the class notes).
 
         Raises
         ------
@@ -225,7 +304,8 @@ class ConformalRanker:
             ``query`` is not a str, or ``documents`` is not a list of ``haystack.Document``.
         DataError
             A document lacks what the filter's mode or score needs in its ``meta`` (the
-            group under ``filter.group_by``, an outside score).
+            group under ``filter.group_by``, an outside score; ``Document.score`` with
+            ``score_source="native"``), or gives an outside score the filter cannot read.
         """
         if not isinstance(query, str):
             raise TypeError(f"query has type {type(query).__name__}; expected str.")
@@ -236,32 +316,53 @@ class ConformalRanker:
             if not isinstance(d, Document):
                 raise TypeError(f"documents[{i}] has type {type(d).__name__}; expected "
                                 "haystack.Document.")
-        docs = list(documents)
-        if self.filter.scorer.reads_text:
-            textless = [d for d in docs if not (d.content or "").strip()]
-            if textless:
-                logger.warning(
-                    "dropped %d of %d documents without text content (the %s score reads text): "
-                    "ids %s", len(textless), len(docs), self.filter.scorer.spec().get("scorer"),
-                    [d.id for d in textless[:10]] + (["..."] if len(textless) > 10 else []))
-                docs = [d for d in docs if (d.content or "").strip()]
+        docs = self._with_text(list(documents))
+        dropped = len(documents) - len(docs)
         if not docs:
-            return {"documents": []}
-        items = filter_items(self.filter, [d.content or "" for d in docs], [d.meta for d in docs])
+            return self._outputs([], [], None, dropped)
+        native = [d.score for d in docs] if self.score_source == "native" else None
+        items = filter_items(self.filter, [d.content or "" for d in docs], [d.meta for d in docs],
+                             native, _NATIVE_NAME)
         result = self.filter.filter(query, items)
-        logger.debug("kept %d of %d documents (tau=%s)", len(result.kept), len(docs),
-                     result.threshold)
-        out: list[Document] = []
-        for kept in result.kept:
-            src = docs[kept.index]
-            meta: dict[str, Any] = copy.deepcopy(src.meta)
-            meta.update(kept_metadata(self.filter, result, kept))
-            meta[ORIGINAL_SCORE_KEY] = src.score
-            out.append(dataclasses.replace(src, meta=meta, score=1.0 - float(kept.score)))
-        return {"documents": out}
+        reason = report_result(logger, self.filter, result)
+        kept = [self._copy(docs[k.index], result, k, reason) for k in result.kept]
+        removed = [self._copy(docs[k.index], result, k) for k in result.removed]
+        return self._outputs(kept, removed, result, dropped, reason)
 
-    @component.output_types(documents=list[Document])
-    async def run_async(self, query: str, documents: list[Document]) -> dict[str, list[Document]]:
+    def _with_text(self, docs: list[Document]) -> list[Document]:
+        """The documents the score can read: all, or those with text when it reads text."""
+        if not self.filter.scorer.reads_text:
+            return docs
+        textless = [d for d in docs if not (d.content or "").strip()]
+        if textless:
+            logger.warning(
+                "dropped %d of %d documents without text content (the %s score reads text): "
+                "ids %s", len(textless), len(docs), self.filter.scorer.spec().get("scorer"),
+                [d.id for d in textless[:10]] + (["..."] if len(textless) > 10 else []))
+        return [d for d in docs if (d.content or "").strip()]
+
+    def _copy(self, src: Document, result: FilterResult, scored: Any,
+              reason: str | None = None) -> Document:
+        """A new Document with the score keys in ``meta`` and the higher-is-better score."""
+        meta: dict[str, Any] = copy.deepcopy(src.meta)
+        meta.update(kept_metadata(self.filter, result, scored, reason))
+        meta[ORIGINAL_SCORE_KEY] = src.score
+        higher = meta["ragsieve_score"] if meta["ragsieve_keep_if"] == ">=" \
+            else 1.0 - float(scored.score)
+        return dataclasses.replace(src, meta=meta, score=higher)
+
+    def _outputs(self, kept: list[Document], removed: list[Document],
+                 result: FilterResult | None, dropped: int,
+                 reason: str | None = None) -> dict[str, Any]:
+        rule = self.filter.scorer.keep_rule(
+            result.threshold if result is not None else self.filter.threshold)
+        info = {"kept": len(kept), "removed": len(removed), "dropped": dropped,
+                **rule.to_dict(), "mode": self.filter.mode, "reason": reason}
+        return {"documents": kept, "removed": removed, "ragsieve": info}
+
+    @component.output_types(documents=list[Document], removed=list[Document],
+                            ragsieve=dict[str, Any])
+    async def run_async(self, query: str, documents: list[Document]) -> dict[str, Any]:
         """Async :meth:`run` (for ``AsyncPipeline``); scoring runs in a worker thread."""
         return await asyncio.to_thread(self.run, query, documents)
 

@@ -5,33 +5,85 @@ Use it wherever LangChain accepts a ``BaseDocumentCompressor``, e.g. in
 (``from langchain_classic.retrievers import ContextualCompressionRetriever``), or call
 :meth:`ConformalCompressor.compress_documents` directly. Requires
 ``pip install 'ragsieve[langchain]'`` (langchain-core and langchain-classic).
+
+LangChain's native score is ``metadata["relevance_score"]``, what its rerankers and
+reranking compressors write (Cohere, Jina, Infinity, DashScope, ...). Its retrievers
+return none: the vector-store retriever drops the similarity even with
+``search_type="similarity_score_threshold"``, and langchain-community's ``BM25Retriever``
+ranks by rank-bm25 scores without returning them; :func:`bm25_relevance` writes them.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
     FromFileMixin,
     check_documents,
+    check_score_source,
     filter_items,
     kept_metadata,
+    native_pairs,
+    report_result,
 )
+from ragsieve.types import Pair
 
 require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables.config import run_in_executor
-from pydantic import ConfigDict
+from pydantic import ConfigDict, model_validator
 
-__all__ = ["ConformalCompressor"]
+__all__ = ["NATIVE_KEY", "ConformalCompressor", "bm25_relevance"]
 
 logger = logging.getLogger(__name__)
+
+#: the metadata key of LangChain's native score (rerankers' relevance)
+NATIVE_KEY = "relevance_score"
+_NATIVE_NAME = f"metadata[{NATIVE_KEY!r}]"
+
+
+def bm25_relevance(retriever: Any, query: str, documents: Sequence[Document]) -> list[Document]:
+    """Copies of a ``BM25Retriever``'s results with their BM25 score as ``relevance_score``.
+
+    langchain-community's ``BM25Retriever`` ranks by its rank-bm25 ``vectorizer`` but
+    returns no score; this reads the same scores from it
+    (``vectorizer.get_scores(preprocess_func(query))``).
+
+    Parameters
+    ----------
+    retriever : langchain_community.retrievers.BM25Retriever
+        The retriever that returned ``documents``.
+    query : str
+        The query they were retrieved for.
+    documents : sequence of Document
+        ``retriever.invoke(query)``: the retriever's own Document objects; not modified.
+
+    Raises
+    ------
+    ValueError
+        A document that is not one of the retriever's (``retriever.docs``).
+    """
+    docs = check_documents(documents, Document)
+    scores = retriever.vectorizer.get_scores(retriever.preprocess_func(query))
+    position = {id(d): i for i, d in enumerate(retriever.docs)}
+    out = []
+    for j, d in enumerate(docs):
+        if id(d) not in position:
+            raise ValueError(f"documents[{j}] is not one of the retriever's documents; pass "
+                             "what retriever.invoke(query) returned.")
+        meta = {**copy.deepcopy(dict(d.metadata)), NATIVE_KEY: float(scores[position[id(d)]])}
+        out.append(Document(page_content=d.page_content, metadata=meta, id=d.id))
+    return out
+
+
+def _read_native(doc: Document) -> tuple[Any, str, Any, dict[str, Any]]:
+    return doc.id, doc.page_content, doc.metadata.get(NATIVE_KEY), dict(doc.metadata)
 
 
 class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
@@ -41,18 +93,23 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
     ----------
     filter : ConformalFilter
         A calibrated filter (e.g. ``ConformalFilter.load("filter.json")``).
+    score_source : {"filter", "native"}, default="filter"
+        ``"native"``: filter on ``metadata["relevance_score"]`` (LangChain's native score,
+        higher is better), given to a filter calibrated on it (:meth:`calibrate_native`).
 
     Notes
     -----
     Each document goes to the filter with its metadata (see
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
     ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
-    reads ``metadata[field]``; a document without it raises ``DataError``.
+    reads ``metadata[field]`` (or ``metadata["score"]``); a document without it raises
+    ``DataError``.
 
     Returns new ``Document`` objects in input order; each carries a copy of the
-    original metadata plus ``"ragsieve_score"`` (nonconformity score, lower = more
-    relevant), ``"ragsieve_threshold"`` (the calibrated tau) and ``"ragsieve_mode"``
-    (the guarantee mode). ``id`` is kept.
+    original metadata plus ``"ragsieve_score"`` and ``"ragsieve_threshold"`` (in the
+    score's units), ``"ragsieve_keep_if"`` (``"<="`` or ``">="``) and ``"ragsieve_mode"``
+    (the guarantee mode). ``id`` is kept. When the rule keeps nothing a WARNING log line
+    says why; documents kept anyway by ``min_keep`` carry the reason as ``"ragsieve_note"``.
 
     Examples
     --------
@@ -63,6 +120,52 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     filter: ConformalFilter
+    score_source: str = "filter"
+
+    @model_validator(mode="after")
+    def _check_score_source(self) -> Self:
+        check_score_source(self.filter, self.score_source, _NATIVE_NAME)
+        return self
+
+    @classmethod
+    def native_pairs(cls, examples: Iterable[Any], *, field: str = NATIVE_KEY) -> list[Pair]:
+        """Labelled retriever output as calibration pairs holding ``relevance_score``.
+
+        Parameters
+        ----------
+        examples : iterable
+            ``(query, documents, relevant_ids[, topic])``: what a scoring retriever (or
+            :func:`bm25_relevance`) returned and the ids (``Document.id``) of the relevant ones.
+        field : str
+            The name the score is calibrated under (``Pair.meta[field]``).
+        """
+        return native_pairs(examples, Document, _read_native, field=field)
+
+    @classmethod
+    def calibrate_native(cls, examples: Iterable[Any], *, field: str = NATIVE_KEY,
+                         **filter_options: Any) -> Self:
+        """A compressor on ``metadata["relevance_score"]``, calibrated on labelled examples.
+
+        Parameters
+        ----------
+        examples : iterable
+            See :meth:`native_pairs`.
+        field : str
+            The score's name in the keep rule and the artifact.
+        **filter_options
+            ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
+            ``min_keep``, ``group_by``).
+
+        Returns
+        -------
+        ConformalCompressor
+            With ``score_source="native"``; ``comp.filter.save(path)`` writes its artifact.
+        """
+        from ragsieve.scoring import FieldScorer
+
+        flt = ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options)
+        return cls(filter=flt.calibrate(cls.native_pairs(examples, field=field)),
+                   score_source="native")
 
     def compress_documents(
         self,
@@ -92,21 +195,23 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
             ``documents`` is one Document or a string instead of a sequence of Documents.
         DataError
             A document lacks what the filter's mode or score needs in its metadata (the
-            group under ``filter.group_by``, an outside score).
+            group under ``filter.group_by``, an outside score, ``relevance_score`` with
+            ``score_source="native"``), or gives an outside score the filter cannot read.
         """
         docs = check_documents(documents, Document)
         if not docs:
             return []
+        native = ([d.metadata.get(NATIVE_KEY) for d in docs]
+                  if self.score_source == "native" else None)
         items = filter_items(self.filter, [d.page_content for d in docs],
-                             [d.metadata for d in docs])
+                             [d.metadata for d in docs], native, _NATIVE_NAME)
         result = self.filter.filter(query, items)
-        logger.debug("kept %d of %d documents (tau=%s)", len(result.kept), len(docs),
-                     result.threshold)
+        note = report_result(logger, self.filter, result)
         out: list[Document] = []
         for kept in result.kept:
             src = docs[kept.index]
             meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
-            meta.update(kept_metadata(self.filter, result, kept))
+            meta.update(kept_metadata(self.filter, result, kept, note))
             out.append(Document(page_content=src.page_content, metadata=meta, id=src.id))
         return out
 

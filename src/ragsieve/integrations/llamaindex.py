@@ -9,21 +9,27 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
+    KEEP_IF_KEY,
     MODE_KEY,
+    NOTE_KEY,
     SCORE_KEY,
     SPANS_KEY,
     THRESHOLD_KEY,
     FromFileMixin,
     check_documents,
+    check_score_source,
     filter_items,
     kept_metadata,
+    native_pairs,
+    report_result,
 )
+from ragsieve.types import Pair
 
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
@@ -35,6 +41,16 @@ __all__ = ["ORIGINAL_SCORE_KEY", "ConformalPostprocessor"]
 logger = logging.getLogger(__name__)
 
 ORIGINAL_SCORE_KEY = "ragsieve_original_score"
+#: the field name a native-score filter is calibrated under by default
+NATIVE_FIELD = "score"
+_NATIVE_NAME = "NodeWithScore.score"
+_OWN_KEYS = (SCORE_KEY, THRESHOLD_KEY, KEEP_IF_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY,
+             NOTE_KEY)
+
+
+def _read_native(n: NodeWithScore) -> tuple[Any, str, Any, dict[str, Any]]:
+    return (n.node.node_id, n.node.get_content(metadata_mode=MetadataMode.NONE), n.score,
+            dict(n.node.metadata))
 
 
 class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
@@ -44,6 +60,9 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     ----------
     filter : ConformalFilter
         A calibrated filter (e.g. ``ConformalFilter.load("filter.json")``).
+    score_source : {"filter", "native"}, default="filter"
+        ``"native"``: filter on ``NodeWithScore.score`` (the retriever's score, higher is
+        better), given to a filter calibrated on it (:meth:`calibrate_native`).
 
     Notes
     -----
@@ -51,10 +70,13 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     retriever's ``score`` is left unchanged on the returned object, because LlamaIndex
     treats higher scores as better while ragsieve's nonconformity score is lower =
     more relevant; mixing them in one field would mislead rerankers and cut-offs
-    downstream. The nonconformity score, tau and the guarantee mode go into
-    ``node.metadata`` under ``"ragsieve_score"`` / ``"ragsieve_threshold"`` /
-    ``"ragsieve_mode"``, and the original score is also recorded as
-    ``"ragsieve_original_score"``. These keys are excluded from the text that embedding
+    downstream. The filter's score and threshold (in the score's units), the rule's
+    direction and the guarantee mode go into ``node.metadata`` under ``"ragsieve_score"`` /
+    ``"ragsieve_threshold"`` / ``"ragsieve_keep_if"`` / ``"ragsieve_mode"``, and the
+    original score is also recorded as ``"ragsieve_original_score"``; with
+    ``score_source="native"`` the score is ``NodeWithScore.score`` itself and the rule
+    ``keep score >= threshold``. When the rule keeps nothing a WARNING log line says why;
+    nodes kept anyway by ``min_keep`` carry the reason as ``"ragsieve_note"``. These keys are excluded from the text that embedding
     models and LLMs see. Scoring uses ``node.get_content()`` (the node text without
     metadata); the node's metadata goes to the filter too (see
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
@@ -73,6 +95,49 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     scorer_options: dict[str, Any] = Field(
         default_factory=dict,
         description="Options that rebuild the filter's scorer from its artifact (cache_dir).")
+    score_source: str = Field(
+        default="filter",
+        description="'filter': the filter's own score; 'native': NodeWithScore.score.")
+
+    @model_validator(mode="after")
+    def _check_score_source(self) -> Self:
+        check_score_source(self.filter, self.score_source, _NATIVE_NAME)
+        return self
+
+    @classmethod
+    def native_pairs(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD) -> list[Pair]:
+        """Labelled retriever output as calibration pairs holding ``NodeWithScore.score``.
+
+        Parameters
+        ----------
+        examples : iterable
+            ``(query, nodes, relevant_ids[, topic])``: what a retriever returned (a list
+            of ``NodeWithScore``) and the node ids of the relevant ones.
+        field : str
+            The name the score is calibrated under (``Pair.meta[field]``).
+        """
+        return native_pairs(examples, NodeWithScore, _read_native, field=field, kind="nodes")
+
+    @classmethod
+    def calibrate_native(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD,
+                         **filter_options: Any) -> Self:
+        """A postprocessor on ``NodeWithScore.score``, calibrated on labelled examples.
+
+        Parameters
+        ----------
+        examples : iterable
+            See :meth:`native_pairs`.
+        field : str
+            The score's name in the keep rule and the artifact.
+        **filter_options
+            ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
+            ``min_keep``, ``group_by``).
+        """
+        from ragsieve.scoring import FieldScorer
+
+        flt = ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options)
+        return cls(filter=flt.calibrate(cls.native_pairs(examples, field=field)),
+                   score_source="native")
 
     @model_validator(mode="before")
     @classmethod
@@ -93,8 +158,9 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         return {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
 
     @classmethod
-    def _from_loaded(cls, flt: ConformalFilter, scorer_options: dict[str, Any]) -> Self:
-        return cls(filter=flt, scorer_options=scorer_options)
+    def _from_loaded(cls, flt: ConformalFilter, scorer_options: dict[str, Any],
+                     score_source: str = "filter") -> Self:
+        return cls(filter=flt, scorer_options=scorer_options, score_source=score_source)
 
     @classmethod
     def class_name(cls) -> str:
@@ -126,17 +192,18 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         if not nodes:
             return []
         texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
-        items = filter_items(self.filter, texts, [n.node.metadata for n in nodes])
+        native = [n.score for n in nodes] if self.score_source == "native" else None
+        items = filter_items(self.filter, texts, [n.node.metadata for n in nodes], native,
+                             _NATIVE_NAME)
         result = self.filter.filter(query_bundle.query_str, items)
-        logger.debug("kept %d of %d nodes (tau=%s)", len(result.kept), len(nodes),
-                     result.threshold)
+        note = report_result(logger, self.filter, result, "nodes")
         out: list[NodeWithScore] = []
         for kept in result.kept:
             src = nodes[kept.index]
             node = src.node.model_copy(deep=True)
-            node.metadata.update(kept_metadata(self.filter, result, kept))
+            node.metadata.update(kept_metadata(self.filter, result, kept, note))
             node.metadata[ORIGINAL_SCORE_KEY] = src.score
-            for key in (SCORE_KEY, THRESHOLD_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY):
+            for key in _OWN_KEYS:
                 for excluded in (node.excluded_embed_metadata_keys,
                                  node.excluded_llm_metadata_keys):
                     if key not in excluded:

@@ -4,7 +4,9 @@
 ``Scorer.spec()``, or a ``Scorer`` instance into a scorer. Built in: ``"embedding"``, ``"llm"``,
 ``"relative"``, ``"fusion"`` (fitted weights), ``"best"`` (the fused score, still to be
 fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`) and
-``"field"`` (an outside score). Further scorers plug in with :func:`register_scorer`.
+``"field"`` (an outside score), and ``"auto"``, the default: the fused score or ``1 - cos``,
+whichever the calibration pairs allow, chosen when a filter is calibrated
+(:func:`~ragsieve.scoring.auto.choose_score`). Further scorers plug in with :func:`register_scorer`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .auto import AutoScorer, ScoreChoice, choose_score
 from .base import KeepRule, Scorer
 from .embedding import EmbeddingScorer
 from .field import FieldScorer
@@ -20,13 +23,16 @@ from .llm import LLMScorer
 from .relative import RelativeScorer
 
 __all__ = [
+    "AutoScorer",
     "EmbeddingScorer",
     "FieldScorer",
     "FusedScorer",
     "KeepRule",
     "LLMScorer",
     "RelativeScorer",
+    "ScoreChoice",
     "Scorer",
+    "choose_score",
     "register_scorer",
     "resolve_scorer",
 ]
@@ -41,6 +47,8 @@ _REGISTRY: dict[str, ScorerFactory] = {
     "field": FieldScorer,
     # the fused score, unfitted: evaluate fits it per split, calibrate on half of the topics
     "best": FusedScorer.unfitted,
+    # the strongest of the two the calibration pairs allow, chosen by ConformalFilter.calibrate
+    "auto": AutoScorer,
 }
 
 

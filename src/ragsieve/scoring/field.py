@@ -20,7 +20,7 @@ from ..errors import DataError, ScorerError
 from ..types import Pair
 from .base import KeepRule, Scorer
 
-__all__ = ["FieldScorer"]
+__all__ = ["FieldScorer", "outside_score_conflict"]
 
 
 class FieldScorer(Scorer):
@@ -115,3 +115,47 @@ class FieldScorer(Scorer):
             f"the field scorer reads the outside score {self.field!r}; texts alone carry none. "
             "Pass snippets as mappings with that key (or 'score'), or pairs with it in meta."
         )
+
+
+def outside_score_conflict(scorer: Scorer, item: Mapping[str, Any]) -> str | None:
+    """Why ``scorer`` cannot read the outside score of one snippet mapping (None: it can).
+
+    A filter calibrated on an outside score reads it under its field name (``bm25``) or as
+    ``score`` (an alias); any other filter reads none. The rules every surface applies:
+
+    - a ``score`` given to a scorer that reads no outside score is refused, never ignored;
+    - ``score`` and the field name both given with different values are refused (they
+      name one score).
+
+    Parameters
+    ----------
+    scorer : Scorer
+        The filter's scorer (asked for :meth:`~Scorer.outside_field`).
+    item : mapping
+        One snippet's keys (a framework document's metadata plus its text, say).
+
+    Returns
+    -------
+    str or None
+        The problem, as the end of a sentence that starts with the snippet's name.
+
+    Examples
+    --------
+    >>> outside_score_conflict(FieldScorer("bm25"), {"bm25": 1.0, "score": 2.0})
+    "has both 'score' (2.0) and 'bm25' (1.0); they name the same outside score: give one"
+    >>> outside_score_conflict(FieldScorer("bm25"), {"score": 2.0}) is None
+    True
+    """
+    field = scorer.outside_field()
+    given = item.get("score")
+    if field is None:
+        if given is None:
+            return None
+        return (f"has 'score' ({given!r}), but this filter scores "
+                f"{scorer.keep_rule(0.0).score} and reads no outside score; drop it, or "
+                "calibrate a filter on it (FieldScorer)")
+    other = item.get(field)
+    if field != "score" and given is not None and other is not None and other != given:
+        return (f"has both 'score' ({given!r}) and {field!r} ({other!r}); they name the same "
+                "outside score: give one")
+    return None

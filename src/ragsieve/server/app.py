@@ -34,6 +34,7 @@ from .feedback import (
     FeedbackStore,
 )
 from .metrics import ServiceMetrics
+from .page import page_key_check, page_response
 from .parsing import (
     StrictJSONRoute,
     http_error_handler,
@@ -60,6 +61,7 @@ from .schemas import (
     QueryRequest,
     QueryResponse,
     ReloadResponse,
+    StatusResponse,
 )
 from .security import BodyLimitMiddleware, api_key_check, is_loopback_host
 from .service import (
@@ -148,6 +150,8 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
     def healthz() -> Health:
         return runtime.current.health()
 
+    _add_page(app, runtime, api_key, protected, key_errors)
+
     @app.post(
         "/filter", response_model=FilterResponse, dependencies=protected, responses=filter_errors
     )
@@ -198,6 +202,25 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         changed = checked.checksum != before.checksum
         return ReloadResponse(generation=now.generation, checksum=now.checksum, changed=changed,
                               monitor_reset=changed and now.monitor is not None)
+
+
+def _add_page(app: fastapi.FastAPI, runtime: Runtime, api_key: str | None,
+              protected: list[Any], key_errors: dict[int | str, dict[str, Any]]) -> None:
+    """``GET /`` (the page, :mod:`ragsieve.server.page`) and ``GET /status`` (what it shows)."""
+    page_guard = [fastapi.Depends(page_key_check(api_key))] if api_key is not None else []
+    status_errors = dict(key_errors)
+    if api_key is not None:
+        status_errors[403] = _error("Basic credentials sent by a request that is not "
+                                    "same-origin (only the page at / may use them).")
+
+    @app.get("/", dependencies=page_guard, include_in_schema=False)
+    def page() -> Response:
+        return page_response()
+
+    @app.get("/status", response_model=StatusResponse, dependencies=protected,
+             responses=status_errors)
+    def status() -> StatusResponse:
+        return runtime.current.status()
 
 
 def _admin_client(request: fastapi.Request, api_key: str | None, route: str) -> str:
@@ -291,8 +314,10 @@ def create_app(
     """Build the FastAPI app serving one filter artifact (and optionally an index).
 
     Routes: ``GET /healthz`` (no key), ``POST /filter``, ``POST /query``, ``POST
-    /feedback``, ``GET /metrics`` and ``POST /admin/reload`` (key required when one is
-    set; without a key ``/admin/reload`` answers loopback clients only).
+    /feedback``, ``GET /metrics``, ``GET /status`` and ``POST /admin/reload`` (key required
+    when one is set; without a key ``/admin/reload`` answers loopback clients only), and
+    the page ``GET /`` (:mod:`ragsieve.server.page`; behind the key, which it also takes
+    as a Basic password).
 
     Parameters
     ----------
@@ -300,7 +325,9 @@ def create_app(
         JSON artifact written by ``ConformalFilter.save``; re-read on a reload.
     api_key : str, optional
         When set, every route but ``/healthz`` requires ``Authorization: Bearer <key>`` or
-        ``X-API-Key: <key>`` (401 otherwise; compared in constant time).
+        ``X-API-Key: <key>`` (401 otherwise; compared in constant time). The key is also
+        the password of HTTP Basic (any user name): on ``GET /`` from anywhere, on the
+        other routes from same-origin requests only (403 otherwise).
     max_body_bytes : int, default=1_000_000
         Larger request bodies get 413.
     max_snippets : int, default=1000

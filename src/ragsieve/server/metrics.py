@@ -51,8 +51,8 @@ from prometheus_client import multiprocess
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Routes counted under their own name; any other path is counted as ``other``.
 ENDPOINTS = frozenset(
-    {"/filter", "/query", "/feedback", "/healthz", "/metrics", "/admin/reload", "/openapi.json",
-     "/docs", "/redoc"}
+    {"/", "/status", "/filter", "/query", "/feedback", "/healthz", "/metrics", "/admin/reload",
+     "/admin/monitor/reset", "/openapi.json", "/docs", "/redoc"}
 )
 #: Buckets of the served-score histogram: ``1 - cos`` lies in [0, 2]. Relative scores
 #: (z, gap) may be negative and fall in the ``le="0.0"`` bucket (a negative bucket bound

@@ -39,13 +39,16 @@ __all__ = [
     "Health",
     "HitOut",
     "IndexInfo",
+    "KeepRuleInfo",
     "KeptSnippet",
     "MonitorInfo",
     "QueryRequest",
     "QueryResponse",
+    "RecentRequest",
     "ReloadResponse",
     "RemovedSnippet",
     "SnippetIn",
+    "StatusResponse",
 ]
 
 #: A JSON number that is finite (no bool, no string, no NaN / Infinity).
@@ -298,6 +301,39 @@ class AdaptiveInfo(BaseModel):
     alpha_t: float = Field(description="Current working miscoverage.")
     n_updates: int = Field(description="Relevant labelled snippets applied so far.")
     n_errors: int = Field(description="How many of them the threshold in force had dropped.")
+
+
+class KeepRuleInfo(BaseModel):
+    """The threshold in the score's own units: keep a snippet when ``score keep_if threshold``."""
+
+    score: str = Field(description="The score's name, e.g. '1 - cos' or 'bm25'.")
+    keep_if: str = Field(description="'<=' or '>='.")
+    threshold: float | None = Field(description="In the score's units; null means keep all.")
+    score_sign: int = Field(description="Multiply a /filter score or threshold by this (1 or -1) "
+                                        "to read it in the keep rule's units.")
+
+
+class RecentRequest(BaseModel):
+    """One answered /filter or /query request: how many snippets it kept of how many."""
+
+    time: str = Field(description="ISO-8601 UTC time of the answer.")
+    endpoint: str
+    kept: int
+    total: int
+
+
+class StatusResponse(BaseModel):
+    """What the page at / shows: the guarantee, the keep rule, the drift state and the last
+    requests' removal (this process's last requests)."""
+
+    generation: int = Field(description="The artifact generation this process serves.")
+    statement: str = Field(description="The guarantee in plain words.")
+    keep_rule: KeepRuleInfo
+    monitor: MonitorInfo | None = Field(
+        default=None, description="The exchangeability alarm; null when the artifact has no "
+                                  "monitor reference.")
+    recent: list[RecentRequest] = Field(description="The last answered requests, oldest first.")
+    recent_capacity: int = Field(description="How many requests the list holds at most.")
 
 
 class Health(BaseModel):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hmac
 import ipaddress
 import json
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import fastapi
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
@@ -20,7 +23,9 @@ __all__ = [
     "BodyLimitMiddleware",
     "api_key_check",
     "api_key_from_env",
+    "basic_password",
     "is_loopback_host",
+    "is_same_origin",
 ]
 
 _Scope = MutableMapping[str, Any]
@@ -80,6 +85,44 @@ _BearerKey = Annotated[HTTPAuthorizationCredentials | None, fastapi.Security(_BE
 _HeaderKey = Annotated[str | None, fastapi.Security(_API_KEY_HEADER)]
 
 
+def basic_password(authorization: str | None) -> str | None:
+    """The password of an ``Authorization: Basic`` header (None: no or a malformed one).
+
+    Examples
+    --------
+    >>> basic_password("Basic " + base64.b64encode(b"me:s3cret").decode())
+    's3cret'
+    >>> basic_password("Bearer s3cret") is None
+    True
+    """
+    scheme, _, value = (authorization or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    _user, colon, password = decoded.partition(":")
+    return password if colon else None
+
+
+def is_same_origin(request: fastapi.Request) -> bool:
+    """True when a browser says the request comes from the service's own origin.
+
+    ``Sec-Fetch-Site: same-origin`` when the browser sends it; otherwise an ``Origin``
+    header whose host is the request's ``Host``. A request with neither (curl, a script)
+    is not same-origin.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site.strip().lower() == "same-origin"
+    origin = request.headers.get("origin")
+    host = request.headers.get("host")
+    if not origin or not host:
+        return False
+    return urlsplit(origin.strip()).netloc.lower() == host.strip().lower()
+
+
 def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
     """A FastAPI dependency: 401 unless the request carries ``api_key``.
 
@@ -87,10 +130,15 @@ def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
     compared in constant time; with ``api_key=None`` every request passes. The two
     headers are read through FastAPI's security classes, so the OpenAPI schema declares
     both schemes (HTTP bearer, API-key header) and lists them on every protected route.
+    The key as the password of ``Authorization: Basic`` (what a browser sends after the
+    page at ``/`` asked for it) is accepted from same-origin requests only
+    (:func:`is_same_origin`): elsewhere it is 403, so another site cannot use the
+    browser's cached credentials.
     """
     key_bytes = api_key.encode() if api_key is not None else None
 
-    async def check_api_key(credentials: _BearerKey, x_api_key: _HeaderKey) -> None:
+    async def check_api_key(request: fastapi.Request, credentials: _BearerKey,
+                            x_api_key: _HeaderKey) -> None:
         if key_bytes is None:
             return
         offered: list[str] = []
@@ -98,6 +146,15 @@ def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
             offered.append(credentials.credentials.strip())
         if x_api_key:
             offered.append(x_api_key)
+        password = basic_password(request.headers.get("authorization"))
+        if password is not None:
+            if not is_same_origin(request):
+                raise fastapi.HTTPException(
+                    status_code=403,
+                    detail="Basic credentials are accepted only from the service's page at / "
+                    "(same-origin requests); send 'Authorization: Bearer <key>' or "
+                    "'X-API-Key: <key>'.")
+            offered.append(password)
         ok = False  # compare every candidate (no short-circuit) in constant time
         for candidate in offered:
             ok |= hmac.compare_digest(candidate.encode(), key_bytes)

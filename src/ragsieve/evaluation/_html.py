@@ -1,0 +1,137 @@
+"""The one skeleton of ragsieve's HTML pages: inline CSS, escaped text, no network, no script.
+
+Every page ragsieve writes (``report``, ``evaluate --html``, ``answers --html``) is built
+from these pieces. A page is one file: figures are inline base64 PNGs, the style sheet is
+inline, and a Content-Security-Policy forbids every fetch and every script, so an
+untrusted snippet can never run code or reach the network even if it were not escaped
+(it always is: :func:`esc`).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["esc", "figure", "fmt", "page", "png_figure", "table", "write_page"]
+
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+"""The page's Content-Security-Policy: inline style and ``data:`` images only."""
+
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
+max-width:1100px;padding:1.2em 1.5em;color:#1b1f24;background:#fff}
+h1{font-size:1.5em;margin:.2em 0 .4em}h2{font-size:1.2em;margin:1.6em 0 .5em;
+border-bottom:1px solid #d0d7de;padding-bottom:.2em}h3{font-size:1em;margin:.2em 0}
+.guarantee{background:#f0f7ff;border-left:4px solid #0969da;padding:.6em 1em;margin:.6em 0}
+dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:.2em 1em;margin:.6em 0}
+dl.facts dt{font-weight:600;color:#57606a}dl.facts dd{margin:0;overflow-wrap:anywhere}
+table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
+th,td{border:1px solid #d0d7de;padding:.25em .55em;text-align:left;vertical-align:top}
+th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
+img.figure{max-width:100%;height:auto;border:1px solid #d0d7de}
+section.query{border:1px solid #d0d7de;border-radius:6px;padding:.6em .9em;margin:.8em 0}
+ul.kept,ul.removed{list-style:none;padding:0;margin:.3em 0}
+ul.kept li,ul.removed li{padding:.3em .5em;margin:.2em 0;border-radius:4px;overflow-wrap:anywhere}
+ul.kept li{background:#dafbe1}ul.removed li{background:#ffebe9;color:#3b3b3b}
+.score{font-variant-numeric:tabular-nums;font-weight:600;margin-right:.5em}
+.label{font-size:.8em;padding:0 .35em;border-radius:3px;background:#eaeef2;margin-right:.4em}
+.muted{color:#57606a}.note{color:#9a6700}pre{background:#f6f8fa;padding:.6em;overflow:auto;
+font-size:.85em}
+"""
+
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|inf|nan)")
+
+
+def esc(value: Any) -> str:
+    """``value`` as HTML text (``<``, ``>``, ``&`` and both quotes escaped)."""
+    return html.escape(str(value), quote=True)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A number for a table cell: ``-`` for None, ``inf``/``nan`` spelled out."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def page(title: str, body: str) -> str:
+    """A whole HTML document around ``body`` (already HTML) with the shared style sheet."""
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{esc(CSP)}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<h1>{esc(title)}</h1>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, cls: str = "") -> str:
+    """An HTML table; every cell is escaped, numbers right-aligned."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        cells = []
+        for cell in row:
+            text = fmt(cell) if not isinstance(cell, str) else cell
+            num = (isinstance(cell, (int, float)) and not isinstance(cell, bool)) or bool(
+                _NUMBER.fullmatch(text))
+            cells.append(f"<td class=\"num\">{esc(text)}</td>" if num else f"<td>{esc(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    klass = f" class=\"{esc(cls)}\"" if cls else ""
+    return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def png_figure(draw: Callable[[Path], Any]) -> bytes:
+    """The PNG bytes of a figure that ``draw(path)`` writes to a ``.png`` file."""
+    with tempfile.TemporaryDirectory(prefix="ragsieve-figure-") as tmp:
+        target = Path(tmp) / "figure.png"
+        written = draw(target)
+        return Path(written or target).read_bytes()
+
+
+def figure(png: bytes, alt: str, caption: str = "") -> str:
+    """An inline ``<figure>`` of PNG bytes (a ``data:`` URL: nothing is fetched)."""
+    data = base64.b64encode(png).decode("ascii")
+    cap = f"<figcaption class=\"muted\">{esc(caption)}</figcaption>" if caption else ""
+    return (f"<figure><img class=\"figure\" alt=\"{esc(alt)}\" "
+            f"src=\"data:image/png;base64,{data}\">{cap}</figure>")
+
+
+def write_page(text: str, path: str | os.PathLike[str]) -> Path:
+    """Write a page atomically (a temporary file in the same directory, then renamed).
+
+    Returns
+    -------
+    pathlib.Path
+        The written file.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a page is for reading
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target

@@ -1,0 +1,555 @@
+"""HTML reports you can look at: one self-contained page per run.
+
+:func:`build_report` shows what a saved filter does to a data file (``ragsieve report``):
+the guarantee in plain words, the keep rule in the score's own units, coverage and removal
+with bootstrap intervals when the data has labels, the trade-off figure, and per query the
+kept and removed snippets with their scores against the threshold.
+:func:`evaluation_page` and :func:`answers_page` are the pages of ``evaluate --html`` and
+``answers --html``. All pages share the skeleton of :mod:`ragsieve.evaluation._html`: no
+network, no script, every text escaped.
+
+The DOM carries stable hooks for tests and users: ``<p class="threshold"
+data-threshold=...>``, ``<section class="query" data-query-id=... data-threshold=...>``
+holding ``<ul class="kept">`` and ``<ul class="removed">`` of ``<li data-snippet-id=...
+data-score=... data-label=...>`` (``data-score`` is the filter's score, lower = keep, as
+``FilterResult`` gives it; ``data-value`` the same in the score's own units).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..types import FilterResult, Pair
+from ._html import esc, figure, fmt, page, png_figure, table, write_page
+
+__all__ = [
+    "DEFAULT_MAX_QUERIES",
+    "DEFAULT_REPORT_ALPHAS",
+    "Interval",
+    "answers_page",
+    "build_report",
+    "cluster_interval",
+    "evaluation_page",
+    "write_report",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUERIES = 50
+"""Queries listed one by one on a report page (the figures use every query)."""
+
+DEFAULT_REPORT_ALPHAS = (0.05, 0.1, 0.2, 0.3, 0.4)
+"""Alphas of the report's trade-off figure (the filter's own alpha is added)."""
+
+_NEEDS = ("It needs the new queries and snippets to be exchangeable with the calibration "
+          "data: drawn from the same kind of queries, documents and retriever. Under a shift "
+          "(another language, domain or retriever) it no longer holds; recalibrate on "
+          "labelled pairs of the new traffic.")
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A bootstrap interval of a pooled share, resampling whole clusters (topics or queries).
+
+    Attributes
+    ----------
+    estimate, low, high : float
+        The share on the data and the interval's ends (NaN when it cannot be computed).
+    unit : str
+        What was resampled: ``"topics"`` or ``"queries"``.
+    n_units : int
+        How many of them the data holds.
+    confidence : float
+        Nominal level, e.g. 0.95.
+    """
+
+    estimate: float
+    low: float
+    high: float
+    unit: str
+    n_units: int
+    confidence: float
+
+    def __str__(self) -> str:
+        if not math.isfinite(self.low):
+            return f"{self.estimate:.3f}"
+        return f"{self.estimate:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+
+def cluster_interval(numerator: np.ndarray, denominator: np.ndarray, cluster: np.ndarray, *,
+                     unit: str, confidence: float = 0.95, n_resamples: int = 2000,
+                     seed: int = 0) -> Interval:
+    """Percentile bootstrap interval of ``sum(numerator) / sum(denominator)`` over clusters.
+
+    Whole clusters are drawn with replacement, so pairs of one topic (or query), which are
+    not independent of each other, stay together.
+
+    Parameters
+    ----------
+    numerator, denominator : numpy.ndarray
+        Per-pair counts, e.g. kept-and-relevant and relevant for coverage.
+    cluster : numpy.ndarray of int
+        Cluster index of each pair.
+    unit : str
+        Name of the clusters for the page (``"topics"``, ``"queries"``).
+    confidence : float
+        Level of the interval.
+    n_resamples : int
+        Bootstrap resamples.
+    seed : int
+        Seed of the resampling.
+    """
+    ids, inverse = np.unique(cluster, return_inverse=True)
+    num = np.bincount(inverse, weights=numerator.astype(float), minlength=ids.size)
+    den = np.bincount(inverse, weights=denominator.astype(float), minlength=ids.size)
+    total = den.sum()
+    estimate = float(num.sum() / total) if total else float("nan")
+    if ids.size < 2 or not total:
+        return Interval(estimate, float("nan"), float("nan"), unit, int(ids.size), confidence)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, ids.size, size=(n_resamples, ids.size))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = num[draws].sum(axis=1) / den[draws].sum(axis=1)
+    shares = shares[np.isfinite(shares)]
+    if not shares.size:
+        return Interval(estimate, float("nan"), float("nan"), unit, int(ids.size), confidence)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(shares, [tail, 1.0 - tail])
+    return Interval(estimate, float(low), float(high), unit, int(ids.size), confidence)
+
+
+def _number(x: float) -> str:
+    """A score or threshold for the page: 4 significant digits, ``inf`` spelled out."""
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.4g}"
+
+
+def _in_units(scorer: Any, x: float) -> float:
+    """A score of the filter (lower = keep) in the score's own units (see ``keep_rule``)."""
+    return float(scorer.keep_rule(x).threshold)
+
+
+_MISSED = {"<=": ">", ">=": "<", "<": ">=", ">": "<="}
+
+
+def _facts(rows: Sequence[tuple[str, Any]]) -> str:
+    return "<dl class=\"facts\">" + "".join(
+        f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows) + "</dl>"
+
+
+def _guarantee_block(flt: Any) -> str:
+    g = flt.guarantee()
+    parts = [(f"<p class=\"guarantee\" data-mode=\"{esc(flt.mode)}\"><strong>Guarantee "
+              f"({esc(flt.mode)}):</strong> {esc(g['statement'])}.</p>")]
+    extra = []
+    if g.get("infinite"):
+        extra.append(f"The calibration set was too small for this alpha ({g.get('n_calibration')} "
+                     f"points, {g.get('n_required')} needed): the filter keeps everything.")
+    band = g.get("coverage_band")
+    if band:
+        extra.append(f"With {g.get('n_calibration')} calibration points the coverage over new "
+                     f"data lies in [{band[0]:.3f}, {band[1]:.3f}] on average over calibration "
+                     "sets.")
+    note = (g.get("details") or {}).get("note")
+    if note:
+        extra.append(str(note))
+    extra.append(_NEEDS)
+    parts.append("<p class=\"needs\">" + esc(" ".join(extra)) + "</p>")
+    return "\n".join(parts)
+
+
+def _label(pair: Pair | None) -> str:
+    if pair is None or pair.relevant is None:
+        return "unknown"
+    return "relevant" if pair.relevant == 1 else "not relevant"
+
+
+def _snippet_li(scored: Any, flt: Any, rule_op: str, threshold: float, kept: bool,
+                pair: Pair | None) -> str:
+    value = _in_units(flt.scorer, scored.score)
+    tau = _in_units(flt.scorer, threshold)
+    op = rule_op if kept else _MISSED.get(rule_op, "vs")
+    compare = f"{_number(value)} {op} {_number(tau)}"
+    label = _label(pair)
+    return (f"<li data-snippet-id=\"{esc(scored.snippet_id)}\" data-score=\"{esc(repr(scored.score))}\" "
+            f"data-value=\"{esc(repr(value))}\" data-label=\"{esc(label)}\">"
+            f"<span class=\"score\">{esc(compare)}</span>"
+            f"<span class=\"label\">{esc(label)}</span>"
+            f"<span class=\"id muted\">{esc(scored.snippet_id)}</span> "
+            f"<span class=\"text\">{esc(scored.text)}</span></li>")
+
+
+def _query_section(qid: str, result: FilterResult, flt: Any, rule_op: str,
+                   labels: Mapping[tuple[str, str], Pair]) -> str:
+    def items(scored: Sequence[Any], kept: bool) -> str:
+        lis = [_snippet_li(s, flt, rule_op, result.threshold, kept, labels.get((qid, s.snippet_id)))
+               for s in scored]
+        return "".join(lis) or "<li class=\"none muted\">none</li>"
+
+    note = f"<p class=\"note\">{esc(result.note)}</p>" if result.note else ""
+    return (f"<section class=\"query\" data-query-id=\"{esc(qid)}\" "
+            f"data-threshold=\"{esc(repr(result.threshold))}\">"
+            f"<h3>{esc(result.query)}</h3>"
+            f"<p class=\"muted\">{esc(qid)}: kept {len(result.kept)} of {result.n_input} "
+            f"(removed {result.removal:.0%})</p>{note}"
+            f"<h4>kept</h4><ul class=\"kept\">{items(result.kept, True)}</ul>"
+            f"<h4>removed</h4><ul class=\"removed\">{items(result.removed, False)}</ul></section>")
+
+
+def _aligned(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> np.ndarray:
+    """Each pair's score as the filter gave it (the lowest of its pieces' scores)."""
+    by_query: dict[str, int] = {}
+    out = np.empty(len(pairs))
+    for i, p in enumerate(pairs):
+        k = by_query.get(p.query_id, 0)
+        out[i] = results[p.query_id].scores[k]
+        by_query[p.query_id] = k + 1
+    return out
+
+
+def _kept_mask(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> np.ndarray:
+    by_query: dict[str, int] = {}
+    keep = np.zeros(len(pairs), dtype=bool)
+    kept_index = {qid: {s.index for s in r.kept} for qid, r in results.items()}
+    for i, p in enumerate(pairs):
+        k = by_query.get(p.query_id, 0)
+        keep[i] = k in kept_index[p.query_id]
+        by_query[p.query_id] = k + 1
+    return keep
+
+
+def _codes(values: Sequence[Any]) -> np.ndarray:
+    seen: dict[Any, int] = {}
+    return np.array([seen.setdefault(v, len(seen)) for v in values], dtype=int)
+
+
+def _metrics_block(pairs: Sequence[Pair], keep: np.ndarray, *, confidence: float,
+                   n_resamples: int, seed: int) -> str:
+    labelled = np.array([p.relevant is not None for p in pairs], dtype=bool)
+    if not labelled.any():
+        return ("<h2>Coverage and removal</h2><p class=\"metrics none\">The data has no labels "
+                "(no <code>relevant</code> field): coverage cannot be measured. Removal on "
+                f"this data: {1 - keep.mean():.3f} of the snippets.</p>") if keep.size else ""
+    rel = np.array([p.relevant == 1 for p in pairs], dtype=bool)
+    groups = _codes([p.group for p in pairs])
+    queries = _codes([p.query_id for p in pairs])
+    n_topics = np.unique(groups[rel]).size
+    unit, cluster = ("topics", groups) if n_topics >= 2 else ("queries", queries)
+    cov = cluster_interval((keep & rel)[labelled], rel[labelled], cluster[labelled], unit=unit,
+                           confidence=confidence, n_resamples=n_resamples, seed=seed)
+    rem = cluster_interval(~keep, np.ones(keep.size), cluster, unit=unit,
+                           confidence=confidence, n_resamples=n_resamples, seed=seed)
+    chars = np.array([len(p.text) for p in pairs], dtype=float)
+    rem_chars = cluster_interval(np.where(keep, 0.0, chars), chars, cluster, unit=unit,
+                                 confidence=confidence, n_resamples=n_resamples, seed=seed)
+    rows = [("coverage (relevant snippets kept)", cov), ("removal (snippets removed)", rem),
+            ("removal of characters", rem_chars)]
+    body = table(["measure", "on this data", f"{confidence:.0%} interval"],
+                 [(name, f"{iv.estimate:.3f}",
+                   "-" if not math.isfinite(iv.low) else f"[{iv.low:.3f}, {iv.high:.3f}]")
+                  for name, iv in rows], cls="metrics")
+    unlabelled = int((~labelled).sum())
+    return ("<h2>Coverage and removal</h2>" + body +
+            f"<p class=\"muted interval-unit\" data-unit=\"{unit}\">Intervals: percentile "
+            f"bootstrap over {unit} ({cov.n_units} {unit} hold relevant snippets; "
+            f"{n_resamples} resamples of whole {unit}, seed {seed}). {int(rel.sum())} relevant "
+            f"of {int(labelled.sum())} labelled snippets"
+            + (f"; {unlabelled} unlabelled snippets count for removal only" if unlabelled else "")
+            + ". If this data is the calibration data, these figures are in-sample.</p>")
+
+
+def _tradeoff_block(flt: Any, pairs: Sequence[Pair], scores: np.ndarray, *, alphas: Sequence[float],
+                    n_splits: int, seed: int) -> str:
+    """Coverage and removal against alpha for the filter's score, on topic-disjoint splits
+    of this data (its scores are computed once, by the filter; no model call here)."""
+    from .._optional import require
+    from ..calibration.modes import CALIBRATORS
+    from .plots import plot_report
+    from .sweep import ScoredData, evaluate_scores
+
+    head = "<h2>Trade-off: coverage and removal against alpha</h2>"
+    labelled = [i for i, p in enumerate(pairs) if p.relevant is not None]
+    lab_pairs = [pairs[i] for i in labelled]
+    n_groups = len({p.group for p in lab_pairs if p.relevant == 1})
+    if n_groups < 2:
+        return head + ("<p class=\"figure none\">Not drawn: it needs labelled data of at least "
+                       f"two topics (groups); this data has {n_groups}.</p>")
+    mode = flt.mode
+    kind = CALIBRATORS[mode]
+    if mode in ("budget", "adaptive") or kind.group_kind == "attribute":
+        mode = "marginal"
+    grid = sorted({*(float(a) for a in alphas), *([flt.alpha] if flt.alpha else [])})
+    try:
+        require("matplotlib", "plot")
+        report = evaluate_scores(ScoredData.from_pairs(lab_pairs, scores[labelled]),
+                                 alphas=tuple(grid), thetas=(), modes=(mode,), n_splits=n_splits,
+                                 seed=seed, calibrated_baselines=False)
+        png = png_figure(lambda path: plot_report({flt.scorer.name: report}, path))
+    except ImportError as exc:
+        return head + f"<p class=\"figure none\">Not drawn: {esc(exc)}</p>"
+    except ValueError as exc:  # e.g. too few topics for the splits asked for
+        return head + f"<p class=\"figure none\">Not drawn: {esc(exc)}</p>"
+    caption = (f"Mode {mode}, the filter's score ({flt.scorer.name}), alphas "
+               f"{', '.join(f'{a:g}' for a in grid)}: each of {report.n_splits} topic-disjoint "
+               f"splits of this data calibrates on half of its {report.n_groups} topics and "
+               "measures on the other half (the scores are the filter's own, computed once; "
+               "top-k baselines for comparison).")
+    return head + figure(png, "coverage and removal against alpha", caption)
+
+
+def build_report(
+    flt: Any,
+    pairs: Sequence[Pair],
+    *,
+    data_name: str = "",
+    filter_name: str = "",
+    max_queries: int = DEFAULT_MAX_QUERIES,
+    alphas: Sequence[float] = DEFAULT_REPORT_ALPHAS,
+    n_splits: int = 10,
+    confidence: float = 0.95,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    progress: bool = False,
+    results: Mapping[str, FilterResult] | None = None,
+) -> str:
+    """The HTML page of what a calibrated filter does to ``pairs``.
+
+    Parameters
+    ----------
+    flt : ConformalFilter
+        A calibrated filter.
+    pairs : sequence of Pair
+        The data; labels (``relevant``) are optional and enable coverage and the figure.
+    data_name, filter_name : str
+        Shown as where the data and the filter came from.
+    max_queries : int
+        Queries listed one by one (in data order); a line says how many are left out.
+    alphas : sequence of float
+        Alphas of the trade-off figure.
+    n_splits : int
+        Topic-disjoint splits of the trade-off figure.
+    confidence, n_resamples, seed : float, int, int
+        The bootstrap intervals of coverage and removal.
+    progress : bool
+        Progress bar while scoring.
+    results : mapping, optional
+        ``flt.filter_pairs(pairs)`` when the caller has it already.
+
+    Returns
+    -------
+    str
+        The whole page.
+
+    Raises
+    ------
+    ValueError
+        ``pairs`` is empty or ``max_queries`` is not a positive int.
+    """
+    pairs = list(pairs)
+    if not pairs:
+        raise ValueError("no pairs to report on: the data is empty.")
+    if isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1:
+        raise ValueError(f"max_queries == {max_queries!r}, must be an int >= 1.")
+    if results is None:
+        results = flt.filter_pairs(pairs, progress=progress)
+    rule = flt.scorer.keep_rule(flt.threshold)
+    direction = "higher" if rule.keep_if == ">=" else "lower"
+    scores = _aligned(pairs, results)
+    keep = _kept_mask(pairs, results)
+    spec = flt.scorer.spec()
+    base = spec.get("base") if isinstance(spec, dict) else None
+    model = (spec.get("model") if isinstance(spec, dict) else None) or (
+        base.get("model") if isinstance(base, dict) else None)
+    n_kept = int(keep.sum())
+    facts = [
+        ("keep rule", str(rule) if math.isfinite(flt.threshold) else "keep everything (threshold +inf)"),
+        ("mode", flt.mode),
+        ("alpha", fmt(flt.alpha, 3) if flt.alpha is not None else "-"),
+        ("score", f"{flt.scorer.name} ({rule.score}; {direction} is more relevant)"),
+        ("model", model or "-"),
+        ("filter", filter_name or "-"),
+        ("data", f"{data_name or '-'}: {len(results)} queries, {len(pairs)} snippets"),
+        ("kept on this data", f"{n_kept} of {len(pairs)} snippets (removed {1 - n_kept / len(pairs):.1%})"),
+    ]
+    tau_value = _in_units(flt.scorer, flt.threshold)
+    body = [
+        _guarantee_block(flt),
+        (f"<p class=\"threshold\" data-threshold=\"{esc(repr(flt.threshold))}\" "
+         f"data-value=\"{esc(repr(tau_value))}\" data-keep-if=\"{esc(rule.keep_if)}\">"
+         f"<strong>{esc(rule if math.isfinite(flt.threshold) else 'keep everything')}</strong> "
+         "(each snippet's score against the calibrated threshold)</p>"),
+        _facts(facts),
+        _metrics_block(pairs, keep, confidence=confidence, n_resamples=n_resamples, seed=seed),
+        _tradeoff_block(flt, pairs, scores, alphas=alphas, n_splits=n_splits, seed=seed),
+    ]
+    labels = {(p.query_id, p.snippet_id): p for p in pairs}
+    shown = list(results.items())[:max_queries]
+    left = len(results) - len(shown)
+    body.append(f"<h2>Per query</h2><p class=\"queries-shown\" data-shown=\"{len(shown)}\" "
+                f"data-left-out=\"{left}\">{len(shown)} of {len(results)} queries shown"
+                + (f"; {left} left out (raise --max-queries to see them)" if left else "")
+                + ". Kept snippets are green, removed ones red; each shows its score against "
+                  "the threshold in the score's units and its label when the data has one.</p>")
+    body += [_query_section(qid, r, flt, rule.keep_if, labels) for qid, r in shown]
+    title = "ragsieve report" + (f": {data_name}" if data_name else "")
+    return page(title, "\n".join(body))
+
+
+def write_report(text: str, path: str | os.PathLike[str]) -> Path:
+    """Write a page (atomically: a temporary file, then renamed); returns the path."""
+    return write_page(text, path)
+
+
+def _evaluation_rows(report: Any) -> tuple[list[str], list[list[Any]]]:
+    header = ["method", "param", "target", "coverage", "± sd", "q-cov", "q-all", "removed",
+              "chars rm", "tau", "guaranteed", "value", "ok"]
+    rows = []
+    for r in report.results:
+        method = r["method"]
+        guaranteed, value, ok = "", None, ""
+        if method == "conformal":
+            param = f"alpha={r['alpha']:g}"
+            ok = "yes" if r.get("within_tolerance") else "NO"
+            method = "conformal" if r.get("mode", "marginal") == "marginal" else r["mode"]
+            guaranteed, value = r.get("guaranteed_metric", ""), r.get("guaranteed_value")
+        elif method == "top-k":
+            param = f"k={r.get('k')}"
+        elif "alpha" in r:  # a baseline chosen on the calibration topics
+            param = f"alpha={r['alpha']:g}" + (f" k~{r['k_mean']:.1f}" if "k_mean" in r else "")
+        elif method == "budget":
+            param, guaranteed = f"chars={r.get('budget')}", "predicted lower"
+            value = r.get("predicted_coverage_lower_mean")
+        else:  # a fixed cut-off: its keep rule in the score's units, after its quantile
+            keep = r.get("keep") or (f"theta={r['theta']:g}" if "theta" in r else "")
+            param = keep if r.get("quantile") is None else f"q={r['quantile']:g}: {keep}"
+        rows.append([method, param, r.get("target"), r.get("coverage_mean"), r.get("coverage_std"),
+                     r.get("query_coverage_mean"), r.get("query_all_kept_mean"),
+                     r.get("removal_mean"), r.get("removal_chars_mean"), r.get("threshold_mean"),
+                     guaranteed, value, ok])
+    return header, rows
+
+
+def evaluation_page(report: Any, *, title: str = "ragsieve evaluate", label: str = "score",
+                    text_table: str | None = None, guarantee: str | None = None) -> str:
+    """The page of ``ragsieve evaluate --html``: the figure, the results table, the run.
+
+    Parameters
+    ----------
+    report : EvaluationReport
+        The evaluation.
+    title : str
+        Page title.
+    label : str
+        The score's name in the figure's legend.
+    text_table : str, optional
+        The table as the command printed it (shown as text too).
+    guarantee : str, optional
+        What the conformal rows promise, in words.
+    """
+    from .plots import plot_report
+
+    header, rows = _evaluation_rows(report)
+    info = report.info
+    facts = [("data", info.get("dataset", "-")), ("score", _spec_text(info.get("scorer"))),
+             ("queries", report.n_queries), ("snippets", report.n_snippets),
+             ("relevant", report.n_relevant), ("topics (groups)", report.n_groups),
+             ("splits", (f"{report.n_splits} topic-disjoint, {report.calibration_fraction:g} of "
+                         "the topics calibrate, the rest measure"))]
+    body = [f"<p class=\"guarantee\">{esc(guarantee or _EVAL_GUARANTEE)}</p>", _facts(facts)]
+    try:
+        png = png_figure(lambda path: plot_report({label: report}, path))
+        body.append(figure(png, "coverage and removal against the target",
+                           "Coverage and removal of every conformal row against its target, and "
+                           "the trade-off beside the baselines, on the same test splits."))
+    except (ImportError, ValueError) as exc:
+        body.append(f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>")
+    body.append("<h2>Results</h2>" + table(header, rows, cls="results"))
+    body.append(f"<p class=\"muted\">Means over {report.n_splits} splits. ok = the mode's "
+                f"guaranteed value >= target - {info.get('tolerance_se', 3):g} standard "
+                "errors.</p>")
+    if text_table:
+        body.append(f"<details><summary>as printed</summary><pre>{esc(text_table)}</pre></details>")
+    return page(title, "\n".join(body))
+
+
+_EVAL_GUARANTEE = ("Each conformal row is a guarantee calibrated on one half of the topics and "
+                   "measured on the other: at target 1 - alpha, a relevant snippet of a new "
+                   "topic exchangeable with the calibration topics is kept with probability at "
+                   "least 1 - alpha (marginal mode; other modes state their own metric in "
+                   "'guaranteed').")
+
+
+def _spec_text(spec: Any) -> str:
+    if isinstance(spec, Mapping):
+        return ", ".join(f"{k} {v}" for k, v in spec.items() if not isinstance(v, (dict, list)))
+    return "-" if spec is None else str(spec)
+
+
+def _ci_text(row: Mapping[str, Any], name: str) -> str:
+    ci = (row.get("ci") or {}).get(name)
+    if not ci:
+        return "-"
+    low, high = ci.get("low"), ci.get("high")
+    if ci.get("n", 0) < 2 or low is None or not math.isfinite(low):
+        return f"{ci['estimate']:+.3f}"
+    return f"{ci['estimate']:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def answers_page(report: Any, *, title: str = "ragsieve answers", text_table: str | None = None) -> str:
+    """The page of ``ragsieve answers --html``: the answer metrics of every method with
+    their paired bootstrap intervals against ``all``, the figure, the run."""
+    from .plots import plot_answers
+
+    info = report.info
+    generated, judged = info.get("generated"), info.get("judged")
+    header = ["method", "param", "queries", "snippets", "chars", "in ctx", "in ctx vs all"]
+    if generated:
+        header += ["EM", "F1", "F1 vs all", "abstain"]
+    if judged:
+        header += ["nugget F1", "nugget F1 vs all"]
+    rows = []
+    for r in report.results:
+        method = r["method"] + ("" if r.get("mode") in (None, "marginal") else f" [{r['mode']}]")
+        param = ("" if "alpha" not in r else f"alpha={r['alpha']:g}") + (
+            f" k~{r['k']:.1f}" if "k" in r else "")
+        row: list[Any] = [method, param.strip(), r.get("n_queries"),
+                          fmt(r.get("context_snippets_mean"), 1),
+                          fmt(r.get("context_chars_mean"), 0), r.get("answer_in_context_mean"),
+                          _ci_text(r, "answer_in_context")]
+        if generated:
+            row += [r.get("em_mean"), r.get("f1_mean"), _ci_text(r, "f1"), r.get("abstained_mean")]
+        if judged:
+            row += [r.get("nugget_f1_mean"), _ci_text(r, "nugget_f1")]
+        rows.append(row)
+    gen = info.get("generator") or {}
+    facts = [("data", info.get("dataset", "-")), ("score", _spec_text(info.get("scorer"))),
+             ("test queries", info.get("n_queries_evaluated", "-")),
+             ("splits", info.get("n_splits", "-")),
+             ("generator", gen.get("model", "none (answer in context only)") if generated
+              else "none (answer in context only)")]
+    conf = float(info.get("confidence", 0.95))
+    body = [(f"<p class=\"guarantee\">{esc(_EVAL_GUARANTEE)} Here each method's kept context "
+             "is handed to the generator; the table says what the answers get from it.</p>"),
+            _facts(facts)]
+    try:
+        png = png_figure(lambda path: plot_answers(report, path))
+        body.append(figure(png, "answer quality against context size",
+                           "Answer quality against the context characters per query, one line "
+                           "per method across alpha; 'all' is the whole retrieved list."))
+    except (ImportError, ValueError) as exc:
+        body.append(f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>")
+    body.append("<h2>Answers per method</h2>" + table(header, rows, cls="results"))
+    body.append(f"<p class=\"muted\">'vs all' = paired bootstrap {conf:.0%} interval of the "
+                "difference from 'all' (resampling test queries).</p>")
+    if text_table:
+        body.append(f"<details><summary>as printed</summary><pre>{esc(text_table)}</pre></details>")
+    return page(title, "\n".join(body))

@@ -1,0 +1,196 @@
+"""``ragsieve report`` and ``evaluate`` / ``answers --html``: one self-contained HTML page each,
+checked in the real headless Chromium against the Python filter result (real MiniLM, real
+XQuAD-en, a real calibrated artifact)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser import chrome, network_requests, screenshot  # noqa: F401  (chrome: the fixture)
+
+from ragsieve import ConformalFilter, Pair
+from ragsieve.calibration import SplitConformalCalibrator
+from ragsieve.cli import main as cli_main
+from ragsieve.data import load_dataset, write_pairs
+from ragsieve.evaluation.report import build_report
+
+pytest.importorskip("selenium")
+pytest.importorskip("matplotlib")
+
+SCRIPT = ("<script>document.title='pwned';window.__pwned=1</script>"
+          "<img src=x onerror=\"window.__pwned=2\"> & \"quotes\"")
+
+
+def _topics(pairs: list[Pair], start: int, n_topics: int, per_topic: int) -> list[Pair]:
+    """The first ``per_topic`` queries of ``n_topics`` topics from ``start`` on (whole lists)."""
+    out: list[Pair] = []
+    queries: dict[str, set[str]] = {}
+    for p in pairs[start:]:
+        qs = queries.setdefault(p.group, set())
+        if len(queries) > n_topics:
+            break
+        if p.query_id in qs or len(qs) < per_topic:
+            qs.add(p.query_id)
+            out.append(p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory, served_artifact: Any,
+           xquad_en: list[Pair]) -> dict[str, Path]:
+    """A labelled JSONL of 3 XQuAD-en topics (8 queries each) plus one query whose snippet
+    is an HTML/script injection, and the artifact calibrated on the first 300 pairs."""
+    root = tmp_path_factory.mktemp("report")
+    pairs = _topics(xquad_en, 300, 3, 8)
+    pairs.append(Pair("q-inject", "what does the page run?", "inject-0", SCRIPT, relevant=0,
+                      group="inject"))
+    write_pairs(pairs, root / "data.jsonl")
+    return {"root": root, "data": root / "data.jsonl",
+            "artifact": served_artifact(SplitConformalCalibrator(alpha=0.2))}
+
+
+@pytest.fixture(scope="module")
+def report_page(inputs: dict[str, Path], embedding_cache_dir: Path) -> Path:
+    out = inputs["root"] / "report.html"
+    assert cli_main(["-q", "report", "--data", str(inputs["data"]), "--filter",
+                     str(inputs["artifact"]), "--out", str(out), "--splits", "3",
+                     "--cache-dir", str(embedding_cache_dir)]) == 0
+    return out
+
+
+@pytest.fixture()
+def driver(chrome: Any) -> Any:  # noqa: F811  (the session's headless Chromium)
+    return chrome
+
+
+def _load(driver: Any, path: Path) -> str:
+    network_requests(driver)  # drop what earlier pages fetched
+    url = path.resolve().as_uri()
+    driver.get(url)
+    return url
+
+
+def _dom(driver: Any) -> list[Any]:
+    """Per query in page order: (query id, its threshold and its kept and removed snippets as
+    (id, score, label)), read from the page's data attributes."""
+    return driver.execute_script("""
+        return [...document.querySelectorAll('section.query')].map(s => {
+          const read = sel => [...s.querySelectorAll(sel + ' > li[data-snippet-id]')].map(
+              li => [li.dataset.snippetId, parseFloat(li.dataset.score), li.dataset.label]);
+          return [s.dataset.queryId, {threshold: parseFloat(s.dataset.threshold),
+                                      kept: read('ul.kept'), removed: read('ul.removed')}];
+        });""")
+
+
+def test_report_page_matches_the_filter(driver: Any, inputs: dict[str, Path], report_page: Path,
+                                        embedding_cache_dir: Path) -> None:
+    url = _load(driver, report_page)
+    assert network_requests(driver) == [url]  # the page itself and nothing else
+    flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
+    pairs = load_dataset(str(inputs["data"]))
+    results = flt.filter_pairs(pairs)
+    labels = {(p.query_id, p.snippet_id): p.relevant for p in pairs}
+    shown_order = _dom(driver)
+    page = dict(shown_order)
+    assert [q for q, _ in shown_order] == list(results)  # every query (fewer than --max-queries), data order
+    name = {1: "relevant", 0: "not relevant"}
+    for qid, r in results.items():
+        shown = page[qid]
+        assert shown["threshold"] == pytest.approx(r.threshold, rel=1e-12)
+        for side, expected in (("kept", r.kept), ("removed", r.removed)):
+            assert [s[0] for s in shown[side]] == [s.snippet_id for s in expected]
+            assert [s[1] for s in shown[side]] == pytest.approx([s.score for s in expected],
+                                                                rel=1e-9)
+            assert [s[2] for s in shown[side]] == [name[labels[(qid, s.snippet_id)]]
+                                                   for s in expected]
+    assert any(page[q]["removed"] for q in page) and any(page[q]["kept"] for q in page)
+    top = driver.find_element("css selector", "p.threshold")
+    assert float(top.get_attribute("data-threshold")) == pytest.approx(flt.threshold, rel=1e-12)
+    assert str(flt.scorer.keep_rule(flt.threshold)) in top.text
+    guarantee = driver.find_element("css selector", "p.guarantee").text
+    assert flt.guarantee()["statement"] in guarantee
+    metrics = driver.find_element("css selector", "table.metrics").text
+    assert "coverage" in metrics and "[" in metrics
+    unit = driver.find_element("css selector", "p.interval-unit").get_attribute("data-unit")
+    assert unit == "topics"
+    img = driver.find_element("css selector", "img.figure")
+    assert img.get_attribute("src").startswith("data:image/png;base64,")
+    assert driver.execute_script("return arguments[0].naturalWidth", img) > 300
+    shot = screenshot(driver, inputs["root"] / "report.png")
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_snippet_html_is_shown_as_text(driver: Any, report_page: Path) -> None:
+    _load(driver, report_page)
+    assert driver.title.startswith("ragsieve report")  # the injected script never ran
+    assert driver.execute_script("return typeof window.__pwned") == "undefined"
+    assert driver.execute_script("return document.getElementsByTagName('script').length") == 0
+    li = driver.find_element("css selector", "li[data-snippet-id='inject-0'] .text")
+    assert li.get_attribute("textContent") == SCRIPT
+    assert not driver.find_elements("css selector", "section.query img")
+
+
+def test_max_queries_bounds_the_list(inputs: dict[str, Path], embedding_cache_dir: Path) -> None:
+    flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
+    pairs = load_dataset(str(inputs["data"]))
+    results = flt.filter_pairs(pairs)
+    text = build_report(flt, pairs, max_queries=5, results=results, n_splits=2)
+    assert text.count("<section class=\"query\"") == 5
+    left = len(results) - 5
+    assert f"data-left-out=\"{left}\"" in text and f"{left} left out" in text
+
+
+def test_report_errors_are_one_line(inputs: dict[str, Path], tmp_path: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["report", "--data", str(inputs["data"]), "--filter", str(inputs["artifact"])]
+    for out in (inputs["data"], inputs["artifact"]):
+        assert cli_main([*base, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--out" in err
+    missing = tmp_path / "none.json"
+    assert cli_main(["report", "--data", str(inputs["data"]), "--filter", str(missing),
+                     "--out", str(tmp_path / "r.html")]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_evaluate_and_answers_html(driver: Any, inputs: dict[str, Path], embedding_cache_dir: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    root = inputs["root"]
+    data = root / "eval.jsonl"
+    write_pairs([p for p in load_dataset(str(inputs["data"])) if p.group != "inject"], data)
+    common = ["--data", str(data), "--scorer", "embedding", "--cache-dir", str(embedding_cache_dir)]
+    assert cli_main(["-q", "evaluate", *common, "--splits", "3", "--alpha", "0.1,0.2",
+                     "--json", "--html", str(root / "evaluate.html")]) == 0
+    evaluated = json.loads(capsys.readouterr().out)
+    assert cli_main(["-q", "answers", *common, "--no-generate", "--alpha", "0.1,0.2",
+                     "--bootstrap-resamples", "200", "--json",
+                     "--html", str(root / "answers.html")]) == 0
+    answered = json.loads(capsys.readouterr().out)
+    for name, report in (("evaluate", evaluated), ("answers", answered)):
+        url = _load(driver, root / f"{name}.html")
+        assert network_requests(driver) == [url]
+        rows = driver.find_elements("css selector", "table.results tbody tr")
+        assert len(rows) == len(report["results"])
+        methods = [r.find_element("css selector", "td").text for r in rows]
+        assert "conformal" in " ".join(methods)
+        assert driver.find_elements("css selector", "img.figure")
+        assert driver.find_element("css selector", "p.guarantee").text
+    # answers: every method's "vs all" cell shows an interval [low, high]
+    cells = [r.find_elements("css selector", "td")[6].text for r in rows]
+    assert any(c.count("[") == 1 and c.endswith("]") for c in cells)
+
+
+def test_report_without_labels_says_so(inputs: dict[str, Path], embedding_cache_dir: Path) -> None:
+    from dataclasses import replace
+
+    flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
+    pairs = [replace(p, relevant=None) for p in load_dataset(str(inputs["data"]))]
+    text = build_report(flt, pairs, max_queries=2)
+    assert "class=\"metrics none\"" in text and "coverage cannot be measured" in text
+    assert "class=\"figure none\"" in text and "<img" not in text
+    assert "data-label=\"unknown\"" in text and "data-label=\"relevant\"" not in text
