@@ -211,11 +211,22 @@ def test_llamaindex_native_bm25_end_to_end(llama_retriever: Any, questions: Any,
     assert f"kept 0 of {len(nodes)} nodes" in caplog.text
     assert f"every score is below the threshold (keep score >= {threshold:.4g}" in caplog.text
 
+    seen: list[tuple[list[Any], list[Any]]] = []  # the removed nodes, where a user can see them
+    watched = ConformalPostprocessor(filter=again.filter, score_source="native",
+                                     on_result=lambda kept, removed: seen.append((kept, removed)))
+    retrieved = llama_retriever.retrieve(test[0][0])
+    kept = watched.postprocess_nodes(retrieved, query_str=test[0][0])
+    assert len(seen) == 1 and [n.node.node_id for n in seen[0][0]] == [n.node.node_id for n in kept]
+    removed = seen[0][1]
+    assert sorted(n.node.node_id for n in kept + removed) == sorted(n.node.node_id for n in retrieved)
+    assert all(n.node.metadata["ragsieve_score"] == n.score < threshold for n in removed)
+    assert "on_result" not in watched.to_json()
+
 
 # ----------------------------------------------------------------------------- LangChain
 @pytest.fixture(scope="module")
 def langchain_retriever(corpus: dict[str, str]) -> Any:
-    pytest.importorskip("rank_bm25")
+    import rank_bm25  # noqa: F401  (the test extra: missing is a failure, not a skip)
     with warnings.catch_warnings():  # langchain-community's sunset notice
         warnings.simplefilter("ignore", DeprecationWarning)
         from langchain_community.retrievers import BM25Retriever
@@ -249,6 +260,17 @@ def test_langchain_native_bm25_end_to_end(langchain_retriever: Any, questions: A
                   lambda d: d.metadata["relevance_score"], lambda d: d.metadata)
     with pytest.raises(ValueError, match="not one of the retriever's documents"):
         bm25_relevance(langchain_retriever, "q", [first[0]])
+
+    seen: list[tuple[list[Any], list[Any]]] = []  # the removed documents, where a user can see them
+    watched = ConformalCompressor(filter=loaded.filter, score_source="native",
+                                  on_result=lambda kept, removed: seen.append((kept, removed)))
+    retrieved = retrieve(test[0][0])
+    kept = watched.compress_documents(retrieved, test[0][0])
+    assert len(seen) == 1 and [d.id for d in seen[0][0]] == [d.id for d in kept]
+    removed = seen[0][1]
+    assert sorted(d.id for d in kept + removed) == sorted(d.id for d in retrieved)
+    assert all(d.metadata["ragsieve_score"] == d.metadata["relevance_score"] < rule.threshold
+               and d.metadata["ragsieve_threshold"] == rule.threshold for d in removed)
 
 
 # --------------------------------------------------------------- one name, clear errors

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Self
 
 from ragsieve._optional import require
@@ -37,7 +37,7 @@ require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables.config import run_in_executor
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 __all__ = ["NATIVE_KEY", "ConformalCompressor", "bm25_relevance"]
 
@@ -96,6 +96,11 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
     score_source : {"filter", "native"}, default="filter"
         ``"native"``: filter on ``metadata["relevance_score"]`` (LangChain's native score,
         higher is better), given to a filter calibrated on it (:meth:`calibrate_native`).
+    on_result : callable, optional
+        Called once per query as ``on_result(kept, removed)`` with the kept and the removed
+        documents (copies carrying the same ``ragsieve_*`` keys: each one's score against the
+        threshold, in the score's units) — where to log, trace or show what was removed.
+        Not serialised.
 
     Notes
     -----
@@ -121,6 +126,8 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
 
     filter: ConformalFilter
     score_source: str = "filter"
+    on_result: Callable[[list[Document], list[Document]], None] | None = Field(
+        default=None, exclude=True)
 
     @model_validator(mode="after")
     def _check_score_source(self) -> Self:
@@ -207,13 +214,16 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
                              [d.metadata for d in docs], native, _NATIVE_NAME)
         result = self.filter.filter(query, items)
         note = report_result(logger, self.filter, result)
-        out: list[Document] = []
-        for kept in result.kept:
-            src = docs[kept.index]
-            meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
-            meta.update(kept_metadata(self.filter, result, kept, note))
-            out.append(Document(page_content=src.page_content, metadata=meta, id=src.id))
+        out = [self._copy(docs[kept.index], result, kept, note) for kept in result.kept]
+        if self.on_result is not None:
+            self.on_result(list(out), [self._copy(docs[r.index], result, r) for r in result.removed])
         return out
+
+    def _copy(self, src: Document, result: Any, scored: Any, note: str | None = None) -> Document:
+        """A copy of ``src`` with the filter's keys (score, threshold, rule, mode) added."""
+        meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
+        meta.update(kept_metadata(self.filter, result, scored, note))
+        return Document(page_content=src.page_content, metadata=meta, id=src.id)
 
     async def acompress_documents(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 from ragsieve._optional import require
@@ -63,6 +63,11 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     score_source : {"filter", "native"}, default="filter"
         ``"native"``: filter on ``NodeWithScore.score`` (the retriever's score, higher is
         better), given to a filter calibrated on it (:meth:`calibrate_native`).
+    on_result : callable, optional
+        Called once per query as ``on_result(kept, removed)`` with the kept and the removed
+        nodes (copies carrying the same ``ragsieve_*`` keys: each one's score against the
+        threshold, in the score's units) — where to log, trace or show what was removed.
+        Not serialised.
 
     Notes
     -----
@@ -98,6 +103,9 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     score_source: str = Field(
         default="filter",
         description="'filter': the filter's own score; 'native': NodeWithScore.score.")
+    on_result: Callable[[list[NodeWithScore], list[NodeWithScore]], None] | None = Field(
+        default=None, exclude=True,
+        description="Called per query with the kept and the removed nodes (not serialised).")
 
     @model_validator(mode="after")
     def _check_score_source(self) -> Self:
@@ -197,16 +205,19 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
                              _NATIVE_NAME)
         result = self.filter.filter(query_bundle.query_str, items)
         note = report_result(logger, self.filter, result, "nodes")
-        out: list[NodeWithScore] = []
-        for kept in result.kept:
-            src = nodes[kept.index]
-            node = src.node.model_copy(deep=True)
-            node.metadata.update(kept_metadata(self.filter, result, kept, note))
-            node.metadata[ORIGINAL_SCORE_KEY] = src.score
-            for key in _OWN_KEYS:
-                for excluded in (node.excluded_embed_metadata_keys,
-                                 node.excluded_llm_metadata_keys):
-                    if key not in excluded:
-                        excluded.append(key)
-            out.append(NodeWithScore(node=node, score=src.score))
+        out = [self._copy(nodes[kept.index], result, kept, note) for kept in result.kept]
+        if self.on_result is not None:
+            self.on_result(list(out), [self._copy(nodes[r.index], result, r) for r in result.removed])
         return out
+
+    def _copy(self, src: NodeWithScore, result: Any, scored: Any,
+              note: str | None = None) -> NodeWithScore:
+        """A copy of ``src`` with the filter's keys added (and hidden from models and LLMs)."""
+        node = src.node.model_copy(deep=True)
+        node.metadata.update(kept_metadata(self.filter, result, scored, note))
+        node.metadata[ORIGINAL_SCORE_KEY] = src.score
+        for key in _OWN_KEYS:
+            for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+                if key not in excluded:
+                    excluded.append(key)
+        return NodeWithScore(node=node, score=src.score)
