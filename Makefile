@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install browser demo test test-all bench clean
+.PHONY: install browser demo test test-all bench docs figures clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
@@ -52,5 +52,20 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_server.py --warm
 	$(PY) benchmarks/bench_drift.py
 
+# the docs site (MkDocs Material + mkdocstrings) into site/; the tests build it too
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# every figure in docs/, each written by the command named beside it in the docs
+FIGURES_TMP ?= .figures
+figures: $(STAMP)
+	$(VENV)/bin/ragsieve demo --out $(FIGURES_TMP)/demo
+	cp $(FIGURES_TMP)/demo/coverage.png docs/xquad-en-coverage.png
+	$(VENV)/bin/ragsieve shift-demo --out $(FIGURES_TMP)/shift
+	cp $(FIGURES_TMP)/shift/shift.png docs/shift.png
+	# about 35 min: 120 held-out queries answered by the local model for every variant
+	$(VENV)/bin/ragsieve answers --data xquad-en --scorer best --alpha 0.05,0.1,0.2 \
+		--limit-queries 120 --llm-threads 2 --plot docs/answers-xquad-en.png
+
 clean:
-	rm -rf $(VENV) ragsieve-demo ragsieve-rag ragsieve-shift .pytest_cache
+	rm -rf $(VENV) ragsieve-demo ragsieve-rag ragsieve-shift .pytest_cache site .figures

@@ -30,6 +30,7 @@ import numpy as np
 
 from ragsieve import ConformalFilter
 from ragsieve.calibration import MODES, make_calibrator
+from ragsieve.calibration.modes import mode_params
 from ragsieve.data import group_splits, load_dataset
 from ragsieve.data.paths import cache_dir
 from ragsieve.evaluation import ScoredData, evaluate, evaluate_scores
@@ -108,7 +109,9 @@ def main() -> None:
         t0 = time.perf_counter()
         for s_no, (cal_idx, test_idx) in enumerate(splits):
             scorer = resolve_scorer("best", model="minilm", cache_dir=cache) if "best" in mode else cos
-            cal = make_calibrator(base_mode, alpha=args.alpha, delta=args.delta, budget=args.budget)
+            given = {"alpha": args.alpha, "delta": args.delta, "budget": args.budget}
+            cal = make_calibrator(base_mode, **{k: v for k, v in given.items()
+                                                if k in mode_params(base_mode)})
             flt = ConformalFilter(scorer, cal).calibrate([pairs[i] for i in cal_idx], group_by="qword",
                                                          seed=s_no)
             path = flt.save(tmp / f"{base_mode}-{s_no}.json")

@@ -23,10 +23,16 @@ from ragsieve.calibration import (
     calibrator_from_state,
     make_calibrator,
 )
+from ragsieve.calibration.modes import mode_params
 from ragsieve.errors import ArtifactError, CalibrationError, DataError, NotFittedError
 from ragsieve.scoring import resolve_scorer
 
 PARAMS = {"alpha": 0.2, "budget": 900, "delta": 0.2}
+
+
+def _params(mode: str, **changes: object) -> dict:
+    """``PARAMS`` (with ``changes``) as ``mode`` takes them: one set serves every mode."""
+    return {k: v for k, v in {**PARAMS, **changes}.items() if k in mode_params(mode)}
 
 
 def _data(seed: int = 0, n_queries: int = 60, per_query: int = 6) -> dict:
@@ -61,7 +67,7 @@ def test_every_mode_is_registered_once() -> None:
 
 def test_fit_returns_self_and_learns_state(mode: str) -> None:
     d = _data()
-    cal = make_calibrator(mode, **PARAMS)
+    cal = make_calibrator(mode, **_params(mode))
     assert cal.fit(d["scores"], d["relevant"], **_inputs(d)) is cal
     assert isinstance(cal.threshold_, float) and isinstance(cal.infinite_, bool)
     assert cal.n_calibration_ >= 1
@@ -72,14 +78,14 @@ def test_fit_returns_self_and_learns_state(mode: str) -> None:
 
 def test_unfitted_use_raises(mode: str) -> None:
     d = _data()
-    cal = make_calibrator(mode, **PARAMS)
+    cal = make_calibrator(mode, **_params(mode))
     for call in (lambda: cal.predict(d["scores"], **_inputs(d)), cal.guarantee, cal.to_state):
         with pytest.raises(NotFittedError, match="not fitted"):
             call()
 
 
 def test_params_round_trip(mode: str) -> None:
-    cal = make_calibrator(mode, **PARAMS)
+    cal = make_calibrator(mode, **_params(mode))
     params = cal.get_params()
     assert type(cal)(**params).get_params() == params
     assert repr(cal).startswith(type(cal).__name__ + "(")
@@ -91,7 +97,7 @@ def test_params_round_trip(mode: str) -> None:
 
 def test_state_round_trip_through_json(mode: str) -> None:
     d, new = _data(0), _data(1)
-    cal = make_calibrator(mode, **PARAMS).fit(d["scores"], d["relevant"], **_inputs(d))
+    cal = make_calibrator(mode, **_params(mode)).fit(d["scores"], d["relevant"], **_inputs(d))
     params = json.loads(json.dumps({k: v for k, v in cal.get_params().items() if k != "tokenizer"}))
     state = json.loads(json.dumps(cal.to_state(), allow_nan=False))
     back = calibrator_from_state(mode, params, state)
@@ -106,25 +112,25 @@ def test_same_bad_inputs_same_errors(mode: str) -> None:
     d = _data()
     s, r, kw = d["scores"], d["relevant"], _inputs(d)
     with pytest.raises(ValueError, match=r"non-finite"):
-        make_calibrator(mode, **PARAMS).fit(np.r_[s[:-1], np.nan], r, **kw)
+        make_calibrator(mode, **_params(mode)).fit(np.r_[s[:-1], np.nan], r, **kw)
     with pytest.raises(ValueError, match=r"relevant has shape"):
-        make_calibrator(mode, **PARAMS).fit(s, r[:-1], **kw)
+        make_calibrator(mode, **_params(mode)).fit(s, r[:-1], **kw)
     with pytest.raises(DataError, match=r"relevant\[0\] == 2"):
-        make_calibrator(mode, **PARAMS).fit(s, np.r_[2, r[1:].astype(int)], **kw)
+        make_calibrator(mode, **_params(mode)).fit(s, np.r_[2, r[1:].astype(int)], **kw)
     with pytest.raises(CalibrationError, match="no relevant"):
-        make_calibrator(mode, **PARAMS).fit(s, np.zeros_like(r), **kw)
-    cal = make_calibrator(mode, **PARAMS)
+        make_calibrator(mode, **_params(mode)).fit(s, np.zeros_like(r), **kw)
+    cal = make_calibrator(mode, **_params(mode))
     for name in sorted(cal.fit_requires):
         with pytest.raises(ValueError, match=f"needs {name}"):
             cal.fit(s, r, **{**kw, name: None})
     if "alpha" in cal.get_params():
         with pytest.raises(ValueError, match=r"alpha == 1.3, must be in \(0, 1\)"):
-            make_calibrator(mode, **{**PARAMS, "alpha": 1.3}).fit(s, r, **kw)
+            make_calibrator(mode, **_params(mode, alpha=1.3)).fit(s, r, **kw)
 
 
 def test_guarantee_describes_the_promise(mode: str) -> None:
     d = _data()
-    cal = make_calibrator(mode, **PARAMS).fit(d["scores"], d["relevant"], **_inputs(d))
+    cal = make_calibrator(mode, **_params(mode)).fit(d["scores"], d["relevant"], **_inputs(d))
     g = cal.guarantee()
     assert g.mode == mode and isinstance(g.metric, str) and g.statement
     assert g.target == pytest.approx(1 - PARAMS["alpha"])
@@ -132,7 +138,7 @@ def test_guarantee_describes_the_promise(mode: str) -> None:
 
 
 def test_too_little_data_keeps_everything_or_says_so(mode: str) -> None:
-    cal = make_calibrator(mode, alpha=0.01, budget=900, delta=0.01)
+    cal = make_calibrator(mode, **_params(mode, alpha=0.01, delta=0.01))
     d = _data(n_queries=3)
     cal.fit(d["scores"], d["relevant"], **_inputs(d))
     if mode in ("budget", "adaptive"):  # no finite-sample rule to run out of data
@@ -157,7 +163,7 @@ def _pairs(seed: int) -> list[Pair]:
 
 def test_filter_of_every_mode_survives_the_artifact(mode: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
     scorer = resolve_scorer("field", field="rerank", higher_is_better=True)
-    cal = make_calibrator(mode, **PARAMS)
+    cal = make_calibrator(mode, **_params(mode))
     flt = ConformalFilter(scorer, cal).calibrate(_pairs(0), group_by="lang")
     assert flt.mode == mode
     path = flt.save(tmp_path / "f.json")

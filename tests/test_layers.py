@@ -1,4 +1,4 @@
-"""The layer order of DESIGN.md is a checked contract: lower layers never import upper ones.
+"""The layer order of docs/architecture.md (the module map) is a checked contract: lower layers never import upper ones.
 
 Every module under ``src/ragsieve`` is parsed with :mod:`ast` (nothing is imported), and
 every import of a ragsieve module is collected: absolute and relative, at module level,
@@ -21,8 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "ragsieve"
 
-# Layers from low to high (DESIGN.md, "Target module map"). Components starting with "_"
-# (private helpers: _io, _optional, _paths, _seal, _sqlite, _validation, _version) are layer 0.
+# Layers from low to high (docs/architecture.md, the module map). Components starting with "_"
+# (private helpers: _io, _monitor_reference, _optional, _paths, _sqlite, _validation, _version)
+# are layer 0.
 LAYERS: dict[str, int] = {
     "types": 0,
     "errors": 0,
@@ -31,19 +32,22 @@ LAYERS: dict[str, int] = {
     "llm": 1,
     "scoring": 2,
     "calibration": 3,
-    "filter": 4,
-    "monitoring": 4,
-    "data": 4,
+    # the saved filter: one reader, writer, seal and identity, below everything that reads
+    # or writes an artifact (filter, monitoring) and above what it stores (calibration)
+    "artifact": 4,
+    "filter": 5,
+    "monitoring": 5,
+    "data": 5,
     # generation asks the LLM for answers from kept snippets (it imports llm only); answer
     # evaluation (evaluation/answers.py) generates through it, so it sits below evaluation
-    "generation": 4,
-    "labeling": 5,
-    "store": 5,
-    "engines": 5,
-    "evaluation": 5,
-    "integrations": 6,
-    "server": 6,
-    "cli": 7,
+    "generation": 5,
+    "labeling": 6,
+    "store": 6,
+    "engines": 6,
+    "evaluation": 6,
+    "integrations": 7,
+    "server": 7,
+    "cli": 8,
 }
 TOP = "ragsieve"  # the package itself: it imports every layer, so no module may import it
 
@@ -54,6 +58,7 @@ FORBIDDEN: dict[tuple[str, str], str] = {
     ("data", "filter"): "loaders produce pairs and know nothing of filtering",
     ("data", "scoring"): "loaders produce pairs and know nothing of scores",
     ("data", "calibration"): "loaders produce pairs and know nothing of calibration",
+    ("artifact", "scoring"): "the artifact stores a scorer spec and never builds a scorer",
 }
 """(importer, imported) component pairs that are never allowed, whatever the layers say."""
 
@@ -72,7 +77,7 @@ def component(module: str) -> str:
 
 
 def layer(comp: str) -> int | None:
-    """Layer of a component; ``None`` for one that DESIGN.md does not place."""
+    """Layer of a component; ``None`` for one that the module map does not place."""
     if comp.startswith("_"):
         return 0
     if comp == TOP:
@@ -166,7 +171,7 @@ def check_layers(graph: Mapping[str, Iterable[Edge]]) -> list[str]:
             if src_layer is None or dst_layer is None:
                 unplaced = src_comp if src_layer is None else dst_comp
                 problems.append(f"{head}: {unplaced!r} has no layer; place it in LAYERS "
-                                "(and in DESIGN.md)")
+                                "(and in docs/architecture.md)")
             elif (src_comp, dst_comp) in FORBIDDEN:
                 problems.append(f"{head}: forbidden, {FORBIDDEN[src_comp, dst_comp]}")
             elif src_comp in ONLY and not (dst_comp.startswith("_")

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ragsieve.calibration import (
+    CALIBRATORS,
+    MODES,
     MondrianCalibrator,
     PACCalibrator,
     QueryAllCalibrator,
@@ -22,6 +25,7 @@ from ragsieve.calibration import (
     binomial_sf,
     make_calibrator,
 )
+from ragsieve.calibration.modes import mode_params
 from ragsieve.errors import CalibrationError, NotFittedError
 from ragsieve.evaluation import TOLERANCE_SE, ScoredData, evaluate_scores
 
@@ -112,6 +116,72 @@ def test_validation_and_unfitted(mode: str) -> None:
         make_calibrator(mode, alpha=0.1).fit([0.1, 0.2], [0, 0], query_ids=[0, 1], groups=[0, 1])
     with pytest.raises(ValueError, match="accepted modes"):
         make_calibrator("per-user", alpha=0.1)
+
+
+# ------------------------------------------------------------- parameters of a mode
+def test_a_parameter_the_mode_does_not_take_is_an_error() -> None:
+    """``make_calibrator("marginal", delta=0.05)`` used to drop ``delta`` without a word."""
+    with pytest.raises(TypeError, match=r"^mode 'marginal' does not take delta; it takes: alpha\.$"):
+        make_calibrator("marginal", alpha=0.1, delta=0.05)
+    with pytest.raises(TypeError, match="mode 'budget' does not take gamma; it takes: alpha, budget"):
+        make_calibrator("budget", budget=100, gamma=0.01)
+    with pytest.raises(ValueError, match="got alpha == 0.2 and target == 0.9; pass one"):
+        make_calibrator("budget", budget=100, alpha=0.2, target=0.9)
+
+
+def test_none_is_not_given_and_a_modes_own_none_is_kept() -> None:
+    assert make_calibrator("marginal", alpha=0.2, delta=None).get_params() == {"alpha": 0.2}
+    assert make_calibrator("adaptive", alpha=0.1, window=None).window is None  # keep every score
+    assert make_calibrator("budget", budget=100, alpha=0.2).target == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_params_are_what_make_calibrator_takes(mode: str) -> None:
+    """Each mode takes exactly its calibrator's parameters (budget: also alpha)."""
+    names = mode_params(mode)
+    assert set(names) == set(CALIBRATORS[mode]._param_names()) | (
+        {"alpha"} if mode == "budget" else set())
+    values = {"alpha": 0.1, "budget": 100} if mode == "budget" else {"alpha": 0.1}
+    assert make_calibrator(mode, **values).mode == mode
+    with pytest.raises(TypeError, match=f"it takes: {', '.join(names)}"):
+        make_calibrator(mode, **values, not_a_parameter=1)
+
+
+@pytest.mark.parametrize(("argv", "refused"), [
+    (["--mode", "marginal", "--delta", "0.05"],
+     "--mode marginal does not take --delta; it takes: --alpha."),
+    (["--mode", "marginal", "--delta", "0.1"], "--mode marginal does not take --delta"),
+    (["--mode", "group", "--group-by", "g", "--unit", "chars"],
+     "--mode group does not take --unit; it takes: --alpha, --min-group-size."),
+    (["--mode", "adaptive", "--budget", "100"], "--mode adaptive does not take --budget"),
+])
+def test_calibrate_refuses_an_option_its_mode_does_not_take(
+        argv: list[str], refused: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ragsieve.cli import main
+
+    data = tmp_path / "pairs.jsonl"
+    data.write_text('{"query_id": "q", "query": "q", "snippet_id": "s", "text": "t", '
+                    '"relevant": 1}\n', encoding="utf-8")
+    out = tmp_path / "f.json"
+    assert main(["calibrate", "--data", str(data), "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert refused in err and len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_calibrate_passes_only_the_options_given() -> None:
+    from ragsieve.cli import build_parser
+    from ragsieve.cli.options import calibrator_params
+
+    def params(*argv: str) -> dict[str, object]:
+        return calibrator_params(build_parser().parse_args(
+            ["calibrate", "--data", "d.jsonl", "--out", "f.json", *argv]))
+
+    assert params("--mode", "marginal") == {"alpha": 0.1}
+    assert params("--mode", "pac") == {"alpha": 0.1, "delta": 0.1}
+    assert params("--mode", "pac", "--delta", "0.05") == {"alpha": 0.1, "delta": 0.05}
+    assert params("--mode", "budget", "--budget", "100") == {"alpha": 0.1, "budget": 100,
+                                                             "delta": 0.1}
+    assert params("--mode", "adaptive", "--gamma", "0.01") == {"alpha": 0.1, "gamma": 0.01}
 
 
 # ------------------------------------------------------------- statistical tests
@@ -215,3 +285,29 @@ def test_pac_on_xquad_score_distribution(xquad_en, xquad_en_scores) -> None:  # 
     marginal = sum(np.mean(rel <= make_calibrator("marginal", alpha=alpha).fit(
         rng.choice(rel, size=n, replace=True)).threshold_) >= 1 - alpha for _ in range(reps))
     assert marginal / reps < 1 - delta
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "--data", "x.jsonl", "--mode", "marginal,topic", "--delta", "0.05"],
+    ["choose-alpha", "--data", "x.jsonl", "--mode", "marginal", "--removal", "0.5",
+     "--delta", "0.05"],
+])
+def test_evaluate_refuses_an_option_no_listed_mode_takes(argv: list[str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from ragsieve.cli import main
+
+    assert main(argv) == 2  # before any data is read (x.jsonl does not exist)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--delta applies to none of the modes" in err
+
+
+def test_evaluate_takes_delta_when_a_listed_mode_does() -> None:
+    from ragsieve.cli import build_parser
+    from ragsieve.cli.options import check_mode_list_params
+
+    args = build_parser().parse_args(["evaluate", "--data", "x", "--mode", "marginal,pac",
+                                      "--delta", "0.05"])
+    check_mode_list_params(args)  # pac takes it: no error
+    args = build_parser().parse_args(["evaluate", "--data", "x", "--budget", "600",
+                                      "--delta", "0.05"])
+    check_mode_list_params(args)  # --budget adds the budget rows, which take delta

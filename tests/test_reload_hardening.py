@@ -44,6 +44,7 @@ from ragsieve.filter import read_artifact
 from ragsieve.monitoring import ExchangeabilityMonitor
 from ragsieve.server import create_app
 from ragsieve.server.app import _create_app
+from ragsieve.server.options import ServeOptions
 from ragsieve.server.reload import Generations
 from ragsieve.server.workers import CONFIG_ENV, app_from_env
 
@@ -206,23 +207,10 @@ def _worker_state(tmp_path: Path, texts: list[str]) -> Path:
     return state
 
 
-def _create_app_defaults() -> dict[str, Any]:
-    """``create_app``'s keyword defaults (``workers._create_app_defaults``; read here on
-    trees that lack it, so the test also runs against the code before the fix)."""
-    try:
-        from ragsieve.server.workers import _create_app_defaults as defaults
-    except ImportError:
-        import inspect
-
-        return {n: p.default for n, p in inspect.signature(create_app).parameters.items()
-                if p.kind is p.KEYWORD_ONLY and p.default is not p.empty and n != "api_key"}
-    return defaults()
-
-
 def _worker_app(path: Path, state: Path, options: dict[str, Any]) -> Any:
-    settings = {**_create_app_defaults(), "state_dir": state,
-                "scorer_options": options["scorer_options"]}
-    return _create_app(path, role="worker", api_key=KEY, **settings)
+    settings = ServeOptions(api_key=KEY, state_dir=state,
+                            scorer_options=options["scorer_options"])
+    return _create_app(path, settings, role="worker")
 
 
 def test_worker_walks_back_to_a_generation_it_can_build(
@@ -254,7 +242,7 @@ def test_worker_that_can_build_nothing_stops_the_supervisor(
     """Defect 2: the factory's exception made uvicorn restart the worker in a loop; the
     start-up failure code makes its supervisor stop instead."""
     state = _worker_state(tmp_path, [artifacts["bad"].read_text()])
-    settings = {**_create_app_defaults(), "state_dir": str(state),
+    settings = {"state_dir": str(state),
                 "scorer_options": {"cache_dir": str(options["scorer_options"]["cache_dir"])}}
     monkeypatch.setenv(CONFIG_ENV, json.dumps({"filter_path": str(artifacts["a"]),
                                                "app": settings}))

@@ -41,7 +41,7 @@ from ragsieve.scoring import EmbeddingScorer
 from ragsieve.server import create_app
 from ragsieve.server.app import _create_app
 from ragsieve.server.feedback import FeedbackStore, scorer_key
-from ragsieve.server.workers import _create_app_defaults
+from ragsieve.server.options import ServeOptions
 
 KEY = "ops-key"
 AUTH = {"X-API-Key": KEY}
@@ -550,9 +550,9 @@ def test_a_failing_monitor_never_fails_a_request(artifacts: dict[str, Path],
     def factory(payload: Any, **kw: Any) -> Any:
         return _BrokenMonitor(monitor_from_artifact(payload, **kw))
 
-    settings = {**_create_app_defaults(), **options, "max_snippets": 100, "max_k": 10,
-                "max_served_rows": 1000}
-    app = _create_app(artifacts["a"], role="single", monitor_factory=factory, **settings)
+    settings = {**options, "max_snippets": 100, "max_k": 10, "max_served_rows": 1000}
+    app = _create_app(artifacts["a"], ServeOptions(**settings), role="single",
+                      monitor_factory=factory)
     with caplog.at_level(logging.ERROR, logger="ragsieve"), ThreadServer(app) as srv:
         r = httpx.post(srv.url + "/filter", json=_payload(xquad_en, 300), headers=AUTH)
         health = httpx.get(srv.url + "/healthz").json()

@@ -12,6 +12,7 @@ from scipy import stats
 from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import SplitConformalCalibrator, TopicPACCalibrator, make_calibrator
 from ragsieve.calibration.bounds import hb_upper, wsr_upper
+from ragsieve.calibration.modes import mode_params
 from ragsieve.calibration.topic_pac import topics_required
 from ragsieve.evaluation import ScoredData, evaluate_scores
 from ragsieve.scoring import resolve_scorer
@@ -116,7 +117,9 @@ def test_topic_pac_meets_the_pac_criterion_where_marginal_fails() -> None:
         scores = np.concatenate([rng.normal(m, sigma, n) for m, n in zip(mu, sizes, strict=True)])
         topics = np.repeat(np.arange(60), sizes)
         for mode in ok:
-            cal = make_calibrator(mode, alpha=alpha, delta=delta).fit(scores, groups=topics)
+            params = {"alpha": alpha, "delta": delta}
+            cal = make_calibrator(mode, **{k: v for k, v in params.items()
+                                           if k in mode_params(mode)}).fit(scores, groups=topics)
             ok[mode] += _true_topic_coverage(cal.threshold_, population, sigma) >= 1 - alpha
     se = math.sqrt(delta * (1 - delta) / reps)
     assert ok["topic-pac"] / reps >= 1 - delta - 3 * se

@@ -10,6 +10,7 @@ when a model is loaded or a plot is drawn, so ``import ragsieve`` stays light.
 """
 
 from ._version import __version__
+from .artifact import Artifact
 from .calibration import (
     MODES,
     AdaptiveCalibrator,
@@ -58,6 +59,7 @@ __all__ = [
     "MODES",
     "AdaptiveCalibrator",
     "AdaptiveConformalFilter",
+    "Artifact",
     "ArtifactError",
     "BaseCalibrator",
     "BudgetCalibrator",

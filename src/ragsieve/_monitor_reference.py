@@ -1,9 +1,11 @@
 """The per-request statistic of the exchangeability monitor and its artifact block.
 
-Shared by :mod:`ragsieve.filter` (which records the calibration side in the artifact) and
-:mod:`ragsieve.monitoring` (which ranks live requests against it); neither may import the
-other, so the one definition of the statistic lives here. Why this statistic is chosen is
-explained in :mod:`ragsieve.monitoring`.
+Shared by :mod:`ragsieve.filter` (which records the calibration side in the artifact),
+:mod:`ragsieve.artifact` (whose reader checks the block) and :mod:`ragsieve.monitoring`
+(which ranks live requests against it). It stays a layer-0 helper instead of moving into
+``monitoring.py``: the filter, which computes the block, is monitoring's sibling and may not
+import it, and the artifact reader, which checks it, sits below both. Why this statistic is
+chosen is explained in :mod:`ragsieve.monitoring`.
 """
 
 from __future__ import annotations

@@ -24,24 +24,21 @@ the policy, not by the calibrated rule.
 
 Artifact
 --------
-``save`` writes JSON format version 2: the scorer spec, the calibration block (mode,
-params, learned state, threshold, group field, the guarantee), the policy and a
-fingerprint of the calibration data, and (by default, see ``calibrate(monitor=...)``) the
-``"monitor"`` block: the per-query statistic the exchangeability monitor
-(:mod:`ragsieve.monitoring`) ranks served requests against. The checksum seals the
-scorer, calibration and policy blocks, and the monitor block when there is one. Version 1
-artifacts (marginal only) and version 2 artifacts without a monitor block still load
-(``monitor_reference`` is then None).
+:meth:`ConformalFilter.to_artifact` gives the filter as a sealed
+:class:`~ragsieve.artifact.Artifact` (format version 2: the scorer spec, the calibration
+block, the policy, the calibration data's provenance and, by default, see
+``calibrate(monitor=...)``, the ``"monitor"`` block the exchangeability monitor ranks
+served requests against) and :meth:`ConformalFilter.from_artifact` builds the filter back;
+``save`` / ``load`` / ``to_dict`` / ``from_dict`` wrap them. :mod:`ragsieve.artifact` is
+the one reader, writer, seal and identity. Version 1 artifacts (marginal only) and version
+2 artifacts without a monitor block still load (``monitor_reference`` is then None).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import logging
 import math
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,30 +46,36 @@ from typing import Any
 
 import numpy as np
 
-from ._io import atomic_write_text
-from ._monitor_reference import read_monitor_block, reference_block
-from ._seal import CHECKSUM_COVERS, check_seal, covers, seal_value
+from ._monitor_reference import reference_block
 from ._validation import check_alpha, check_scores
-from ._version import __version__
+from .artifact import (
+    ARTIFACT_FORMAT,
+    ARTIFACT_VERSION,
+    CHECKSUM_COVERS,
+    MAX_ARTIFACT_BYTES,
+    Artifact,
+    check_fields,
+    read_text,
+    seal_value,
+)
 from .calibration import (
     BaseCalibrator,
     MondrianCalibrator,
-    SplitConformalCalibrator,
-    calibrator_from_state,
+    SplitConformalCalibrator,  # noqa: F401 (the class docstring's example uses it)
     make_calibrator,
 )
+from .calibration.inputs import CalibrationInputs
 from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import (
     ArtifactError,
-    ArtifactTooLargeError,
     CalibrationError,
     DataError,
     NotFittedError,
     ScorerMismatchError,
 )
-from .scoring import AutoScorer, FusedScorer, LLMScorer, Scorer, resolve_scorer
+from .scoring import Scorer, resolve_scorer
 from .scoring.auto import ScoreChoice, choose_language
-from .scoring.fusion import fit_topic_count
+from .scoring.fusion import fit_fused, pair_features
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
 
 __all__ = [
@@ -83,10 +86,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ARTIFACT_FORMAT = "ragsieve.filter"
-ARTIFACT_VERSION = 2
-#: Largest artifact file read (bigger ones are refused before parsing).
-MAX_ARTIFACT_BYTES = 64 * 2**20
 #: Inputs longer than this many characters are cut into calibration-sized pieces.
 MAX_CHARS = int(1.2 * DEFAULT_SIZE)
 
@@ -148,21 +147,20 @@ def _as_item(item: Any, index: int) -> dict[str, Any]:
     raise TypeError(f"snippet {index} has type {type(item).__name__}; expected {_ACCEPTED}.")
 
 
-def _topic_halves(pairs: Sequence[Pair], seed: int) -> tuple[list[int], list[int]]:
-    """Split pair positions by topic (``Pair.group``): ``FUSION_FIT_FRACTION`` of the topics
-    fit the fused score, the rest calibrate it."""
-    topics = sorted({p.group for p in pairs})
-    if len(topics) < 2:
-        raise CalibrationError(
-            f"the fused ('best') score is fitted on some of the calibration topics and "
-            f"calibrated on the others; got {len(topics)} topic(s), need at least 2."
+def _check_labels(pairs: Sequence[Pair]) -> None:
+    """``DataError`` for an unlabelled calibration pair, ``CalibrationError`` for no relevant one."""
+    unlabelled = [p for p in pairs if p.relevant is None]
+    if unlabelled:
+        raise DataError(
+            f"{len(unlabelled)} calibration pair(s) have no relevance label (first: "
+            f"query_id={unlabelled[0].query_id!r}, snippet_id={unlabelled[0].snippet_id!r}); "
+            "calibration needs relevant = 0 or 1 on every pair."
         )
-    rng = np.random.default_rng(seed)
-    n_fit = fit_topic_count(len(topics))
-    fit_topics = set(np.asarray(topics, dtype=object)[rng.permutation(len(topics))[:n_fit]])
-    fit = [i for i, p in enumerate(pairs) if p.group in fit_topics]
-    cal = [i for i, p in enumerate(pairs) if p.group not in fit_topics]
-    return fit, cal
+    if not any(p.relevant == 1 for p in pairs):
+        raise CalibrationError(
+            f"no relevant calibration snippet among {len(pairs)} pairs; "
+            "need at least one pair with relevant == 1."
+        )
 
 
 @dataclass(frozen=True)
@@ -332,9 +330,11 @@ class ConformalFilter:
         score of a snippet does not depend on its list; otherwise (list-dependent scores:
         relative, fused; budgets) every pair is scored, in its query's whole list. An
         unfitted fused score (``"best"``) is first fitted on a random quarter
-        (``FUSION_FIT_FRACTION``) of the calibration topics (``Pair.group``, drawn with
-        ``seed``) and calibrated on the rest, so the score is fixed before the data it is
-        calibrated on is seen.
+        (``FUSION_FIT_FRACTION``) of the calibration topics (``Pair.group``) and calibrated
+        on the rest, so the score is fixed before the data it is calibrated on is seen: the
+        fit of :func:`~ragsieve.scoring.fusion.fit_fused`, the one ``evaluate(seed=seed)``
+        makes in its split 0. The calibrator gets its inputs from
+        :class:`~ragsieve.calibration.inputs.CalibrationInputs`, as every split does.
 
         Parameters
         ----------
@@ -374,18 +374,7 @@ class ConformalFilter:
             No relevant pair.
         """
         pairs = list(pairs)
-        unlabelled = [p for p in pairs if p.relevant is None]
-        if unlabelled:
-            raise DataError(
-                f"{len(unlabelled)} calibration pair(s) have no relevance label (first: "
-                f"query_id={unlabelled[0].query_id!r}, snippet_id={unlabelled[0].snippet_id!r}); "
-                "calibration needs relevant = 0 or 1 on every pair."
-            )
-        if not any(p.relevant == 1 for p in pairs):
-            raise CalibrationError(
-                f"no relevant calibration snippet among {len(pairs)} pairs; "
-                "need at least one pair with relevant == 1."
-            )
+        _check_labels(pairs)
         self.group_by = group_by or self.group_by
         if self.calibrator.group_kind == "attribute" and self.group_by is None:
             raise ValueError(
@@ -393,45 +382,20 @@ class ConformalFilter:
                 "(e.g. group_by='language'; CLI --group-by FIELD)."
             )
         info, choice = self._resolve_auto(pairs, language)
-        if isinstance(self.scorer, FusedScorer) and not self.scorer.is_fitted:
-            fit_idx, cal_idx = _topic_halves(pairs, seed)
-            try:
-                self.scorer = self.scorer.fitted_on([pairs[i] for i in fit_idx])
-            except CalibrationError as exc:
-                if choice is None:
-                    raise
-                self.scorer, choice = self.scorer.base, ScoreChoice(
-                    "embedding", f"the fused score could not be fitted ({exc})")
-                logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
-                info["score_choice"] = choice.to_dict()
-            else:
-                logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
-                            "other %d", len(fit_idx), len(cal_idx))
-                info["fusion_fit_pairs"] = len(fit_idx)
-                pairs = [pairs[i] for i in cal_idx]
-                if not any(p.relevant == 1 for p in pairs):
-                    raise CalibrationError("the calibration share of the topics has no relevant pair.")
-        if self.scorer.list_dependent or self.calibrator.uses_irrelevant:
-            used = pairs
-            scores = self.scorer.score_pairs(used, progress=progress)
-        else:  # the threshold depends on the relevant pairs' scores alone
-            used = [p for p in pairs if p.relevant == 1]
-            scores = self.scorer.score_pairs(used, progress=progress)
+        fused = None
+        if not self.scorer.is_fitted:  # the fused score: fitted here, on a share of the topics
+            pairs, fused = self._fit_fused(pairs, seed, progress, info, choice)
+        used, scores = self._calibration_scores(pairs, fused, progress)
         if monitor is None:
-            monitor = used is pairs or not isinstance(self.scorer, LLMScorer)
+            monitor = used is pairs or not self.scorer.costly
             if not monitor:
                 logger.info("no exchangeability monitor reference: it would send the %d "
                             "irrelevant calibration pairs to the LLM score (calibrate(..., "
                             "monitor=True) records it)", len(pairs) - len(used))
         self.monitor_reference = (self._monitor_block(pairs, used, scores, seed, progress)
                                   if monitor else None)
-        self.calibrator.fit(
-            scores,
-            np.array([p.relevant == 1 for p in used], dtype=bool),
-            query_ids=[p.query_id for p in used],
-            groups=self._calibration_groups(used),
-            lengths=[p.text for p in used],
-        )
+        attribute = self.group_by if self.calibrator.group_kind == "attribute" else None
+        CalibrationInputs.from_pairs(used, group_by=attribute).fit(self.calibrator, scores)
         self.calibration_info = {
             "fingerprint": fingerprint_pairs(pairs),
             "n_pairs": len(pairs),
@@ -451,8 +415,9 @@ class ConformalFilter:
 
     def _resolve_auto(self, pairs: list[Pair], language: str | None) -> tuple[dict[str, Any], ScoreChoice | None]:
         """Resolve an ``"auto"`` score; the language and score choice for the artifact."""
-        if isinstance(self.scorer, AutoScorer):
-            self.scorer, choice, (code, source) = self.scorer.resolve(pairs, language=language)
+        if self.scorer.resolved_at_calibration:
+            self.scorer, choice, (code, source) = self.scorer.resolve(  # type: ignore[attr-defined]
+                pairs, language=language)
             return {"language": code, "language_source": source,
                     "score_choice": choice.to_dict()}, choice
         found, source = choose_language(pairs, language, fallback=None)
@@ -473,19 +438,51 @@ class ConformalFilter:
                            "exchangeability monitor reference")
         return block
 
-    def _calibration_groups(self, pairs: Sequence[Pair]) -> list[Any] | None:
-        """The ``groups`` a mode needs: the group field (group mode) or the topic."""
-        if self.calibrator.group_kind is None:
-            return None
-        if self.calibrator.group_kind == "topic":
-            return [p.group for p in pairs]
-        missing = [p for p in pairs if self.group_by not in p.meta]
-        if missing:
-            raise DataError(
-                f"{len(missing)} calibration pair(s) lack the group field {self.group_by!r} "
-                f"(first: query_id={missing[0].query_id!r}, snippet_id={missing[0].snippet_id!r})."
-            )
-        return [str(p.meta[self.group_by]) for p in pairs]
+    def _fit_fused(self, pairs: list[Pair], seed: int, progress: bool, info: dict[str, Any],
+                   choice: ScoreChoice | None) -> tuple[list[Pair], np.ndarray | None]:
+        """Fit the unfitted fused score with :func:`~ragsieve.scoring.fusion.fit_fused`.
+
+        The fit ``evaluate`` makes in its split 0 of ``seed``. Returns the calibration share
+        of the pairs and their fused scores; an ``"auto"`` choice that cannot be fitted
+        falls back to ``1 - cos`` (all pairs, scores None: scored by the caller).
+        """
+        base = self.scorer.base.score_pairs(pairs, progress=progress)
+        features = pair_features(base, pairs)
+        inputs = CalibrationInputs.from_pairs(pairs)
+        try:
+            fitted, fit = fit_fused(features, inputs.relevant, inputs.group_index, seed=seed)
+        except CalibrationError as exc:
+            if choice is None:
+                raise
+            self.scorer, choice = self.scorer.base, ScoreChoice(
+                "embedding", f"the fused score could not be fitted ({exc})")
+            logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
+            info["score_choice"] = choice.to_dict()
+            return pairs, None
+        self.scorer = self.scorer.with_weights(fitted)
+        logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
+                    "other %d", int(fit.sum()), int((~fit).sum()))
+        info["fusion_fit_pairs"] = int(fit.sum())
+        cal = np.flatnonzero(~fit)
+        pairs = [pairs[i] for i in cal]
+        if not any(p.relevant == 1 for p in pairs):
+            raise CalibrationError("the calibration share of the topics has no relevant pair.")
+        return pairs, fitted.scores(features)[cal]
+
+    def _calibration_scores(self, pairs: list[Pair], fused: np.ndarray | None,
+                            progress: bool) -> tuple[list[Pair], np.ndarray]:
+        """The pairs the calibrator learns from and their scores.
+
+        Every pair in its query's whole list for a list-dependent score or a mode that uses
+        the irrelevant pairs; else the relevant pairs alone (the threshold depends on them
+        only). ``fused``: the scores :meth:`_fit_fused` gave every pair.
+        """
+        if fused is not None:
+            return pairs, fused
+        if self.scorer.list_dependent or self.calibrator.uses_irrelevant:
+            return pairs, self.scorer.score_pairs(pairs, progress=progress)
+        used = [p for p in pairs if p.relevant == 1]
+        return used, self.scorer.score_pairs(used, progress=progress)
 
     def _warn_if_short(self) -> None:
         g = self.calibrator.guarantee()
@@ -697,8 +694,8 @@ class ConformalFilter:
         return out
 
     # ------------------------------------------------------------- artifact
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON artifact (format version 2) as a dict (see :meth:`save`)."""
+    def to_artifact(self) -> Artifact:
+        """The calibrated filter as a sealed :class:`~ragsieve.artifact.Artifact`."""
         tau = self.threshold
         cal = self.calibrator
         params = cal.get_params()
@@ -716,41 +713,42 @@ class ConformalFilter:
             "n_calibration": int(cal.n_calibration_),
             "guarantee": self.guarantee(),
         }
-        payload: dict[str, Any] = {
-            "format": ARTIFACT_FORMAT,
-            "format_version": ARTIFACT_VERSION,
-            "library_version": __version__,
-            "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "scorer": self.scorer.spec(),
-            "calibration": block,
-            "policy": {"min_keep": self.min_keep, "max_chars": self.max_chars},
-            "data": dict(self.calibration_info),
-        }
-        if self.monitor_reference is not None:
-            payload["monitor"] = self.monitor_reference
-        # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
-        payload["checksum"] = {"algorithm": "sha256", "covers": _covers(payload),
-                               "value": _checksum(payload)}
-        return payload
+        return Artifact.create(scorer=self.scorer.spec(), calibration=block,
+                               policy={"min_keep": self.min_keep, "max_chars": self.max_chars},
+                               data=dict(self.calibration_info), monitor=self.monitor_reference)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON artifact (format version 2) as a dict (see :meth:`to_artifact`)."""
+        return self.to_artifact().to_dict()
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the calibrated filter as a JSON artifact (atomically)."""
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False)
-        return atomic_write_text(path, text + "\n")
+        return self.to_artifact().write(path)
 
     @classmethod
-    def from_dict(
+    def from_artifact(
         cls,
-        payload: Mapping[str, Any],
+        artifact: Artifact,
         *,
         scorer: Scorer | None = None,
         scorer_options: Mapping[str, Any] | None = None,
     ) -> ConformalFilter:
-        """Rebuild a filter from an artifact dict, checked as :func:`parse_artifact` checks
-        a file (every field, the seal); see :meth:`load`."""
-        version = check_artifact_fields(payload)
-        spec, calibrator, group_by, min_keep = _read_payload(payload, version)
-        monitor = read_monitor_block(payload["monitor"]) if "monitor" in payload else None
+        """Build the filter an :class:`~ragsieve.artifact.Artifact` stores (see :meth:`load`).
+
+        Raises
+        ------
+        TypeError
+            ``artifact`` is not an ``Artifact`` (a dict goes through :meth:`from_dict`).
+        ArtifactError, ScorerMismatchError
+            As for :meth:`load`.
+        """
+        if not isinstance(artifact, Artifact):
+            raise TypeError(f"artifact is a {type(artifact).__name__}, expected a "
+                            "ragsieve.artifact.Artifact (ConformalFilter.from_dict takes a dict).")
+        min_keep = artifact.min_keep
+        calibrator = artifact.calibrator()
+        group_by = artifact.group_by
+        spec = dict(artifact.scorer)
         if scorer is None:
             try:
                 scorer = resolve_scorer(spec, **dict(scorer_options or {}))
@@ -764,14 +762,28 @@ class ConformalFilter:
                 f"{scorer.spec()!r}; a threshold is only valid for the score it was calibrated on. "
                 "Recalibrate with this scorer or load without passing one."
             )
-        max_chars = payload.get("policy", {}).get("max_chars")
         try:
-            flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by, max_chars=max_chars)
+            flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by,
+                      max_chars=artifact.max_chars)
         except ValueError as exc:
             raise ArtifactError(f"artifact policy: {exc}") from exc
-        flt.calibration_info = dict(payload.get("data", {}))
-        flt.monitor_reference = monitor
+        flt.calibration_info = dict(artifact.data or {})
+        flt.monitor_reference = artifact.monitor_reference()
         return flt
+
+    @classmethod
+    def from_dict(
+        cls,
+        payload: Mapping[str, Any],
+        *,
+        scorer: Scorer | None = None,
+        scorer_options: Mapping[str, Any] | None = None,
+    ) -> ConformalFilter:
+        """Rebuild a filter from an artifact dict, checked as a file is checked (every
+        field, the seal: :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>`);
+        see :meth:`load`."""
+        return cls.from_artifact(Artifact.from_dict(payload), scorer=scorer,
+                                 scorer_options=scorer_options)
 
     @classmethod
     def load(
@@ -803,7 +815,8 @@ class ConformalFilter:
         ScorerMismatchError
             The supplied scorer differs from the one the threshold was calibrated with.
         """
-        return cls.from_dict(read_artifact(path), scorer=scorer, scorer_options=scorer_options)
+        return cls.from_artifact(Artifact.read(path), scorer=scorer,
+                                 scorer_options=scorer_options)
 
     def __repr__(self) -> str:
         tau = getattr(self.calibrator, "threshold_", None)
@@ -811,242 +824,53 @@ class ConformalFilter:
                 f"alpha={self.alpha}, threshold={tau})")
 
 
-_covers, _checksum, _check_checksum = covers, seal_value, check_seal
-
-
-def _strict_bool(block: Mapping[str, Any], key: str) -> bool:
-    value = block.get(key)
-    if not isinstance(value, bool):
-        raise ArtifactError(f"artifact calibration {key!r} == {value!r}, expected true or false.")
-    return value
-
-
-def _stored_threshold(block: Mapping[str, Any]) -> float:
-    if _strict_bool(block, "threshold_is_infinite"):
-        if block.get("threshold") is not None:
-            raise ArtifactError("artifact calibration says threshold_is_infinite but holds a threshold.")
-        return math.inf
-    value = block.get("threshold")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ArtifactError(f"artifact calibration threshold == {value!r}, expected a finite number.")
-    return float(value)
-
-
-def _read_payload(payload: Mapping[str, Any], version: int) -> tuple[dict[str, Any], BaseCalibrator, str | None, int]:
-    """Scorer spec, fitted calibrator, group field and min_keep of an artifact."""
-    spec, block = payload.get("scorer"), payload.get("calibration")
-    if not isinstance(spec, Mapping) or not isinstance(block, Mapping):
-        raise ArtifactError("malformed filter artifact: 'scorer' and 'calibration' must be objects.")
-    policy = payload.get("policy", {})
-    min_keep = policy.get("min_keep", 0) if isinstance(policy, Mapping) else None
-    if isinstance(min_keep, bool) or not isinstance(min_keep, int) or min_keep < 0:
-        raise ArtifactError(f"artifact policy min_keep == {min_keep!r}, expected an int >= 0.")
-    tau = _stored_threshold(block)
-    if version == 1:
-        try:
-            calibrator: BaseCalibrator = SplitConformalCalibrator.from_threshold(
-                alpha=block["alpha"], threshold=tau, n_calibration=block["n_calibration"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ArtifactError(f"malformed filter artifact: missing or invalid field ({exc!r}).") from exc
-        return dict(spec), calibrator, None, min_keep
-    calibrator = calibrator_from_state(block.get("mode"), block.get("params"), block.get("state"))
-    if calibrator.threshold_ != tau:
-        raise ArtifactError(
-            f"artifact threshold {tau!r} disagrees with its calibration state "
-            f"({calibrator.threshold_!r}); the artifact was edited or corrupted: recalibrate."
-        )
-    group_by = block.get("group_by")
-    if group_by is not None and not isinstance(group_by, str):
-        raise ArtifactError(f"artifact group_by == {group_by!r}, expected a field name or null.")
-    return dict(spec), calibrator, group_by, min_keep
-
-
-#: The top-level fields of an artifact (format version 2; version 1 has no monitor or checksum).
-_FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
-           "policy", "data", "monitor", "checksum")
+#: The artifact's seal (kept here for callers of the filter module's private names).
+_checksum = seal_value
 
 
 def read_artifact_text(path: str | os.PathLike[str], *,
                        max_bytes: int = MAX_ARTIFACT_BYTES) -> str:
-    """The text of an artifact file, refused cheaply when it is larger than ``max_bytes``.
-
-    The size is read from ``stat`` before the file is opened, and at most ``max_bytes + 1``
-    bytes are read (a file growing meanwhile is refused too).
-
-    Raises
-    ------
-    ArtifactTooLargeError
-        The file is larger than ``max_bytes``.
-    ArtifactError
-        The file is missing, not a regular file, unreadable or not UTF-8.
-    """
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise ValueError(f"max_bytes == {max_bytes!r}, must be an int >= 1.")
-    name = os.fspath(path)
-    try:
-        size = _regular_size(name)
-        if size <= max_bytes:
-            with open(name, "rb") as fh:
-                data = fh.read(max_bytes + 1)
-            size = len(data)
-    except OSError as exc:
-        raise ArtifactError(f"cannot read filter artifact {name!r}: {exc}") from exc
-    if size > max_bytes:
-        raise ArtifactTooLargeError(
-            f"filter artifact {name!r} has {size} bytes, more than the limit of {max_bytes} "
-            "(max_artifact_bytes, --max-artifact-bytes); nothing was parsed.")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ArtifactError(f"cannot read filter artifact {name!r}: {exc}") from exc
-
-
-def _regular_size(name: str) -> int:
-    """The size of a regular file (``OSError`` for anything else: a FIFO is never opened)."""
-    st = os.stat(name)
-    if not stat.S_ISREG(st.st_mode):
-        raise OSError(f"{name!r} is not a regular file")
-    return st.st_size
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
+    """The text of an artifact file, size-capped (:func:`ragsieve.artifact.read_text`)."""
+    return read_text(path, max_bytes=max_bytes)
 
 
 def parse_artifact(text: str, source: str) -> dict[str, Any]:
-    """Parse an artifact's text, type-check every field and verify its seal.
-
-    Every reader of an artifact goes through this function (:func:`read_artifact`, the
-    service's reload check), and :meth:`ConformalFilter.from_dict` runs the same field
-    checks (:func:`check_artifact_fields`) on a dict.
-
-    Parameters
-    ----------
-    text : str
-        The artifact's JSON text.
-    source : str
-        Where it came from (a path), for the error messages.
-
-    Returns
-    -------
-    dict
-        The artifact, checked (the filter is not built).
+    """Parse an artifact's text, type-check every field and verify its seal; the checked
+    dict (:meth:`Artifact.parse <ragsieve.artifact.Artifact.parse>`, which gives the
+    typed record).
 
     Raises
     ------
     ArtifactError
-        Not strict JSON (NaN and Infinity are refused), not an object, or a field the
-        checks of :func:`check_artifact_fields` refuse; the message names ``source``.
+        Not strict JSON, not an object, or a field of the wrong type, or a broken seal;
+        the message names ``source``.
     """
-    try:
-        payload = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
-    if not isinstance(payload, dict):
-        raise ArtifactError(
-            f"filter artifact {source!r} holds a JSON {type(payload).__name__}, expected an object."
-        )
-    try:
-        check_artifact_fields(payload)
-    except ArtifactError as exc:
-        raise ArtifactError(f"filter artifact {source!r}: {exc}") from exc
-    return payload
+    return Artifact.parse(text, source).to_dict()
 
 
 def check_artifact_fields(payload: Any) -> int:
-    """Type-check every top-level field of an artifact dict and verify its seal.
-
-    ``format`` is ``"ragsieve.filter"``; ``format_version`` 1 or 2; ``library_version`` a
-    string; ``created`` an ISO-8601 string; ``scorer``, ``calibration``, ``policy`` and
-    ``data`` objects; version 2 has a valid ``checksum`` seal and, when present, a valid
-    ``monitor`` block. Unknown fields are refused. The blocks' contents are checked when
-    the filter is built (:meth:`ConformalFilter.from_dict`).
-
-    Returns
-    -------
-    int
-        The format version.
-
-    Raises
-    ------
-    ArtifactError
-        The first field that is missing, unknown or of the wrong type, or a broken seal.
-    """
-    version = _check_format(payload)
-    unknown = sorted(set(payload) - set(_FIELDS))
-    if unknown:
-        raise ArtifactError(f"artifact has unknown field(s) {unknown}; expected only "
-                            f"{list(_FIELDS)} (free-form notes belong in 'data').")
-    for key in ("scorer", "calibration"):
-        if not isinstance(payload.get(key), Mapping):
-            raise ArtifactError(f"malformed filter artifact: {key!r} is "
-                                f"{_kind(payload.get(key))}, expected an object.")
-    if not isinstance(payload["scorer"].get("scorer"), str):
-        raise ArtifactError(f"malformed filter artifact: scorer 'scorer' == "
-                            f"{payload['scorer'].get('scorer')!r}, expected a scorer name.")
-    for key in ("policy", "data"):
-        if key in payload and not isinstance(payload[key], Mapping):
-            raise ArtifactError(f"artifact {key!r} is {_kind(payload[key])}, expected an object.")
-    if "library_version" in payload and not isinstance(payload["library_version"], str):
-        raise ArtifactError(f"artifact 'library_version' is {_kind(payload['library_version'])}, "
-                            "expected a string.")
-    if "created" in payload:
-        _check_created(payload["created"])
-    if version == 1:
-        extra = sorted({"monitor", "checksum"} & set(payload))
-        if extra:
-            raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
-                                "recalibrate.")
-        return version
-    check_seal(payload)
-    if "monitor" in payload:
-        read_monitor_block(payload["monitor"])
-    return version
-
-
-def _kind(value: Any) -> str:
-    return "missing" if value is None else f"a {type(value).__name__} ({value!r:.60})"
-
-
-def _check_format(payload: Any) -> int:
-    if not isinstance(payload, Mapping) or payload.get("format") != ARTIFACT_FORMAT:
-        got = payload.get("format") if isinstance(payload, Mapping) else type(payload).__name__
-        raise ArtifactError(
-            f"not a ragsieve filter artifact: format == {got!r:.80}, expected {ARTIFACT_FORMAT!r}."
-        )
-    version = payload.get("format_version")
-    if version not in (1, ARTIFACT_VERSION) or isinstance(version, bool) \
-            or not isinstance(version, int):
-        raise ArtifactError(
-            f"artifact format_version == {version!r:.80}; this ragsieve ({__version__}) reads "
-            f"versions 1 and {ARTIFACT_VERSION}."
-        )
-    return int(version)
-
-
-def _check_created(value: Any) -> None:
-    try:
-        _dt.datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        raise ArtifactError(f"artifact 'created' is {_kind(value)}, expected an ISO-8601 "
-                            "date-time string (e.g. '2025-01-31T12:00:00+00:00').") from None
+    """Type-check every top-level field of an artifact dict and verify its seal; the format
+    version (:func:`ragsieve.artifact.check_fields`)."""
+    return check_fields(payload)
 
 
 def read_artifact(path: str | os.PathLike[str], *,
                   max_bytes: int = MAX_ARTIFACT_BYTES) -> dict[str, Any]:
-    """Read a filter artifact (checked, seal verified) without building the filter.
+    """Read a filter artifact (checked, seal verified) as a dict, without building the filter.
+
+    :meth:`Artifact.read <ragsieve.artifact.Artifact.read>` gives the typed record.
 
     Parameters
     ----------
     path : path-like
         The JSON artifact.
     max_bytes : int, default=64 MiB
-        Larger files are refused before they are read (:func:`read_artifact_text`).
+        Larger files are refused before they are read.
 
     Raises
     ------
     ArtifactError
         The file cannot be read, is too large (``ArtifactTooLargeError``), is not UTF-8 or
-        JSON, or :func:`parse_artifact` refuses it.
+        JSON, or a field or the seal is refused.
     """
-    return parse_artifact(read_artifact_text(path, max_bytes=max_bytes), os.fspath(path))
+    return Artifact.read(path, max_bytes=max_bytes).to_dict()

@@ -153,9 +153,9 @@ from ._monitor_reference import (
     reference_block,
     separation,
 )
-from ._seal import check_seal
 from ._sqlite import connect_shared
 from ._validation import check_alpha, check_scores
+from .artifact import Artifact
 
 __all__ = [
     "ALTERNATIVES", "DriftResult", "ExchangeabilityMonitor", "MonitorState", "drift_check",
@@ -444,13 +444,17 @@ class ExchangeabilityMonitor:
         self._db_conn = self._open()
 
     @classmethod
-    def from_artifact(cls, payload: Mapping[str, Any], **kwargs: Any) -> ExchangeabilityMonitor | None:
-        """The monitor of a filter artifact (``read_artifact(path)`` or ``ConformalFilter.to_dict()``).
+    def from_artifact(cls, payload: Artifact | Mapping[str, Any],
+                      **kwargs: Any) -> ExchangeabilityMonitor | None:
+        """The monitor of a filter artifact (``Artifact.read(path)`` or
+        ``ConformalFilter.to_artifact()``).
 
         Parameters
         ----------
-        payload : Mapping
-            The artifact as a dict.
+        payload : Artifact or Mapping
+            The artifact; a dict of a whole artifact (one with a ``"format"``) is read by
+            :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>` (every field,
+            the seal), a bare ``{"monitor": block}`` by the block check alone.
         **kwargs
             ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests`` (``k`` comes
             from the artifact).
@@ -465,20 +469,22 @@ class ExchangeabilityMonitor:
         ------
         ArtifactError
             A malformed ``"monitor"`` block, one of a statistic this ragsieve does not
-            compute, or (for a whole artifact, one with a ``"format"``) a broken seal.
+            compute, or (for a whole artifact, one with a ``"format"``) a field or seal
+            the artifact reader refuses.
         """
-        if not isinstance(payload, Mapping):
+        if not isinstance(payload, (Artifact, Mapping)):
             raise TypeError(f"payload has type {type(payload).__name__}; expected the artifact "
-                            "dict (ragsieve.filter.read_artifact(path)).")
+                            "dict or an Artifact (ragsieve.artifact.Artifact.read(path)).")
         if "k" in kwargs:
             raise TypeError("k is fixed by the artifact's monitor block; do not pass it.")
-        if payload.get("monitor") is None:
+        raw = payload.monitor if isinstance(payload, Artifact) else payload.get("monitor")
+        if raw is None:
             return None
-        if "format" in payload:  # a whole artifact, not a bare {"monitor": block}: sealed
-            check_seal(payload)
+        if isinstance(payload, Mapping) and "format" in payload:  # a whole artifact: checked
+            Artifact.from_dict(payload)
         if "best" in kwargs:
             raise TypeError("best is fixed by the artifact's monitor block; do not pass it.")
-        block = read_monitor_block(payload["monitor"])
+        block = read_monitor_block(raw)
         return cls(block["reference"], k=block["k"], best=block.get("best"), **kwargs)
 
     # ------------------------------------------------------------------ public

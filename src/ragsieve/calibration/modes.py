@@ -32,7 +32,7 @@ from .split import SplitConformalCalibrator
 from .topic import TopicCalibrator
 from .topic_pac import TopicPACCalibrator
 
-__all__ = ["CALIBRATORS", "MODES", "calibrator_from_state", "make_calibrator"]
+__all__ = ["CALIBRATORS", "MODES", "calibrator_from_state", "make_calibrator", "mode_params"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +52,25 @@ def _class_of(mode: Any) -> type[BaseCalibrator]:
         raise ValueError(f"mode == {mode!r}; accepted modes: {', '.join(MODES)}.") from None
 
 
+def mode_params(mode: str) -> tuple[str, ...]:
+    """The parameters :func:`make_calibrator` takes for ``mode``: its calibrator's keyword
+    parameters (for ``budget`` also ``alpha``, read as ``target = 1 - alpha``).
+
+    Raises
+    ------
+    ValueError
+        Unknown mode.
+
+    Examples
+    --------
+    >>> mode_params("pac")
+    ('alpha', 'delta')
+    """
+    cls = _class_of(mode)
+    names = tuple(cls._param_names())
+    return ("alpha", *names) if cls is BudgetCalibrator else names
+
+
 def make_calibrator(mode: str, **params: Any) -> BaseCalibrator:
     """The calibrator of a guarantee mode.
 
@@ -60,24 +79,42 @@ def make_calibrator(mode: str, **params: Any) -> BaseCalibrator:
     mode : str
         One of :data:`MODES`.
     **params
-        Constructor parameters (alpha, delta, min_group_size, budget, unit, gamma,
-        window, ...). Those the mode does not take are ignored (logged at debug level),
-        so one set of options can serve every mode. For ``budget``, ``alpha`` becomes
-        the coverage ``target = 1 - alpha`` the budget is measured against.
+        Constructor parameters of the mode (alpha, delta, min_group_size, budget, unit,
+        gamma, window, ...; :func:`mode_params` lists them). None for a parameter the
+        mode does not take counts as not given. For ``budget``, ``alpha`` becomes the
+        coverage ``target = 1 - alpha`` the budget is measured against.
+
+    Raises
+    ------
+    TypeError
+        A parameter (not None) that ``mode`` does not take; the message lists those it
+        takes. (One set of options for several modes: keep, per mode, the names in
+        :func:`mode_params`.)
+    ValueError
+        Unknown mode, or ``budget`` given both ``alpha`` and ``target``.
 
     Examples
     --------
     >>> make_calibrator("pac", alpha=0.1, delta=0.05)
     PACCalibrator(alpha=0.1, delta=0.05)
+    >>> make_calibrator("marginal", alpha=0.1, delta=0.05)
+    Traceback (most recent call last):
+    ...
+    TypeError: mode 'marginal' does not take delta; it takes: alpha.
     """
     cls = _class_of(mode)
-    names = set(cls._param_names())
-    if cls is BudgetCalibrator and "alpha" in params and params.get("target") is None:
-        params = {**params, "target": 1.0 - float(params["alpha"])}
-    taken = {k: v for k, v in params.items() if k in names}
-    ignored = sorted(k for k, v in params.items() if k not in names and v is not None)
-    if ignored:
-        logger.debug("mode %s ignores %s", mode, ignored)
+    accepted = mode_params(mode)
+    refused = [k for k, v in params.items() if k not in accepted and v is not None]
+    if refused:
+        raise TypeError(f"mode {mode!r} does not take {', '.join(refused)}; it takes: "
+                        f"{', '.join(accepted)}.")
+    taken = {k: v for k, v in params.items() if k in accepted}
+    alpha = taken.pop("alpha", None) if cls is BudgetCalibrator else None
+    if alpha is not None:
+        if taken.get("target") is not None:
+            raise ValueError(f"mode 'budget' got alpha == {alpha!r} and target == "
+                             f"{taken['target']!r}; pass one (target = 1 - alpha).")
+        taken["target"] = 1.0 - float(alpha)
     return cls(**taken)
 
 

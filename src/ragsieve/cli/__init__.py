@@ -397,14 +397,17 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
     p.add_argument("--index", default=None,
                    help="index directory served by POST /query (see `ragsieve index`)")
-    p.add_argument("--max-k", type=positive_int, default=100,
-                   help="largest k a /query request may ask for")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=port, default=8000)
+    # serve's defaults are ServeOptions' (server/options.py): None here means "not given"
+    p.add_argument("--max-k", type=positive_int, default=None,
+                   help="largest k a /query request may ask for (default 100)")
+    p.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=None, help="port to listen on (default 8000)")
     p.add_argument("--api-key-env", default=None,
                    help="env var holding the API key (required to bind a non-loopback host)")
-    p.add_argument("--max-body-bytes", type=positive_int, default=1_000_000)
-    p.add_argument("--max-snippets", type=positive_int, default=1000)
+    p.add_argument("--max-body-bytes", type=positive_int, default=None,
+                   help="larger request bodies get 413 (default 1000000)")
+    p.add_argument("--max-snippets", type=positive_int, default=None,
+                   help="requests with more snippets or labels get 413 (default 1000)")
     add_cache_options(p)
     _add_serve_operations(p)
     p.set_defaults(func=commands.cmd_serve)
@@ -413,9 +416,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def _add_serve_operations(p: argparse.ArgumentParser) -> None:
     """``serve``'s operation options: workers, state, feedback, adaptive, monitor, reload."""
     g = p.add_argument_group("operation")
-    g.add_argument("--workers", type=positive_int, default=1,
+    g.add_argument("--workers", type=positive_int, default=None,
                    help="worker processes (each loads the model; they share the feedback, "
-                        "the adaptive threshold, the monitor and /metrics)")
+                        "the adaptive threshold, the monitor and /metrics; default 1)")
     g.add_argument("--state-dir", default=None, metavar="DIR",
                    help="feedback, reload and monitor files (default: one per artifact path "
                         "under the ragsieve cache, printed at start)")
@@ -425,28 +428,29 @@ def _add_serve_operations(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adaptive", action="store_true",
                    help="the threshold follows the feedback (adaptive conformal inference); "
                         "needs an artifact of mode adaptive")
-    g.add_argument("--monitor-delta", type=fraction, default=0.01,
+    g.add_argument("--monitor-delta", type=fraction, default=None,
                    help="false-alarm bound of the exchangeability alarm (default 0.01)")
     g.add_argument("--watch", action="store_true",
                    help="reload the artifact when its file changes (SIGHUP and POST "
                         "/admin/reload always work)")
-    g.add_argument("--max-artifact-bytes", type=positive_int, default=64 * 2**20, metavar="N",
+    g.add_argument("--max-artifact-bytes", type=positive_int, default=None, metavar="N",
                    help="refuse artifact files larger than this at start and on a reload "
                         "(default 64 MiB)")
     g = p.add_argument_group("fairness and feedback limits")
     g.add_argument("--max-pieces", type=positive_int, default=None, metavar="N",
                    help="most snippet pieces one request may have scored (413 beyond; default "
-                        "sized to about 2 s of model time on 2 cores)")
+                        "128, about 2 s of model time on 2 cores)")
     g.add_argument("--max-queue", type=positive_int, default=None, metavar="N",
                    help="most requests waiting for the model at once (429 with Retry-After "
-                        "beyond)")
+                        "beyond; default 64)")
     g.add_argument("--feedback-retention", type=positive_float, default=None, metavar="SECONDS",
                    help="how long a served score can be labelled; older served rows and their "
                         "labels are pruned (default 7 days)")
     g.add_argument("--max-labels-per-query", type=positive_int, default=None, metavar="N",
-                   help="most labels counted for one query_id")
+                   help="most labels counted for one query_id (default 1000)")
     g.add_argument("--max-labels-per-minute", type=positive_int, default=None, metavar="N",
-                   help="most labels one client may send per minute (429 beyond)")
+                   help="most labels one client may send per minute (429 beyond; default "
+                        "6000)")
 
 
 def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

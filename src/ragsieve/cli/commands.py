@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .options import (
-    artifact_score_field,
     artifact_scorer_options,
     calibrator_params,
     check_artifact_language,
+    check_mode_list_params,
     check_scorer_options,
     choice_lines,
     dumps,
@@ -30,6 +30,9 @@ from .options import (
     scorer_choice,
     warn_traffic_language,
 )
+
+if TYPE_CHECKING:
+    from ..artifact import Artifact
 
 __all__ = [
     "cmd_answers",
@@ -47,7 +50,7 @@ __all__ = [
     "cmd_report",
     "cmd_score",
     "cmd_serve",
-    "serve_operation_options",
+    "serve_options",
 ]
 
 
@@ -63,6 +66,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from ..evaluation import evaluate, format_table
 
     check_scorer_options(args)
+    check_mode_list_params(args)
     engine = make_engine(args)
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
     if args.limit_queries:
@@ -74,9 +78,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if engine.name == "ray":
         from ..engines.scorer import on_engine
 
-        base = getattr(scorer, "base", scorer)
+        base = scorer.base_scorer() or scorer
         scorer = on_engine(scorer, engine, shard_bytes=args.shard_bytes,
-                           scorer_options=artifact_scorer_options(args, {"scorer": base.spec()}))
+                           scorer_options=artifact_scorer_options(args, base.spec()))
     t0 = time.perf_counter()
     try:
         report = evaluate(
@@ -126,6 +130,7 @@ def cmd_choose_alpha(args: argparse.Namespace) -> int:
         raise ValueError(f"choose-alpha picks alpha for a fixed guarantee; mode {args.mode!r} "
                          "is not one (budget: choose the budget; adaptive: its alpha is a "
                          "long-run target). Use --mode marginal, query-recall, pac, ...")
+    check_mode_list_params(args)
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
     choice = choose_alpha(
         pairs, _chosen_scorer(args, pairs), removal=args.removal, coverage=args.coverage,
@@ -291,21 +296,22 @@ def cmd_filter(args: argparse.Namespace) -> int:
     With ``--out`` the results are written by an engine (streaming, resumable, local or
     Ray) as one JSON object per query; without it they are printed.
     """
-    from ..filter import ConformalFilter, read_artifact
+    from ..artifact import Artifact
+    from ..filter import ConformalFilter
 
-    payload = read_artifact(args.filter)
-    check_artifact_language(args, payload)
-    options = artifact_scorer_options(args, payload)
+    artifact = Artifact.read(args.filter)
+    check_artifact_language(args, artifact)
+    options = artifact_scorer_options(args, artifact.scorer)
     if args.out is not None:
-        return _run_filter_job(args, payload, options)
+        return _run_filter_job(args, artifact, options)
     if args.engine != "local":
         raise ValueError(f"--engine {args.engine} writes its results to files: add --out "
                          "PATH (a directory, or a .jsonl / .parquet file).")
     from ..engines import filter_record
 
-    flt = ConformalFilter.from_dict(payload, scorer_options=options)
-    pairs = load_pairs(args, score_field=artifact_score_field(payload))
-    warn_traffic_language(payload, pairs)
+    flt = ConformalFilter.from_artifact(artifact, scorer_options=options)
+    pairs = load_pairs(args, score_field=artifact.score_field)
+    warn_traffic_language(artifact, pairs)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
@@ -331,12 +337,14 @@ def cmd_filter(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """``ragsieve report``: one self-contained HTML page of what a saved filter does to data."""
+    from ..artifact import Artifact
     from ..evaluation.report import build_report, write_report
-    from ..filter import ConformalFilter, read_artifact
+    from ..filter import ConformalFilter
 
-    payload = read_artifact(args.filter)
-    flt = ConformalFilter.from_dict(payload, scorer_options=artifact_scorer_options(args, payload))
-    pairs = load_pairs(args, score_field=artifact_score_field(payload))
+    artifact = Artifact.read(args.filter)
+    flt = ConformalFilter.from_artifact(
+        artifact, scorer_options=artifact_scorer_options(args, artifact.scorer))
+    pairs = load_pairs(args, score_field=artifact.score_field)
     page = build_report(flt, pairs, data_name=str(args.data), filter_name=str(args.filter),
                         max_queries=args.max_queries, n_splits=args.splits,
                         confidence=args.confidence, seed=args.seed, progress=not args.quiet)
@@ -354,12 +362,11 @@ def _filter_summary(n_queries: int, kept: float, total: float, flt: Any) -> str:
             f"tau={_tau(flt.threshold)}, alpha={flt.alpha:g}")
 
 
-def _run_filter_job(args: argparse.Namespace, payload: dict[str, Any],
+def _run_filter_job(args: argparse.Namespace, artifact: Artifact,
                     options: dict[str, Any]) -> int:
     from ..engines import FilterTask
 
-    task = FilterTask(payload, scorer_options=options,
-                      score_field=artifact_score_field(payload))
+    task = FilterTask(artifact, scorer_options=options, score_field=artifact.score_field)
     report = _run_job(args, task, engine_inputs(args))
     stats = report.stats
     if args.json:
@@ -401,14 +408,14 @@ def cmd_score(args: argparse.Namespace) -> int:
     from ..engines import ScoreTask
 
     if args.filter:
-        from ..filter import read_artifact
+        from ..artifact import Artifact
 
         if args.scorer != "embedding" or args.score_field or args.model:
             raise ValueError("--filter scores with the artifact's scorer; drop --scorer, "
                              "--score-field and --model.")
-        payload = read_artifact(args.filter)
-        spec, options = payload["scorer"], artifact_scorer_options(args, payload)
-        score_field = artifact_score_field(payload)
+        artifact = Artifact.read(args.filter)  # the one reader: every field, the seal
+        spec, options = artifact.scorer, artifact_scorer_options(args, artifact.scorer)
+        score_field = artifact.score_field
     else:
         if args.scorer in ("best", "auto"):
             chosen = "chosen and " if args.scorer == "auto" else ""
@@ -417,7 +424,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                              "its score, or name one (--scorer embedding, the default here).")
         scorer = make_scorer(args)
         spec = scorer.spec()
-        options = artifact_scorer_options(args, {"scorer": spec})
+        options = artifact_scorer_options(args, spec)
         score_field = score_field_of(args)
     task = ScoreTask(spec, scorer_options=options, score_name=args.score_name,
                      score_field=score_field)
@@ -546,44 +553,50 @@ def cmd_llm_injection(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """``ragsieve serve``: the HTTP service around a saved filter (and an index)."""
-    from ..filter import read_artifact
-    from ..server import api_key_from_env, run_server
+    from ..artifact import Artifact
+    from ..server import run_server
 
-    key = api_key_from_env(args.api_key_env) if args.api_key_env else None
-    payload = read_artifact(args.filter, max_bytes=args.max_artifact_bytes)
-    options = artifact_scorer_options(args, payload)
-    run_server(args.filter, host=args.host, port=args.port, api_key=key,
-               max_body_bytes=args.max_body_bytes, max_snippets=args.max_snippets,
-               scorer_options=options or None, index_path=args.index, max_k=args.max_k,
-               **serve_operation_options(args))
+    options = serve_options(args)  # every option checked before the artifact is read
+    artifact = Artifact.read(args.filter, max_bytes=options.max_artifact_bytes)
+    options = options.replace(scorer_options=artifact_scorer_options(args, artifact.scorer))
+    line = (f"ragsieve serve: state dir {options.state_dir}; feedback database "
+            f"{options.feedback_db}"
+            + (f"; {options.workers} workers" if options.workers > 1 else ""))
+    # says where the state lives once the artifact is loaded (an error before that stays
+    # the only line)
+    run_server(args.filter, options, on_start=lambda: eprint(line))
     return 0
 
 
-def serve_operation_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``serve``'s operation options for ``run_server``; says where the state lives once the
-    artifact is loaded (an error before that stays the only line)."""
+def serve_options(args: argparse.Namespace) -> Any:
+    """The :class:`~ragsieve.server.options.ServeOptions` of ``serve``'s parsed options.
+
+    An option left unset (None) takes the ``ServeOptions`` default (one definition of each
+    default); the state directory defaults to one per artifact path
+    (:func:`~ragsieve.server.state.default_state_dir`), the feedback database to
+    ``<state dir>/feedback.sqlite``, the API key is read from ``--api-key-env``.
+    """
+    from ..server import api_key_from_env
+    from ..server.options import ServeOptions
     from ..server.state import default_state_dir
 
+    given = {name: getattr(args, name) for name in ServeOptions.names()
+             if getattr(args, name, None) is not None}
     state = Path(args.state_dir) if args.state_dir else default_state_dir(args.filter)
-    feedback = Path(args.feedback) if args.feedback else state / "feedback.sqlite"
-    line = (f"ragsieve serve: state dir {state}; feedback database {feedback}"
-            + (f"; {args.workers} workers" if args.workers > 1 else ""))
-    limits = {name: getattr(args, name) for name in (
-        "max_pieces", "max_queue", "feedback_retention", "max_labels_per_query",
-        "max_labels_per_minute") if getattr(args, name) is not None}
-    return {"workers": args.workers, "state_dir": state, "feedback_db": feedback,
-            "adaptive": args.adaptive, "monitor_delta": args.monitor_delta, "watch": args.watch,
-            "max_artifact_bytes": args.max_artifact_bytes, **limits,
-            "on_start": lambda: eprint(line)}
+    return ServeOptions(**{
+        **given, "state_dir": state, "index_path": args.index,
+        "feedback_db": Path(args.feedback) if args.feedback else state / "feedback.sqlite",
+        "api_key": api_key_from_env(args.api_key_env) if args.api_key_env else None,
+    })
 
 
 def cmd_recalibrate(args: argparse.Namespace) -> int:
     """``ragsieve recalibrate``: a new artifact from the labels stored by ``serve``."""
-    from ..filter import read_artifact
+    from ..artifact import Artifact
     from ..server.recalibrate import recalibrate
 
-    payload = read_artifact(args.filter)
-    result = recalibrate(payload, args.feedback, min_labels=args.min_labels,
+    artifact = Artifact.read(args.filter)
+    result = recalibrate(artifact, args.feedback, min_labels=args.min_labels,
                          merge=args.merge)  # scores nothing
     result.filter.save(args.out)
     report = {

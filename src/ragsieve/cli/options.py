@@ -16,10 +16,14 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..data.splits import MAX_SPLITS  # the library's own bound on splits
+
+if TYPE_CHECKING:
+    from ..artifact import Artifact
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +38,13 @@ __all__ = [
     "add_json_option",
     "add_llm_options",
     "add_scorer_options",
-    "artifact_score_field",
     "artifact_scorer_options",
     "at_most",
     "bounded_int",
     "bounded_ints",
     "calibrator_params",
     "check_artifact_language",
+    "check_mode_list_params",
     "check_scorer_options",
     "choice_lines",
     "count",
@@ -362,9 +366,10 @@ def add_embedding_options(p: argparse.ArgumentParser, *, model: bool = True) -> 
                         "in the calibration texts with py3langid, else en)")
 
 
-def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None:
-    """The LLM endpoint (``--base-url``, ``--llm-model``, ...); with ``scorer``, also
-    ``--llm-mode`` and ``--tie-breaking`` of the LLM scorer."""
+def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> Any:
+    """The LLM endpoint (``--base-url``, ``--llm-model``, ...); with ``scorer``, also the
+    LLM scorer's own flags (``--llm-mode``, ``--tie-breaking``: its declared options).
+    Returns the argument group."""
     g = p.add_argument_group("LLM (scorer llm, labelling, answers)")
     g.add_argument("--base-url", default=os.environ.get("RAGSIEVE_LLM_BASE_URL"),
                    help="OpenAI-compatible base URL incl. /v1 (env RAGSIEVE_LLM_BASE_URL); "
@@ -382,11 +387,8 @@ def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> None
     g.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="env var holding the API key")
     if scorer:
-        g.add_argument("--llm-mode", choices=["logprob", "rating"], default="logprob",
-                       help="scorer llm: P(yes) from logprobs (default) or a verbal rating "
-                            "in [0, 1]")
-        g.add_argument("--tie-breaking", choices=["none", "random"], default="none",
-                       help="scorer llm: random jitter so tied (discrete) scores cover exactly")
+        _add_declared_flags(p, {"llm": g}, aliases=("llm",))
+    return g
 
 
 def add_engine_options(p: argparse.ArgumentParser, *, output: bool = True) -> None:
@@ -471,16 +473,36 @@ def add_scorer_options(p: argparse.ArgumentParser, *, default: str = "auto") -> 
                         "--relative-kind), best (fused score, fitted on part of the calibration "
                         "data), llm, or field (an outside score read from --score-field) "
                         f"(default {default})")
-    g.add_argument("--relative-kind", choices=["gap", "z", "rank", "ratio"], default="gap",
-                   help="scorer relative: how a snippet's cosine is compared with its list")
-    g.add_argument("--score-field", default=None, metavar="NAME",
-                   help="scorer field: the JSONL key holding each pair's score (e.g. a "
-                        "reranker's); every line must hold a finite number there")
-    g.add_argument("--higher-is-better", action="store_true",
-                   help="scorer field: higher values mean more relevant (default: lower)")
+    # every registered scorer's own flags; the shared ones (model, cache, LLM endpoint)
+    # come from their groups below, once
+    from ..scoring import registered_scorers
+
+    shared = argparse.ArgumentParser(add_help=False)
+    add_embedding_options(shared)
+    add_cache_options(shared)
+    add_llm_options(shared)
+    skip = {flag for action in shared._actions for flag in action.option_strings}
+    _add_declared_flags(p, {"score": g}, registered_scorers(), skip)
     add_embedding_options(p)
     add_cache_options(p)
-    add_llm_options(p, scorer=True)
+    llm = add_llm_options(p)
+    _add_declared_flags(p, {"llm": llm}, registered_scorers(), skip)
+
+
+def _add_declared_flags(p: argparse.ArgumentParser, groups: dict[str, Any],
+                        aliases: Sequence[str], skip: set[str] | None = None) -> None:
+    """The flags the scorers ``aliases`` declare (:func:`ragsieve.scoring.scorer_options`)
+    in ``groups`` (by the option's group), each once; flags in ``skip`` or already in the
+    parser (``--model``) are shared and left to their own group."""
+    from ..scoring import scorer_options
+
+    have = {flag for action in p._actions for flag in action.option_strings} | (skip or set())
+    for alias in aliases:
+        for option in scorer_options(alias):
+            if option.flag is None or option.flag in have or option.group not in groups:
+                continue
+            groups[option.group].add_argument(option.flag, **option.argparse_kwargs())
+            have.add(option.flag)
 
 
 def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
@@ -503,8 +525,9 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
     else:
         g.add_argument("--mode", choices=_known_modes(), default="marginal", metavar="M",
                        help=f"guarantee mode: {accepted} (default marginal)")
-    g.add_argument("--delta", type=fraction, default=0.1,
-                   help="pac mode: probability that the calibration draw is unlucky")
+    g.add_argument("--delta", type=fraction, default=NotGiven(DEFAULT_DELTA),
+                   help="pac, topic-pac and budget modes: probability that the calibration "
+                        f"draw is unlucky (default {DEFAULT_DELTA})")
     g.add_argument("--group-by", default=None, metavar="FIELD",
                    help="group mode: the meta field (JSONL key) to calibrate per, e.g. language")
     g.add_argument("--min-group-size", type=positive_int, default=None,
@@ -516,7 +539,7 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
         return
     g.add_argument("--budget", type=positive_int, default=None, metavar="N",
                    help="budget mode: context budget per query, in --unit")
-    g.add_argument("--unit", choices=["chars", "tokens"], default="chars",
+    g.add_argument("--unit", choices=["chars", "tokens"], default=None,
                    help="budget mode: unit of --budget (default chars)")
     g.add_argument("--gamma", type=positive_float, default=None,
                    help="adaptive mode: step size of the online update")
@@ -557,13 +580,45 @@ def embedding_cache_dir(args: argparse.Namespace) -> Path:
 def embedding_options(args: argparse.Namespace, language: str | None = None) -> dict[str, Any]:
     """Keyword arguments of an embedding-based scorer: model, language (``language``, else
     :func:`language_of`), cache."""
-    opts: dict[str, Any] = {"model": getattr(args, "model", None),
-                            "language": language or language_of(args)}
-    if getattr(args, "backend", "auto") != "auto":
-        opts["backend"] = args.backend
-    if not args.no_cache:
-        opts["cache_dir"] = embedding_cache_dir(args)
-    return opts
+    return scorer_kwargs(args, "embedding", language or language_of(args))
+
+
+_MISSING = object()
+
+
+def _flag_value(args: argparse.Namespace, option: Any, language: str | None) -> Any:
+    """The value the command line gives ``option`` (``_MISSING``: the command has no such
+    flag). The shared flags resolve here: ``--language`` to the data's language,
+    ``--cache-dir`` to the cache directory (None under ``--no-cache``), ``--no-X`` to not."""
+    if option.flag == "--language":
+        return language
+    value = getattr(args, option.dest, _MISSING)
+    if value is _MISSING:
+        return value
+    if option.flag == "--cache-dir":
+        return None if args.no_cache else embedding_cache_dir(args)
+    return not value if option.negated else value
+
+
+def scorer_kwargs(args: argparse.Namespace, alias: str, language: str | None = None, *,
+                  runtime_only: bool = False) -> dict[str, Any]:
+    """Keyword arguments of scorer ``alias`` from its declared options' flags (a value only
+    where it differs from the option's default); with ``runtime_only``, only the options
+    that do not change scores, and none unless the command has every one of their flags."""
+    from ..scoring import scorer_options
+
+    options = [o for o in scorer_options(alias) if o.flag and (o.runtime or not runtime_only)]
+    values = {o.name: _flag_value(args, o, language) for o in options}
+    if runtime_only and any(v is _MISSING for v in values.values()):
+        return {}  # e.g. the LLM endpoint on a command that does not take it
+    return {o.name: values[o.name] for o in options
+            if values[o.name] is not _MISSING and values[o.name] != o.default}
+
+
+def _takes_language(alias: str) -> bool:
+    from ..scoring import scorer_options
+
+    return any(o.flag == "--language" for o in scorer_options(alias))
 
 
 def llm_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -654,18 +709,17 @@ def scorer_choice(args: argparse.Namespace, pairs: Any = None, *,
     """
     from ..scoring import AutoScorer
 
-    if (args.scorer == "auto" and not resolve_auto) or args.scorer in ("field", "llm"):
+    if (args.scorer == "auto" and not resolve_auto) or not _takes_language(args.scorer):
         # calibrate detects and records the language; field and llm choose no model by it
         known, source = language_choice(args)
         language = None if source == "default" else known
         if args.scorer != "auto":
             return ScorerChoice(make_scorer(args, language=language or "en"), language, source)
-        opts = {**embedding_options(args, "en"), "language": language}
-        return ScorerChoice(AutoScorer(**opts), language, source)
+        return ScorerChoice(AutoScorer(**scorer_kwargs(args, "auto", language)), language, source)
     language, source = language_choice(args, pairs)
     if args.scorer != "auto":
         return ScorerChoice(make_scorer(args, language=language), language, source)
-    auto = AutoScorer(**embedding_options(args, language))
+    auto = AutoScorer(**scorer_kwargs(args, "auto", language))
     if not pairs:
         return ScorerChoice(auto, language, source)
     scorer, score, _ = auto.resolve(pairs)
@@ -674,7 +728,8 @@ def scorer_choice(args: argparse.Namespace, pairs: Any = None, *,
 
 def make_scorer(args: argparse.Namespace, pairs: Any = None, *,
                 language: str | None = None) -> Any:
-    """The scorer named by ``--scorer`` with its options (``resolve_scorer`` does the rest).
+    """The scorer named by ``--scorer``, built by ``resolve_scorer`` from the flags of its
+    declared options (:func:`scorer_kwargs`).
 
     ``best`` gives an unfitted fused scorer: ``evaluate`` fits it in every split and
     ``ConformalFilter.calibrate`` on a quarter of the calibration topics. ``auto`` is
@@ -685,21 +740,9 @@ def make_scorer(args: argparse.Namespace, pairs: Any = None, *,
     check_scorer_options(args)
     if args.scorer == "auto":
         return scorer_choice(args, pairs).scorer
-    if language is None:
+    if language is None and _takes_language(args.scorer):
         language = language_of(args, pairs)
-    if args.scorer == "field":
-        return resolve_scorer("field", field=args.score_field,
-                              higher_is_better=bool(args.higher_is_better))
-    if args.scorer == "llm":
-        kwargs: dict[str, Any] = {"mode": args.llm_mode, "tie_breaking": args.tie_breaking,
-                                  **llm_options(args)}
-        if args.no_cache:
-            kwargs["cache"] = False
-        return resolve_scorer("llm", **kwargs)
-    if args.scorer == "relative":
-        base = resolve_scorer("embedding", **embedding_options(args, language))
-        return resolve_scorer("relative", kind=args.relative_kind, base=base)
-    return resolve_scorer(args.scorer, **embedding_options(args, language))
+    return resolve_scorer(args.scorer, **scorer_kwargs(args, args.scorer, language))
 
 
 def score_field_of(args: argparse.Namespace) -> str | None:
@@ -707,25 +750,19 @@ def score_field_of(args: argparse.Namespace) -> str | None:
     return args.score_field if getattr(args, "scorer", None) == "field" else None
 
 
-def artifact_scorer_options(args: argparse.Namespace, payload: dict[str, Any]) -> dict[str, Any]:
-    """Options that do not change scores, to rebuild an artifact's scorer from its spec:
-    the embedding cache for embedding-based scorers, the endpoint and cache for the LLM."""
-    spec = payload.get("scorer")
-    kind = spec.get("scorer") if isinstance(spec, dict) else None
-    if kind in ("embedding", "relative", "fusion"):
-        return {} if args.no_cache else {"cache_dir": embedding_cache_dir(args)}
-    if kind == "llm" and hasattr(args, "base_url"):
-        options = {k: v for k, v in llm_options(args).items() if v is not None and k != "model"}
-        return {**options, "cache": False} if args.no_cache else options
-    return {}
+def artifact_scorer_options(args: argparse.Namespace, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Options that do not change scores, to rebuild a saved scorer from its ``spec``
+    (``Artifact.scorer``): its declared ``runtime`` options (the embedding cache for
+    embedding-based scorers, the endpoint and cache for the LLM)."""
+    from ..scoring import registered_scorers
+
+    kind = spec.get("scorer")
+    if kind not in registered_scorers():
+        return {}
+    return scorer_kwargs(args, str(kind), runtime_only=True)
 
 
-def _block(payload: dict[str, Any], key: str) -> dict[str, Any]:
-    value = payload.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def check_artifact_language(args: argparse.Namespace, payload: dict[str, Any]) -> None:
+def check_artifact_language(args: argparse.Namespace, artifact: Artifact) -> None:
     """``--language`` of ``filter``/``serve`` against the artifact's: the model and
     threshold were fixed by ``calibrate``, so a different language is an error.
 
@@ -741,14 +778,11 @@ def check_artifact_language(args: argparse.Namespace, payload: dict[str, Any]) -
     from ..embeddings.languages import MODEL_LANGUAGES, normalise_language
 
     code = normalise_language(given)
-    recorded = _block(payload, "data").get("language")
-    recorded = recorded if isinstance(recorded, str) else None
-    spec = _block(payload, "scorer")
-    model = _model_of(spec)
+    recorded, model = artifact.language, artifact.model
     if recorded is not None:
         if code == normalise_language(recorded):
             return
-        uses = f"model {model}" if model else f"score {spec.get('scorer')}"
+        uses = f"model {model}" if model else f"score {artifact.scorer.get('scorer')}"
         raise ValueError(
             f"--language {given}: the filter {args.filter} was calibrated on language "
             f"{recorded} ({uses}); --language does not change a "
@@ -760,51 +794,91 @@ def check_artifact_language(args: argparse.Namespace, payload: dict[str, Any]) -
             f"{code}; --language does not change a saved filter: calibrate one on {code} data.")
 
 
-def warn_traffic_language(payload: dict[str, Any], pairs: Any) -> str | None:
+def warn_traffic_language(artifact: Artifact, pairs: Any) -> str | None:
     """Log (once, as a warning) and return a note when the queries of ``pairs`` are in
     another language than the artifact records; None when they agree or nothing is known."""
-    recorded = _block(payload, "data").get("language")
-    if not isinstance(recorded, str) or not pairs:
+    if artifact.language is None or not pairs:
         return None
     from ..embeddings.detection import traffic_language_note
 
-    note = traffic_language_note(recorded, list(dict.fromkeys(p.query for p in pairs)),
-                                 model=_model_of(_block(payload, "scorer")))
+    note = traffic_language_note(artifact.language, list(dict.fromkeys(p.query for p in pairs)),
+                                 model=artifact.model)
     if note:
         logger.warning("%s", note)
     return note
 
 
-def artifact_score_field(payload: dict[str, Any]) -> str | None:
-    """The field an artifact's outside-score (``field``) scorer reads, else None."""
-    spec = payload.get("scorer")
-    if isinstance(spec, dict) and spec.get("scorer") == "field":
-        field = spec.get("field")
-        return str(field) if field else None
-    return None
+#: ``--delta`` when not given (for ``calibrate``: the modes that take a delta).
+DEFAULT_DELTA = 0.1
+
+
+class NotGiven(float):
+    """A number option's default, marked as not given on the command line: it reads as
+    the number everywhere, and :func:`calibrator_params` passes only given options."""
+
+    __slots__ = ()
+
+#: ``calibrate``'s options that are calibrator parameters.
+CALIBRATOR_OPTIONS = ("alpha", "delta", "min_group_size", "budget", "unit", "gamma", "window")
 
 
 def calibrator_params(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword arguments of ``make_calibrator`` from ``calibrate``'s options.
 
-    Options left at None are not passed, so the calibrator keeps its own defaults.
+    Only options the user gave count (None: not given, the calibrator keeps its own
+    default; ``--delta`` is :data:`DEFAULT_DELTA` for the modes that take one, ``--alpha``
+    has its own default); a given option the mode does not take is an error.
 
     Raises
     ------
     ValueError
-        ``--mode budget`` without ``--budget``, or ``--mode group`` without ``--group-by``.
+        ``--mode budget`` without ``--budget``, ``--mode group`` without ``--group-by``,
+        or an option the mode does not take (``--mode marginal --delta 0.05``).
     """
+    from ..calibration.modes import mode_params
+
     if args.mode == "budget" and args.budget is None:
         raise ValueError("--mode budget needs --budget N, the context budget per query "
                          "(in --unit, default chars).")
     if args.mode == "group" and not args.group_by:
         raise ValueError("--mode group needs --group-by FIELD, the meta field (JSONL key) to "
                          "calibrate per, e.g. --group-by language.")
-    params = {
-        "alpha": args.alpha, "delta": args.delta, "min_group_size": args.min_group_size,
-        "budget": args.budget, "unit": args.unit, "gamma": args.gamma, "window": args.window,
-    }
-    return {k: v for k, v in params.items() if v is not None}
+    given = {k: getattr(args, k) for k in CALIBRATOR_OPTIONS
+             if getattr(args, k) is not None and not isinstance(getattr(args, k), NotGiven)}
+    taken = [k for k in CALIBRATOR_OPTIONS if k in mode_params(args.mode)]
+    refused = [k for k in given if k not in taken]
+    if refused:
+        raise ValueError(f"--mode {args.mode} does not take {', '.join(map(_flag, refused))}; "
+                         f"it takes: {', '.join(map(_flag, taken))}.")
+    if "delta" in taken and "delta" not in given:
+        given["delta"] = DEFAULT_DELTA
+    return given
+
+
+def check_mode_list_params(args: argparse.Namespace) -> None:
+    """``evaluate``/``choose-alpha``'s calibrator options against the listed modes: an
+    option given on the command line that none of them takes is an error (never ignored).
+
+    Raises
+    ------
+    ValueError
+        E.g. ``--mode marginal,topic --delta 0.05`` (no listed mode takes delta).
+    """
+    from ..calibration.modes import mode_params
+
+    modes = list(args.mode) if isinstance(args.mode, (list, tuple)) else [args.mode]
+    if getattr(args, "budget", None):
+        modes.append("budget")  # --budget N adds the budget rows
+    taken = {k for m in modes for k in mode_params(m)}
+    for name in ("delta", "min_group_size", "unit", "gamma", "window"):
+        value = getattr(args, name, None)
+        if value is not None and not isinstance(value, NotGiven) and name not in taken:
+            raise ValueError(f"{_flag(name)} applies to none of the modes {', '.join(modes)}: "
+                             f"add a mode that takes it, or drop {_flag(name)}.")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def load_pairs(args: argparse.Namespace, *, require_labels: bool = False,

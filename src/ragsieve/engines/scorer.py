@@ -18,7 +18,7 @@ import numpy as np
 
 from ..data.jsonl import group_by_query, write_pairs
 from ..data.shards import expand_inputs
-from ..scoring import FusedScorer, KeepRule, Scorer
+from ..scoring import KeepRule, Scorer
 from ..types import Pair
 from .base import DEFAULT_BATCH_PAIRS, run_job
 from .tasks import ScoreTask
@@ -102,6 +102,7 @@ class EngineScorer(Scorer):
 def on_engine(scorer: Scorer, engine: Any, **options: Any) -> Scorer:
     """``scorer`` with its expensive part on ``engine``: an unfitted fused score keeps
     being fitted in-process (per split) on base scores the engine computes."""
-    if isinstance(scorer, FusedScorer) and not scorer.is_fitted:
-        return FusedScorer.unfitted(EngineScorer(scorer.base, engine, **options))
+    base = scorer.base_scorer()
+    if not scorer.is_fitted and base is not None:
+        return scorer.with_base(EngineScorer(base, engine, **options))
     return EngineScorer(scorer, engine, **options)

@@ -7,12 +7,12 @@ that runs it, so a Ray actor loads its model once and keeps it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..artifact import Artifact
 from ..data.jsonl import pair_to_record
 from ..data.parquet import records_table
 from ..types import FilterResult, Pair
@@ -123,8 +123,10 @@ class FilterTask:
 
     Parameters
     ----------
-    artifact : dict
-        The filter artifact (``read_artifact(path)``).
+    artifact : Artifact or Mapping
+        The filter artifact (``Artifact.read(path)``); a dict is read by
+        :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>` (every field, the
+        seal).
     scorer_options : mapping, optional
         Options that do not change scores (embedding cache, LLM endpoint).
     score_field : str, optional
@@ -135,28 +137,28 @@ class FilterTask:
     require_labels = False
     columns: tuple[str, ...] = ()
 
-    def __init__(self, artifact: Mapping[str, Any], *,
+    def __init__(self, artifact: Artifact | Mapping[str, Any], *,
                  scorer_options: Mapping[str, Any] | None = None,
                  score_field: str | None = None) -> None:
-        if not isinstance(artifact, Mapping):
-            raise TypeError(f"artifact is a {type(artifact).__name__}, expected the artifact dict "
-                            "(ragsieve.filter.read_artifact).")
-        self.artifact = json.loads(json.dumps(dict(artifact)))
+        if isinstance(artifact, Mapping):
+            artifact = Artifact.from_dict(artifact)
+        if not isinstance(artifact, Artifact):
+            raise TypeError(f"artifact is a {type(artifact).__name__}, expected an Artifact "
+                            "(ragsieve.artifact.Artifact.read(path)) or the artifact dict.")
+        self.artifact = artifact
         self.scorer_options = dict(scorer_options or {})
         self.score_field = score_field
         self._filter: Any = None
 
     def spec(self) -> dict[str, Any]:
-        # the whole artifact's digest: a v1 artifact has no checksum of its own
-        digest = hashlib.sha256(json.dumps(self.artifact, sort_keys=True).encode()).hexdigest()
-        return {"task": self.kind, "artifact_sha256": digest}
+        return {"task": self.kind, "artifact_sha256": self.artifact.identity}
 
     def setup(self) -> None:
         if self._filter is None:
             from ..filter import ConformalFilter
 
-            self._filter = ConformalFilter.from_dict(self.artifact,
-                                                     scorer_options=self.scorer_options)
+            self._filter = ConformalFilter.from_artifact(self.artifact,
+                                                         scorer_options=self.scorer_options)
 
     @property
     def filter(self) -> Any:

@@ -197,11 +197,7 @@ def expected_on_new_topics(
 
 def _refittable(scorer: Any) -> Any:
     """A fitted fused score as an unfitted one on the same base (refitted per fold)."""
-    from ..scoring import FusedScorer
-
-    if isinstance(scorer, FusedScorer) and scorer.is_fitted:
-        return FusedScorer.unfitted(scorer.base)
-    return scorer
+    return scorer.unfitted_copy()
 
 
 def _config(mode: str, alpha: float, k: int, seed: int,

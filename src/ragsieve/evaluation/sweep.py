@@ -22,10 +22,11 @@ import numpy as np
 
 from .._validation import check_alpha, check_scores
 from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
+from ..calibration.inputs import CalibrationInputs
 from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
 from ..scoring.base import KeepRule
-from ..scoring.fusion import FUSION_FIT_FRACTION
+from ..scoring.fusion import FUSION_FIT_FRACTION, fit_fused
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
@@ -147,30 +148,27 @@ class EvaluationConfig:
             raise ValueError(f"n_splits == {self.n_splits!r}, must be an int in [1, {MAX_SPLITS}].")
 
     def calibrator(self, mode: str, alpha: float) -> BaseCalibrator:
-        """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters."""
+        """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters (those
+        ``mode`` takes: the config holds the parameters of every mode it sweeps)."""
+        from ..calibration.modes import mode_params
+
         params = {"delta": self.delta, "min_group_size": self.min_group_size,
                   "budget": self.budgets[0] if self.budgets else None, "bound": self.bound,
                   **self.calibrator_params, "alpha": alpha}
-        return make_calibrator(mode, **params)
+        taken = mode_params(mode)
+        return make_calibrator(mode, **{k: v for k, v in params.items() if k in taken})
 
 
 @dataclass(frozen=True)
 class ScoredData:
     """A scored dataset as flat arrays, one entry per (query, snippet) pair.
 
-    Attributes
-    ----------
-    scores : numpy.ndarray of float
-    relevant : numpy.ndarray of bool
-    query_index : numpy.ndarray of int
-        Index of the pair's query (0..n_queries-1).
-    group_index : numpy.ndarray of int
-        Index of the pair's group (topic).
-    lengths : numpy.ndarray of int
-        Characters of the snippet text.
-    attribute : numpy.ndarray or None
-        Per-pair value of the attribute the ``group`` (Mondrian) mode calibrates per
-        (e.g. language); independent of the topic ``group_index`` used for splits.
+    ``scores`` (numpy.ndarray of float) and the fields of
+    :class:`~ragsieve.calibration.inputs.CalibrationInputs`, the calibrator inputs
+    ``calibrate`` reads from its pairs too (:attr:`inputs`): ``relevant``, ``query_index``
+    (0..n_queries-1), ``group_index`` (the topic, which splits respect), ``lengths``
+    (characters), ``attribute`` (the ``group`` mode's per-pair value, e.g. language, or
+    None) and ``texts`` (kept by ``from_pairs``; the budget mode measures them in its unit).
     """
 
     scores: np.ndarray
@@ -179,6 +177,7 @@ class ScoredData:
     group_index: np.ndarray
     lengths: np.ndarray
     attribute: np.ndarray | None = None
+    texts: tuple[str, ...] | None = None
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[Pair], scores: Any, *, group_by: str | None = None) -> ScoredData:
@@ -195,17 +194,15 @@ class ScoredData:
             raise DataError(
                 f"{missing} pair(s) have no relevance label; evaluation needs relevant = 0/1."
             )
-        qids: dict[str, int] = {}
-        gids: dict[str, int] = {}
-        return cls(
-            scores=arr,
-            relevant=np.array([p.relevant == 1 for p in pairs], dtype=bool),
-            query_index=np.array([qids.setdefault(p.query_id, len(qids)) for p in pairs]),
-            group_index=np.array([gids.setdefault(p.group, len(gids)) for p in pairs]),
-            lengths=np.array([len(p.text) for p in pairs]),
-            attribute=None if group_by is None else np.array(
-                [str(p.meta.get(group_by, "(none)")) for p in pairs], dtype=object),
-        )
+        inputs = CalibrationInputs.from_pairs(pairs, group_by=group_by, missing_group="(none)")
+        return cls(scores=arr, **{f.name: getattr(inputs, f.name)
+                                  for f in dataclasses.fields(CalibrationInputs)})
+
+    @property
+    def inputs(self) -> CalibrationInputs:
+        """The calibrator inputs of these pairs (the translation ``calibrate`` uses too)."""
+        return CalibrationInputs(**{f.name: getattr(self, f.name)
+                                    for f in dataclasses.fields(CalibrationInputs)})
 
     @property
     def n_queries(self) -> int:
@@ -262,19 +259,13 @@ def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, see
                 salt: int, fraction: float) -> tuple[ScoredData, np.ndarray]:
     """Fit the fused score on a random ``fraction`` of the calibration topics; score every pair.
 
-    Returns the data with fused scores and the calibration indices left for conformal.
+    The fit is :func:`~ragsieve.scoring.fusion.fit_fused`, the one ``calibrate`` makes
+    (split ``salt`` of ``seed``). Returns the data with fused scores and the calibration
+    indices left for conformal.
     """
-    from ..scoring.fusion import fit_logistic, fit_topic_count
-
-    topics = np.unique(data.group_index[cal_idx])
-    rng = np.random.default_rng([seed, salt])
-    n_fit = fit_topic_count(topics.size, fraction)
-    fit_topics = rng.permutation(topics)[:n_fit]
-    fit_mask = np.isin(data.group_index[cal_idx], fit_topics)
-    fit_idx, conf_idx = cal_idx[fit_mask], cal_idx[~fit_mask]
-    w, b, mu, sc = fit_logistic(features[fit_idx], data.relevant[fit_idx])
-    fused = -(((features - mu) / sc) @ w + b)
-    return dataclasses.replace(data, scores=fused), conf_idx
+    fitted, fit = fit_fused(features[cal_idx], data.relevant[cal_idx], data.group_index[cal_idx],
+                            seed=seed, split=salt, fraction=fraction)
+    return dataclasses.replace(data, scores=fitted.scores(features)), cal_idx[~fit]
 
 
 def calibrated_k(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, alpha: float) -> int:
@@ -550,13 +541,12 @@ def evaluate_scores(
 def _calibrate_split(data: ScoredData, cal: BaseCalibrator, cal_idx: np.ndarray) -> np.ndarray:
     """Fit ``cal`` on the calibration indices and return its keep-mask over every pair.
 
-    Each calibrator gets the inputs it declares: query ids, lengths, and as ``groups``
-    the topics or the attribute, as its ``group_kind`` says.
+    Each calibrator gets the inputs :class:`~ragsieve.calibration.inputs.CalibrationInputs`
+    gives it, the same as in ``ConformalFilter.calibrate``.
     """
-    groups = data.attribute if cal.group_kind == "attribute" else data.group_index
-    cal.fit(data.scores[cal_idx], data.relevant[cal_idx], query_ids=data.query_index[cal_idx],
-            groups=None if groups is None else groups[cal_idx], lengths=data.lengths[cal_idx])
-    return cal.predict(data.scores, query_ids=data.query_index, groups=groups, lengths=data.lengths)
+    inputs = data.inputs
+    inputs.fit(cal, data.scores, cal_idx)
+    return inputs.predict(cal, data.scores)
 
 
 def _conformal_metrics(data: ScoredData, cal: BaseCalibrator, kept: np.ndarray,
@@ -756,20 +746,18 @@ def score_for_evaluation(
     pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
     if not fusion:
         return pairs, scores, None, scorer.spec(), n_dropped
-    from ..scoring.fusion import FEATURES, feature_matrix
-    from ..scoring.relative import query_index_of
+    from ..scoring.fusion import FEATURES, pair_features
 
     info = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
             "fitted": f"per split, on a random {fusion_fraction:g} of the calibration topics"}
-    return pairs, scores, feature_matrix(scores, query_index_of(pairs)), info, n_dropped
+    return pairs, scores, pair_features(scores, pairs), info, n_dropped
 
 
 def baseline_scorer(scorer: Any) -> Any:
     """The score the baselines (top-k, fixed cut-offs) use: an unfitted fused score's base
     (the fused score is fitted per split), else the scorer itself."""
-    from ..scoring import FusedScorer
-
-    return scorer.base if isinstance(scorer, FusedScorer) and not scorer.is_fitted else scorer
+    base = scorer.base_scorer()
+    return base if base is not None and not scorer.is_fitted else scorer
 
 
 def _score_or_drop(scorer: Any, pairs: list[Pair], progress: bool,

@@ -413,17 +413,18 @@ def load_filter(path: str | os.PathLike[str], scorer_options: Mapping[str, Any],
     ArtifactError
         The artifact cannot be read or is not valid.
     """
-    from ragsieve.filter import ConformalFilter, read_artifact
+    from ragsieve.artifact import Artifact
+    from ragsieve.filter import ConformalFilter
 
-    payload = read_artifact(path)
-    accepted = scorer_option_names(payload["scorer"])
+    artifact = Artifact.read(path)
+    accepted = scorer_option_names(artifact.scorer)
     unknown = sorted(set(scorer_options) - set(accepted)) if accepted is not None else []
     if unknown:
         raise TypeError(
             f"from_file got unexpected keyword argument(s) {unknown}; it accepts the policy "
             f"keywords {list(POLICY_KEYS)} and the options of the artifact's "
-            f"{payload['scorer']['scorer']!r} scorer {accepted}.")
-    flt = ConformalFilter.from_dict(payload, scorer_options=dict(scorer_options) or None)
+            f"{artifact.scorer['scorer']!r} scorer {accepted}.")
+    flt = ConformalFilter.from_artifact(artifact, scorer_options=dict(scorer_options) or None)
     if policy:  # checked by the constructor, as for a filter built by hand
         checked = ConformalFilter(flt.scorer, flt.calibrator, group_by=flt.group_by,
                                   **{"min_keep": flt.min_keep, "max_chars": flt.max_chars,

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Self
 
 from ragsieve._optional import require
+from ragsieve.artifact import Artifact
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
     KEEP_IF_KEY,
@@ -88,10 +89,11 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
     reads ``metadata[field]``; a node without it raises ``DataError``.
 
-    **Serialisation.** ``to_dict()`` / ``to_json()`` store the filter as its artifact (the
-    dict ``ConformalFilter.to_dict`` writes, sealed) and the scorer options (path-likes as
-    str); ``from_dict`` / ``from_json`` (and the constructor, given such a dict as
-    ``filter``) rebuild it, checking the seal as ``ConformalFilter.load`` does.
+    **Serialisation.** ``to_dict()`` / ``to_json()`` store the filter as its sealed
+    artifact (``ConformalFilter.to_artifact().to_dict()``) and the scorer options
+    (path-likes as str); ``from_dict`` / ``from_json`` (and the constructor, given such a
+    dict or an :class:`~ragsieve.artifact.Artifact` as ``filter``) rebuild it through the
+    one artifact reader, checking every field and the seal as ``ConformalFilter.load`` does.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -150,16 +152,18 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     @model_validator(mode="before")
     @classmethod
     def _filter_from_artifact(cls, data: Any) -> Any:
-        """A ``filter`` given as an artifact dict (``to_dict`` output) is rebuilt."""
-        if isinstance(data, Mapping) and isinstance(data.get("filter"), Mapping):
+        """A ``filter`` given as an artifact (``to_dict`` output, or an ``Artifact``) is rebuilt."""
+        if isinstance(data, Mapping) and isinstance(data.get("filter"), (Mapping, Artifact)):
             options = dict(data.get("scorer_options") or {})
-            flt = ConformalFilter.from_dict(data["filter"], scorer_options=options or None)
+            given = data["filter"]
+            artifact = given if isinstance(given, Artifact) else Artifact.from_dict(given)
+            flt = ConformalFilter.from_artifact(artifact, scorer_options=options or None)
             data = {**data, "filter": flt}
         return data
 
     @field_serializer("filter")
     def _filter_as_artifact(self, flt: ConformalFilter) -> dict[str, Any]:
-        return flt.to_dict()
+        return flt.to_artifact().to_dict()
 
     @field_serializer("scorer_options")
     def _options_as_json(self, options: dict[str, Any]) -> dict[str, Any]:

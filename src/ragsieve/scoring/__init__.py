@@ -7,19 +7,24 @@ fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`) 
 ``"field"`` (an outside score), and ``"auto"``, the default: the fused score or ``1 - cos``,
 whichever the calibration pairs allow, chosen when a filter is calibrated
 (:func:`~ragsieve.scoring.auto.choose_score`). Further scorers plug in with :func:`register_scorer`.
+
+Each alias has its declared options (:class:`~ragsieve.scoring.options.ScorerOption`,
+:func:`scorer_options`): the keywords it takes and their command-line flags. The CLI adds
+those flags and builds every scorer through :func:`resolve_scorer` from them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .auto import AutoScorer, ScoreChoice, choose_score
 from .base import KeepRule, Scorer
-from .embedding import EmbeddingScorer
+from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .field import FieldScorer
 from .fusion import FusedScorer
 from .llm import LLMScorer
+from .options import ScorerOption, check_options
 from .relative import RelativeScorer
 
 __all__ = [
@@ -32,9 +37,12 @@ __all__ = [
     "RelativeScorer",
     "ScoreChoice",
     "Scorer",
+    "ScorerOption",
     "choose_score",
     "register_scorer",
+    "registered_scorers",
     "resolve_scorer",
+    "scorer_options",
 ]
 
 ScorerFactory = Callable[..., Scorer]
@@ -51,8 +59,16 @@ _REGISTRY: dict[str, ScorerFactory] = {
     "auto": AutoScorer,
 }
 
+#: The declared options of each alias; a scorer class declares its own
+#: (``declared_options``), the fused score's are those of its embedding base.
+_OPTIONS: dict[str, tuple[ScorerOption, ...]] = {
+    alias: getattr(factory, "declared_options", ()) for alias, factory in _REGISTRY.items()
+}
+_OPTIONS["fusion"] = _OPTIONS["best"] = EMBEDDING_OPTIONS
 
-def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = False) -> None:
+
+def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = False,
+                    options: Sequence[ScorerOption] | None = None) -> None:
     """Register ``factory(**params) -> Scorer`` under ``alias``.
 
     Parameters
@@ -63,11 +79,17 @@ def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = Fal
         A ``Scorer`` subclass or any callable taking the spec's keys as keyword arguments.
     overwrite : bool
         Allow replacing an existing alias.
+    options : sequence of ScorerOption, optional
+        The keywords ``factory`` takes and their command-line flags; default: the
+        factory's ``declared_options`` (a ``Scorer`` subclass declares its own), else none.
 
     Raises
     ------
     ValueError
-        When the alias is taken and ``overwrite`` is False.
+        When the alias is taken and ``overwrite`` is False, or two options share a name
+        or flag.
+    TypeError
+        When ``factory`` is not callable or ``options`` holds something else.
     """
     if not isinstance(alias, str) or not alias.strip():
         raise ValueError(f"alias == {alias!r}, must be a non-empty string.")
@@ -76,7 +98,38 @@ def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = Fal
     key = alias.strip().lower()
     if key in _REGISTRY and not overwrite and _REGISTRY[key] is not factory:
         raise ValueError(f"scorer alias {key!r} is already registered; pass overwrite=True.")
+    declared = check_options(
+        options if options is not None else getattr(factory, "declared_options", ()), alias=key)
     _REGISTRY[key] = factory
+    _OPTIONS[key] = declared
+
+
+def registered_scorers() -> tuple[str, ...]:
+    """Every registered alias, in registration order.
+
+    Examples
+    --------
+    >>> registered_scorers()[:3]
+    ('embedding', 'llm', 'relative')
+    """
+    return tuple(_REGISTRY)
+
+
+def scorer_options(alias: str) -> tuple[ScorerOption, ...]:
+    """The options ``alias`` declares: its keywords and their command-line flags.
+
+    Raises
+    ------
+    ValueError
+        Unknown alias (the message lists the accepted ones).
+
+    Examples
+    --------
+    >>> [o.flag for o in scorer_options("relative") if o.name == "kind"]
+    ['--relative-kind']
+    """
+    _lookup(alias)
+    return _OPTIONS[alias.strip().lower()]
 
 
 def _lookup(alias: str) -> ScorerFactory:

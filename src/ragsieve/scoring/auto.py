@@ -21,7 +21,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -29,6 +29,8 @@ import numpy as np
 from ..errors import ScorerError
 from ..types import Pair
 from .base import Scorer
+from .embedding import EMBEDDING_OPTIONS
+from .options import ScorerOption
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "ScoreChoice", "choose_language", "choose_score"]
 
@@ -168,6 +170,11 @@ class AutoScorer(Scorer):
 
     name: ClassVar[str] = "auto"
     score_label: ClassVar[str] = "auto (resolved by calibrate)"
+    resolved_at_calibration: ClassVar[bool] = True
+    # the embedding scorer's, but the language defaults to the one detected in the pairs
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = tuple(
+        replace(o, default=None, help="language of the texts (default: detected)")
+        if o.name == "language" else o for o in EMBEDDING_OPTIONS)
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
                  backend: str = "auto", cache_dir: str | os.PathLike[str] | None = None,

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import DataError, ScorerError
 from ..types import Pair
+from .options import ScorerOption
 
 __all__ = ["KeepRule", "ListTransform", "Scorer", "check_score_array", "group_pairs"]
 
@@ -147,6 +148,19 @@ class Scorer(ABC):
     reads_text: ClassVar[bool] = True
     #: How the score reads in a keep rule (``keep 1 - cos <= 0.52``); default "<name> score".
     score_label: ClassVar[str] = ""
+    #: The keyword arguments the scorer takes and their command-line flags
+    #: (:class:`~ragsieve.scoring.options.ScorerOption`); the CLI builds it from them.
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = ()
+    #: False while the score still has to be fitted on labelled pairs (the unfitted fused
+    #: score, alias ``"best"``, sets it per instance); scoring it then raises ``ScorerError``.
+    is_fitted: bool = True
+    #: True when every scored snippet costs a model call that callers should not spend
+    #: without need (an LLM): ``calibrate`` then skips the monitor's reference, which would
+    #: score every irrelevant calibration snippet.
+    costly: ClassVar[bool] = False
+    #: True for a stand-in that ``ConformalFilter.calibrate`` turns into a real score once
+    #: it sees the calibration pairs (``"auto"``: see :meth:`resolve`).
+    resolved_at_calibration: ClassVar[bool] = False
 
     @abstractmethod
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
@@ -276,13 +290,38 @@ class Scorer(ABC):
         TypeError
             This scorer cannot be computed from vectors.
         """
-        base = getattr(self, "base", None)
-        transform = getattr(self, "scores_from_base", None)
-        if isinstance(base, Scorer) and callable(transform):
-            return np.asarray(transform(base.scores_from_vectors(query_vector, snippet_vectors)))
         raise TypeError(
             f"the {getattr(self, 'name', type(self).__name__)} scorer cannot score from vectors; "
             "only embedding scorers and the relative / fused scores built on them can."
+        )
+
+    def base_scorer(self) -> Scorer | None:
+        """The scorer this one is computed from (relative, fused: their base); None: none."""
+        return None
+
+    def root_scorer(self) -> Scorer:
+        """The scorer at the bottom of the :meth:`base_scorer` chain (itself when none)."""
+        scorer: Scorer = self
+        while (base := scorer.base_scorer()) is not None:
+            scorer = base
+        return scorer
+
+    def unfitted_copy(self) -> Scorer:
+        """This score before fitting, to be fitted afresh on other data (a fitted fused
+        score without its weights); the scorer itself when nothing of it is fitted."""
+        return self
+
+    def with_base(self, base: Scorer) -> Scorer:
+        """This score computed from another base scorer (same parameters).
+
+        Raises
+        ------
+        TypeError
+            This scorer has no base scorer (see :meth:`base_scorer`).
+        """
+        raise TypeError(
+            f"the {getattr(self, 'name', type(self).__name__)} scorer has no base scorer to "
+            "replace; only list transforms (relative, fused) do."
         )
 
     def __repr__(self) -> str:
@@ -309,3 +348,28 @@ class ListTransform(Scorer):
     def vector_dim(self) -> int | None:
         """The base scorer's vector dimension."""
         return self.base.vector_dim()
+
+    @abstractmethod
+    def scores_from_base(self, base: np.ndarray) -> np.ndarray:
+        """This score from the base scorer's scores of one query's whole list."""
+
+    def scores_from_vectors(self, query_vector: Any, snippet_vectors: Any) -> np.ndarray:
+        """The base scorer's scores from the caller's vectors, transformed over the list.
+
+        Raises
+        ------
+        TypeError
+            The base scorer cannot be computed from vectors.
+        """
+        return np.asarray(self.scores_from_base(
+            self.base.scores_from_vectors(query_vector, snippet_vectors)))
+
+    def base_scorer(self) -> Scorer:
+        """The base scorer (``self.base``)."""
+        return self.base
+
+    def with_base(self, base: Scorer) -> Scorer:
+        """The same transform (its spec without ``"base"``) over ``base``."""
+        from . import resolve_scorer
+
+        return resolve_scorer({k: v for k, v in self.spec().items() if k != "base"}, base=base)

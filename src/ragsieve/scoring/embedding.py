@@ -5,17 +5,38 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from ..embeddings import EmbeddingCache, EmbeddingModel, load_embedding_model, resolve_model_id
+from ..embeddings import (
+    BACKENDS,
+    EmbeddingCache,
+    EmbeddingModel,
+    load_embedding_model,
+    resolve_model_id,
+)
 from ..types import Pair
 from .base import Scorer, check_score_array, group_pairs
+from .options import ScorerOption
 
 __all__ = ["EmbeddingScorer"]
 
 logger = logging.getLogger(__name__)
+
+
+EMBEDDING_OPTIONS: tuple[ScorerOption, ...] = (
+    ScorerOption("model", str, None, "embedding model: minilm, use, e5, or any "
+                 "sentence-transformers name/path (default: the language's)", "--model"),
+    ScorerOption("language", str, "en", "language of the texts (picks the default model)",
+                 "--language"),
+    ScorerOption("backend", str, "auto", "how a sentence-transformers model runs", "--backend",
+                 choices=BACKENDS),
+    ScorerOption("cache_dir", str, None, "embedding cache directory (None: in memory)",
+                 "--cache-dir", runtime=True),
+    ScorerOption("batch_size", int, 32, "texts per model call"),
+)
+"""The options of the embedding scorer, and of the scores built on it (their base's)."""
 
 
 class EmbeddingScorer(Scorer):
@@ -49,6 +70,7 @@ class EmbeddingScorer(Scorer):
 
     name = "embedding"
     score_label = "1 - cos"
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = EMBEDDING_OPTIONS
 
     def __init__(
         self,

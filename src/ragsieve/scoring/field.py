@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import DataError, ScorerError
 from ..types import Pair
 from .base import KeepRule, Scorer
+from .options import ScorerOption
 
 __all__ = ["FieldScorer", "outside_score_conflict"]
 
@@ -43,6 +44,13 @@ class FieldScorer(Scorer):
 
     name: ClassVar[str] = "field"
     reads_text: ClassVar[bool] = False
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = (
+        ScorerOption("field", str, "score", "scorer field: the JSONL key holding each pair's "
+                     "score (e.g. a reranker's); every line must hold a finite number there",
+                     "--score-field", metavar="NAME", required=True),
+        ScorerOption("higher_is_better", bool, False, "scorer field: higher values mean more "
+                     "relevant (default: lower)", "--higher-is-better"),
+    )
 
     def __init__(self, field: str = "score", *, higher_is_better: bool = False) -> None:
         if not isinstance(field, str) or not field.strip():

@@ -5,17 +5,20 @@ the query-relative scores of :mod:`ragsieve.scoring.relative` (gap to the best s
 z-score in the list, log rank, gap ratio) into ``A = -(w . x + b)``, the negative logit
 of P(relevant). Lower = more relevant, as every nonconformity score.
 
-The guarantee survives because the weights are fitted on a *separate* fold: in
-``evaluate --scorer best`` each split's calibration topics are divided in two, the
-regression is fitted on one half and the conformal threshold calibrated on the other,
-so the score is fixed before the calibration data it is calibrated on is seen (the same
-holds for ``calibrate --scorer best``). The fitted weights are part of the scorer's
-``spec()`` and hence of the saved filter artifact.
+The guarantee survives because the weights are fitted on a *separate* fold: the
+calibration topics are divided in two by :func:`fusion_fit_mask`, the regression is
+fitted on one part and the conformal threshold calibrated on the other, so the score is
+fixed before the calibration data it is calibrated on is seen. :func:`fit_fused` is that
+one fit: ``ConformalFilter.calibrate`` and every split of ``evaluate`` call it, so the
+filter a user deploys is the one a split measures (``calibrate(seed=s)`` on a split's
+calibration pairs is split 0 of ``evaluate(seed=s)``). The fitted weights are part of the
+scorer's ``spec()`` and hence of the saved filter artifact.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -26,8 +29,8 @@ from .base import ListTransform, Scorer
 from .relative import query_index_of, relative_scores
 
 __all__ = [
-    "FEATURES", "FUSION_FIT_FRACTION", "FusedScorer", "feature_matrix", "fit_logistic",
-    "fit_topic_count",
+    "FEATURES", "FUSION_FIT_FRACTION", "FusedScorer", "FusionWeights", "feature_matrix",
+    "fit_fused", "fit_logistic", "fit_topic_count", "fusion_fit_mask", "pair_features",
 ]
 
 FEATURES = ("score", "gap", "z", "log_rank", "ratio")
@@ -58,6 +61,11 @@ def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
         np.log1p(relative_scores(base, query_index, "rank")),
         relative_scores(base, query_index, "ratio"),
     ])
+
+
+def pair_features(base: np.ndarray, pairs: Sequence[Pair]) -> np.ndarray:
+    """:func:`feature_matrix` of pairs from their base scores, each query's pairs one list."""
+    return feature_matrix(base, query_index_of(pairs))
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 100) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
@@ -97,6 +105,110 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int =
     return w[:-1], float(w[-1]), mean, scale
 
 
+def fusion_fit_mask(topics: Any, *, seed: int = 0, split: int = 0,
+                    fraction: float = FUSION_FIT_FRACTION) -> np.ndarray:
+    """Which pairs fit the fused score: those of a random ``fraction`` of the topics.
+
+    The distinct topics, in sorted order, are drawn with
+    ``numpy.random.default_rng([seed, split])``; ``fit_topic_count`` of them fit the
+    weights and the rest calibrate the threshold.
+
+    Parameters
+    ----------
+    topics : array-like
+        Topic (``Pair.group``, or its code) of every calibration pair.
+    seed, split : int
+        The draw: ``evaluate`` uses its seed and the split's number, ``calibrate`` its seed
+        and split 0.
+    fraction : float
+        Share of the topics that fit the weights.
+
+    Returns
+    -------
+    numpy.ndarray of bool
+        True for the pairs that fit the weights.
+
+    Raises
+    ------
+    CalibrationError
+        Fewer than two topics.
+
+    Examples
+    --------
+    >>> fusion_fit_mask([0, 0, 1, 1, 2, 2, 3, 3]).tolist()
+    [False, False, False, False, True, True, False, False]
+    """
+    topics = np.asarray(topics)
+    distinct = np.unique(topics)
+    if distinct.size < 2:
+        raise CalibrationError(
+            f"the fused ('best') score is fitted on some of the calibration topics and "
+            f"calibrated on the others; got {distinct.size} topic(s), need at least 2."
+        )
+    order = np.random.default_rng([seed, split]).permutation(distinct.size)
+    chosen = distinct[order[:fit_topic_count(distinct.size, fraction)]]
+    return np.isin(topics, chosen)
+
+
+@dataclass(frozen=True, eq=False)  # numpy fields: compare the arrays, not the records
+class FusionWeights:
+    """Fitted parameters of the fused score: ``A = -(((x - mean) / scale) @ weights + bias)``.
+
+    Attributes
+    ----------
+    weights, mean, scale : numpy.ndarray
+        One value per feature in ``FEATURES``.
+    bias : float
+    """
+
+    weights: np.ndarray
+    bias: float
+    mean: np.ndarray
+    scale: np.ndarray
+
+    @classmethod
+    def fit(cls, x: np.ndarray, y: np.ndarray) -> FusionWeights:
+        """Fit on a feature matrix (see :func:`feature_matrix`) and 0/1 labels (:func:`fit_logistic`)."""
+        w, b, mean, scale = fit_logistic(x, y)
+        return cls(weights=w, bias=b, mean=mean, scale=scale)
+
+    def scores(self, x: np.ndarray) -> np.ndarray:
+        """Fused nonconformity scores of a feature matrix (lower = more relevant)."""
+        return -(((np.asarray(x, dtype=float) - self.mean) / self.scale) @ self.weights + self.bias)
+
+
+def fit_fused(features: np.ndarray, relevant: Any, topics: Any, *, seed: int = 0, split: int = 0,
+              fraction: float = FUSION_FIT_FRACTION) -> tuple[FusionWeights, np.ndarray]:
+    """The one fit of the fused score, shared by ``calibrate`` and ``evaluate``.
+
+    Parameters
+    ----------
+    features : numpy.ndarray
+        Feature matrix of the calibration pairs (:func:`feature_matrix`).
+    relevant : array-like of bool or 0/1
+        Their labels.
+    topics : array-like
+        Their topics; :func:`fusion_fit_mask` draws the fitting ones.
+    seed, split, fraction
+        As :func:`fusion_fit_mask` takes them.
+
+    Returns
+    -------
+    weights : FusionWeights
+        Fitted on the pairs of the drawn topics.
+    fit : numpy.ndarray of bool
+        True for the pairs that fitted them; the others calibrate the threshold.
+
+    Raises
+    ------
+    CalibrationError
+        Fewer than two topics, or the fitting pairs hold one class only.
+    """
+    fit = fusion_fit_mask(topics, seed=seed, split=split, fraction=fraction)
+    features = np.asarray(features, dtype=float)
+    return FusionWeights.fit(features[fit], np.asarray(relevant)[fit]), fit
+
+
 class FusedScorer(ListTransform):
     """``A = -logit P(relevant | features)`` with fitted weights.
 
@@ -115,9 +227,9 @@ class FusedScorer(ListTransform):
     score_label: ClassVar[str] = "fused score"
     list_dependent: ClassVar[bool] = True
 
-    def __init__(self, base: Any = "embedding", *, weights: Sequence[float] | None = None,
-                 bias: float = 0.0, mean: Sequence[float] | None = None,
-                 scale: Sequence[float] | None = None, features: Sequence[str] = FEATURES,
+    def __init__(self, base: Any = "embedding", *, weights: Sequence[float] | np.ndarray | None = None,
+                 bias: float = 0.0, mean: Sequence[float] | np.ndarray | None = None,
+                 scale: Sequence[float] | np.ndarray | None = None, features: Sequence[str] = FEATURES,
                  **base_options: Any) -> None:
         from . import resolve_scorer
 
@@ -144,6 +256,10 @@ class FusedScorer(ListTransform):
         """
         return cls(base, **base_options)
 
+    def unfitted_copy(self) -> FusedScorer:
+        """The fused score on the same base without its weights (refitted where it is used)."""
+        return type(self).unfitted(self.base) if self.is_fitted else self
+
     @classmethod
     def fit(cls, pairs: Sequence[Pair], base: Any = "embedding", *, base_scores: np.ndarray | None = None,
             **base_options: Any) -> FusedScorer:
@@ -155,12 +271,22 @@ class FusedScorer(ListTransform):
         pairs = list(pairs)
         scores = self.base.score_pairs(pairs) if base_scores is None else np.asarray(base_scores, float)
         y = np.array([p.relevant == 1 for p in pairs], dtype=float)
-        return self.fitted_on_features(feature_matrix(scores, query_index_of(pairs)), y)
+        return self.fitted_on_features(pair_features(scores, pairs), y)
 
     def fitted_on_features(self, x: np.ndarray, y: np.ndarray) -> FusedScorer:
         """A fitted copy from a feature matrix (see :func:`feature_matrix`) and 0/1 labels."""
-        w, b, mean, scale = fit_logistic(x, y)
-        return type(self)(self.base, weights=w, bias=b, mean=mean, scale=scale)
+        return self.with_weights(FusionWeights.fit(x, y))
+
+    def with_weights(self, fitted: FusionWeights) -> FusedScorer:
+        """A copy with these fitted weights, sharing this scorer's base (and its loaded model)."""
+        return type(self)(self.base, weights=fitted.weights, bias=fitted.bias,
+                          mean=fitted.mean, scale=fitted.scale)
+
+    @property
+    def fusion_weights(self) -> FusionWeights:
+        """The fitted parameters as one value (``ScorerError`` before they are fitted)."""
+        self._check_fitted()
+        return FusionWeights(weights=self.weights, bias=self.bias, mean=self.mean, scale=self.scale)
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:
@@ -171,8 +297,7 @@ class FusedScorer(ListTransform):
             )
 
     def scores_from_features(self, x: np.ndarray) -> np.ndarray:
-        self._check_fitted()
-        return -(((x - self.mean) / self.scale) @ self.weights + self.bias)
+        return self.fusion_weights.scores(x)
 
     def spec(self) -> dict[str, Any]:
         if not self.is_fitted:
@@ -195,5 +320,5 @@ class FusedScorer(ListTransform):
         self._check_fitted()
         pairs = list(pairs)
         base = self.base.score_pairs(pairs, progress=progress)
-        return self.scores_from_features(feature_matrix(base, query_index_of(pairs)))
+        return self.scores_from_features(pair_features(base, pairs))
 

@@ -45,6 +45,7 @@ import numpy as np
 from ..errors import ScorerError
 from ..types import Pair
 from .base import Scorer
+from .options import ScorerOption
 
 if TYPE_CHECKING:
     from ..llm.connect import LLMConnection, LLMTarget
@@ -99,6 +100,30 @@ class LLMScorer(Scorer):
 
     name: ClassVar[str] = "llm"
     score_label: ClassVar[str] = "1 - P(yes)"
+    costly: ClassVar[bool] = True  # a model call per snippet
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = (
+        ScorerOption("mode", str, "logprob", "scorer llm: P(yes) from logprobs (default) or a "
+                     "verbal rating in [0, 1]", "--llm-mode", choices=LLM_MODES, group="llm"),
+        ScorerOption("tie_breaking", str, "none", "scorer llm: random jitter so tied (discrete) "
+                     "scores cover exactly", "--tie-breaking", choices=TIE_BREAKING, group="llm"),
+        ScorerOption("model", str, None, "model name at base_url, or the local model",
+                     "--llm-model", group="llm"),
+        # the connection's: they change where and how fast, not the scores
+        ScorerOption("base_url", str, None, "OpenAI-compatible base URL incl. /v1",
+                     "--base-url", runtime=True, group="llm"),
+        ScorerOption("style", str, None, "prompt style (completion or chat)", "--llm-style",
+                     runtime=True, group="llm"),
+        ScorerOption("threads", int, None, "CPU threads of the local model", "--llm-threads",
+                     runtime=True, group="llm"),
+        ScorerOption("concurrency", int, None, "requests in flight", "--llm-concurrency",
+                     runtime=True, group="llm"),
+        ScorerOption("api_key_env", str, "OPENAI_API_KEY", "env var holding the API key",
+                     "--api-key-env", runtime=True, group="llm"),
+        ScorerOption("cache", bool, True, "keep the replies in the on-disk cache", "--no-cache",
+                     runtime=True, group="llm"),
+        ScorerOption("prompt_version", str, None, "the prompt version a saved filter expects"),
+        ScorerOption("seed", int, 0, "seed of the tie-breaking jitter"),
+    )
 
     def __init__(
         self,

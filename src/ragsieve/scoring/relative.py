@@ -34,6 +34,8 @@ import numpy as np
 
 from ..types import Pair
 from .base import ListTransform, Scorer, group_pairs
+from .embedding import EMBEDDING_OPTIONS
+from .options import ScorerOption
 
 __all__ = [
     "RELATIVE_KINDS",
@@ -126,6 +128,11 @@ class RelativeScorer(ListTransform):
     name: ClassVar[str] = "relative"
     score_label: ClassVar[str] = "relative score"
     list_dependent: ClassVar[bool] = True
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = (
+        ScorerOption("kind", str, "gap", "scorer relative: how a snippet's cosine is compared "
+                     "with its list", "--relative-kind", choices=RELATIVE_KINDS),
+        *EMBEDDING_OPTIONS,  # the base embedding scorer's
+    )
 
     def __init__(self, base: Any = "embedding", *, kind: str = "gap", **base_options: Any) -> None:
         from . import resolve_scorer

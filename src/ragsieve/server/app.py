@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, nullcontext
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -25,15 +26,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .._version import __version__
 from ..errors import ArtifactError, ArtifactTooLargeError
 from ..filter import ConformalFilter
-from .connections import check_seconds
-from .feedback import (
-    DEFAULT_FEEDBACK_RETENTION,
-    DEFAULT_MAX_LABELS_PER_MINUTE,
-    DEFAULT_MAX_LABELS_PER_QUERY,
-    DEFAULT_MAX_SERVED_ROWS,
-    FeedbackStore,
-)
+from .feedback import FeedbackStore
 from .metrics import ServiceMetrics
+from .options import ServeOptions, check_delta, serve_options
 from .page import page_key_check, page_response
 from .parsing import (
     StrictJSONRoute,
@@ -42,14 +37,7 @@ from .parsing import (
     unexpected_error_handler,
     validation_error_handler,
 )
-from .reload import (
-    DEFAULT_MAX_ARTIFACT_BYTES,
-    Generation,
-    Generations,
-    Publisher,
-    Trigger,
-    read_text,
-)
+from .reload import Generation, Generations, Publisher, Trigger, read_text
 from .schemas import (
     ErrorResponse,
     FeedbackRequest,
@@ -64,17 +52,10 @@ from .schemas import (
     StatusResponse,
 )
 from .security import BodyLimitMiddleware, api_key_check, is_loopback_host
-from .service import (
-    DEFAULT_MAX_PIECES,
-    DEFAULT_MAX_QUEUE,
-    NO_MONITOR,
-    Runtime,
-    http_error,
-    monitor_info,
-)
+from .service import NO_MONITOR, Runtime, http_error, monitor_info
 from .state import StateLock
 
-__all__ = ["check_delta", "create_app"]
+__all__ = ["ServeOptions", "check_delta", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,21 +63,6 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 
 Role = Literal["single", "worker"]
-
-
-def _check_options(api_key: str | None, **limits: int) -> None:
-    for name, value in limits.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} == {value!r}, must be an int >= 1.")
-    if api_key is not None and not api_key:
-        raise ValueError("api_key == '', must be a non-empty string or None.")
-
-
-def check_delta(delta: Any) -> float:
-    """``delta`` of the exchangeability alarm, a number in (0, 1)."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
-        raise ValueError(f"monitor_delta == {delta!r}, must be a number in (0, 1) (e.g. 0.01).")
-    return float(delta)
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -281,36 +247,14 @@ def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
     index = SnippetIndex.open(index_path)  # reads metadata only, loads no weights
     index.list_scorer(flt)  # raises ScorerMismatchError now, not on the first request
     # the filter's score is the index's 1 - cos (or built on it): share the loaded model
-    embedding = getattr(flt.scorer, "base", flt.scorer)
-    if isinstance(embedding, EmbeddingScorer):
+    embedding = flt.scorer.base_scorer() or flt.scorer
+    if isinstance(embedding, EmbeddingScorer):  # the index's own model class: share its model
         return SnippetIndex.open(index_path, model=embedding.model)
     return index
 
 
-def create_app(
-    filter_path: str | Path,
-    *,
-    api_key: str | None = None,
-    max_body_bytes: int = 1_000_000,
-    max_snippets: int = 1000,
-    scorer_options: dict[str, Any] | None = None,
-    warmup: bool = True,
-    index_path: str | Path | None = None,
-    max_k: int = 100,
-    body_timeout: float = 60.0,
-    state_dir: str | Path | None = None,
-    feedback_db: str | Path | None = None,
-    adaptive: bool = False,
-    monitor_delta: float = 0.01,
-    watch: bool = False,
-    max_served_rows: int = DEFAULT_MAX_SERVED_ROWS,
-    max_pieces: int = DEFAULT_MAX_PIECES,
-    max_queue: int = DEFAULT_MAX_QUEUE,
-    max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
-    feedback_retention: float = DEFAULT_FEEDBACK_RETENTION,
-    max_labels_per_query: int = DEFAULT_MAX_LABELS_PER_QUERY,
-    max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE,
-) -> fastapi.FastAPI:
+def create_app(filter_path: str | Path, options: ServeOptions | None = None,
+               **kwargs: Any) -> fastapi.FastAPI:
     """Build the FastAPI app serving one filter artifact (and optionally an index).
 
     Routes: ``GET /healthz`` (no key), ``POST /filter``, ``POST /query``, ``POST
@@ -323,61 +267,15 @@ def create_app(
     ----------
     filter_path : str or Path
         JSON artifact written by ``ConformalFilter.save``; re-read on a reload.
-    api_key : str, optional
-        When set, every route but ``/healthz`` requires ``Authorization: Bearer <key>`` or
-        ``X-API-Key: <key>`` (401 otherwise; compared in constant time). The key is also
-        the password of HTTP Basic (any user name): on ``GET /`` from anywhere, on the
-        other routes from same-origin requests only (403 otherwise).
-    max_body_bytes : int, default=1_000_000
-        Larger request bodies get 413.
-    max_snippets : int, default=1000
-        Requests with more snippets (or feedback labels) get 413.
-    scorer_options : dict, optional
-        Passed to ``ConformalFilter.load`` (e.g. ``{"cache_dir": ...}``).
-    warmup : bool, default=True
-        Score one dummy snippet at startup (and after a reload to another scorer) so the
-        model is loaded before serving.
-    index_path : str or Path, optional
-        A :class:`~ragsieve.store.SnippetIndex` directory served by ``POST /query``. The
-        filter must be one the index can compute from its stored vectors (see
-        :meth:`~ragsieve.store.SnippetIndex.list_scorer`); checked here and on reloads.
-    max_k : int, default=100
-        Largest ``k`` a ``/query`` request may ask for (413 above).
-    body_timeout : float, default=60.0
-        Seconds a request has, after its head, to deliver the whole body (408 and the
-        connection closed otherwise).
-    state_dir : str or Path, optional
-        Directory of the feedback, control and monitor files (:mod:`ragsieve.server.state`),
-        locked while the app lives. None: a temporary directory removed at shutdown
-        (``ragsieve serve`` passes a stable one so restarts continue).
-    feedback_db : str or Path, optional
-        The feedback database (default ``<state_dir>/feedback.sqlite``).
-    adaptive : bool, default=False
-        Serve the threshold followed from ``POST /feedback`` by adaptive conformal
-        inference; the artifact must be of mode ``adaptive``.
-    monitor_delta : float, default=0.01
-        The exchangeability alarm fires on exchangeable traffic with probability at most
-        ``monitor_delta``.
-    watch : bool, default=False
-        Reload when the artifact file changes (its mtime, size or inode, polled every
-        0.5 s).
-    max_served_rows : int, default=1_000_000
-        Served-score rows kept in the feedback database (oldest pruned).
-    max_pieces : int
-        Most pieces of model work (snippet pieces scored) one request may cause; more
-        get 413 with the limit in the message.
-    max_queue : int
-        Most requests waiting for model work at once; more get 429 with ``Retry-After``.
-    max_artifact_bytes : int, default=64 MiB
-        Larger artifact files are refused on a reload (413 from ``/admin/reload``) and
-        at start.
-    feedback_retention : float
-        Seconds a served score can be labelled; older served rows and their labels are
-        pruned.
-    max_labels_per_query : int
-        Most labels counted for one query_id.
-    max_labels_per_minute : int
-        Most labels one client may send per minute (429 beyond).
+    options : ServeOptions, optional
+        The service's settings (:class:`~ragsieve.server.options.ServeOptions`: API key,
+        limits, state directory, feedback, adaptive, monitor, watch, index, ...); default
+        ``ServeOptions()``. ``host``, ``port``, ``workers`` and the connection timeouts are
+        :func:`~ragsieve.server.run_server`'s.
+    **kwargs
+        Options by name (``api_key=...``, ``max_snippets=...``, any field of
+        ``ServeOptions``), applied over ``options``: ``create_app(path, max_k=10)`` is
+        ``create_app(path, ServeOptions(max_k=10))``.
 
     Returns
     -------
@@ -385,99 +283,145 @@ def create_app(
 
     Raises
     ------
+    TypeError
+        A keyword is no option of ``ServeOptions`` (the message lists them), or an option
+        has the wrong type.
     ValueError
-        A limit is not an int >= 1, ``body_timeout`` is not a number > 0, ``api_key`` is
-        empty, ``monitor_delta`` is not in (0, 1), or ``state_dir`` is locked by another
-        service.
+        An option's value breaks its rule (a limit is not an int >= 1, ``body_timeout``
+        not a number > 0, ``api_key`` empty, ``monitor_delta`` not in (0, 1); the message
+        names it), or ``state_dir`` is locked by another service.
     ImportError
         LanceDB is not installed (extra ``store``) and ``index_path`` is given.
     ArtifactError, ScorerMismatchError
         The artifact or the index cannot be loaded, they do not match, or ``adaptive``
         is set for an artifact of another mode.
+
+    Examples
+    --------
+    >>> create_app("filter.json", ServeOptions(max_snippets=100))  # doctest: +SKIP
+    >>> create_app("filter.json", max_snippets=100)  # the same  # doctest: +SKIP
     """
-    return _create_app(filter_path, role="single", api_key=api_key, max_body_bytes=max_body_bytes,
-                       max_snippets=max_snippets, scorer_options=scorer_options, warmup=warmup,
-                       index_path=index_path, max_k=max_k, body_timeout=body_timeout,
-                       state_dir=state_dir, feedback_db=feedback_db, adaptive=adaptive,
-                       monitor_delta=monitor_delta, watch=watch, max_served_rows=max_served_rows,
-                       max_pieces=max_pieces, max_queue=max_queue,
-                       max_artifact_bytes=max_artifact_bytes,
-                       feedback_retention=feedback_retention,
-                       max_labels_per_query=max_labels_per_query,
-                       max_labels_per_minute=max_labels_per_minute)
+    return _create_app(filter_path, serve_options(options, kwargs), role="single")
 
 
-def _create_app(
-    filter_path: str | Path, *, role: Role, api_key: str | None, max_body_bytes: int,
-    max_snippets: int, scorer_options: dict[str, Any] | None, warmup: bool,
-    index_path: str | Path | None, max_k: int, body_timeout: float,
-    state_dir: str | Path | None, feedback_db: str | Path | None, adaptive: bool,
-    monitor_delta: float, watch: bool, max_served_rows: int, max_pieces: int, max_queue: int,
-    max_artifact_bytes: int, feedback_retention: float, max_labels_per_query: int,
-    max_labels_per_minute: int, monitor_factory: Any = None,
-) -> fastapi.FastAPI:
+def _create_app(filter_path: str | Path, options: ServeOptions, *, role: Role,
+                monitor_factory: Any = None) -> fastapi.FastAPI:
     """``create_app`` for one process (``role="single"``) or one of N workers.
 
     A single app owns its state directory (lock) and publishes the artifact; a worker
     finds the state directory prepared by the parent and serves its latest generation.
     """
-    _check_options(api_key, max_body_bytes=max_body_bytes, max_snippets=max_snippets, max_k=max_k,
-                   max_pieces=max_pieces, max_queue=max_queue,
-                   max_artifact_bytes=max_artifact_bytes,
-                   max_labels_per_query=max_labels_per_query,
-                   max_labels_per_minute=max_labels_per_minute)
-    check_seconds("body_timeout", body_timeout)
-    check_seconds("feedback_retention", feedback_retention)
-    delta = check_delta(monitor_delta)
-    temporary = state_dir is None
-    state = Path(tempfile.mkdtemp(prefix="ragsieve-serve-") if temporary else state_dir)  # type: ignore[arg-type]
-    lock = StateLock(state).acquire() if role == "single" else None
-    closables: list[Any] = []
+    state = _ServedState.open(options.state_dir, lock=role == "single")
     try:
-        metrics = ServiceMetrics()
-        store = FeedbackStore(Path(feedback_db) if feedback_db else state / "feedback.sqlite",
-                              max_served_rows=max_served_rows,
-                              retention_seconds=feedback_retention)
-        closables.append(store)
-        generations = Generations(state / "control.sqlite")
-        closables.append(generations)
-        runtime = Runtime(
-            generations=generations, store=store, metrics=metrics, index=None,
-            scorer_options=scorer_options, max_snippets=max_snippets, max_k=max_k,
-            adaptive=adaptive, monitor_delta=delta,
-            monitor_dir=state if role == "worker" else None, warmup=warmup,
-            monitor_factory=monitor_factory, max_pieces=max_pieces, max_queue=max_queue,
-            max_labels_per_query=max_labels_per_query,
-            max_labels_per_minute=max_labels_per_minute)
-        publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish,
-                              max_bytes=max_artifact_bytes, served=lambda: runtime.current.generation)
-        prepare = partial(_prepare_index, runtime, index_path, warmup=warmup)
-        if role == "single":
-            checked = runtime.check(read_text(filter_path, max_bytes=max_artifact_bytes),
-                                    str(filter_path))
-            number = generations.publish(checked.text, checked.checksum, "start")
-            runtime.start([Generation(number, checked.checksum, checked.text, "start")], prepare,
-                          checked=checked)
-        else:  # the newest generation this worker can build (walks back after a bad one)
-            history = generations.history()
-            if not history:
-                raise ArtifactError(f"state directory {str(state)!r} holds no published artifact; "
-                                    "workers are started by run_server(workers=N).")
-            number = runtime.start(history, prepare).generation
+        runtime, publisher, number = _start_runtime(filter_path, options, state, role,
+                                                    monitor_factory)
     except BaseException:
-        for closable in closables:
-            closable.close()
-        if lock is not None:
-            lock.release()
-        if temporary:
-            shutil.rmtree(state, ignore_errors=True)
+        state.close()
         raise
     service = runtime.current
     logger.info("serving %r from %s (generation %d, lock=%s, index=%s, state dir %s)",
                 service.flt, filter_path, number, not isinstance(service.lock, nullcontext),
-                runtime.index, state)
-    trigger = Trigger(publisher, watch=watch and role == "single", interval=POLL_SECONDS,
-                      tick=runtime.sync)
+                runtime.index, state.path)
+    trigger = Trigger(publisher, watch=options.watch and role == "single",
+                      interval=POLL_SECONDS, tick=runtime.sync)
+    app = fastapi.FastAPI(
+        title="ragsieve",
+        version=__version__,
+        description="Conformal context filter: keeps the snippets the calibrated filter keeps.",
+        lifespan=_lifespan(trigger, runtime, state),
+    )
+    _wire(app, runtime, publisher, options)
+    app.state.filter = runtime.current.flt
+    app.state.index = runtime.index
+    app.state.runtime = runtime
+    app.state.trigger = trigger
+    app.state.state_dir = state.path
+    return app
+
+
+@dataclass(frozen=True)
+class _ServedState:
+    """The state directory of one app: its path, whether it is temporary (removed at the
+    end), and its lock (held by a single app, not by a worker)."""
+
+    path: Path
+    temporary: bool
+    lock: StateLock | None
+
+    @classmethod
+    def open(cls, state_dir: Path | None, *, lock: bool) -> _ServedState:
+        temporary = state_dir is None
+        path = Path(tempfile.mkdtemp(prefix="ragsieve-serve-")) if state_dir is None else state_dir
+        try:
+            held = StateLock(path).acquire() if lock else None
+        except BaseException:
+            if temporary:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
+        return cls(path, temporary, held)
+
+    def close(self) -> None:
+        """Release the lock and remove a temporary directory."""
+        if self.lock is not None:
+            self.lock.release()
+        if self.temporary:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def _start_runtime(filter_path: str | Path, options: ServeOptions, state: _ServedState,
+                   role: Role, monitor_factory: Any) -> tuple[Runtime, Publisher, int]:
+    """The runtime serving its first generation, the publisher of reloads, and the
+    generation number; the stores opened here are closed again on an error."""
+    closables: list[Any] = []
+    try:
+        store = FeedbackStore(options.feedback_db or state.path / "feedback.sqlite",
+                              max_served_rows=options.max_served_rows,
+                              retention_seconds=options.feedback_retention)
+        closables.append(store)
+        generations = Generations(state.path / "control.sqlite")
+        closables.append(generations)
+        runtime = Runtime(options, generations=generations, store=store,
+                          metrics=ServiceMetrics(), index=None,
+                          monitor_dir=state.path if role == "worker" else None,
+                          monitor_factory=monitor_factory)
+        publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish,
+                              max_bytes=options.max_artifact_bytes,
+                              served=lambda: runtime.current.generation)
+        prepare = partial(_prepare_index, runtime, options.index_path, warmup=options.warmup)
+        if role == "single":
+            number = _start_single(runtime, filter_path, options, prepare)
+        else:
+            number = _start_worker(runtime, state.path, prepare)
+    except BaseException:
+        for closable in closables:
+            closable.close()
+        raise
+    return runtime, publisher, number
+
+
+def _start_single(runtime: Runtime, filter_path: str | Path, options: ServeOptions,
+                  prepare: Any) -> int:
+    """Check the artifact file, publish it as the first generation and serve it."""
+    checked = runtime.check(read_text(filter_path, max_bytes=options.max_artifact_bytes),
+                            str(filter_path))
+    number = runtime.generations.publish(checked.text, checked.checksum, "start")
+    runtime.start([Generation(number, checked.checksum, checked.text, "start")], prepare,
+                  checked=checked)
+    return number
+
+
+def _start_worker(runtime: Runtime, state: Path, prepare: Any) -> int:
+    """Serve the newest published generation this worker can build (walks back after a
+    bad one)."""
+    history = runtime.generations.history()
+    if not history:
+        raise ArtifactError(f"state directory {str(state)!r} holds no published artifact; "
+                            "workers are started by run_server(workers=N).")
+    return runtime.start(history, prepare).generation
+
+
+def _lifespan(trigger: Trigger, runtime: Runtime, state: _ServedState) -> Any:
+    """The app's lifespan: reloads run while it serves; everything is closed after."""
 
     @asynccontextmanager
     async def lifespan(_: fastapi.FastAPI) -> AsyncIterator[None]:
@@ -487,18 +431,15 @@ def _create_app(
         finally:
             trigger.stop()
             runtime.close()
-            metrics.mark_process_dead()
-            if lock is not None:
-                lock.release()
-            if temporary:
-                shutil.rmtree(state, ignore_errors=True)
+            runtime.metrics.mark_process_dead()
+            state.close()
 
-    app = fastapi.FastAPI(
-        title="ragsieve",
-        version=__version__,
-        description="Conformal context filter: keeps the snippets the calibrated filter keeps.",
-        lifespan=lifespan,
-    )
+    return lifespan
+
+
+def _wire(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
+          options: ServeOptions) -> None:
+    """Strict JSON bodies, the error handlers, the routes and the middleware."""
     app.router.route_class = StrictJSONRoute  # bodies parsed as strict JSON (parsing.py)
     handlers: list[tuple[type[Exception], Any]] = [
         (RequestValidationError, validation_error_handler),
@@ -507,18 +448,12 @@ def _create_app(
     ]
     for exc_class, handler in handlers:
         app.add_exception_handler(exc_class, handler)
-    _add_routes(app, runtime, publisher, api_key)
-    _add_monitor_reset(app, runtime, api_key)
-    app.add_middleware(
-        BodyLimitMiddleware, max_body_bytes=max_body_bytes, body_timeout=body_timeout
-    )
-    app.add_middleware(_MetricsMiddleware, metrics=metrics)  # outermost: counts 413 and 408 too
-    app.state.filter = runtime.current.flt
-    app.state.index = runtime.index
-    app.state.runtime = runtime
-    app.state.trigger = trigger
-    app.state.state_dir = state
-    return app
+    _add_routes(app, runtime, publisher, options.api_key)
+    _add_monitor_reset(app, runtime, options.api_key)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes,
+                       body_timeout=options.body_timeout)
+    # outermost: counts 413 and 408 too
+    app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics)
 
 
 class _MetricsMiddleware:

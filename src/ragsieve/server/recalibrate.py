@@ -9,6 +9,9 @@ alone and works for every mode labels can feed; the other modes (``pac``,
 ``query-recall``, ``query-all``, ``group``) keep only thresholds, so they need it.
 ``budget``, ``topic`` and ``topic-pac`` are refused (labels carry no lengths or topics).
 
+The refit itself is the library's (:func:`ragsieve.calibration.refit.refit`); this module
+reads the labels from the feedback database and builds the new filter around it.
+
 A database whose labels have a non-finite score, or whose adaptive state for the artifact
 is outside the bounds the service keeps it in, is refused.
 """
@@ -23,14 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration import make_calibrator
+from ..artifact import Artifact
+from ..calibration.refit import check_refittable, refit
 from ..errors import ArtifactError, CalibrationError, DataError
 from .feedback import FeedbackStore, build_adaptive, scorer_key
 
 __all__ = ["Recalibration", "recalibrate"]
-
-#: Modes whose artifact state keeps the relevant calibration scores, and the state key.
-_KEPT_SCORES = {"marginal": "scores", "adaptive": "pool"}
 
 _Label = tuple[str, str, bool, float, "str | None"]
 
@@ -49,25 +50,6 @@ class Recalibration:
     old_threshold: float
     new_threshold: float
     notes: list[str] = field(default_factory=list)
-
-
-def _check_mode(cal: Any) -> None:
-    if "lengths" in cal.fit_requires or cal.group_kind == "topic":
-        needs = "snippet lengths" if "lengths" in cal.fit_requires else "calibration topics"
-        raise ValueError(f"mode {cal.mode!r} needs {needs}, which feedback labels do not carry; "
-                         "recalibrate it with `ragsieve calibrate` on labelled pairs.")
-
-
-def _kept_scores(cal: Any) -> np.ndarray:
-    """The relevant calibration scores the artifact keeps (for ``--merge``)."""
-    state = cal.to_state()
-    key = _KEPT_SCORES.get(cal.mode)
-    if key is None or key not in state:
-        kind = "a v1 artifact without its scores" if key else f"mode {cal.mode!r}"
-        raise ValueError(f"{kind} keeps only its threshold(s), not its calibration scores, so "
-                         "labels cannot be merged with them: use --replace (calibrate on the "
-                         "labels alone), or `ragsieve calibrate` on the original pairs.")
-    return np.asarray(state[key], dtype=np.float64)
 
 
 def _read_labels(db: str | Path, key: str, checksum: str | None
@@ -137,22 +119,8 @@ def _check_enough(db: str | Path, rows: list[_Label], min_labels: int) -> None:
             "or lower --min-labels.")
 
 
-def _fit(cal: Any, usable: list[_Label], groups: list[Any] | None, merge: bool) -> tuple[Any, int]:
-    """A new calibrator of ``cal``'s mode and parameters, fitted; and how many calibration
-    scores were merged in."""
-    scores = np.array([r[3] for r in usable], dtype=np.float64)
-    relevant = np.array([r[2] for r in usable], dtype=bool)
-    query_ids: list[str] | None = [r[0] for r in usable]
-    base = _kept_scores(cal) if merge else np.empty(0)
-    if base.size:
-        scores, relevant = np.r_[base, scores], np.r_[np.ones(base.size, dtype=bool), relevant]
-        query_ids = None  # the merged modes (marginal, adaptive) fit on scores alone
-    params = {k: v for k, v in cal.get_params().items() if k != "tokenizer"}
-    new = make_calibrator(cal.mode, **params)
-    return new.fit(scores, relevant, query_ids=query_ids, groups=groups), int(base.size)
-
-
-def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labels: int = 50,
+def recalibrate(payload: Artifact | Mapping[str, Any], feedback_db: str | Path, *,
+                min_labels: int = 50,
                 merge: bool = True,
                 scorer_options: Mapping[str, Any] | None = None) -> Recalibration:
     """Rebuild a filter artifact from the labels stored by the service.
@@ -163,8 +131,9 @@ def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labe
 
     Parameters
     ----------
-    payload : Mapping
-        The current artifact (:func:`~ragsieve.filter.read_artifact`).
+    payload : Artifact or Mapping
+        The current artifact (:meth:`Artifact.read <ragsieve.artifact.Artifact.read>`; a
+        dict is read by :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>`).
     feedback_db : str or Path
         The service's feedback database (``serve --feedback``).
     min_labels : int, default=50
@@ -173,7 +142,7 @@ def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labe
         Fit on the artifact's kept calibration scores plus the labels (modes marginal and
         adaptive); False fits on the labels alone.
     scorer_options : Mapping, optional
-        Passed to :meth:`ConformalFilter.from_dict` (nothing is scored here).
+        Passed to :meth:`ConformalFilter.from_artifact` (nothing is scored here).
 
     Returns
     -------
@@ -199,17 +168,17 @@ def recalibrate(payload: Mapping[str, Any], feedback_db: str | Path, *, min_labe
         raise TypeError(f"min_labels is {type(min_labels).__name__}, expected an int >= 1.")
     if min_labels < 1:
         raise ValueError(f"min_labels == {min_labels!r}, must be an int >= 1.")
-    old = ConformalFilter.from_dict(payload, scorer_options=scorer_options)
+    artifact = payload if isinstance(payload, Artifact) else Artifact.from_dict(payload)
+    old = ConformalFilter.from_artifact(artifact, scorer_options=scorer_options)
     cal = old.calibrator
-    _check_mode(cal)
-    if merge:
-        _kept_scores(cal)  # refuse before reading the database
-    checksum = (payload.get("checksum") or {}).get("value")
+    check_refittable(cal, merge=merge)  # refuse before reading the database
+    checksum = artifact.checksum
     rows, lists = _read_labels(feedback_db, scorer_key(old.scorer.spec()), checksum)
     _check_enough(feedback_db, rows, min_labels)
     notes: list[str] = []
     usable, groups = _usable(cal, rows, notes)
-    new_cal, n_merged = _fit(cal, usable, groups, merge)
+    new_cal, n_merged = refit(cal, [r[3] for r in usable], [r[2] for r in usable],
+                              query_ids=[r[0] for r in usable], groups=groups, merge=merge)
     flt = ConformalFilter(old.scorer, new_cal, min_keep=old.min_keep, group_by=old.group_by,
                           max_chars=old.max_chars)
     queries = {r[0] for r in usable}

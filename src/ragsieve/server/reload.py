@@ -2,11 +2,11 @@
 
 A reload reads the served artifact's path again (a file over ``max_artifact_bytes`` is
 refused from its ``stat``, before it is read), validates the new artifact by building
-what the service builds from it (the one reader :func:`~ragsieve.filter.parse_artifact`:
+what the service builds from it (the one reader :meth:`~ragsieve.artifact.Artifact.parse`:
 JSON, every field's type, the seal; then the filter, the calibration state, the scorer,
 the served index, ``--adaptive``'s mode, the monitor and the ``/healthz`` view) and only
 then publishes it as the next *generation* in a small SQLite file of the state directory
-(``control.sqlite``: generation, checksum, the artifact's text; the newest
+(``control.sqlite``: generation, the artifact's identity, its text; the newest
 ``_KEEP_GENERATIONS`` are kept). Every app polls the latest generation and swaps in a
 service built from the published text, so all workers serve the same artifact even if the
 file changes again. A worker that cannot build the newest generation (or starts after a
@@ -26,7 +26,6 @@ refusal is picked up.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import logging
 import os
 import sqlite3
@@ -37,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from .._sqlite import connect_shared
+from ..artifact import MAX_ARTIFACT_BYTES, Artifact, read_text
 from ..errors import ArtifactError, DataError
-from ..filter import MAX_ARTIFACT_BYTES, ConformalFilter, parse_artifact, read_artifact_text
+from ..filter import ConformalFilter
 
 __all__ = ["DEFAULT_MAX_ARTIFACT_BYTES", "ArtifactCheck", "Generation", "Generations", "Publisher",
            "check_artifact", "file_signature", "read_text"]
@@ -57,20 +57,9 @@ _COLUMNS = ["number", "checksum", "text", "source", "time"]
 _BAD_ROWS = ("SELECT count(*) FROM generations WHERE typeof(number) != 'integer' OR "
              "typeof(checksum) != 'text' OR typeof(text) != 'text' OR typeof(source) != 'text'")
 
-#: The artifact file's text, read with the size cap (one reader: ``filter.read_artifact_text``).
-read_text = read_artifact_text
-
 
 def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
-
-
-def artifact_checksum(payload: Mapping[str, Any], text: str) -> str:
-    """The artifact's sealed checksum, or the sha256 of its text (version 1 artifacts)."""
-    seal = payload.get("checksum")
-    if isinstance(seal, Mapping) and isinstance(seal.get("value"), str):
-        return str(seal["value"])
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -180,20 +169,30 @@ class Generations:
 class ArtifactCheck:
     """A read and fully checked artifact, ready to publish."""
 
-    payload: dict[str, Any]
+    artifact: Artifact
     text: str
-    checksum: str
     filter: ConformalFilter
+
+    @property
+    def checksum(self) -> str:
+        """The artifact's identity (:attr:`Artifact.identity <ragsieve.artifact.Artifact.identity>`):
+        the key of its generation, monitor store and feedback rows."""
+        return self.artifact.identity
+
+    @property
+    def payload(self) -> dict[str, Any]:
+        """The artifact as a dict (a copy), for views that show its fields."""
+        return self.artifact.to_dict()
 
 
 def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] | None = None,
                    index_path: str | Path | None = None, adaptive: bool = False,
-                   monitor_check: Callable[[Mapping[str, Any]], object] | None = None,
+                   monitor_check: Callable[[Artifact], object] | None = None,
                    scorer: Any = None) -> ArtifactCheck:
     """Check an artifact's text as the service would load it (no model is loaded).
 
-    The text is read by :func:`~ragsieve.filter.parse_artifact` (every field's type, the
-    seal), then the filter is built. :meth:`~ragsieve.server.service.Runtime.check` adds
+    The text is read by :meth:`~ragsieve.artifact.Artifact.parse` (every field's type, the
+    seal), then the filter is built from the :class:`~ragsieve.artifact.Artifact`. :meth:`~ragsieve.server.service.Runtime.check` adds
     the ``/healthz`` view.
 
     Raises
@@ -203,10 +202,10 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
         be rebuilt or does not match the served index, a mode other than ``adaptive``
         under ``--adaptive``, or a malformed monitor reference.
     """
-    payload = parse_artifact(text, source)
-    reuse = scorer if scorer is not None and scorer.spec() == payload.get("scorer") else None
+    artifact = Artifact.parse(text, source)
+    reuse = scorer if scorer is not None and scorer.spec() == artifact.scorer else None
     try:
-        flt = ConformalFilter.from_dict(payload, scorer=reuse, scorer_options=scorer_options)
+        flt = ConformalFilter.from_artifact(artifact, scorer=reuse, scorer_options=scorer_options)
     except ArtifactError:
         raise
     except (TypeError, ValueError, KeyError, ImportError) as exc:
@@ -225,10 +224,10 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
             raise ArtifactError(f"artifact {source!r} does not match the served index: {exc}") from exc
     if monitor_check is not None:
         try:
-            monitor_check(payload)
+            monitor_check(artifact)
         except (TypeError, ValueError, KeyError) as exc:
             raise ArtifactError(f"artifact {source!r} has a malformed monitor reference: {exc}") from exc
-    return ArtifactCheck(payload, text, artifact_checksum(payload, text), flt)
+    return ArtifactCheck(artifact, text, flt)
 
 
 def file_signature(path: str | Path) -> tuple[int, int, int] | None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from .._optional import require
 from .app import create_app
-from .connections import check_seconds, uvicorn_config
+from .connections import uvicorn_config
+from .options import ServeOptions, serve_options
 from .reload import Trigger
 from .security import is_loopback_host
 
@@ -31,19 +32,8 @@ def _install_sighup(trigger: Trigger) -> Any:
     return signal.signal(signal.SIGHUP, lambda *_: trigger.request("SIGHUP"))
 
 
-def run_server(
-    filter_path: str | Path,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    log_level: str = "info",
-    timeout_keep_alive: int = 5,
-    timeout_request_header: float = 10.0,
-    workers: int = 1,
-    on_start: Callable[[], object] | None = None,
-    **app_options: Any,
-) -> None:
+def run_server(filter_path: str | Path, options: ServeOptions | None = None, *,
+               on_start: Callable[[], object] | None = None, **kwargs: Any) -> None:
     """Serve a filter artifact with uvicorn (blocks until stopped).
 
     ``SIGHUP`` reloads the artifact from ``filter_path`` (see :mod:`ragsieve.server.reload`).
@@ -52,71 +42,58 @@ def run_server(
     ----------
     filter_path : str or Path
         The filter artifact.
-    host, port : str, int
-        Where to listen. A non-loopback host requires ``api_key``.
-    api_key : str, optional
-        See :func:`create_app`.
-    log_level : str
-        uvicorn's log level.
-    timeout_keep_alive : int, default=5
-        Seconds an idle keep-alive connection stays open after a response.
-    timeout_request_header : float, default=10.0
-        Seconds a connection has to deliver a complete request head after it opens or
-        after its previous response; then it is closed (idle and slowloris connections).
-    workers : int, default=1
-        Worker processes. With more than one, each loads the model; they share the
-        listening socket, the feedback database, the adaptive threshold, the monitor
-        (one martingale over all requests) and the metrics (:mod:`ragsieve.server.workers`).
+    options : ServeOptions, optional
+        The service's settings (:class:`~ragsieve.server.options.ServeOptions`), here also
+        ``host`` / ``port`` (a non-loopback host requires ``api_key``), ``workers`` (with
+        more than one, each loads the model; they share the listening socket, the
+        feedback database, the adaptive threshold, the monitor and the metrics:
+        :mod:`ragsieve.server.workers`), ``log_level`` and the connection timeouts
+        ``timeout_keep_alive`` / ``timeout_request_header``.
     on_start : callable, optional
         Called once the artifact is checked and loaded, just before serving (the CLI
         prints where the state lives).
-    **app_options
-        The other options of :func:`create_app` (``max_body_bytes``, ``max_snippets``,
-        ``scorer_options``, ``index_path``, ``max_k``, ``body_timeout``, ``state_dir``,
-        ``feedback_db``, ``adaptive``, ``monitor_delta``, ``watch``, ...).
+    **kwargs
+        Options by name, applied over ``options`` (``port=8001``, ``max_k=10``, ...; see
+        :func:`~ragsieve.server.create_app`).
 
     Raises
     ------
+    TypeError
+        A keyword is no option of ``ServeOptions``, or an option has the wrong type.
     ValueError
-        ``host`` is not loopback and no API key is set, a timeout is not a number > 0, or
-        ``workers`` is not an int >= 1.
+        ``host`` is not loopback and no API key is set, or an option's value breaks its
+        rule (a timeout not a number > 0, ``workers`` not an int >= 1, ...).
     ImportError
         uvicorn is not installed (extra ``server``).
     """
-    if not api_key and not is_loopback_host(host):
+    options = serve_options(options, kwargs, caller="run_server")  # before any weights load
+    if not options.api_key and not is_loopback_host(options.host):
         raise ValueError(
-            f"host == {host!r} is not a loopback address and no API key is set; refusing to "
-            "serve the filter unauthenticated on the network. Set an API key or bind to 127.0.0.1."
+            f"host == {options.host!r} is not a loopback address and no API key is set; "
+            "refusing to serve the filter unauthenticated on the network. Set an API key or "
+            "bind to 127.0.0.1."
         )
-    check_seconds("timeout_keep_alive", timeout_keep_alive)  # before any weights load
-    check_seconds("timeout_request_header", timeout_request_header)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers == {workers!r}, must be an int >= 1.")
     uvicorn = require("uvicorn", "server")
-    if workers > 1:
+    if options.workers > 1:
         from .workers import run_workers
 
-        run_workers(filter_path, host=host, port=port, api_key=api_key, log_level=log_level,
-                    timeout_keep_alive=timeout_keep_alive,
-                    timeout_request_header=timeout_request_header, workers=workers,
-                    on_start=on_start, **app_options)
+        run_workers(filter_path, options, on_start=on_start)
         return
-    app = create_app(filter_path, api_key=api_key, **app_options)
+    app = create_app(filter_path, options)
     if on_start is not None:
         on_start()
     config = uvicorn_config(
         app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_keep_alive=timeout_keep_alive,
-        timeout_request_header=timeout_request_header,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        timeout_keep_alive=options.timeout_keep_alive,
+        timeout_request_header=options.timeout_request_header,
     )
-    logger.info("ragsieve server on http://%s:%d", host, port)
+    logger.info("ragsieve server on http://%s:%d", options.host, options.port)
     previous = _install_sighup(app.state.trigger)
     try:
         uvicorn.Server(config).run()
     finally:
         if previous is not None:
             signal.signal(signal.SIGHUP, previous)
-

@@ -47,12 +47,14 @@ import fastapi
 import numpy as np
 
 from .._version import __version__
+from ..artifact import Artifact
 from ..embeddings.detection import LanguageWatch
 from ..errors import ArtifactError, DataError
 from ..filter import ConformalFilter
 from ..types import FilterResult
 from .feedback import AdaptiveThreshold, FeedbackStore, LabelRateLimited, ServedRow, scorer_key
 from .metrics import ServiceMetrics
+from .options import DEFAULT_MAX_PIECES, DEFAULT_MAX_QUEUE, ServeOptions  # noqa: F401 (re-exported)
 from .page import RecentRequests
 from .parsing import BUSY_RETRY_AFTER, printable
 from .reload import ArtifactCheck, Generation, Generations, check_artifact
@@ -89,21 +91,11 @@ _THREAD_SAFE_SCORERS = frozenset({"embedding", "field"})
 _NO_MODEL_SCORERS = frozenset({"field"})
 #: How many filters with a request's own ``min_keep`` are kept for reuse.
 _MAX_CACHED_FILTERS = 64
-#: Most snippet pieces one request may have scored by the model (413 beyond). Sized to
-#: ~2 s of model time on 2 cores: ``benchmarks/bench_server.py --fairness`` measured, on
-#: fresh ~410-character pieces, 42-65 pieces/s for the default MiniLM ``EmbeddingScorer``
-#: and 73-78 for the fused ``best`` score with the 2 cores at load ~1.6 (128 pieces: 2.0-3.0
-#: s and 1.7 s), and 16-40 pieces/s for both at load 3-8 (other jobs on the cores). A
-#: snippet of up to 600 characters is one piece; a longer one is cut into pieces of ~500
-#: (see ``ConformalFilter.piece_texts``).
-DEFAULT_MAX_PIECES = 128
 #: Pieces of one request embedded per turn of the fair model queue: about what a small
 #: request waits for beside a large one (p99 443 ms at load 4.5 in ``--fairness``).
 PIECES_PER_STEP = 8
-#: Measured model throughput (pieces/s, see ``DEFAULT_MAX_PIECES``), for ``Retry-After``.
+#: Measured model throughput (pieces/s, see ``options.DEFAULT_MAX_PIECES``), for ``Retry-After``.
 PIECES_PER_SECOND = 50
-#: Most requests waiting for model work at once (429 beyond).
-DEFAULT_MAX_QUEUE = 64
 NO_MONITOR = "artifact has no monitor reference; recalibrate to enable the alarm"
 
 
@@ -219,12 +211,12 @@ def _snippet_vectors(request: FilterRequest) -> np.ndarray | None:
     return np.asarray(rows, dtype=np.float64).reshape(len(rows), dim)
 
 
-def monitor_from_artifact(payload: Mapping[str, Any], *, delta: float,
+def monitor_from_artifact(artifact: Artifact, *, delta: float,
                           store: str | Path | None) -> Any:
     """The exchangeability monitor of an artifact, or None when it carries no reference."""
     from ..monitoring import ExchangeabilityMonitor
 
-    return ExchangeabilityMonitor.from_artifact(payload, delta=delta, store=store)
+    return ExchangeabilityMonitor.from_artifact(artifact, delta=delta, store=store)
 
 
 def monitor_path(monitor_dir: Path, checksum: str) -> Path:
@@ -232,10 +224,10 @@ def monitor_path(monitor_dir: Path, checksum: str) -> Path:
     return monitor_dir / f"monitor-{checksum[:16]}.sqlite"
 
 
-def reset_shared_monitor(payload: Mapping[str, Any], checksum: str, monitor_dir: Path,
+def reset_shared_monitor(artifact: Artifact, checksum: str, monitor_dir: Path,
                          delta: float, factory: Callable[..., Any] | None = None) -> bool:
     """Reset an artifact's shared monitor store; False when the artifact has no reference."""
-    monitor = (factory or monitor_from_artifact)(payload, delta=delta,
+    monitor = (factory or monitor_from_artifact)(artifact, delta=delta,
                                                  store=monitor_path(monitor_dir, checksum))
     if monitor is None:
         return False
@@ -292,20 +284,20 @@ def artifact_view(checked: ArtifactCheck) -> ArtifactInfo:
     """Build what ``/healthz`` shows of a checked artifact, so a reload that cannot be shown
     is refused before it is published (``ArtifactError``)."""
     try:
-        info = _artifact_info(checked.filter, checked.payload, checked.checksum)
+        info = _artifact_info(checked.filter, checked.artifact, checked.checksum)
         Health(status="ok", library_version=__version__, artifact=info)
     except ValueError as exc:  # pydantic's ValidationError is a ValueError
         raise ArtifactError(f"artifact cannot be shown by /healthz: {printable(str(exc))}") from exc
     return info
 
 
-def _artifact_info(flt: ConformalFilter, payload: Mapping[str, Any], checksum: str) -> ArtifactInfo:
+def _artifact_info(flt: ConformalFilter, artifact: Artifact, checksum: str) -> ArtifactInfo:
     guarantee = _json_safe(flt.guarantee())
     n_calibration = guarantee.get("n_calibration")
     return ArtifactInfo(
-        format_version=payload.get("format_version"),
-        library_version=payload.get("library_version"),
-        created=payload.get("created"),
+        format_version=artifact.format_version,
+        library_version=artifact.library_version,
+        created=artifact.created,
         mode=guarantee.get("mode"),
         guaranteed_metric=guarantee.get("metric"),
         alpha=guarantee.get("alpha"),
@@ -339,12 +331,12 @@ class Service:
         flt = checked.filter
         self.runtime = runtime
         self.flt = flt
-        self.payload = checked.payload
+        self.artifact = checked.artifact
         self.checksum = checked.checksum
         self.generation = generation
         self.monitor = monitor
         self.adaptive = adaptive
-        self.info = _artifact_info(flt, checked.payload, checked.checksum)
+        self.info = _artifact_info(flt, checked.artifact, checked.checksum)
         self.guarantee = self.info.guarantee
         self.scorer_key = scorer_key(flt.scorer.spec())
         thread_safe = flt.scorer.spec().get("scorer") in _THREAD_SAFE_SCORERS
@@ -638,63 +630,51 @@ class Runtime:
 
     Parameters
     ----------
+    options : ServeOptions
+        The service's settings (limits, scorer options, adaptive, monitor delta, warm-up,
+        feedback caps); read here once.
     generations : Generations
         The control file the artifact generations are published in.
     store : FeedbackStore
         Served scores, labels and the adaptive state.
     metrics : ServiceMetrics
     index : SnippetIndex or None
-    scorer_options : Mapping, optional
-    max_snippets, max_k : int
-    adaptive : bool
-        Serve the threshold followed from feedback (mode ``adaptive`` required).
-    monitor_delta : float
-        The alarm's false-alarm bound.
     monitor_dir : Path, optional
         Directory of the shared monitor stores (one SQLite file per artifact checksum), for
         several worker processes; None keeps the monitor in memory.
-    warmup : bool
-        Load the model of a new scorer before serving it.
-    max_pieces, max_queue : int
-        Model work one request may cause (413 beyond); requests waiting for it (429 beyond).
-    max_labels_per_query, max_labels_per_minute : int, optional
-        Feedback caps: labels counted per query_id; labels per client per minute.
     monitor_factory : callable, optional
         ``(payload, delta=, store=) -> monitor or None`` (default
         :func:`monitor_from_artifact`).
     """
 
-    def __init__(self, *, generations: Generations, store: FeedbackStore,
-                 metrics: ServiceMetrics, index: Any, scorer_options: Mapping[str, Any] | None,
-                 max_snippets: int, max_k: int, adaptive: bool, monitor_delta: float,
-                 monitor_dir: Path | None, warmup: bool,
-                 monitor_factory: Callable[..., Any] | None = None,
-                 max_pieces: int = DEFAULT_MAX_PIECES, max_queue: int = DEFAULT_MAX_QUEUE,
-                 max_labels_per_query: int | None = None,
-                 max_labels_per_minute: int | None = None) -> None:
+    def __init__(self, options: ServeOptions, *, generations: Generations,
+                 store: FeedbackStore, metrics: ServiceMetrics, index: Any,
+                 monitor_dir: Path | None,
+                 monitor_factory: Callable[..., Any] | None = None) -> None:
+        self.options = options
         self.generations = generations
         self.store = store
         self.metrics = metrics
         self.index = index
         self.index_lock = threading.Lock()
-        self.scorer_options = dict(scorer_options or {})
-        self.max_snippets = max_snippets
-        self.max_k = max_k
-        self.max_pieces = max_pieces
-        self.max_queue = max_queue
-        self.max_labels_per_query = max_labels_per_query
-        self.max_labels_per_minute = max_labels_per_minute
-        self.adaptive = adaptive
-        self.monitor_delta = monitor_delta
+        self.scorer_options = dict(options.scorer_options)
+        self.max_snippets = options.max_snippets
+        self.max_k = options.max_k
+        self.max_pieces = options.max_pieces
+        self.max_queue = options.max_queue
+        self.max_labels_per_query = options.max_labels_per_query
+        self.max_labels_per_minute = options.max_labels_per_minute
+        self.adaptive = options.adaptive
+        self.monitor_delta = options.monitor_delta
         self.monitor_dir = monitor_dir
-        self.warmup = warmup
+        self.warmup = options.warmup
         self.monitor_factory = monitor_factory or monitor_from_artifact
         self.index_info = self.index_info_of(index)
         self.swap_lock = threading.Lock()
         self._refused_generation = 0
         self.published_generation: int | None = None  # the newest in the control file
         self.degraded: str | None = None  # why the newest generation is not served here
-        self._model_queue = FairQueue(max_waiting=max_queue, on_change=metrics.set_queue)
+        self._model_queue = FairQueue(max_waiting=options.max_queue, on_change=metrics.set_queue)
         self.service: Service | None = None
         self.recent = RecentRequests()  # the last requests' kept/total counts (GET /status)
 
@@ -769,14 +749,14 @@ class Runtime:
             return None
         return monitor_path(self.monitor_dir, checksum)
 
-    def check_monitor(self, payload: Mapping[str, Any]) -> None:
+    def check_monitor(self, artifact: Artifact) -> None:
         """Build (and drop) an artifact's monitor in memory: raises on a malformed reference."""
-        self.monitor_factory(payload, delta=self.monitor_delta, store=None)
+        self.monitor_factory(artifact, delta=self.monitor_delta, store=None)
 
     def before_publish(self, checked: ArtifactCheck, previous_checksum: str | None) -> None:
         """Reset the shared monitor store of a newly published, different artifact."""
         if checked.checksum != previous_checksum and self.monitor_dir is not None:
-            reset_shared_monitor(checked.payload, checked.checksum, self.monitor_dir,
+            reset_shared_monitor(checked.artifact, checked.checksum, self.monitor_dir,
                                  self.monitor_delta, self.monitor_factory)
 
     # ------------------------------------------------------------------ building, swapping
@@ -804,7 +784,7 @@ class Runtime:
         if current is not None and current.checksum == checked.checksum:
             monitor = current.monitor  # the same artifact again: the martingale goes on
         else:
-            monitor = self.monitor_factory(checked.payload, delta=self.monitor_delta,
+            monitor = self.monitor_factory(checked.artifact, delta=self.monitor_delta,
                                            store=self.monitor_store(checked.checksum))
             if monitor is None:
                 logger.warning("%s (checksum %s)", NO_MONITOR, checked.checksum[:12])

@@ -43,8 +43,8 @@ from typing import Any
 
 from .._optional import require
 from ..errors import ArtifactError, DataError
+from .options import ServeOptions
 from .reload import (
-    DEFAULT_MAX_ARTIFACT_BYTES,
     ArtifactCheck,
     Generations,
     Publisher,
@@ -77,7 +77,9 @@ def __getattr__(name: str) -> Any:
         from .connections import header_timeout_protocol
 
         config = json.loads(os.environ.get(CONFIG_ENV, "{}"))
-        return header_timeout_protocol(float(config.get("timeout_request_header", 10.0)))
+        timeout = config.get("app", {}).get("timeout_request_header",
+                                            ServeOptions.timeout_request_header)
+        return header_timeout_protocol(float(timeout))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -105,125 +107,48 @@ def app_from_env() -> Any:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from .app import _create_app
 
-    options = dict(config["app"])
     try:
-        return _create_app(config["filter_path"], role="worker",
-                           api_key=os.environ.get(API_KEY_ENV) or None, **options)
-    except (ArtifactError, ValueError, OSError) as exc:
+        options = ServeOptions.from_dict(config["app"], api_key=os.environ.get(API_KEY_ENV) or None)
+        return _create_app(config["filter_path"], options, role="worker")
+    except (ArtifactError, ValueError, TypeError, OSError) as exc:
         logging.getLogger(__name__).error("worker pid %d cannot start: %s", os.getpid(), exc)
         sys.exit(STARTUP_FAILURE)  # the supervisor stops the service: no restart loop
 
 
-def _create_app_defaults() -> dict[str, Any]:
-    """The defaults of :func:`~ragsieve.server.app.create_app`'s keyword options (one source)."""
-    import inspect
-
-    from .app import create_app
-
-    return {name: p.default for name, p in inspect.signature(create_app).parameters.items()
-            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty
-            and name != "api_key"}
-
-
-def _json_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Options as JSON-safe values (paths as strings)."""
-    def plain(value: Any) -> Any:
-        if isinstance(value, os.PathLike):
-            return os.fspath(value)
-        if isinstance(value, Mapping):
-            return {str(k): plain(v) for k, v in value.items()}
-        return value
-
-    return {k: plain(v) for k, v in options.items()}
-
-
-def run_workers(
-    filter_path: str | Path,
-    *,
-    host: str,
-    port: int,
-    api_key: str | None,
-    log_level: str,
-    timeout_keep_alive: int,
-    timeout_request_header: float,
-    workers: int,
-    state_dir: str | Path | None = None,
-    feedback_db: str | Path | None = None,
-    adaptive: bool = False,
-    monitor_delta: float = 0.01,
-    watch: bool = False,
-    scorer_options: Mapping[str, Any] | None = None,
-    index_path: str | Path | None = None,
-    on_start: Callable[[], object] | None = None,
-    **app_options: Any,
-) -> None:
-    """Serve with ``workers`` uvicorn processes (blocks until stopped); see the module doc.
+def run_workers(filter_path: str | Path, options: ServeOptions, *,
+                on_start: Callable[[], object] | None = None) -> None:
+    """Serve with ``options.workers`` uvicorn processes (blocks until stopped); see the
+    module doc. Each worker receives ``options`` as JSON (:meth:`ServeOptions.to_dict`,
+    the API key apart), with this parent's state directory and without ``watch``.
 
     Raises
     ------
     ValueError
-        The state directory is locked by another service, or bad options.
+        The state directory is locked by another service.
     ArtifactError, ScorerMismatchError
         The artifact cannot be served (checked here, before any worker starts).
     """
     uvicorn = require("uvicorn", "server")
     from uvicorn.supervisors import Multiprocess
 
-    from .app import check_delta
-
-    delta = check_delta(monitor_delta)
-    temporary = state_dir is None
-    state = Path(tempfile.mkdtemp(prefix="ragsieve-serve-") if temporary else state_dir)  # type: ignore[arg-type]
+    temporary = options.state_dir is None
+    state = (Path(tempfile.mkdtemp(prefix="ragsieve-serve-")) if options.state_dir is None
+             else options.state_dir)
     lock = StateLock(state).acquire()
     metrics_dir = tempfile.mkdtemp(prefix="ragsieve-metrics-")
     saved_env = {k: os.environ.get(k) for k in (CONFIG_ENV, API_KEY_ENV,
                                                  "PROMETHEUS_MULTIPROC_DIR")}
     generations: Generations | None = None
     trigger: Trigger | None = None
-    max_bytes = app_options.get("max_artifact_bytes", DEFAULT_MAX_ARTIFACT_BYTES)
     try:
         generations = Generations(state / "control.sqlite")
-
-        def check(text: str, source: str) -> ArtifactCheck:
-            checked = check_artifact(
-                text, source, scorer_options=scorer_options, index_path=index_path,
-                adaptive=adaptive,
-                monitor_check=lambda p: monitor_from_artifact(p, delta=delta, store=None))
-            artifact_view(checked)  # what a worker builds and shows: a bad one fails here
-            return checked
-
-        def before_publish(checked: ArtifactCheck, previous: str | None) -> None:
-            if checked.checksum != previous:
-                reset_shared_monitor(checked.payload, checked.checksum, state, delta)
-
-        _remove_monitor_stores(state)  # a new serve starts a new martingale
-        checked = check(read_text(filter_path, max_bytes=max_bytes), str(filter_path))
-        reset_shared_monitor(checked.payload, checked.checksum, state, delta)
-        number = generations.publish(checked.text, checked.checksum, "start")
-        logger.info("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
-                       filter_path, number, checked.checksum[:12], workers, state)
-        publisher = Publisher(filter_path, generations, check, before_publish,
-                              max_bytes=max_bytes)
-        trigger = Trigger(publisher, watch=watch, interval=POLL_SECONDS)
-        worker_options = {
-            "state_dir": state, "feedback_db": feedback_db, "adaptive": adaptive,
-            "monitor_delta": delta, "watch": False, "scorer_options": scorer_options,
-            "index_path": index_path, **app_options,
-        }
-        worker_options = {**_create_app_defaults(), **worker_options}
-        os.environ[CONFIG_ENV] = json.dumps({
-            "filter_path": os.fspath(filter_path), "app": _json_options(worker_options),
-            "timeout_request_header": timeout_request_header,
-            "ragsieve_log_level": logging.getLogger("ragsieve").getEffectiveLevel(),
-        })
-        if api_key:
-            os.environ[API_KEY_ENV] = api_key
-        else:
-            os.environ.pop(API_KEY_ENV, None)
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+        trigger = _publish_first(filter_path, options, state, generations)
+        _export_worker_config(filter_path, options.replace(state_dir=state, watch=False),
+                              metrics_dir)
         config = uvicorn.Config(
-            "ragsieve.server.workers:app_from_env", factory=True, host=host, port=port,
-            workers=workers, log_level=log_level, timeout_keep_alive=timeout_keep_alive,
+            "ragsieve.server.workers:app_from_env", factory=True, host=options.host,
+            port=options.port, workers=options.workers, log_level=options.log_level,
+            timeout_keep_alive=options.timeout_keep_alive,
             http="ragsieve.server.workers:HeaderTimeoutProtocol")
         sock = _tcp(config.bind_socket())
         supervisor = _supervisor_class(Multiprocess)(config, sockets=[sock])
@@ -232,7 +157,8 @@ def run_workers(
         trigger.start()
         if on_start is not None:
             on_start()
-        logger.info("ragsieve server on http://%s:%d (%d workers)", host, port, workers)
+        logger.info("ragsieve server on http://%s:%d (%d workers)", options.host, options.port,
+                    options.workers)
         supervisor.run()
         failed = [p.pid for p in supervisor.processes if p.exitcode == STARTUP_FAILURE]
         if failed:
@@ -244,14 +170,61 @@ def run_workers(
         if generations is not None:
             generations.close()
         lock.release()
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        _restore_env(saved_env)
         shutil.rmtree(metrics_dir, ignore_errors=True)
         if temporary:
             shutil.rmtree(state, ignore_errors=True)
+
+
+def _publish_first(filter_path: str | Path, options: ServeOptions, state: Path,
+                   generations: Generations) -> Trigger:
+    """Check the artifact by building what a worker builds, start a new martingale,
+    publish it as the first generation; the trigger of later reloads (SIGHUP, watch)."""
+    delta = options.monitor_delta
+
+    def check(text: str, source: str) -> ArtifactCheck:
+        checked = check_artifact(
+            text, source, scorer_options=options.scorer_options, index_path=options.index_path,
+            adaptive=options.adaptive,
+            monitor_check=lambda p: monitor_from_artifact(p, delta=delta, store=None))
+        artifact_view(checked)  # what a worker builds and shows: a bad one fails here
+        return checked
+
+    def before_publish(checked: ArtifactCheck, previous: str | None) -> None:
+        if checked.checksum != previous:
+            reset_shared_monitor(checked.artifact, checked.checksum, state, delta)
+
+    _remove_monitor_stores(state)  # a new serve starts a new martingale
+    max_bytes = options.max_artifact_bytes
+    checked = check(read_text(filter_path, max_bytes=max_bytes), str(filter_path))
+    reset_shared_monitor(checked.artifact, checked.checksum, state, delta)
+    number = generations.publish(checked.text, checked.checksum, "start")
+    logger.info("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
+                filter_path, number, checked.checksum[:12], options.workers, state)
+    publisher = Publisher(filter_path, generations, check, before_publish, max_bytes=max_bytes)
+    return Trigger(publisher, watch=options.watch, interval=POLL_SECONDS)
+
+
+def _export_worker_config(filter_path: str | Path, options: ServeOptions,
+                          metrics_dir: str) -> None:
+    """Set the environment the worker processes read (:func:`app_from_env`)."""
+    os.environ[CONFIG_ENV] = json.dumps({
+        "filter_path": os.fspath(filter_path), "app": options.to_dict(),
+        "ragsieve_log_level": logging.getLogger("ragsieve").getEffectiveLevel(),
+    })
+    if options.api_key:
+        os.environ[API_KEY_ENV] = options.api_key
+    else:
+        os.environ.pop(API_KEY_ENV, None)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+
+
+def _restore_env(saved: Mapping[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _remove_monitor_stores(state: Path) -> None:

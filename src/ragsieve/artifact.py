@@ -1,0 +1,533 @@
+"""The saved filter: one typed :class:`Artifact`, one reader, one writer, one identity.
+
+An artifact is JSON format version 2: the scorer spec, the calibration block (mode,
+params, learned state, threshold, group field, the guarantee), the policy, the provenance
+of the calibration data, and (by default) the ``"monitor"`` block the exchangeability
+monitor (:mod:`ragsieve.monitoring`) ranks served requests against. A sha256 checksum
+seals the scorer, calibration and policy blocks, and the monitor block when there is one.
+Version 1 artifacts (marginal only, no monitor, no seal) and version 2 artifacts without
+a monitor block still read.
+
+Every reader goes through :meth:`Artifact.read` (a file, size-capped),
+:meth:`Artifact.parse` (text) or :meth:`Artifact.from_dict` (a dict already in memory):
+each type-checks every top-level field and verifies the seal. :meth:`Artifact.write`
+writes atomically; :attr:`Artifact.identity` names the artifact (the service's
+generations, monitor stores and feedback rows, a resumable filter job).
+
+Examples
+--------
+>>> art = Artifact.create(scorer={"scorer": "field", "field": "score"},
+...                       calibration={"mode": "marginal"}, policy={"min_keep": 0},
+...                       data={}, created="2025-01-31T12:00:00+00:00")
+>>> Artifact.parse(art.to_json(), "memory") == art
+True
+>>> art.identity == art.seal["value"]
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._io import atomic_write_text
+from ._monitor_reference import read_monitor_block
+from ._version import __version__
+from .calibration import BaseCalibrator, SplitConformalCalibrator, calibrator_from_state
+from .errors import ArtifactError, ArtifactTooLargeError
+
+__all__ = [
+    "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "FIELDS", "MAX_ARTIFACT_BYTES",
+    "Artifact", "check_fields", "check_seal", "covers", "read_text", "seal_value",
+]
+
+ARTIFACT_FORMAT = "ragsieve.filter"
+ARTIFACT_VERSION = 2
+#: Largest artifact file read (bigger ones are refused before parsing).
+MAX_ARTIFACT_BYTES = 64 * 2**20
+#: Artifact blocks sealed by the sha256 checksum (and ``"monitor"`` when present).
+CHECKSUM_COVERS = ("scorer", "calibration", "policy")
+#: The top-level fields of an artifact (format version 2; version 1 has no monitor or checksum).
+FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
+          "policy", "data", "monitor", "checksum")
+
+
+# ----------------------------------------------------------------------------- the record
+@dataclass(frozen=True)
+class Artifact:
+    """A checked filter artifact (build one with :meth:`read`, :meth:`parse`,
+    :meth:`from_dict` or :meth:`create`; every one is type-checked and sealed).
+
+    Attributes
+    ----------
+    format_version : int
+        1 or 2.
+    scorer : dict
+        The scorer spec (``{"scorer": name, ...}``).
+    calibration : dict
+        Mode, params, learned state, threshold, group field, guarantee.
+    policy : dict or None
+        ``min_keep`` and ``max_chars`` (None: not stored).
+    data : dict or None
+        Provenance of the calibration data (language, counts, notes; None: not stored).
+    monitor : dict or None
+        The exchangeability monitor's reference block, as stored.
+    seal : dict or None
+        The ``"checksum"`` block (``algorithm``, ``covers``, ``value``); None for version 1.
+    library_version : str or None
+        The ragsieve that wrote it.
+    created : str or None
+        ISO-8601 date-time of writing.
+
+    The blocks are copies owned by the record: treat them as read-only (:meth:`to_dict`
+    hands out fresh copies).
+    """
+
+    format_version: int
+    scorer: dict[str, Any]
+    calibration: dict[str, Any]
+    policy: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    monitor: dict[str, Any] | None = None
+    seal: dict[str, Any] | None = None
+    library_version: str | None = None
+    created: str | None = None
+
+    def __hash__(self) -> int:
+        return hash(self.identity)
+
+    # -------------------------------------------------------------------- readers
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], *,
+             max_bytes: int = MAX_ARTIFACT_BYTES) -> Artifact:
+        """Read an artifact file: size cap, UTF-8, strict JSON, every field, the seal.
+
+        Parameters
+        ----------
+        path : path-like
+            The JSON artifact.
+        max_bytes : int, default=64 MiB
+            Larger files are refused before they are read (:func:`read_text`).
+
+        Raises
+        ------
+        ArtifactError
+            The file cannot be read, is too large (``ArtifactTooLargeError``), is not UTF-8
+            or JSON, or :meth:`parse` refuses it.
+        """
+        return cls.parse(read_text(path, max_bytes=max_bytes), os.fspath(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str) -> Artifact:
+        """Parse an artifact's text, type-check every field and verify its seal.
+
+        Parameters
+        ----------
+        text : str
+            The artifact's JSON text.
+        source : str
+            Where it came from (a path), for the error messages.
+
+        Raises
+        ------
+        ArtifactError
+            Not strict JSON (NaN and Infinity are refused), not an object, or a field
+            :func:`check_fields` refuses; the message names ``source``.
+        """
+        try:
+            payload = json.loads(text, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+            raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
+        if not isinstance(payload, dict):
+            raise ArtifactError(f"filter artifact {source!r} holds a JSON "
+                                f"{type(payload).__name__}, expected an object.")
+        return cls.from_dict(payload, source=source)
+
+    @classmethod
+    def from_dict(cls, payload: Any, *, source: str | None = None) -> Artifact:
+        """An artifact from a dict already in memory, checked as :meth:`parse` checks text.
+
+        Parameters
+        ----------
+        payload : Mapping
+            The artifact as a dict (e.g. :meth:`to_dict` output); it is copied.
+        source : str, optional
+            Where it came from, prefixed to the error messages.
+
+        Raises
+        ------
+        ArtifactError
+            A field that is missing, unknown or of the wrong type, or a broken seal.
+        """
+        try:
+            version = check_fields(payload)
+        except ArtifactError as exc:
+            if source is None:
+                raise
+            raise ArtifactError(f"filter artifact {source!r}: {exc}") from exc
+        own = copy.deepcopy(dict(payload))
+        return cls(format_version=version, scorer=dict(own["scorer"]),
+                   calibration=dict(own["calibration"]), policy=own.get("policy"),
+                   data=own.get("data"), monitor=own.get("monitor"), seal=own.get("checksum"),
+                   library_version=own.get("library_version"), created=own.get("created"))
+
+    @classmethod
+    def create(cls, *, scorer: Mapping[str, Any], calibration: Mapping[str, Any],
+               policy: Mapping[str, Any], data: Mapping[str, Any],
+               monitor: Mapping[str, Any] | None = None, created: str | None = None) -> Artifact:
+        """A new sealed version 2 artifact (what ``ConformalFilter.to_artifact`` writes).
+
+        Parameters
+        ----------
+        scorer, calibration, policy, data : Mapping
+            The blocks (plain JSON values).
+        monitor : Mapping, optional
+            The monitor reference block.
+        created : str, optional
+            ISO-8601 date-time; default now (UTC, seconds).
+
+        Raises
+        ------
+        ArtifactError
+            A block that is not plain JSON, or a field :func:`check_fields` refuses.
+        """
+        payload: dict[str, Any] = {
+            "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
+            "library_version": __version__,
+            "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+            "scorer": dict(scorer), "calibration": dict(calibration), "policy": dict(policy),
+            "data": dict(data),
+        }
+        if monitor is not None:
+            payload["monitor"] = dict(monitor)
+        # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
+        try:
+            value = seal_value(payload)
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
+        payload["checksum"] = {"algorithm": "sha256", "covers": covers(payload), "value": value}
+        return cls.from_dict(payload)
+
+    # -------------------------------------------------------------------- writer
+    def to_dict(self) -> dict[str, Any]:
+        """The artifact as a JSON-ready dict (a fresh copy; fields not stored are absent)."""
+        out: dict[str, Any] = {"format": ARTIFACT_FORMAT, "format_version": self.format_version}
+        for key, value in (("library_version", self.library_version), ("created", self.created),
+                           ("scorer", self.scorer), ("calibration", self.calibration),
+                           ("policy", self.policy), ("data", self.data),
+                           ("monitor", self.monitor), ("checksum", self.seal)):
+            if value is not None:
+                out[key] = copy.deepcopy(value)
+        return out
+
+    def to_json(self) -> str:
+        """The artifact's text as :meth:`write` writes it (strict JSON, sorted keys)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+    def write(self, path: str | os.PathLike[str]) -> Path:
+        """Write the artifact atomically (a reader never sees half a file); return the path."""
+        return atomic_write_text(path, self.to_json())
+
+    # -------------------------------------------------------------------- identity
+    @property
+    def identity(self) -> str:
+        """What names this artifact: the seal's sha256 (version 2: scorer, calibration,
+        policy and monitor blocks), or the sha256 of the canonical JSON of the whole
+        artifact (version 1, which has no seal). Equal for the same content, whatever the
+        file's whitespace."""
+        if self.seal is not None:
+            return str(self.seal["value"])
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=False, allow_nan=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+    @property
+    def checksum(self) -> str | None:
+        """The sealed checksum (version 2), None for a version 1 artifact."""
+        return None if self.seal is None else str(self.seal["value"])
+
+    # -------------------------------------------------------------------- blocks
+    def monitor_reference(self) -> dict[str, Any] | None:
+        """The checked monitor block (float reference values), or None when there is none."""
+        return None if self.monitor is None else read_monitor_block(self.monitor)
+
+    def calibrator(self) -> BaseCalibrator:
+        """The fitted calibrator the calibration block stores.
+
+        Raises
+        ------
+        ArtifactError
+            A threshold that is not a number (or ``threshold_is_infinite`` not a bool), a
+            state the mode refuses, or a threshold that disagrees with the stored state.
+        """
+        block = self.calibration
+        tau = _stored_threshold(block)
+        if self.format_version == 1:
+            try:
+                return SplitConformalCalibrator.from_threshold(
+                    alpha=block["alpha"], threshold=tau, n_calibration=block["n_calibration"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ArtifactError("malformed filter artifact: missing or invalid field "
+                                    f"({exc!r}).") from exc
+        calibrator = calibrator_from_state(block.get("mode"), block.get("params"),
+                                           block.get("state"))
+        if calibrator.threshold_ != tau:
+            raise ArtifactError(
+                f"artifact threshold {tau!r} disagrees with its calibration state "
+                f"({calibrator.threshold_!r}); the artifact was edited or corrupted: recalibrate."
+            )
+        return calibrator
+
+    @property
+    def group_by(self) -> str | None:
+        """The group field of the ``group`` mode (None for version 1 and other modes)."""
+        if self.format_version == 1:
+            return None
+        group_by = self.calibration.get("group_by")
+        if group_by is not None and not isinstance(group_by, str):
+            raise ArtifactError(f"artifact group_by == {group_by!r}, expected a field name or null.")
+        return group_by
+
+    @property
+    def min_keep(self) -> int:
+        """The policy's ``min_keep`` (0 when not stored)."""
+        value = (self.policy or {}).get("min_keep", 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ArtifactError(f"artifact policy min_keep == {value!r}, expected an int >= 0.")
+        return value
+
+    @property
+    def max_chars(self) -> Any:
+        """The policy's ``max_chars`` as stored (None: the default; checked by the filter)."""
+        return (self.policy or {}).get("max_chars")
+
+    @property
+    def language(self) -> str | None:
+        """The language the filter was calibrated on (``data.language``), None when unknown."""
+        code = (self.data or {}).get("language")
+        return code if isinstance(code, str) and code else None
+
+    @property
+    def model(self) -> str | None:
+        """The embedding model of the scorer (of its base, for a relative or fused score)."""
+        spec: Any = self.scorer
+        while isinstance(spec, dict):
+            if spec.get("model"):
+                return str(spec["model"])
+            spec = spec.get("base")
+        return None
+
+    @property
+    def score_field(self) -> str | None:
+        """The field an outside-score (``field``) scorer reads, None for any other scorer."""
+        if self.scorer.get("scorer") == "field" and self.scorer.get("field"):
+            return str(self.scorer["field"])
+        return None
+
+
+# ----------------------------------------------------------------------------- the seal
+def covers(payload: Mapping[str, Any]) -> list[str]:
+    """The blocks a checksum seals: ``CHECKSUM_COVERS``, and the monitor block when present."""
+    return [*CHECKSUM_COVERS, *(["monitor"] if "monitor" in payload else [])]
+
+
+def seal_value(payload: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of the sealed blocks."""
+    sealed = {k: payload.get(k) for k in covers(payload)}
+    text = json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_seal(payload: Mapping[str, Any]) -> None:
+    """Verify the ``"checksum"`` seal of a version 2 artifact dict.
+
+    Raises
+    ------
+    ArtifactError
+        No seal, a seal of another algorithm or over other blocks, a monitor block added
+        after ``calibrate``, or a value that does not match the sealed blocks.
+    """
+    seal = payload.get("checksum")
+    if not isinstance(seal, Mapping) or not isinstance(seal.get("value"), str):
+        raise ArtifactError("artifact has no checksum; version 2 artifacts are sealed by "
+                            "`calibrate`: recalibrate instead of writing one by hand.")
+    sealed = seal.get("covers", [])
+    sealed = list(sealed) if isinstance(sealed, (list, tuple)) else sealed
+    if "monitor" in payload and sealed == list(CHECKSUM_COVERS):
+        raise ArtifactError("artifact 'monitor' block is not sealed by its checksum (covers "
+                            f"{sealed}); it was added after `calibrate`: recalibrate.")
+    if seal.get("algorithm") != "sha256" or sealed != covers(payload) or set(seal) != {
+            "algorithm", "covers", "value"}:
+        raise ArtifactError(f"artifact checksum {dict(seal)!r} is not the sha256 over "
+                            f"{covers(payload)} this ragsieve writes.")
+    try:
+        actual = seal_value(payload)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
+    if actual != seal["value"]:
+        raise ArtifactError(
+            "artifact checksum mismatch: its scorer, calibration, policy or monitor block was "
+            "edited after `calibrate` wrote it; recalibrate rather than editing a filter by hand."
+        )
+
+
+# ----------------------------------------------------------------------------- field checks
+def check_fields(payload: Any) -> int:
+    """Type-check every top-level field of an artifact dict and verify its seal.
+
+    ``format`` is ``"ragsieve.filter"``; ``format_version`` 1 or 2; ``library_version`` a
+    string; ``created`` an ISO-8601 string; ``scorer``, ``calibration``, ``policy`` and
+    ``data`` objects; version 2 has a valid ``checksum`` seal and, when present, a valid
+    ``monitor`` block. Unknown fields are refused. The calibration block's contents are
+    checked when its calibrator is built (:meth:`Artifact.calibrator`).
+
+    Returns
+    -------
+    int
+        The format version.
+
+    Raises
+    ------
+    ArtifactError
+        The first field that is missing, unknown or of the wrong type, or a broken seal.
+    """
+    version = _check_format(payload)
+    _check_unsealed(payload)
+    if version == 1:
+        extra = sorted({"monitor", "checksum"} & set(payload))
+        if extra:
+            raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
+                                "recalibrate.")
+        return version
+    check_seal(payload)
+    if "monitor" in payload:
+        read_monitor_block(payload["monitor"])
+    return version
+
+
+def _check_unsealed(payload: Mapping[str, Any]) -> None:
+    """The field names, the blocks' kinds and the fields the seal does not cover."""
+    unknown = sorted(set(payload) - set(FIELDS))
+    if unknown:
+        raise ArtifactError(f"artifact has unknown field(s) {unknown}; expected only "
+                            f"{list(FIELDS)} (free-form notes belong in 'data').")
+    for key in ("scorer", "calibration"):
+        if not isinstance(payload.get(key), Mapping):
+            raise ArtifactError(f"malformed filter artifact: {key!r} is "
+                                f"{_kind(payload.get(key))}, expected an object.")
+    if not isinstance(payload["scorer"].get("scorer"), str):
+        raise ArtifactError(f"malformed filter artifact: scorer 'scorer' == "
+                            f"{payload['scorer'].get('scorer')!r}, expected a scorer name.")
+    for key in ("policy", "data"):
+        if key in payload and not isinstance(payload[key], Mapping):
+            raise ArtifactError(f"artifact {key!r} is {_kind(payload[key])}, expected an object.")
+    if "library_version" in payload and not isinstance(payload["library_version"], str):
+        raise ArtifactError(f"artifact 'library_version' is {_kind(payload['library_version'])}, "
+                            "expected a string.")
+    if "created" in payload:
+        _check_created(payload["created"])
+
+
+def _kind(value: Any) -> str:
+    return "missing" if value is None else f"a {type(value).__name__} ({value!r:.60})"
+
+
+def _check_format(payload: Any) -> int:
+    if not isinstance(payload, Mapping) or payload.get("format") != ARTIFACT_FORMAT:
+        got = payload.get("format") if isinstance(payload, Mapping) else type(payload).__name__
+        raise ArtifactError(
+            f"not a ragsieve filter artifact: format == {got!r:.80}, expected {ARTIFACT_FORMAT!r}."
+        )
+    version = payload.get("format_version")
+    if version not in (1, ARTIFACT_VERSION) or isinstance(version, bool) \
+            or not isinstance(version, int):
+        raise ArtifactError(
+            f"artifact format_version == {version!r:.80}; this ragsieve ({__version__}) reads "
+            f"versions 1 and {ARTIFACT_VERSION}."
+        )
+    return int(version)
+
+
+def _check_created(value: Any) -> None:
+    try:
+        _dt.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        raise ArtifactError(f"artifact 'created' is {_kind(value)}, expected an ISO-8601 "
+                            "date-time string (e.g. '2025-01-31T12:00:00+00:00').") from None
+
+
+def _strict_bool(block: Mapping[str, Any], key: str) -> bool:
+    value = block.get(key)
+    if not isinstance(value, bool):
+        raise ArtifactError(f"artifact calibration {key!r} == {value!r}, expected true or false.")
+    return value
+
+
+def _stored_threshold(block: Mapping[str, Any]) -> float:
+    if _strict_bool(block, "threshold_is_infinite"):
+        if block.get("threshold") is not None:
+            raise ArtifactError("artifact calibration says threshold_is_infinite but holds a "
+                                "threshold.")
+        return math.inf
+    value = block.get("threshold")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ArtifactError(f"artifact calibration threshold == {value!r}, expected a finite "
+                            "number.")
+    return float(value)
+
+
+# ----------------------------------------------------------------------------- the file
+def read_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_ARTIFACT_BYTES) -> str:
+    """The text of an artifact file, refused cheaply when it is larger than ``max_bytes``.
+
+    The size is read from ``stat`` before the file is opened, and at most ``max_bytes + 1``
+    bytes are read (a file growing meanwhile is refused too).
+
+    Raises
+    ------
+    ArtifactTooLargeError
+        The file is larger than ``max_bytes``.
+    ArtifactError
+        The file is missing, not a regular file, unreadable or not UTF-8.
+    """
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError(f"max_bytes == {max_bytes!r}, must be an int >= 1.")
+    name = os.fspath(path)
+    try:
+        size = _regular_size(name)
+        if size <= max_bytes:
+            with open(name, "rb") as fh:
+                data = fh.read(max_bytes + 1)
+            size = len(data)
+    except OSError as exc:
+        raise ArtifactError(f"cannot read filter artifact {name!r}: {exc}") from exc
+    if size > max_bytes:
+        raise ArtifactTooLargeError(
+            f"filter artifact {name!r} has {size} bytes, more than the limit of {max_bytes} "
+            "(max_artifact_bytes, --max-artifact-bytes); nothing was parsed.")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"cannot read filter artifact {name!r}: {exc}") from exc
+
+
+def _regular_size(name: str) -> int:
+    """The size of a regular file (``OSError`` for anything else: a FIFO is never opened)."""
+    st = os.stat(name)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(f"{name!r} is not a regular file")
+    return st.st_size
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")

@@ -1,0 +1,316 @@
+"""The service's settings as one value: :class:`ServeOptions`.
+
+A small frozen record with its defaults beside it (httpx's ``Timeout`` / ``Limits`` are the
+model): checked once when built, then passed down whole to
+:func:`~ragsieve.server.create_app`, :func:`~ragsieve.server.run_server`, the
+:class:`~ragsieve.server.service.Runtime` and, as JSON (:meth:`ServeOptions.to_dict`), to
+the worker processes of :mod:`ragsieve.server.workers`. ``ragsieve serve`` builds it from
+its parsed options in one function; an option left unset on the command line takes the
+default defined here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .connections import check_seconds
+from .feedback import (
+    DEFAULT_FEEDBACK_RETENTION,
+    DEFAULT_MAX_LABELS_PER_MINUTE,
+    DEFAULT_MAX_LABELS_PER_QUERY,
+    DEFAULT_MAX_SERVED_ROWS,
+)
+from .reload import DEFAULT_MAX_ARTIFACT_BYTES
+
+__all__ = [
+    "DEFAULT_MAX_PIECES",
+    "DEFAULT_MAX_QUEUE",
+    "ServeOptions",
+    "check_delta",
+    "serve_options",
+]
+
+#: Most snippet pieces one request may have scored by the model (413 beyond). Sized to
+#: ~2 s of model time on 2 cores: ``benchmarks/bench_server.py --fairness`` measured, on
+#: fresh ~410-character pieces, 42-65 pieces/s for the default MiniLM ``EmbeddingScorer``
+#: and 73-78 for the fused ``best`` score with the 2 cores at load ~1.6 (128 pieces: 2.0-3.0
+#: s and 1.7 s), and 16-40 pieces/s for both at load 3-8 (other jobs on the cores). A
+#: snippet of up to 600 characters is one piece; a longer one is cut into pieces of ~500
+#: (see ``ConformalFilter.piece_texts``).
+DEFAULT_MAX_PIECES = 128
+#: Most requests waiting for model work at once (429 beyond).
+DEFAULT_MAX_QUEUE = 64
+
+#: Options that are counts: an int >= 1.
+_COUNTS = ("workers", "max_body_bytes", "max_snippets", "max_k", "max_served_rows",
+           "max_pieces", "max_queue", "max_artifact_bytes", "max_labels_per_query",
+           "max_labels_per_minute")
+#: Options that are durations: a number of seconds > 0.
+_SECONDS = ("timeout_keep_alive", "timeout_request_header", "body_timeout",
+            "feedback_retention")
+#: Options that are switches: a bool.
+_SWITCHES = ("warmup", "adaptive", "watch")
+#: Options that are paths (or None).
+_PATHS = ("index_path", "state_dir", "feedback_db")
+
+
+def check_delta(delta: Any) -> float:
+    """``delta`` of the exchangeability alarm, a number in (0, 1)."""
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
+        raise ValueError(f"monitor_delta == {delta!r}, must be a number in (0, 1) (e.g. 0.01).")
+    return float(delta)
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a filter is served: limits, state, reloads, workers and where to listen.
+
+    Parameters
+    ----------
+    api_key : str, optional
+        When set, every route but ``/healthz`` requires ``Authorization: Bearer <key>`` or
+        ``X-API-Key: <key>`` (401 otherwise; compared in constant time). The key is also
+        the password of HTTP Basic (any user name): on ``GET /`` from anywhere, on the
+        other routes from same-origin requests only (403 otherwise). Never shown by
+        ``repr`` nor written by :meth:`to_dict`.
+    host, port : str, int, default="127.0.0.1", 8000
+        Where :func:`~ragsieve.server.run_server` listens. A non-loopback host requires
+        ``api_key``.
+    workers : int, default=1
+        Worker processes of :func:`~ragsieve.server.run_server` (each loads the model;
+        they share the state directory, see :mod:`ragsieve.server.workers`).
+    log_level : str, default="info"
+        uvicorn's log level.
+    timeout_keep_alive : int, default=5
+        Seconds an idle keep-alive connection stays open after a response.
+    timeout_request_header : float, default=10.0
+        Seconds a connection has to deliver a complete request head after it opens or
+        after its previous response; then it is closed (idle and slowloris connections).
+    max_body_bytes : int, default=1_000_000
+        Larger request bodies get 413.
+    max_snippets : int, default=1000
+        Requests with more snippets (or feedback labels) get 413.
+    body_timeout : float, default=60.0
+        Seconds a request has, after its head, to deliver the whole body (408 and the
+        connection closed otherwise).
+    scorer_options : Mapping, optional
+        Passed to ``ConformalFilter.load`` (e.g. ``{"cache_dir": ...}``).
+    warmup : bool, default=True
+        Score one dummy snippet at startup (and after a reload to another scorer) so the
+        model is loaded before serving.
+    index_path : str or Path, optional
+        A :class:`~ragsieve.store.SnippetIndex` directory served by ``POST /query``. The
+        filter must be one the index can compute from its stored vectors (see
+        :meth:`~ragsieve.store.SnippetIndex.list_scorer`); checked at start and on reloads.
+    max_k : int, default=100
+        Largest ``k`` a ``/query`` request may ask for (413 above).
+    state_dir : str or Path, optional
+        Directory of the feedback, control and monitor files (:mod:`ragsieve.server.state`),
+        locked while the service lives. None: a temporary directory removed at shutdown
+        (``ragsieve serve`` passes a stable one so restarts continue).
+    feedback_db : str or Path, optional
+        The feedback database (default ``<state_dir>/feedback.sqlite``).
+    adaptive : bool, default=False
+        Serve the threshold followed from ``POST /feedback`` by adaptive conformal
+        inference; the artifact must be of mode ``adaptive``.
+    monitor_delta : float, default=0.01
+        The exchangeability alarm fires on exchangeable traffic with probability at most
+        ``monitor_delta``.
+    watch : bool, default=False
+        Reload when the artifact file changes (its mtime, size or inode, polled every
+        0.5 s).
+    max_served_rows : int, default=1_000_000
+        Served-score rows kept in the feedback database (oldest pruned).
+    max_pieces : int, default=128
+        Most pieces of model work (snippet pieces scored) one request may cause; more
+        get 413 with the limit in the message.
+    max_queue : int, default=64
+        Most requests waiting for model work at once; more get 429 with ``Retry-After``.
+    max_artifact_bytes : int, default=64 MiB
+        Larger artifact files are refused on a reload (413 from ``/admin/reload``) and
+        at start.
+    feedback_retention : float, default=7 days
+        Seconds a served score can be labelled; older served rows and their labels are
+        pruned.
+    max_labels_per_query : int, default=1000
+        Most labels counted for one query_id.
+    max_labels_per_minute : int, default=6000
+        Most labels one client may send per minute (429 beyond).
+
+    Raises
+    ------
+    ValueError
+        A count is not an int >= 1, a duration not a number of seconds > 0, ``api_key``
+        is empty, ``monitor_delta`` is not in (0, 1) or ``port`` not in [0, 65535]; the
+        message names the option, the value received and the rule.
+    TypeError
+        A switch is not a bool, a path not a str / PathLike / None, ``scorer_options``
+        not a mapping, or ``api_key`` / ``host`` / ``log_level`` not a string.
+
+    Examples
+    --------
+    >>> ServeOptions(max_snippets=50).max_snippets
+    50
+    >>> ServeOptions(max_snippets=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_snippets == 0, must be an int >= 1.
+    """
+
+    api_key: str | None = field(default=None, repr=False)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    workers: int = 1
+    log_level: str = "info"
+    timeout_keep_alive: int = 5
+    timeout_request_header: float = 10.0
+    max_body_bytes: int = 1_000_000
+    max_snippets: int = 1000
+    body_timeout: float = 60.0
+    scorer_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    warmup: bool = True
+    index_path: Path | None = None
+    max_k: int = 100
+    state_dir: Path | None = None
+    feedback_db: Path | None = None
+    adaptive: bool = False
+    monitor_delta: float = 0.01
+    watch: bool = False
+    max_served_rows: int = DEFAULT_MAX_SERVED_ROWS
+    max_pieces: int = DEFAULT_MAX_PIECES
+    max_queue: int = DEFAULT_MAX_QUEUE
+    max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES
+    feedback_retention: float = DEFAULT_FEEDBACK_RETENTION
+    max_labels_per_query: int = DEFAULT_MAX_LABELS_PER_QUERY
+    max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE
+
+    def __post_init__(self) -> None:
+        for name in _COUNTS:
+            _check_count(name, getattr(self, name))
+        for name in _SECONDS:
+            check_seconds(name, getattr(self, name))
+        for name in _SWITCHES:
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} == {getattr(self, name)!r}, must be a bool.")
+        for name in _PATHS:
+            object.__setattr__(self, name, _as_path(name, getattr(self, name)))
+        object.__setattr__(self, "monitor_delta", check_delta(self.monitor_delta))
+        object.__setattr__(self, "scorer_options", _as_mapping(self.scorer_options))
+        _check_text("api_key", self.api_key, optional=True)
+        _check_text("host", self.host)
+        _check_text("log_level", self.log_level)
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port == {self.port!r}, must be an int in [0, 65535].")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in field order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def replace(self, **changes: Any) -> ServeOptions:
+        """A copy with ``changes`` (checked like a new record; unknown names: ``TypeError``)."""
+        _check_names(changes, "ServeOptions.replace()")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as JSON-safe values (paths as strings), without ``api_key``.
+
+        :meth:`from_dict` reads it back; the worker processes receive it this way (their
+        API key travels apart, see :mod:`ragsieve.server.workers`).
+        """
+        return {name: _plain(getattr(self, name)) for name in self.names() if name != "api_key"}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, api_key: str | None = None) -> ServeOptions:
+        """Options from :meth:`to_dict`'s form; missing names take their defaults.
+
+        Raises
+        ------
+        TypeError
+            ``data`` is not a mapping, holds an unknown name, or ``api_key`` is in it.
+        """
+        if not isinstance(data, Mapping):
+            raise TypeError(f"ServeOptions.from_dict: got {type(data).__name__}, expected a "
+                            "mapping of option names to values.")
+        if "api_key" in data:
+            raise TypeError("ServeOptions.from_dict: 'api_key' is passed as the keyword "
+                            "api_key=, never inside the data.")
+        _check_names(data, "ServeOptions.from_dict()")
+        return cls(api_key=api_key, **data)
+
+
+def serve_options(options: ServeOptions | None = None,
+                  changes: Mapping[str, Any] | None = None, *,
+                  caller: str = "create_app") -> ServeOptions:
+    """``options`` (default :class:`ServeOptions`) with ``changes`` (option name -> value):
+    the one place the keyword conveniences of ``create_app`` / ``run_server`` become a
+    record.
+
+    Raises
+    ------
+    TypeError
+        ``options`` is not a :class:`ServeOptions`, or a keyword is no option (the message
+        lists them).
+    """
+    if options is None:
+        options = ServeOptions()
+    elif not isinstance(options, ServeOptions):
+        raise TypeError(f"{caller}(): options == {options!r}, must be a ServeOptions or None "
+                        "(or pass the options as keyword arguments).")
+    changes = dict(changes or {})
+    _check_names(changes, f"{caller}()")
+    return dataclasses.replace(options, **changes) if changes else options
+
+
+def _check_names(given: Mapping[str, Any], where: str) -> None:
+    unknown = sorted(set(given) - set(ServeOptions.names()))
+    if unknown:
+        raise TypeError(f"{where} got unknown option(s) {', '.join(map(repr, unknown))}; the "
+                        f"options of ServeOptions are: {', '.join(ServeOptions.names())}.")
+
+
+def _check_count(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} == {value!r}, must be an int >= 1.")
+
+
+def _check_text(name: str, value: Any, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        expected = "a non-empty string or None" if optional else "a non-empty string"
+        raise TypeError(f"{name} of type {type(value).__name__}, must be {expected}.")
+    if not value:
+        raise ValueError(f"{name} == '', must be a non-empty string"
+                         + (" or None." if optional else "."))
+
+
+def _as_path(name: str, value: Any) -> Path | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return Path(value)
+    raise TypeError(f"{name} == {value!r}, must be a non-empty path (str or os.PathLike) or None.")
+
+
+def _as_mapping(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"scorer_options of type {type(value).__name__}, must be a mapping "
+                        "(e.g. {'cache_dir': ...}) or None.")
+    return dict(value)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy of ``value`` (paths as strings, mappings as dicts)."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,84 @@
+"""Deployed = evaluated, by construction: ``ConformalFilter.calibrate`` and a split of
+``evaluate`` turn pairs into calibrator inputs with one translation
+(:class:`ragsieve.calibration.inputs.CalibrationInputs`) and fit the fused score with one
+function (:func:`ragsieve.scoring.fusion.fit_fused`).
+
+For a fixed seed, the filter ``calibrate(seed=s)`` builds on the calibration pairs of
+``evaluate(seed=s)``'s split 0 is the filter that split measures: the same fused weights,
+the same calibration half, the same calibrator state and threshold, compared exactly.
+A second copy of either path (a re-typed formula, another topic draw, other inputs) fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_baseline_grid import with_bm25
+
+from ragsieve import ConformalFilter, Pair
+from ragsieve.calibration import make_calibrator
+from ragsieve.data import group_splits
+from ragsieve.evaluation import EvaluationConfig, ScoredData, evaluate
+from ragsieve.evaluation.sweep import _calibrate_split, _fuse_split, score_for_evaluation
+from ragsieve.scoring import FieldScorer, FusedScorer
+from ragsieve.scoring.fusion import FUSION_FIT_FRACTION
+from ragsieve.types import fingerprint_pairs
+
+BM25 = FieldScorer("bm25", higher_is_better=True)
+SEED = 3
+
+
+@pytest.fixture(scope="module")
+def bm25_pairs(xquad_en: list[Pair]) -> list[Pair]:
+    return with_bm25(xquad_en)
+
+
+def _split0(pairs: list[Pair], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split 0 of ``evaluate(n_splits=1, seed=seed)`` (its documented group-disjoint split)."""
+    topics = ScoredData.from_pairs(pairs, np.zeros(len(pairs))).group_index.tolist()
+    return group_splits(topics, calibration_fraction=0.5, n_splits=1, seed=seed)[0]
+
+
+def _one_split(pairs: list[Pair], scorer: object, mode: str, **config: object) -> dict:
+    report = evaluate(pairs, scorer, modes=(mode,), alphas=(0.1,), n_splits=1, seed=SEED,
+                      top_k=(), thetas=(), calibrated_baselines=False, **config)
+    return report.rows("conformal")[0]
+
+
+@pytest.mark.parametrize("mode", ["marginal", "topic", "query-recall"])
+def test_calibrate_is_split_zero_of_evaluate_for_the_fused_score(bm25_pairs: list[Pair],
+                                                                 mode: str) -> None:
+    cal_idx, _ = _split0(bm25_pairs, SEED)
+    flt = ConformalFilter(FusedScorer.unfitted(BM25), mode, alpha=0.1).calibrate(
+        [bm25_pairs[i] for i in cal_idx], seed=SEED, monitor=False)
+    # the sweep's own fused fit of that split: the same weights, the same calibration half
+    pairs, base, features, _, _ = score_for_evaluation(bm25_pairs, FusedScorer.unfitted(BM25))
+    data = ScoredData.from_pairs(pairs, base)
+    fused, conf_idx = _fuse_split(data, features, cal_idx, SEED, 0, FUSION_FIT_FRACTION)
+    np.testing.assert_array_equal(flt.scorer.score_pairs(bm25_pairs), fused.scores)
+    assert flt.calibration_info["fingerprint"] == fingerprint_pairs([bm25_pairs[i] for i in conf_idx])
+    assert flt.calibration_info["fusion_fit_pairs"] == len(cal_idx) - len(conf_idx)
+    # the same calibrator state, and the threshold evaluate measures
+    cal = EvaluationConfig(modes=(mode,)).calibrator(mode, 0.1)
+    _calibrate_split(fused, cal, conf_idx)
+    assert cal.to_state() == flt.calibrator.to_state()
+    row = _one_split(bm25_pairs, FusedScorer.unfitted(BM25), mode)
+    assert row["threshold_mean"] == flt.threshold
+    assert row["n_calibration_mean"] == flt.guarantee()["n_calibration"]
+
+
+def test_a_budget_filter_is_calibrated_on_the_inputs_evaluate_gives_it(bm25_pairs: list[Pair]) -> None:
+    """Lengths measured in the mode's own unit (tokens here) and the topics (the budget's
+    topic-bootstrap bound) reach the calibrator the same way in both."""
+    cal_idx, _ = _split0(bm25_pairs, SEED)
+    params = {"budget": 400, "unit": "tokens", "delta": 0.1}
+    flt = ConformalFilter(BM25, make_calibrator("budget", alpha=0.1, **params)).calibrate(
+        [bm25_pairs[i] for i in cal_idx], seed=SEED, monitor=False)
+    data = ScoredData.from_pairs(bm25_pairs, BM25.score_pairs(bm25_pairs))
+    cal = EvaluationConfig(modes=("budget",), budgets=(400,),
+                           calibrator_params={"unit": "tokens"}).calibrator("budget", 0.1)
+    _calibrate_split(data, cal, cal_idx)
+    assert cal.to_state() == flt.calibrator.to_state()
+    assert cal.report_ == flt.calibrator.report_
+    assert flt.calibrator.report_.unit == "tokens"
+    assert flt.calibrator.report_.bound == "min(clopper-pearson, group-bootstrap)"

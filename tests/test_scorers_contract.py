@@ -1,0 +1,305 @@
+"""One contract suite for every registered scorer (in the spirit of MAPIE's test_common.py).
+
+Every alias of :func:`ragsieve.scoring.registered_scorers` is put through the same checks,
+with the real models: ``spec()`` rebuilds an equal scorer through ``resolve_scorer`` (the
+same spec, the same scores); ``score_batch`` / ``score_items`` give finite floats, one per
+snippet; the keep rule reads in the direction of the score; list-dependent scores change
+when the list changes and the others do not; ``outside_field`` / ``vector_dim`` /
+``scores_from_vectors`` agree with each other; the declared options match the factory's
+keywords and defaults, and the CLI builds the scorer from them.
+
+The scorers that cannot score before calibration (``best``: unfitted, ``auto``: resolved
+by calibrate) are checked for what they promise instead: a ``ScorerError`` that says what
+to do, and (``best``) the fitted score once fitted, (``auto``) a scorer of the suite once
+resolved. The LLM scorer runs on the real local model (Gemma 3 270M) on five snippets.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ragsieve import Pair
+from ragsieve.errors import ScorerError
+from ragsieve.scoring import (
+    AutoScorer,
+    FieldScorer,
+    FusedScorer,
+    LLMScorer,
+    RelativeScorer,
+    Scorer,
+    registered_scorers,
+    resolve_scorer,
+    scorer_options,
+)
+
+QUERY = "Who wrote the novel War and Peace?"
+SNIPPETS = [
+    "War and Peace is a novel by the Russian author Leo Tolstoy.",
+    "Tolstoy was born at Yasnaya Polyana in 1828.",
+    "The Eiffel Tower stands on the Champ de Mars in Paris.",
+    "Photosynthesis converts light into chemical energy.",
+    "War and Peace was first published in full in 1869.",
+]
+VALUES = [0.9, 0.6, 0.1, 0.05, 0.7]  # an outside score (higher = more relevant)
+
+#: Labelled pairs to fit the fused score on: six queries, a relevant snippet each.
+_TRAIN = [
+    ("Who painted the Mona Lisa?", ["Leonardo da Vinci painted the Mona Lisa.",
+                                    "The Louvre is a museum in Paris.",
+                                    "Bananas are rich in potassium."]),
+    ("What is the capital of Japan?", ["Tokyo is the capital of Japan.",
+                                       "Mount Fuji is the highest mountain in Japan.",
+                                       "The Nile flows through Egypt."]),
+    ("How many legs does a spider have?", ["A spider has eight legs.",
+                                           "Insects have six legs.",
+                                           "The violin has four strings."]),
+    ("Which planet is known as the Red Planet?", ["Mars is called the Red Planet.",
+                                                  "Jupiter is the largest planet.",
+                                                  "Bread is baked in an oven."]),
+    ("Who discovered penicillin?", ["Alexander Fleming discovered penicillin in 1928.",
+                                    "Antibiotics treat bacterial infections.",
+                                    "The Amazon is a river in South America."]),
+    ("What is the boiling point of water?", ["Water boils at 100 degrees Celsius at sea level.",
+                                             "Ice melts at 0 degrees Celsius.",
+                                             "Chess is played on a board of 64 squares."]),
+]
+TRAIN = [Pair(f"t{q}", query, f"t{q}-{s}", text, relevant=s == 0)
+         for q, (query, texts) in enumerate(_TRAIN) for s, text in enumerate(texts)]
+
+#: Registered aliases the scoring checks leave out, and why (they are checked below).
+NOT_SCORABLE = {
+    "best": "the fused score before its weights are fitted: fitted, it is 'fusion'",
+    "auto": "stands for the default until calibrate resolves it to 'fusion' or 'embedding'",
+}
+
+
+def _items() -> list[dict[str, Any]]:
+    return [{"text": t, "bm25": v} for t, v in zip(SNIPPETS, VALUES, strict=True)]
+
+
+def _scores(scorer: Scorer, items: list[dict[str, Any]]) -> np.ndarray:
+    return np.asarray(scorer.score_items(QUERY, items), dtype=np.float64)
+
+
+def _own_units(scorer: Scorer, items: list[dict[str, Any]]) -> np.ndarray:
+    """The values the keep rule compares: the outside score as given, else the score."""
+    field = scorer.outside_field()
+    if field is not None:
+        return np.array([float(item[field]) for item in items])
+    return _scores(scorer, items)
+
+
+@pytest.fixture(scope="module")
+def fused(minilm_scorer: Scorer) -> FusedScorer:
+    return FusedScorer.fit(TRAIN, base=minilm_scorer)
+
+
+@pytest.fixture()
+def llm(llm_connection: Any) -> LLMScorer:
+    return LLMScorer(llm_connection)
+
+
+BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
+    "embedding": lambda r: r.getfixturevalue("minilm_scorer"),
+    "relative-gap": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="gap"),
+    "relative-z": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="z"),
+    "relative-rank": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="rank"),
+    "relative-ratio": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="ratio"),
+    "fusion": lambda r: r.getfixturevalue("fused"),
+    "field": lambda r: FieldScorer("bm25"),
+    "field-higher": lambda r: FieldScorer("bm25", higher_is_better=True),
+    "llm": lambda r: r.getfixturevalue("llm"),
+}
+"""Every scorable registered alias (the key's prefix), in each of its shapes."""
+
+
+@pytest.fixture(params=sorted(BUILDERS))
+def scorer(request: pytest.FixtureRequest) -> Scorer:
+    return BUILDERS[request.param](request)
+
+
+def _rebuild_options(scorer: Scorer, request: pytest.FixtureRequest) -> dict[str, Any]:
+    """Options that do not change scores, as a saved filter's scorer is rebuilt with."""
+    if scorer.name == "llm":
+        server = request.getfixturevalue("local_llm")
+        return {"base_url": server.base_url, "style": server.prompt_style, "cache": False}
+    if scorer.reads_text:
+        return {"cache_dir": request.getfixturevalue("embedding_cache_dir")}
+    return {}
+
+
+def test_every_registered_scorer_is_in_the_suite() -> None:
+    covered = {key.split("-")[0] for key in BUILDERS} | set(NOT_SCORABLE)
+    assert set(registered_scorers()) == covered
+
+
+def test_spec_round_trips_to_an_equal_scorer(scorer: Scorer,
+                                             request: pytest.FixtureRequest) -> None:
+    spec = scorer.spec()
+    assert spec["scorer"] in registered_scorers()
+    again = resolve_scorer(spec, **_rebuild_options(scorer, request))
+    assert type(again) is type(scorer)
+    assert again.spec() == spec
+    if scorer.name != "llm":  # the LLM's replies are compared in its own tests
+        np.testing.assert_allclose(_scores(again, _items()), _scores(scorer, _items()),
+                                   rtol=1e-6, atol=1e-6)
+
+
+def test_scores_are_finite_floats_one_per_snippet(scorer: Scorer) -> None:
+    scores = _scores(scorer, _items())
+    assert scores.shape == (len(SNIPPETS),) and scores.dtype == np.float64
+    assert np.isfinite(scores).all()
+    if scorer.reads_text:
+        np.testing.assert_allclose(
+            np.asarray(scorer.score_batch(QUERY, SNIPPETS), dtype=np.float64), scores)
+    pairs = [Pair("q", QUERY, f"s{i}", item["text"], meta={"bm25": item["bm25"]})
+             for i, item in enumerate(_items())]
+    np.testing.assert_allclose(scorer.score_pairs(pairs), scores, rtol=1e-6, atol=1e-6)
+
+
+def test_keep_rule_reads_in_the_direction_of_the_score(scorer: Scorer) -> None:
+    items = _items()
+    scores, units = _scores(scorer, items), _own_units(scorer, items)
+    for tau in np.unique(scores):
+        rule = scorer.keep_rule(float(tau))
+        assert rule.keep_if in ("<=", ">=") and rule.score
+        kept = units >= rule.threshold if rule.keep_if == ">=" else units <= rule.threshold
+        np.testing.assert_array_equal(kept, scores <= tau)
+    assert scorer.keep_rule(float("inf")).to_dict()["threshold"] is None
+
+
+def test_list_dependent_scores_change_with_the_list(scorer: Scorer) -> None:
+    items = _items()
+    whole = _scores(scorer, items)
+    best = int(np.argmin(whole))
+    rest = [i for i in range(len(items)) if i != best]
+    without_best = _scores(scorer, [items[i] for i in rest])
+    if scorer.list_dependent:
+        assert not np.allclose(without_best, whole[rest])
+    else:
+        np.testing.assert_allclose(without_best, whole[rest], rtol=1e-6, atol=1e-6)
+
+
+def test_outside_field_and_vectors_agree(scorer: Scorer) -> None:
+    field, dim = scorer.outside_field(), scorer.vector_dim()
+    assert (field is None) == scorer.reads_text
+    if field is not None:
+        assert field == "bm25" and dim is None
+    if dim is None:
+        with pytest.raises(TypeError, match="cannot score from vectors"):
+            scorer.scores_from_vectors(np.ones(4), np.ones((2, 4)))
+        return
+    base = scorer.base_scorer() or scorer
+    model = base.model  # type: ignore[attr-defined]
+    assert dim == model.dim
+    q = model.embed_queries([QUERY])[0]
+    s = model.embed_batch(SNIPPETS)
+    np.testing.assert_allclose(scorer.scores_from_vectors(q, s), _scores(scorer, _items()),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_base_scorer_and_with_base(scorer: Scorer, minilm_scorer: Scorer) -> None:
+    base = scorer.base_scorer()
+    if base is None:
+        with pytest.raises(TypeError, match="no base scorer"):
+            scorer.with_base(minilm_scorer)
+        return
+    again = scorer.with_base(base)
+    assert type(again) is type(scorer) and again.spec() == scorer.spec()
+
+
+def test_capabilities_are_consistent(scorer: Scorer) -> None:
+    root = scorer.root_scorer()
+    assert root.base_scorer() is None
+    assert root is scorer or scorer.base_scorer() is not None
+    fresh = scorer.unfitted_copy()
+    assert isinstance(fresh, Scorer) and type(fresh) is type(scorer)
+    if scorer.is_fitted and not scorer.list_dependent or scorer.base_scorer() is None:
+        assert fresh is scorer  # nothing of it is fitted: the scorer itself
+    assert scorer.costly == (scorer.name == "llm")  # a model call per snippet
+    assert not scorer.resolved_at_calibration  # only the "auto" stand-in is
+
+
+def test_unfitted_fused_score_asks_to_be_fitted(minilm_scorer: Scorer, fused: FusedScorer) -> None:
+    best = resolve_scorer("best", base=minilm_scorer)
+    assert not best.is_fitted and best.list_dependent
+    assert resolve_scorer(best.spec(), cache_dir=minilm_scorer.cache_dir).spec() == best.spec()  # type: ignore[attr-defined]
+    with pytest.raises(ScorerError, match="calibrate it first"):
+        best.score_batch(QUERY, SNIPPETS)
+    fitted = best.fitted_on(TRAIN)  # type: ignore[attr-defined]
+    assert fitted.is_fitted and fitted.spec() == fused.spec()
+    again = fitted.unfitted_copy()  # refitted where it is used (each evaluate fold)
+    assert not again.is_fitted and again.base_scorer() is fitted.base_scorer()
+    assert str(best.keep_rule(0.5)) == "keep fused score <= 0.5"
+
+
+def test_auto_resolves_to_a_scorer_of_the_suite(embedding_cache_dir: Path) -> None:
+    auto = resolve_scorer("auto", model="minilm", language="en", cache_dir=embedding_cache_dir)
+    assert isinstance(auto, AutoScorer) and auto.is_fitted and auto.resolved_at_calibration
+    assert resolve_scorer(auto.spec()).spec() == auto.spec()
+    with pytest.raises(ScorerError, match="calibrate it first"):
+        auto.score_batch(QUERY, SNIPPETS)
+    resolved, choice, (language, _source) = auto.resolve(TRAIN)
+    assert language == "en" and choice.alias in ("best", "embedding")
+    assert resolved.spec()["scorer"] in ("best", "embedding")
+
+
+# ------------------------------------------------------------------ declared options
+def _signature_defaults(alias: str) -> dict[str, Any]:
+    """Keyword defaults of the factory of ``alias``, and of where its ``**kwargs`` go."""
+    from ragsieve.llm import connect
+    from ragsieve.scoring import EmbeddingScorer, _lookup
+
+    out: dict[str, Any] = {}
+    targets = [_lookup(alias)]
+    params = inspect.signature(targets[0]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        targets.append(connect if alias == "llm" else EmbeddingScorer)
+    for target in reversed(targets):
+        for p in inspect.signature(target).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                out[p.name] = p.default
+    return out
+
+
+@pytest.mark.parametrize("alias", registered_scorers())
+def test_declared_options_are_the_factory_keywords(alias: str) -> None:
+    options = scorer_options(alias)
+    defaults = _signature_defaults(alias)
+    assert options, f"scorer {alias!r} declares no options"
+    for option in options:
+        assert option.name in defaults, f"{alias}: {option.name!r} is not a keyword"
+        assert option.default == defaults[option.name], f"{alias}: {option.name!r} default"
+        assert option.flag is None or option.flag.startswith("--")
+        if option.choices is not None and option.default is not None:
+            assert option.default in option.choices
+
+
+def test_the_cli_offers_every_declared_flag_and_builds_through_them() -> None:
+    from ragsieve.cli import build_parser
+    from ragsieve.cli.options import make_scorer
+
+    parser = build_parser()
+    args = parser.parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json"])
+    for alias in registered_scorers():
+        for option in scorer_options(alias):
+            if option.flag is not None:
+                assert hasattr(args, str(option.dest)), f"{alias}: {option.flag}"
+    cases = {
+        ("--scorer", "relative", "--relative-kind", "z"): {"scorer": "relative", "kind": "z"},
+        ("--scorer", "field", "--score-field", "bm25", "--higher-is-better"):
+            FieldScorer("bm25", higher_is_better=True).spec(),
+        ("--scorer", "embedding", "--model", "minilm"): {"scorer": "embedding",
+                                                         "model": "all-MiniLM-L6-v2"},
+    }
+    for flags, expected in cases.items():
+        args = parser.parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
+                                  "--no-cache", "--language", "en", *flags])
+        spec = make_scorer(args).spec()
+        assert {k: spec[k] for k in expected} == expected
