@@ -84,6 +84,27 @@ def test_unfitted_use_raises(mode: str) -> None:
             call()
 
 
+def test_capabilities_are_asked_not_peeked_at(mode: str) -> None:
+    d = _data()
+    cal = make_calibrator(mode, **_params(mode))
+    assert not cal.is_fitted
+    with pytest.raises(NotFittedError, match="not fitted"):
+        cal.threshold_for("t0")
+    cal.fit(d["scores"], d["relevant"], **_inputs(d))
+    assert cal.is_fitted
+    alpha = cal.miscoverage()
+    target = cal.guarantee().target
+    assert (alpha is None) == (target is None)  # a budget without a target promises a size
+    if alpha is not None:
+        assert alpha == pytest.approx(1 - target)
+    for group in ("t0", "t5", "never-seen"):
+        tau = cal.threshold_for(group)
+        if mode == "group":  # one threshold per group; unseen groups get the pooled one
+            assert tau == cal.thresholds_.get(group, cal.threshold_)
+        else:
+            assert tau == cal.threshold_
+
+
 def test_params_round_trip(mode: str) -> None:
     cal = make_calibrator(mode, **_params(mode))
     params = cal.get_params()

@@ -223,6 +223,9 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
     if scorer.is_fitted and not scorer.list_dependent or scorer.base_scorer() is None:
         assert fresh is scorer  # nothing of it is fitted: the scorer itself
     assert scorer.costly == (scorer.name == "llm")  # a model call per snippet
+    if scorer.base_scorer() is None:
+        with pytest.raises(TypeError, match="not computed from a base scorer"):
+            scorer.scores_from_base(np.zeros(3))
     assert not scorer.resolved_at_calibration  # only the "auto" stand-in is
 
 

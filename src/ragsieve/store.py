@@ -788,9 +788,9 @@ class SnippetIndex:
         expected = {"scorer": EmbeddingScorer.name, "model": self.model_id}
         if spec == expected:
             return lambda base: base
-        transform = getattr(scorer, "scores_from_base", None)
-        if spec.get("base") == expected and callable(transform):
-            return transform  # type: ignore[no-any-return]
+        base = scorer.base_scorer()
+        if base is not None and base.spec() == expected:  # a list transform of this 1 - cos
+            return scorer.scores_from_base
         raise ScorerMismatchError(
             f"the filter was calibrated with scorer {spec!r}, but this index can only compute "
             f"{expected!r} and the relative or fused scores built on it from its stored "

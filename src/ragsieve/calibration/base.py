@@ -166,8 +166,26 @@ class BaseCalibrator(ABC):
     def guarantee(self) -> Guarantee:
         """What the fitted calibrator promises (raises ``NotFittedError`` before ``fit``)."""
 
+    @property
+    def is_fitted(self) -> bool:
+        """True once :meth:`fit` (or :meth:`from_state`) has learned the state (what
+        scikit-learn's ``check_is_fitted`` asks)."""
+        return hasattr(self, "threshold_")
+
+    def miscoverage(self) -> float | None:
+        """The miscoverage alpha the mode calibrates to (None: it has no coverage target,
+        e.g. a budget given none)."""
+        alpha = getattr(self, "alpha", None)
+        return None if alpha is None else float(alpha)
+
+    def threshold_for(self, group: Any) -> float:
+        """The threshold a snippet of ``group`` is held to (one global threshold here;
+        the ``group`` mode has one per group)."""
+        self._check_fitted()
+        return float(self.threshold_)  # type: ignore[attr-defined]
+
     def _check_fitted(self) -> None:
-        if not hasattr(self, "threshold_"):
+        if not self.is_fitted:
             raise NotFittedError(
                 f"This {type(self).__name__} is not fitted yet; call fit(scores, relevant) first."
             )

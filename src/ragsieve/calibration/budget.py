@@ -84,6 +84,15 @@ def _check_threshold(threshold: Any) -> float:
 # --------------------------------------------------------------------------- selection
 
 
+def _query_runs(scores: np.ndarray, query_codes: np.ndarray) -> list[np.ndarray]:
+    """The pair indices of each query, in greedy order (score, then input position, which
+    breaks ties): pairs sorted by query, then score, then position."""
+    n = scores.size
+    order = np.lexsort((np.arange(n), scores, query_codes))
+    starts = np.r_[0, np.flatnonzero(np.diff(query_codes[order]) != 0) + 1, n]
+    return [order[a:b] for a, b in itertools.pairwise(starts)]
+
+
 def _greedy(
     order: np.ndarray, lengths: np.ndarray, eligible: np.ndarray, budget: int
 ) -> np.ndarray:
@@ -328,6 +337,10 @@ class BudgetCalibrator(BaseCalibrator):
         self.tokenizer = tokenizer
         self.threshold = threshold
 
+    def miscoverage(self) -> float | None:
+        """``1 - target`` (None without a coverage target: the budget is the promise)."""
+        return None if self.target is None else 1.0 - float(self.target)
+
     # ---- parameters and input forms
 
     def _check_params(self) -> None:
@@ -425,6 +438,27 @@ class BudgetCalibrator(BaseCalibrator):
         CalibrationError
             If there is no relevant snippet.
         """
+        s, rel, q, ln, g = self._fit_inputs(scores, relevant, query_ids, lengths, groups)
+        threshold = self._cap()
+        eligible = s <= threshold
+        runs = _query_runs(s, q)
+        kept = np.zeros(s.size, dtype=bool)
+        for idx in runs:
+            kept[idx] = _greedy(np.arange(idx.size), ln[idx], eligible[idx], int(self.budget))
+        self.n_calibration_ = int(s.size)
+        self.threshold_ = threshold
+        self.infinite_ = False
+        self._hits_curve(runs, ln, rel, eligible)
+        self.report_ = self._report(kept, rel, q, ln, g, threshold)
+        target = self.report_.target
+        if target is not None and self.report_.coverage_lower < target:
+            logger.warning(self._below_target_message(target))
+        return self
+
+    def _fit_inputs(self, scores: Any, relevant: Any, query_ids: Any, lengths: Any,
+                    groups: Any) -> tuple[np.ndarray, ...]:
+        """The checked inputs of :meth:`fit`: scores, labels, query codes, sizes, topic codes
+        (None when no groups are given)."""
         self._check_params()
         s = check_scores(scores)
         n = s.size
@@ -432,54 +466,44 @@ class BudgetCalibrator(BaseCalibrator):
         q = check_codes(query_ids, n, "query_ids", mode=self.mode)
         ln = self._lengths(lengths, n)
         g = check_codes(groups, n, "groups") if groups is not None else None
-        n_rel = int(rel.sum())
-        if n_rel == 0:
+        if not rel.any():
             raise CalibrationError(
                 f"no relevant snippet among {n} calibration pairs; a budget's coverage "
                 "cannot be measured without relevant = 1 labels."
             )
-        threshold = self._cap()
-        budget = int(self.budget)
+        return s, rel, q, ln, g
 
-        # Pairs sorted by query, then score, then position: each query is a contiguous run
-        # already in greedy order.
-        order = np.lexsort((np.arange(n), s, q))
-        starts = np.r_[0, np.flatnonzero(np.diff(q[order]) != 0) + 1, n]
-        kept = np.zeros(n, dtype=bool)
-        eligible = s <= threshold
-        runs: list[np.ndarray] = []
-        for a, b in itertools.pairwise(starts):
-            idx = order[a:b]
-            runs.append(idx)
-            kept[idx] = _greedy(np.arange(idx.size), ln[idx], eligible[idx], budget)
-
-        hits = int((kept & rel).sum())
-        cov = hits / n_rel
+    def _coverage_lower(self, kept: np.ndarray, rel: np.ndarray,
+                        g: np.ndarray | None) -> tuple[float, str]:
+        """The lower bound on the budget's coverage and its name: Clopper-Pearson, and with
+        two or more topics the smaller of it and the group bootstrap."""
+        hits, n_rel = int((kept & rel).sum()), int(rel.sum())
         lower = clopper_pearson_lower(hits, n_rel, float(self.delta))
-        bound = "clopper-pearson"
-        if g is not None:
-            n_groups = int(g.max()) + 1
-            if n_groups >= 2:
-                g_hits = np.bincount(g, weights=(kept & rel).astype(float), minlength=n_groups)
-                g_counts = np.bincount(g, weights=rel.astype(float), minlength=n_groups)
-                lower = min(lower, _group_bootstrap_lower(g_hits, g_counts, float(self.delta)))
-                bound = "min(clopper-pearson, group-bootstrap)"
-            else:
-                logger.info("only one group given; coverage_lower uses Clopper-Pearson alone.")
+        if g is None:
+            return lower, "clopper-pearson"
+        n_groups = int(g.max()) + 1
+        if n_groups < 2:
+            logger.info("only one group given; coverage_lower uses Clopper-Pearson alone.")
+            return lower, "clopper-pearson"
+        g_hits = np.bincount(g, weights=(kept & rel).astype(float), minlength=n_groups)
+        g_counts = np.bincount(g, weights=rel.astype(float), minlength=n_groups)
+        lower = min(lower, _group_bootstrap_lower(g_hits, g_counts, float(self.delta)))
+        return lower, "min(clopper-pearson, group-bootstrap)"
+
+    def _report(self, kept: np.ndarray, rel: np.ndarray, q: np.ndarray, ln: np.ndarray,
+                g: np.ndarray | None, threshold: float) -> BudgetReport:
+        """What the budget bought on the calibration queries."""
+        n_rel = int(rel.sum())
+        lower, bound = self._coverage_lower(kept, rel, g)
         q_hits = np.bincount(q, weights=(kept & rel).astype(float))
         q_counts = np.bincount(q, weights=rel.astype(float))
         has_rel = q_counts > 0
         total = float(ln.sum())
         target = None if self.target is None else float(self.target)
-
-        self.n_calibration_ = n
-        self.threshold_ = threshold
-        self.infinite_ = False
-        self._hits_curve(runs, ln, rel, eligible)
-        self.report_ = BudgetReport(
-            budget=budget,
+        return BudgetReport(
+            budget=int(self.budget),
             unit=self.unit,
-            coverage=cov,
+            coverage=int((kept & rel).sum()) / n_rel,
             coverage_lower=lower,
             query_coverage=float((q_hits[has_rel] / q_counts[has_rel]).mean()),
             target=target,
@@ -491,9 +515,6 @@ class BudgetCalibrator(BaseCalibrator):
             threshold=threshold,
             bound=bound,
         )
-        if target is not None and lower < target:
-            logger.warning(self._below_target_message(target))
-        return self
 
     def _below_target_message(self, target: float) -> str:
         r = self.report_

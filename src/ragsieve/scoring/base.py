@@ -299,6 +299,18 @@ class Scorer(ABC):
         """The scorer this one is computed from (relative, fused: their base); None: none."""
         return None
 
+    def scores_from_base(self, base: np.ndarray) -> np.ndarray:
+        """This score from its :meth:`base_scorer`'s scores of one query's whole list
+        (the list transforms: relative and fused scores).
+
+        Raises
+        ------
+        TypeError
+            This scorer is not computed from a base scorer's scores.
+        """
+        raise TypeError(f"the {getattr(self, 'name', type(self).__name__)} scorer is not "
+                        "computed from a base scorer's scores.")
+
     def root_scorer(self) -> Scorer:
         """The scorer at the bottom of the :meth:`base_scorer` chain (itself when none)."""
         scorer: Scorer = self
