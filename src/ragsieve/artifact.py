@@ -319,12 +319,7 @@ class Artifact:
     @property
     def model(self) -> str | None:
         """The embedding model of the scorer (of its base, for a relative or fused score)."""
-        spec: Any = self.scorer
-        while isinstance(spec, dict):
-            if spec.get("model"):
-                return str(spec["model"])
-            spec = spec.get("base")
-        return None
+        return spec_model(self.scorer)
 
     @property
     def score_field(self) -> str | None:
@@ -332,6 +327,16 @@ class Artifact:
         if self.scorer.get("scorer") == "field" and self.scorer.get("field"):
             return str(self.scorer["field"])
         return None
+
+
+def spec_model(spec: Any) -> str | None:
+    """The embedding model a scorer spec names, itself or through its ``base`` chain (a
+    relative or fused score); None for a score with no model (an outside field, ...)."""
+    while isinstance(spec, Mapping):
+        if spec.get("model"):
+            return str(spec["model"])
+        spec = spec.get("base")
+    return None
 
 
 # ----------------------------------------------------------------------------- the seal

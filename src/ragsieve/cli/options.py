@@ -676,15 +676,9 @@ class ScorerChoice:
         language = ({"code": self.language, "source": self.language_source}
                     if self.language is not None else
                     {"code": info.get("language"), "source": info.get("language_source")})
-        return {"score": score, "model": _model_of(spec), "language": language}
+        from ..artifact import spec_model
 
-
-def _model_of(spec: dict[str, Any]) -> str | None:
-    while isinstance(spec, dict):
-        if spec.get("model"):
-            return str(spec["model"])
-        spec = spec.get("base")  # type: ignore[assignment]
-    return None
+        return {"score": score, "model": spec_model(spec), "language": language}
 
 
 def choice_lines(choice: dict[str, Any]) -> list[str]:

@@ -160,7 +160,10 @@ def traffic_language_note(expected: str, texts: Sequence[str], *, model: str | N
     """
     try:
         guess = detect_language(texts, max_texts=max_texts)
-    except ImportError:
+    except ImportError:  # said, not swallowed: the check is skipped, the filter still runs
+        logger.warning("the language of the queries is not checked against the filter's "
+                       "(%s): %s is not installed (pip install 'ragsieve[embed]')", expected,
+                       DETECTOR)
         return None
     if guess.code is None or guess.code == normalise_language(expected):
         return None

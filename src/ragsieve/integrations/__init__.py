@@ -76,6 +76,7 @@ __all__ = [
     "filter_items",
     "kept_metadata",
     "load_filter",
+    "native_filter",
     "native_pairs",
     "report_result",
     "scorer_option_names",
@@ -201,6 +202,16 @@ def check_score_source(flt: ConformalFilter, score_source: Any, native_name: str
                 "score: calibrate_native(examples), or ragsieve calibrate --scorer field "
                 "--score-field score --higher-is-better.")
     return str(score_source)
+
+
+def native_filter(pairs: list[Pair], field: str, **filter_options: Any) -> ConformalFilter:
+    """A filter calibrated on a framework's native score: ``Pair.meta[field]``, higher is
+    better (``keep field >= t``), with ``ConformalFilter``'s keywords (``alpha``, a mode
+    name as ``calibrator``, ``min_keep``, ``group_by``)."""
+    from ragsieve.filter import ConformalFilter
+    from ragsieve.scoring import FieldScorer
+
+    return ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options).calibrate(pairs)
 
 
 def native_pairs(examples: Iterable[Any], doc_type: type,

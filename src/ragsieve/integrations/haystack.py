@@ -30,6 +30,7 @@ from ragsieve.integrations import (
     filter_items,
     kept_metadata,
     load_filter,
+    native_filter,
     native_pairs,
     report_result,
     split_options,
@@ -242,11 +243,8 @@ class ConformalRanker:
             (``ranker.filter.save(path)``) and use ``from_file(path, score_source="native")``
             for a pipeline that serialises.
         """
-        from ragsieve.scoring import FieldScorer
-
-        flt = ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options)
-        return cls(filter=flt.calibrate(cls.native_pairs(examples, field=field)),
-                   score_source="native")
+        return cls(filter=native_filter(cls.native_pairs(examples, field=field), field,
+                                        **filter_options), score_source="native")
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from ragsieve.integrations import (
     check_score_source,
     filter_items,
     kept_metadata,
+    native_filter,
     native_pairs,
     report_result,
 )
@@ -168,11 +169,8 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
         ConformalCompressor
             With ``score_source="native"``; ``comp.filter.save(path)`` writes its artifact.
         """
-        from ragsieve.scoring import FieldScorer
-
-        flt = ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options)
-        return cls(filter=flt.calibrate(cls.native_pairs(examples, field=field)),
-                   score_source="native")
+        return cls(filter=native_filter(cls.native_pairs(examples, field=field), field,
+                                        **filter_options), score_source="native")
 
     def compress_documents(
         self,

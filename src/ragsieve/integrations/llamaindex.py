@@ -27,6 +27,7 @@ from ragsieve.integrations import (
     check_score_source,
     filter_items,
     kept_metadata,
+    native_filter,
     native_pairs,
     report_result,
 )
@@ -143,11 +144,8 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
             ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
             ``min_keep``, ``group_by``).
         """
-        from ragsieve.scoring import FieldScorer
-
-        flt = ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options)
-        return cls(filter=flt.calibrate(cls.native_pairs(examples, field=field)),
-                   score_source="native")
+        return cls(filter=native_filter(cls.native_pairs(examples, field=field), field,
+                                        **filter_options), score_source="native")
 
     @model_validator(mode="before")
     @classmethod
