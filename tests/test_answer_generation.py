@@ -186,9 +186,9 @@ def test_chat_prompt_has_a_system_rule_and_repeats_the_question() -> None:
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "match"), [
-    ((1, ["a"]), {}, TypeError, "question is int"),
-    (("q", "a snippet"), {}, TypeError, "snippets is str, expected a sequence of str"),
-    (("q", ["a", 2]), {}, TypeError, r"snippets\[1\] is int"),
+    ((1, ["a"]), {}, TypeError, "question must be a str, got int"),
+    (("q", "a snippet"), {}, TypeError, r"snippets must be a sequence of str, got a single str \('a snippet'\); pass \['a snippet'\]"),
+    (("q", ["a", 2]), {}, TypeError, r"snippets\[1\] must be a str, got int"),
     (("q", ["a"]), {"style": "json"}, ValueError, "style == 'json'"),
 ])
 def test_bad_inputs_are_refused(args: tuple[Any, ...], kwargs: dict[str, Any],

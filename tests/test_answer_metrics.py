@@ -288,7 +288,7 @@ def test_count_tokens_grows_with_text() -> None:
 
 
 def test_golds_errors_name_what_was_received() -> None:
-    with pytest.raises(TypeError, match=r"single str 'Paris'.*\['Paris'\]"):
+    with pytest.raises(TypeError, match=r"single str \('Paris'\).*\['Paris'\]"):
         exact_match("Paris", "Paris")  # a str is a Sequence[str] to the type checker
     with pytest.raises(ValueError, match="golds is empty"):
         token_f1("Paris", [])

@@ -190,7 +190,7 @@ def test_to_dict_is_json_ready() -> None:
         ({"confidence": "0.9"}, TypeError, "confidence must be a real number"),
         ({"n_resamples": 0}, ValueError, "n_resamples == 0, must be an int >= 1"),
         ({"method": "student"}, ValueError, "method == 'student', must be one of 'BCa'"),
-        ({"seed": -1}, ValueError, "seed == -1, must be >= 0"),
+        ({"seed": -1}, ValueError, "seed == -1, must be an int >= 0"),
         ({"seed": 1.5}, TypeError, "seed must be an int"),
         ({"expand": "yes"}, TypeError, "expand must be a bool"),
     ],

@@ -630,7 +630,7 @@ def test_chunk_documents_without_blank_documents_logs_nothing(
         ([("a", "x", "extra")], TypeError, r"\(doc_id, text\) pairs"),
         (["ab"], TypeError, r"\(doc_id, text\) pairs"),
         ([(1, "text")], TypeError, "doc_id must be a str"),
-        ([("a", b"bytes")], TypeError, "text must be a str"),
+        ([("a", b"bytes")], TypeError, r"text \(doc_id 'a'\) must be a str"),
         ([("", "text")], ValueError, "non-empty"),
         ([("a", "x."), ("a", "y.")], DataError, "'a' occurs more than once"),
     ],
@@ -677,9 +677,9 @@ def test_blank_text_raises_data_error_naming_the_document(text: str) -> None:
 @pytest.mark.parametrize(
     ("text", "doc_id", "error", "match"),
     [
-        (None, "d", TypeError, "text must be a str, got NoneType"),
-        (b"bytes", "d", TypeError, "text must be a str, got bytes"),
-        (["a list"], "d", TypeError, "text must be a str, got list"),
+        (None, "d", TypeError, r"text \(doc_id 'd'\) must be a str, got NoneType"),
+        (b"bytes", "d", TypeError, r"text \(doc_id 'd'\) must be a str, got bytes"),
+        (["a list"], "d", TypeError, r"text \(doc_id 'd'\) must be a str, got list"),
         ("text", 7, TypeError, "doc_id must be a str, got int"),
         ("text", "", ValueError, "doc_id == '', must be a non-empty string"),
     ],

@@ -284,7 +284,7 @@ def test_library_bounds_the_splits() -> None:
     from ragsieve.data.splits import group_splits
     from ragsieve.evaluation import EvaluationConfig
 
-    with pytest.raises(ValueError, match=r"n_splits == 10001, must be in \[1, 10000\]"):
+    with pytest.raises(ValueError, match=r"n_splits == 10001, must be an int in \[1, 10000\]"):
         group_splits(["a", "b"], n_splits=10_001)
     with pytest.raises(ValueError, match="n_splits"):
         EvaluationConfig(n_splits=10_001)

@@ -5,7 +5,8 @@ function (:func:`ragsieve.scoring.fusion.fit_fused`).
 
 For a fixed seed, the filter ``calibrate(seed=s)`` builds on the calibration pairs of
 ``evaluate(seed=s)``'s split 0 is the filter that split measures: the same fused weights,
-the same calibration half, the same calibrator state and threshold, compared exactly.
+the same calibration half, the same calibrator state and threshold, compared exactly -- for the
+fused score of its base alone and for one of several signals, under either learner.
 A second copy of either path (a re-typed formula, another topic draw, other inputs) fails.
 """
 
@@ -65,6 +66,29 @@ def test_calibrate_is_split_zero_of_evaluate_for_the_fused_score(bm25_pairs: lis
     row = _one_split(bm25_pairs, FusedScorer.unfitted(BM25), mode)
     assert row["threshold_mean"] == flt.threshold
     assert row["n_calibration_mean"] == flt.guarantee()["n_calibration"]
+
+
+@pytest.mark.parametrize("learner", ["logistic", "boosted"])
+def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
+        xquad_en: list[Pair], minilm_scorer: object, learner: str) -> None:
+    """The same for the fused score of several signals (MiniLM's cosine and the in-list
+    BM25) under either learner: one feature matrix, one fit, the same scores exactly."""
+    pairs = [p for p in xquad_en if p.group in sorted({q.group for q in xquad_en})[:12]]
+    cal_idx, _ = _split0(pairs, SEED)
+    unfitted = FusedScorer.unfitted(minilm_scorer, preset="fast", learner=learner)
+    flt = ConformalFilter(unfitted, "marginal", alpha=0.1).calibrate(
+        [pairs[i] for i in cal_idx], seed=SEED, monitor=False)
+    assert flt.scorer.spec()["learner"] == learner and flt.scorer.spec()["signals"]
+    _, base, features, info, _ = score_for_evaluation(pairs, unfitted)
+    assert features.learner == learner and info["features"] == list(flt.scorer.feature_names)
+    data = ScoredData.from_pairs(pairs, base)
+    fused, conf_idx = _fuse_split(data, features, cal_idx, SEED, 0, FUSION_FIT_FRACTION)
+    np.testing.assert_array_equal(flt.scorer.score_pairs(pairs), fused.scores)
+    assert flt.calibration_info["fingerprint"] == fingerprint_pairs([pairs[i] for i in conf_idx])
+    cal = EvaluationConfig(modes=("marginal",)).calibrator("marginal", 0.1)
+    _calibrate_split(fused, cal, conf_idx)
+    assert cal.to_state() == flt.calibrator.to_state()
+    assert _one_split(pairs, unfitted, "marginal")["threshold_mean"] == flt.threshold
 
 
 def test_a_budget_filter_is_calibrated_on_the_inputs_evaluate_gives_it(bm25_pairs: list[Pair]) -> None:

@@ -133,7 +133,7 @@ def test_cache_rejects_bad_input(minilm: EmbeddingModel) -> None:
     cache = EmbeddingCache(minilm)
     with pytest.raises(TypeError, match="single str"):
         cache.embed("one text")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"texts\[1\] is int"):
+    with pytest.raises(TypeError, match=r"texts\[1\] must be a str, got int"):
         cache.embed(["ok", 3])  # type: ignore[list-item]
     with pytest.raises(ValueError, match="batch_size == 0"):
         EmbeddingCache(minilm, batch_size=0)

@@ -297,11 +297,11 @@ def test_constructor_errors(flt: ConformalFilter, filter_path: Path) -> None:
         ConformalRanker()
     with pytest.raises(ValueError, match="got both"):
         ConformalRanker(filter_path, filter=flt)
-    with pytest.raises(TypeError, match="filter has type dict; expected a ragsieve.ConformalFilter"):
+    with pytest.raises(TypeError, match="filter must be a ragsieve.ConformalFilter .*, got dict"):
         ConformalRanker(filter={"threshold": 0.5})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="path has type int"):
+    with pytest.raises(TypeError, match=r"path must be a path \(str or os.PathLike\) .*, got int \(42\)"):
         ConformalRanker(42)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="scorer_options has type list"):
+    with pytest.raises(TypeError, match="scorer_options must be a mapping of keyword arguments or None, got list"):
         ConformalRanker(filter_path, scorer_options=["cache_dir"])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="scorer_options apply when loading from path"):
         ConformalRanker(filter=flt, scorer_options={"cache_dir": "x"})
@@ -309,13 +309,13 @@ def test_constructor_errors(flt: ConformalFilter, filter_path: Path) -> None:
 
 def test_run_rejects_wrong_input_types(ranker: ConformalRanker) -> None:
     doc = Document(content="Tesla was born in Smiljan.")
-    with pytest.raises(TypeError, match="query has type int; expected str"):
+    with pytest.raises(TypeError, match="query must be a str, got int"):
         ranker.run(query=3, documents=[doc])  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="documents has type str; expected a list"):
+    with pytest.raises(TypeError, match="documents must be a list of haystack.Document, got str"):
         ranker.run(query="q", documents="Tesla")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="documents has type Document; expected a list"):
+    with pytest.raises(TypeError, match="documents must be a list of haystack.Document, got Document"):
         ranker.run(query="q", documents=doc)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"documents\[1\] has type str; expected haystack.Document"):
+    with pytest.raises(TypeError, match=r"documents\[1\] must be a haystack.Document, got str"):
         ranker.run(query="q", documents=[doc, "Tesla"])  # type: ignore[list-item]
 
 

@@ -6,7 +6,8 @@ under ``if TYPE_CHECKING:`` and inside functions. Each module belongs to the lay
 top-level component (``ragsieve.scoring.relative`` -> ``scoring``). A module may import its
 own component and components of lower layers, except for the pairs in :data:`FORBIDDEN`
 and the allow-list of :data:`ONLY`. Siblings on one layer do not import each other, except
-on layer 0 (``errors``, ``types`` and the ``_*`` helpers, which import nothing above).
+on layer 0 (``errors``, ``types`` and the ``_*`` helpers, which import nothing above) and
+the one-way pairs of :data:`SIBLINGS`, each with its reason.
 The top-level ``ragsieve/__init__.py`` (the public surface) is exempt.
 
 Every violation is reported with ``file:line``, all at once.
@@ -28,6 +29,8 @@ LAYERS: dict[str, int] = {
     "types": 0,
     "errors": 0,
     "chunking": 1,
+    # the sentence unit: a snippet's sentences (cut by chunking's splitter) as pairs
+    "units": 1,
     "embeddings": 1,
     "llm": 1,
     "scoring": 2,
@@ -61,6 +64,12 @@ FORBIDDEN: dict[tuple[str, str], str] = {
     ("artifact", "scoring"): "the artifact stores a scorer spec and never builds a scorer",
 }
 """(importer, imported) component pairs that are never allowed, whatever the layers say."""
+
+SIBLINGS: dict[tuple[str, str], str] = {
+    ("units", "chunking"): "a snippet's sentences are the ones the chunker packs "
+                           "(chunking.sentence_spans), so units cuts them with its splitter",
+}
+"""(importer, imported) pairs on one layer that may import each other, with the reason."""
 
 ONLY: dict[str, frozenset[str]] = {
     "data": frozenset({"types", "errors", "chunking"}),
@@ -183,7 +192,8 @@ def check_layers(graph: Mapping[str, Iterable[Edge]]) -> list[str]:
                                 "that defines the name")
             elif dst_layer > src_layer:
                 problems.append(f"{head}: a lower layer imports an upper one")
-            elif dst_layer == src_layer and src_layer > 0:  # layer 0 helpers share freely
+            elif (dst_layer == src_layer and src_layer > 0  # layer 0 helpers share freely
+                  and (src_comp, dst_comp) not in SIBLINGS):
                 problems.append(f"{head}: siblings on one layer do not import each other")
     return sorted(problems)
 
@@ -221,6 +231,8 @@ def test_check_catches_each_kind_of_violation() -> None:
         "ragsieve.llm.connect": [("ragsieve.data.paths", "connect.py:28"),
                                  ("ragsieve._paths", "connect.py:17")],
         "ragsieve.llm.client": [("ragsieve.embeddings", "client.py:2")],
+        "ragsieve.units": [("ragsieve.chunking", "units.py:3")],  # fine: SIBLINGS
+        "ragsieve.chunking": [("ragsieve.units", "chunking.py:4")],  # one way only
         "ragsieve.errors": [("ragsieve", "errors.py:1")],
         "ragsieve._validation": [("ragsieve.errors", "_validation.py:3")],  # fine: layer 0
         "ragsieve.newthing": [("ragsieve.types", "newthing.py:1")],
@@ -236,6 +248,7 @@ def test_check_catches_each_kind_of_violation() -> None:
         "jsonl.py:5",  # data -> scoring: outside data's allow-list
         "connect.py:28",  # llm -> data: upward
         "client.py:2",  # llm -> embeddings: siblings on one layer
+        "chunking.py:4",  # chunking -> units: the allowed sibling pair is one way
         "errors.py:1",  # anything -> the top-level package
         "newthing.py:1",  # an unplaced component
     ]), problems

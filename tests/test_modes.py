@@ -151,8 +151,8 @@ def test_mode_params_are_what_make_calibrator_takes(mode: str) -> None:
     (["--mode", "marginal", "--delta", "0.05"],
      "--mode marginal does not take --delta; it takes: --alpha."),
     (["--mode", "marginal", "--delta", "0.1"], "--mode marginal does not take --delta"),
-    (["--mode", "group", "--group-by", "g", "--unit", "chars"],
-     "--mode group does not take --unit; it takes: --alpha, --min-group-size."),
+    (["--mode", "group", "--group-by", "g", "--budget-unit", "chars"],
+     "--mode group does not take --budget-unit; it takes: --alpha, --min-group-size."),
     (["--mode", "adaptive", "--budget", "100"], "--mode adaptive does not take --budget"),
 ])
 def test_calibrate_refuses_an_option_its_mode_does_not_take(

@@ -165,7 +165,7 @@ def test_bad_arguments() -> None:
         ExchangeabilityMonitor([0.1], alternative="up")
     with pytest.raises(ValueError, match="seed == -1"):
         ExchangeabilityMonitor([0.1], seed=-1)
-    with pytest.raises(TypeError, match="store has type int"):
+    with pytest.raises(TypeError, match=r"store must be a path \(str or os.PathLike\) or None, got int"):
         ExchangeabilityMonitor([0.1], store=3)  # type: ignore[arg-type]
     m = ExchangeabilityMonitor([0.1])
     with pytest.raises(ValueError, match="non-finite"):
@@ -201,7 +201,7 @@ def test_from_artifact() -> None:
     assert m is not None and m.delta == 0.05 and m.k == 5
     with pytest.raises(TypeError, match="k is fixed"):
         ExchangeabilityMonitor.from_artifact(_payload(), k=3)
-    with pytest.raises(TypeError, match="expected the artifact dict"):
+    with pytest.raises(TypeError, match="payload must be the artifact dict"):
         ExchangeabilityMonitor.from_artifact([1, 2])  # type: ignore[arg-type]
 
 

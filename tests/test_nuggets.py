@@ -136,7 +136,7 @@ def test_chat_prompts_are_a_system_rule_and_one_user_message() -> None:
     (lambda: build_nugget_prompt("rate", "q", ("a", "n")), ValueError, "task == 'rate'"),
     (lambda: build_nugget_prompt("contains", "q", ("a", "n"), style="xml"), ValueError, "style == 'xml'"),
     (lambda: NuggetJudge(None, style="xml"), ValueError, "style == 'xml'"),  # type: ignore[arg-type]
-    (lambda: split_sentences(3), TypeError, "text is int"),  # type: ignore[arg-type]
+    (lambda: split_sentences(3), TypeError, "text must be a str, got int"),  # type: ignore[arg-type]
 ])
 def test_bad_arguments(call: Any, error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
@@ -221,9 +221,9 @@ def test_empty_answer_and_empty_context_make_no_request() -> None:
 
 
 @pytest.mark.parametrize(("args", "error", "match"), [
-    (("q", "one snippet", "a", ["n"]), TypeError, "context is str"),
-    (("q", ["c"], None, ["n"]), TypeError, "answer is NoneType"),
-    (("q", ["c"], "a", "n"), TypeError, "nuggets is str"),
+    (("q", "one snippet", "a", ["n"]), TypeError, "context must be a sequence of str, got a single str"),
+    (("q", ["c"], None, ["n"]), TypeError, "answer must be a str, got NoneType"),
+    (("q", ["c"], "a", "n"), TypeError, "nuggets must be a sequence of str, got a single str"),
     (("q", ["c"], "a", ["n", " "]), ValueError, r"nuggets\[1\] == ' '"),
 ])
 def test_judge_refuses_bad_inputs(args: tuple[Any, ...], error: type[Exception], match: str) -> None:

@@ -30,13 +30,16 @@ from ragsieve.scoring import (
     AutoScorer,
     FieldScorer,
     FusedScorer,
+    ListBM25Scorer,
     LLMScorer,
     RelativeScorer,
     Scorer,
+    SentenceCosineScorer,
     registered_scorers,
     resolve_scorer,
     scorer_options,
 )
+from ragsieve.scoring.signals import DEFAULT_PRESET, preset_signals
 
 QUERY = "Who wrote the novel War and Peace?"
 SNIPPETS = [
@@ -97,7 +100,32 @@ def _own_units(scorer: Scorer, items: list[dict[str, Any]]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def fused(minilm_scorer: Scorer) -> FusedScorer:
+    """The fused score of the base alone (the format of earlier versions)."""
     return FusedScorer.fit(TRAIN, base=minilm_scorer)
+
+
+@pytest.fixture(scope="module")
+def fused_quality(minilm_scorer: Scorer) -> FusedScorer:
+    """Every bundled English signal (MiniLM, USE, e5, in-list BM25, best sentence), logistic."""
+    return FusedScorer.fit(TRAIN, base=minilm_scorer, preset="quality", learner="logistic")
+
+
+@pytest.fixture(scope="module")
+def fused_boosted(minilm_scorer: Scorer, xquad_en: list[Pair]) -> FusedScorer:
+    """The fast preset's signals under boosted trees, fitted on 40 XQuAD questions (the
+    trees need more pairs than TRAIN has to split at all)."""
+    qids = sorted({p.query_id for p in xquad_en})[:40]
+    pairs = [p for p in xquad_en if p.query_id in set(qids)]
+    return FusedScorer.fit(pairs, base=minilm_scorer, preset="fast", learner="boosted")
+
+
+@pytest.fixture(scope="module")
+def sentence_context(fused: FusedScorer) -> Scorer:
+    """The sentence-in-context score of the sentence unit, both stages the fused score, its
+    two weights fitted on TRAIN (texts without a snippet: each is its own)."""
+    from ragsieve.scoring.sentence_context import SentenceContextScorer
+
+    return SentenceContextScorer(fused, fused).fitted_on(TRAIN)
 
 
 @pytest.fixture()
@@ -107,16 +135,22 @@ def llm(llm_connection: Any) -> LLMScorer:
 
 BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
     "embedding": lambda r: r.getfixturevalue("minilm_scorer"),
-    "relative-gap": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="gap"),
-    "relative-z": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="z"),
-    "relative-rank": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="rank"),
-    "relative-ratio": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="ratio"),
+    "relative:gap": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="gap"),
+    "relative:z": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="z"),
+    "relative:rank": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="rank"),
+    "relative:ratio": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="ratio"),
     "fusion": lambda r: r.getfixturevalue("fused"),
+    "fusion:quality": lambda r: r.getfixturevalue("fused_quality"),
+    "fusion:boosted": lambda r: r.getfixturevalue("fused_boosted"),
+    "bm25-list": lambda r: ListBM25Scorer(),
+    "sentence-cos": lambda r: SentenceCosineScorer(
+        "minilm", cache_dir=r.getfixturevalue("embedding_cache_dir")),
     "field": lambda r: FieldScorer("bm25"),
-    "field-higher": lambda r: FieldScorer("bm25", higher_is_better=True),
+    "field:higher": lambda r: FieldScorer("bm25", higher_is_better=True),
     "llm": lambda r: r.getfixturevalue("llm"),
+    "sentence_context": lambda r: r.getfixturevalue("sentence_context"),
 }
-"""Every scorable registered alias (the key's prefix), in each of its shapes."""
+"""Every scorable registered alias (the key up to ``:``), in each of its shapes."""
 
 
 @pytest.fixture(params=sorted(BUILDERS))
@@ -129,13 +163,14 @@ def _rebuild_options(scorer: Scorer, request: pytest.FixtureRequest) -> dict[str
     if scorer.name == "llm":
         server = request.getfixturevalue("local_llm")
         return {"base_url": server.base_url, "style": server.prompt_style, "cache": False}
-    if scorer.reads_text:
+    runtime = {o.name for o in scorer_options(scorer.spec()["scorer"]) if o.runtime}
+    if "cache_dir" in runtime:  # the embedding-based scores (not the in-list BM25)
         return {"cache_dir": request.getfixturevalue("embedding_cache_dir")}
     return {}
 
 
 def test_every_registered_scorer_is_in_the_suite() -> None:
-    covered = {key.split("-")[0] for key in BUILDERS} | set(NOT_SCORABLE)
+    covered = {key.split(":")[0] for key in BUILDERS} | set(NOT_SCORABLE)
     assert set(registered_scorers()) == covered
 
 
@@ -192,11 +227,12 @@ def test_outside_field_and_vectors_agree(scorer: Scorer) -> None:
     if field is not None:
         assert field == "bm25" and dim is None
     if dim is None:
+        assert scorer.embedding_model() is None
         with pytest.raises(TypeError, match="cannot score from vectors"):
             scorer.scores_from_vectors(np.ones(4), np.ones((2, 4)))
         return
-    base = scorer.base_scorer() or scorer
-    model = base.model  # type: ignore[attr-defined]
+    model = scorer.embedding_model()  # vectors only from an embedding model's cosine
+    assert model is not None and model is (scorer.base_scorer() or scorer).model  # type: ignore[attr-defined]
     assert dim == model.dim
     q = model.embed_queries([QUERY])[0]
     s = model.embed_batch(SNIPPETS)
@@ -210,8 +246,16 @@ def test_base_scorer_and_with_base(scorer: Scorer, minilm_scorer: Scorer) -> Non
         with pytest.raises(TypeError, match="no base scorer"):
             scorer.with_base(minilm_scorer)
         return
+    if scorer.vector_dim() is None and base.vector_dim() is not None:
+        # more than a transform of the base's cosine (a fused score of several signals):
+        # it cannot be computed from the base's numbers, and says so
+        for attempt in (lambda: scorer.with_base(base), lambda: scorer.scores_from_base(np.zeros(3))):
+            with pytest.raises(TypeError, match="cannot"):
+                attempt()
+        return
     again = scorer.with_base(base)
     assert type(again) is type(scorer) and again.spec() == scorer.spec()
+    np.testing.assert_allclose(_scores(again, _items()), _scores(scorer, _items()), atol=1e-12)
 
 
 def test_capabilities_are_consistent(scorer: Scorer) -> None:
@@ -229,14 +273,17 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
     assert not scorer.resolved_at_calibration  # only the "auto" stand-in is
 
 
-def test_unfitted_fused_score_asks_to_be_fitted(minilm_scorer: Scorer, fused: FusedScorer) -> None:
+def test_unfitted_fused_score_asks_to_be_fitted(minilm_scorer: Scorer) -> None:
     best = resolve_scorer("best", base=minilm_scorer)
     assert not best.is_fitted and best.list_dependent
     assert resolve_scorer(best.spec(), cache_dir=minilm_scorer.cache_dir).spec() == best.spec()  # type: ignore[attr-defined]
     with pytest.raises(ScorerError, match="calibrate it first"):
         best.score_batch(QUERY, SNIPPETS)
+    assert best.spec()["preset"] == DEFAULT_PRESET  # type: ignore[attr-defined]
     fitted = best.fitted_on(TRAIN)  # type: ignore[attr-defined]
-    assert fitted.is_fitted and fitted.spec() == fused.spec()
+    assert fitted.is_fitted
+    assert fitted.spec() == FusedScorer.fit(TRAIN, minilm_scorer, preset=DEFAULT_PRESET).spec()
+    assert fitted.spec()["signals"] == [s.spec() for s in preset_signals(minilm_scorer, DEFAULT_PRESET)]
     again = fitted.unfitted_copy()  # refitted where it is used (each evaluate fold)
     assert not again.is_fitted and again.base_scorer() is fitted.base_scorer()
     assert str(best.keep_rule(0.5)) == "keep fused score <= 0.5"

@@ -107,16 +107,20 @@ def test_every_serve_flag_reaches_its_option(tmp_path: Path,
 # ------------------------------------------------------------------ checked values
 @pytest.mark.parametrize(("changes", "error", "message"), [
     ({"max_snippets": 0}, ValueError, "max_snippets == 0, must be an int >= 1."),
-    ({"workers": True}, ValueError, "workers == True, must be an int >= 1."),
-    ({"max_pieces": 1.5}, ValueError, "max_pieces == 1.5, must be an int >= 1."),
-    ({"body_timeout": "x"}, ValueError, "body_timeout == 'x', must be a number of seconds > 0."),
-    ({"feedback_retention": -1}, ValueError, "feedback_retention == -1, must be a number"),
-    ({"monitor_delta": 1.5}, ValueError, "monitor_delta == 1.5, must be a number in (0, 1)"),
+    ({"workers": True}, TypeError, "workers must be an int >= 1, got bool (True)."),
+    ({"max_pieces": 1.5}, TypeError, "max_pieces must be an int >= 1, got float (1.5)."),
+    ({"body_timeout": "x"}, TypeError,
+     "body_timeout must be a real number > 0 (seconds), got str ('x')."),
+    ({"feedback_retention": -1}, ValueError,
+     "feedback_retention == -1, must be a real number > 0 (seconds)."),
+    ({"monitor_delta": 1.5}, ValueError, "monitor_delta == 1.5, must be a real number in (0, 1)"),
     ({"port": 70000}, ValueError, "port == 70000, must be an int in [0, 65535]."),
-    ({"api_key": ""}, ValueError, "api_key == '', must be a non-empty string or None."),
-    ({"watch": "yes"}, TypeError, "watch == 'yes', must be a bool."),
-    ({"state_dir": 3}, TypeError, "state_dir == 3, must be a non-empty path"),
-    ({"scorer_options": ["cache_dir"]}, TypeError, "scorer_options of type list, must be a"),
+    ({"api_key": ""}, ValueError, "api_key == '', must be a non-blank str or None."),
+    ({"host": " "}, ValueError, "host == ' ', must be a non-blank str."),
+    ({"watch": "yes"}, TypeError, "watch must be a bool, got str ('yes')."),
+    ({"state_dir": 3}, TypeError, "state_dir must be a path (str or os.PathLike) or None, got int"),
+    ({"state_dir": ""}, ValueError, "state_dir == '', must be a non-empty path"),
+    ({"scorer_options": ["cache_dir"]}, TypeError, "scorer_options must be a mapping"),
     ({"max_kk": 3}, TypeError, "create_app() got unknown option(s) 'max_kk'; the options of ServeOptions are"),
 ])
 def test_a_bad_value_is_a_one_line_error_naming_the_option(
@@ -133,7 +137,7 @@ def test_create_app_refuses_a_bad_option_before_reading_anything(tmp_path: Path)
     missing = tmp_path / "missing.json"
     with pytest.raises(TypeError, match="create_app\\(\\) got unknown option\\(s\\) 'max_kk'"):
         create_app(missing, max_kk=3)
-    with pytest.raises(TypeError, match="options == 'fast', must be a ServeOptions"):
+    with pytest.raises(TypeError, match=r"create_app\(\): options must be a ServeOptions or None .*, got str \('fast'\)"):
         create_app(missing, "fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_k == 0"):
         create_app(missing, ServeOptions(), max_k=0)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Hashable, Sequence
-from typing import Any
+import os
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -19,34 +20,142 @@ from .errors import DataError
 __all__ = [
     "check_aligned",
     "check_alpha",
+    "check_bool",
     "check_codes",
     "check_finite_real",
+    "check_instance",
+    "check_int",
     "check_lengths",
+    "check_path",
     "check_positive_int",
+    "check_real",
     "check_relevant",
     "check_scores",
+    "check_sequence",
     "check_str",
     "check_str_sequence",
     "check_unit_interval",
 ]
 
+#: ``include_boundaries`` of :func:`check_real`: which ends of the range are allowed.
+BOUNDARIES = ("both", "left", "right", "neither")
 
-def check_str(value: Any, name: str) -> str:
-    """``value`` if it is a str, else ``TypeError`` naming what was received."""
+
+def _rule(text: str, allow_none: bool, hint: str | None) -> str:
+    """The expectation as the messages word it: ``an int >= 1 or None (the hint)``."""
+    return text + (" or None" if allow_none else "") + (f" ({hint})" if hint else "")
+
+
+@overload
+def check_str(value: Any, name: str, *, non_blank: bool = ..., allow_none: Literal[False] = ...,
+              hint: str | None = ...) -> str: ...
+@overload
+def check_str(value: Any, name: str, *, non_blank: bool = ..., allow_none: bool,
+              hint: str | None = ...) -> str | None: ...
+
+
+def check_str(value: Any, name: str, *, non_blank: bool = False, allow_none: bool = False,
+              hint: str | None = None) -> str | None:
+    """``value`` if it is a str (``None`` passes when ``allow_none``).
+
+    Parameters
+    ----------
+    value : object
+        The parameter's value.
+    name : str
+        The parameter's name, as the messages give it.
+    non_blank : bool
+        Refuse an empty or whitespace-only string.
+    allow_none : bool
+        Accept ``None`` (returned as is).
+    hint : str, optional
+        Appended to the messages in parentheses (an example, the fix).
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a str.
+    ValueError
+        ``non_blank`` and ``value`` is empty or whitespace-only.
+
+    Examples
+    --------
+    >>> check_str("bm25", "field", non_blank=True)
+    'bm25'
+    >>> check_str(" ", "field", non_blank=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: field == ' ', must be a non-blank str.
+    """
+    if value is None and allow_none:
+        return None
+    rule = _rule("a non-blank str" if non_blank else "a str", allow_none, hint)
     if not isinstance(value, str):
-        raise TypeError(f"{name} is {type(value).__name__}, expected a str.")
+        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+    if non_blank and not value.strip():
+        raise ValueError(f"{name} == {value!r}, must be {rule}.")
     return value
 
 
-def check_str_sequence(value: Any, name: str) -> list[str]:
-    """``value`` as a list of str; ``TypeError`` for a single string, a non-sequence or a
-    non-str item (named by its index)."""
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise TypeError(f"{name} is {type(value).__name__}, expected a sequence of str.")
-    out = list(value)
+def check_sequence(value: Any, name: str, *, expected: str = "a sequence",
+                   iterable: bool = False) -> list[Any]:
+    """``value`` as a list; a single ``str`` or ``bytes`` is refused, since it would be read
+    one character at a time (the message suggests ``[value]``).
+
+    Parameters
+    ----------
+    value : object
+        The parameter's value.
+    name : str
+        The parameter's name, as the messages give it.
+    expected : str
+        The expectation in words, e.g. ``"a sequence of group names"``.
+    iterable : bool
+        Accept any iterable (a generator, a numpy array), not only a ``Sequence``.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is a str or bytes, or not a sequence (an iterable when ``iterable``).
+
+    Examples
+    --------
+    >>> check_sequence(("a", "b"), "groups")
+    ['a', 'b']
+    >>> check_sequence("ab", "groups", expected="a sequence of group names")
+    Traceback (most recent call last):
+    ...
+    TypeError: groups must be a sequence of group names, got a single str ('ab'); pass ['ab'].
+    """
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be {expected}, got a single {type(value).__name__} "
+                        f"({value!r:.60}); pass [{value!r:.60}].")
+    if not isinstance(value, Iterable if iterable else Sequence):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} ({value!r:.80}).")
+    return list(value)
+
+
+def check_str_sequence(value: Any, name: str, *, hint: str | None = None) -> list[str]:
+    """``value`` as a list of str.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is a single string (the message suggests ``[value]``), not a sequence, or
+        holds a non-str item (named by its index).
+
+    Examples
+    --------
+    >>> check_str_sequence(("a", "b"), "golds")
+    ['a', 'b']
+    >>> check_str_sequence(["a", 2], "golds")
+    Traceback (most recent call last):
+    ...
+    TypeError: golds[1] must be a str, got int (2).
+    """
+    out = check_sequence(value, name, expected=_rule("a sequence of str", False, hint))
     for i, item in enumerate(out):
-        if not isinstance(item, str):
-            raise TypeError(f"{name}[{i}] is {type(item).__name__}, expected a str.")
+        check_str(item, f"{name}[{i}]")
     return out
 
 
@@ -100,14 +209,257 @@ def check_unit_interval(value: Any, name: str, *, closed_right: bool) -> float:
     return v
 
 
-def check_positive_int(value: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
-    """Validate an int ``>= minimum`` (``None`` passes when ``allow_none``)."""
+@overload
+def check_int(value: Any, name: str, *, min_value: int | None = ..., max_value: int | None = ...,
+              allow_none: Literal[False] = ..., hint: str | None = ...) -> int: ...
+@overload
+def check_int(value: Any, name: str, *, min_value: int | None = ..., max_value: int | None = ...,
+              allow_none: bool, hint: str | None = ...) -> int | None: ...
+
+
+def check_int(value: Any, name: str, *, min_value: int | None = None,
+              max_value: int | None = None, allow_none: bool = False,
+              hint: str | None = None) -> int | None:
+    """Validate an int in ``[min_value, max_value]`` and return it as a plain ``int``.
+
+    Numpy integers are accepted; bools are refused (``True`` is no count).
+
+    Parameters
+    ----------
+    value : object
+        The parameter's value.
+    name : str
+        The parameter's name, as the messages give it.
+    min_value, max_value : int, optional
+        Inclusive bounds; ``None`` leaves that side open.
+    allow_none : bool
+        Accept ``None`` (returned as is).
+    hint : str, optional
+        Appended to the messages in parentheses (what the value means, an example).
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an integer (or is a bool).
+    ValueError
+        ``value`` is outside the bounds.
+
+    Examples
+    --------
+    >>> check_int(3, "k", min_value=1)
+    3
+    >>> check_int(0, "k", min_value=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: k == 0, must be an int >= 1.
+    >>> check_int("3", "port", min_value=0, max_value=65535)
+    Traceback (most recent call last):
+    ...
+    TypeError: port must be an int in [0, 65535], got str ('3').
+    """
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        rule = f"an int >= {minimum}" + (" or None" if allow_none else "")
+    if min_value is not None and max_value is not None:
+        text = f"an int in [{min_value}, {max_value}]"
+    elif min_value is not None:
+        text = f"an int >= {min_value}"
+    elif max_value is not None:
+        text = f"an int <= {max_value}"
+    else:
+        text = "an int"
+    rule = _rule(text, allow_none, hint)
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+    out = int(value)
+    if (min_value is not None and out < min_value) or (max_value is not None and out > max_value):
         raise ValueError(f"{name} == {value!r}, must be {rule}.")
-    return int(value)
+    return out
+
+
+def check_positive_int(value: Any, name: str, *, minimum: int = 1, allow_none: bool = False) -> int | None:
+    """Validate an int ``>= minimum`` (``None`` passes when ``allow_none``); see
+    :func:`check_int`.
+
+    Examples
+    --------
+    >>> check_positive_int(2, "n_resamples")
+    2
+    """
+    return check_int(value, name, min_value=minimum, allow_none=allow_none)
+
+
+@overload
+def check_real(value: Any, name: str, *, min_value: float | None = ...,
+               max_value: float | None = ..., include_boundaries: str = ...,
+               allow_none: Literal[False] = ..., hint: str | None = ...) -> float: ...
+@overload
+def check_real(value: Any, name: str, *, min_value: float | None = ...,
+               max_value: float | None = ..., include_boundaries: str = ...,
+               allow_none: bool, hint: str | None = ...) -> float | None: ...
+
+
+def check_real(value: Any, name: str, *, min_value: float | None = None,
+               max_value: float | None = None, include_boundaries: str = "both",
+               allow_none: bool = False, hint: str | None = None) -> float | None:
+    """Validate a real number in a range and return it as a ``float``.
+
+    Bools and NaN are refused; infinity passes unless a bound excludes it (e.g.
+    ``min_value=0, max_value=math.inf, include_boundaries="left"`` means finite and >= 0).
+
+    Parameters
+    ----------
+    value : object
+        The parameter's value.
+    name : str
+        The parameter's name, as the messages give it.
+    min_value, max_value : float, optional
+        Bounds; ``None`` leaves that side open.
+    include_boundaries : {"both", "left", "right", "neither"}
+        Which of the given bounds are allowed values (scikit-learn's ``check_scalar``).
+    allow_none : bool
+        Accept ``None`` (returned as is).
+    hint : str, optional
+        Appended to the messages in parentheses (the unit, an example).
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number (or is a bool).
+    ValueError
+        ``value`` is NaN or outside the range.
+
+    Examples
+    --------
+    >>> check_real(0.5, "threshold", min_value=0, max_value=1, include_boundaries="neither")
+    0.5
+    >>> check_real(0, "timeout", min_value=0, include_boundaries="neither", hint="seconds")
+    Traceback (most recent call last):
+    ...
+    ValueError: timeout == 0, must be a real number > 0 (seconds).
+    """
+    if include_boundaries not in BOUNDARIES:
+        raise ValueError(f"include_boundaries == {include_boundaries!r}, must be one of "
+                         f"{', '.join(map(repr, BOUNDARIES))}.")
+    if value is None and allow_none:
+        return None
+    left = include_boundaries in ("both", "left")
+    right = include_boundaries in ("both", "right")
+    if min_value is not None and max_value is not None:
+        text = (f"a real number in {'[' if left else '('}{min_value}, "
+                f"{max_value}{']' if right else ')'}")
+    elif min_value is not None:
+        text = f"a real number {'>=' if left else '>'} {min_value}"
+    elif max_value is not None:
+        text = f"a real number {'<=' if right else '<'} {max_value}"
+    else:
+        text = "a real number"
+    rule = _rule(text, allow_none, hint)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+    out = float(value)
+    low_ok = min_value is None or (out >= min_value if left else out > min_value)
+    high_ok = max_value is None or (out <= max_value if right else out < max_value)
+    if math.isnan(out) or not (low_ok and high_ok):
+        raise ValueError(f"{name} == {value!r}, must be {rule}.")
+    return out
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` as a ``bool`` if it is one (``numpy.bool_`` too); ints such as 0/1 are refused.
+
+    Examples
+    --------
+    >>> check_bool(True, "create")
+    True
+    >>> check_bool(1, "create")
+    Traceback (most recent call last):
+    ...
+    TypeError: create must be a bool, got int (1).
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r:.80}).")
+    return bool(value)
+
+
+@overload
+def check_path(value: Any, name: str, *, allow_none: Literal[False] = ...,
+               hint: str | None = ...) -> str | os.PathLike[str]: ...
+@overload
+def check_path(value: Any, name: str, *, allow_none: bool,
+               hint: str | None = ...) -> str | os.PathLike[str] | None: ...
+
+
+def check_path(value: Any, name: str, *, allow_none: bool = False,
+               hint: str | None = None) -> str | os.PathLike[str] | None:
+    """``value`` if it is a non-empty path: a ``str`` or an ``os.PathLike`` (``None`` passes
+    when ``allow_none``). Returned as given; the caller makes the ``Path``.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is neither a str nor an ``os.PathLike``.
+    ValueError
+        ``value`` is the empty string (which would silently mean the current directory).
+
+    Examples
+    --------
+    >>> check_path("cache.sqlite", "path")
+    'cache.sqlite'
+    >>> check_path(3, "path", allow_none=True)
+    Traceback (most recent call last):
+    ...
+    TypeError: path must be a path (str or os.PathLike) or None, got int (3).
+    """
+    if value is None and allow_none:
+        return None
+    rule = _rule("a path (str or os.PathLike)", allow_none, hint)
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+    if not os.fspath(value):
+        raise ValueError(f"{name} == {value!r}, must be a non-empty {rule.removeprefix('a ')}.")
+    return value
+
+
+def check_instance(value: Any, types: type | tuple[type, ...], name: str, *,
+                   expected: str | None = None, allow_none: bool = False) -> Any:
+    """``value`` if it is an instance of ``types`` (``None`` passes when ``allow_none``).
+
+    Parameters
+    ----------
+    value : object
+        The parameter's value.
+    types : type or tuple of type
+        The accepted classes.
+    name : str
+        The parameter's name, as the message gives it.
+    expected : str, optional
+        The expectation in words (default: the class names), e.g. ``"a ragsieve
+        calibrator (make_calibrator(mode))"``; `` or None`` is added when ``allow_none``.
+    allow_none : bool
+        Accept ``None`` (returned as is).
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not an instance of ``types``.
+
+    Examples
+    --------
+    >>> check_instance({}, dict, "options")
+    {}
+    >>> check_instance([], dict, "options", expected="a mapping of option names")
+    Traceback (most recent call last):
+    ...
+    TypeError: options must be a mapping of option names, got list ([]).
+    """
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, types):
+        classes = types if isinstance(types, tuple) else (types,)
+        what = expected or "an instance of " + " or ".join(c.__name__ for c in classes)
+        raise TypeError(f"{name} must be {_rule(what, allow_none, None)}, got "
+                        f"{type(value).__name__} ({value!r:.80}).")
+    return value
 
 
 def check_scores(scores: Any, *, name: str = "scores") -> np.ndarray:

@@ -41,9 +41,11 @@ from typing import Any
 
 from ._io import atomic_write_text
 from ._monitor_reference import read_monitor_block
+from ._validation import check_int
 from ._version import __version__
 from .calibration import BaseCalibrator, SplitConformalCalibrator, calibrator_from_state
 from .errors import ArtifactError, ArtifactTooLargeError
+from .units import UNITS
 
 __all__ = [
     "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "FIELDS", "MAX_ARTIFACT_BYTES",
@@ -76,7 +78,8 @@ class Artifact:
     calibration : dict
         Mode, params, learned state, threshold, group field, guarantee.
     policy : dict or None
-        ``min_keep`` and ``max_chars`` (None: not stored).
+        ``min_keep``, ``max_chars`` and ``unit`` (None: not stored; a missing ``unit`` is
+        ``"snippet"``).
     data : dict or None
         Provenance of the calibration data (language, counts, notes; None: not stored).
     monitor : dict or None
@@ -311,10 +314,33 @@ class Artifact:
         return (self.policy or {}).get("max_chars")
 
     @property
+    def unit(self) -> str:
+        """The policy's pruning ``unit``: ``"snippet"`` or ``"sentence"`` (what the filter
+        scores and keeps); artifacts written before units existed read as ``"snippet"``.
+
+        Raises
+        ------
+        ArtifactError
+            A stored unit that is not one of :data:`ragsieve.units.UNITS`.
+        """
+        value = (self.policy or {}).get("unit", "snippet")
+        if not isinstance(value, str) or value not in UNITS:
+            raise ArtifactError(f"artifact policy unit == {value!r:.60}, expected one of "
+                                f"{list(UNITS)}.")
+        return value
+
+    @property
     def language(self) -> str | None:
         """The language the filter was calibrated on (``data.language``), None when unknown."""
         code = (self.data or {}).get("language")
         return code if isinstance(code, str) and code else None
+
+    @property
+    def query_language(self) -> str | None:
+        """The language of the calibration queries: ``data.query_language`` when they were
+        asked in another language than the snippets are in, else :attr:`language`."""
+        code = (self.data or {}).get("query_language")
+        return code if isinstance(code, str) and code else self.language
 
     @property
     def model(self) -> str | None:
@@ -436,6 +462,9 @@ def _check_unsealed(payload: Mapping[str, Any]) -> None:
     for key in ("policy", "data"):
         if key in payload and not isinstance(payload[key], Mapping):
             raise ArtifactError(f"artifact {key!r} is {_kind(payload[key])}, expected an object.")
+    unit = payload.get("policy", {}).get("unit", UNITS[0])
+    if not isinstance(unit, str) or unit not in UNITS:
+        raise ArtifactError(f"artifact policy unit == {unit!r:.60}, expected one of {list(UNITS)}.")
     if "library_version" in payload and not isinstance(payload["library_version"], str):
         raise ArtifactError(f"artifact 'library_version' is {_kind(payload['library_version'])}, "
                             "expected a string.")
@@ -505,8 +534,7 @@ def read_text(path: str | os.PathLike[str], *, max_bytes: int = MAX_ARTIFACT_BYT
     ArtifactError
         The file is missing, not a regular file, unreadable or not UTF-8.
     """
-    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-        raise ValueError(f"max_bytes == {max_bytes!r}, must be an int >= 1.")
+    max_bytes = check_int(max_bytes, "max_bytes", min_value=1)
     name = os.fspath(path)
     try:
         size = _regular_size(name)

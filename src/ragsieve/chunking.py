@@ -46,13 +46,13 @@ base character with up to 16 combining marks.
 from __future__ import annotations
 
 import logging
-import numbers
 import re
 import unicodedata
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ragsieve._validation import check_int, check_str
 from ragsieve.errors import DataError
 from ragsieve.types import Snippet
 
@@ -62,6 +62,7 @@ __all__ = [
     "Chunker",
     "chunk_documents",
     "chunk_text",
+    "sentence_spans",
 ]
 
 logger = logging.getLogger(__name__)
@@ -90,10 +91,7 @@ _NON_WS = re.compile(r"\S")
 
 def _check_sizes(size: object, overlap: object) -> tuple[int, int]:
     """Validate ``size`` and ``overlap`` and return them as plain ints."""
-    for name, value in (("size", size), ("overlap", overlap)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r}).")
-    size_i, overlap_i = int(size), int(overlap)  # type: ignore[call-overload]
+    size_i, overlap_i = check_int(size, "size"), check_int(overlap, "overlap")
     if size_i <= 0:
         raise ValueError(f"size == {size_i}, must be > 0.")
     if not 0 <= overlap_i < size_i:
@@ -104,9 +102,8 @@ def _check_sizes(size: object, overlap: object) -> tuple[int, int]:
 
 
 def _check_doc_id(doc_id: object) -> str:
-    if not isinstance(doc_id, str):
-        raise TypeError(f"doc_id must be a str, got {type(doc_id).__name__} ({doc_id!r}).")
-    if not doc_id:
+    doc_id = check_str(doc_id, "doc_id")
+    if not doc_id:  # only '' is refused: ids taken from data may be any other string
         raise ValueError("doc_id == '', must be a non-empty string.")
     return doc_id
 
@@ -154,6 +151,41 @@ def _sentences(text: str, first: int, last: int) -> list[tuple[int, int]]:
             sentences.append((start, end))
         pos = cut
     return sentences
+
+
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """The sentences of ``text`` as ``(start, end)`` offsets: the ones the chunker packs.
+
+    Sentences end where the module docstring says; each is trimmed of edge whitespace,
+    they are in order and cover every non-whitespace character exactly once. A text
+    without a sentence end is one sentence; an empty or whitespace-only text has none.
+
+    Parameters
+    ----------
+    text : str
+        Any text.
+
+    Returns
+    -------
+    list of (int, int)
+        ``text[start:end]`` is each sentence.
+
+    Raises
+    ------
+    TypeError
+        If ``text`` is not a str.
+
+    Examples
+    --------
+    >>> text = "The cat sat. It ran!  北京很大。很美"
+    >>> [text[s:e] for s, e in sentence_spans(text)]
+    ['The cat sat.', 'It ran!', '北京很大。', '很美']
+    """
+    text = check_str(text, "text")
+    first_m = _NON_WS.search(text)
+    if first_m is None:
+        return []
+    return _sentences(text, first_m.start(), len(text.rstrip()))
 
 
 def _pack(sentences: list[tuple[int, int]], size: int, overlap: int) -> list[tuple[int, int]]:
@@ -330,8 +362,7 @@ def chunk_text(
     """
     size, overlap = _check_sizes(size, overlap)
     doc_id = _check_doc_id(doc_id)
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__} (doc_id {doc_id!r}).")
+    text = check_str(text, f"text (doc_id {doc_id!r})")
     first_m = _NON_WS.search(text)
     if first_m is None:
         raise DataError(
@@ -404,8 +435,7 @@ def chunk_documents(
         if doc_id in seen:
             raise DataError(f"doc_id {doc_id!r} occurs more than once; ids must be unique.")
         seen.add(doc_id)
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__} (doc_id {doc_id!r}).")
+        text = check_str(text, f"text (doc_id {doc_id!r})")
         if not text.strip():
             skipped.append(doc_id)
             continue

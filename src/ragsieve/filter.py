@@ -14,6 +14,15 @@ on one with :class:`~ragsieve.scoring.FieldScorer`; the field's own name works t
 ``group_by`` key or ``"group"``. :meth:`ConformalFilter.filter_vectors` scores from the
 caller's own embeddings instead of texts.
 
+Units
+-----
+``unit="snippet"`` (the default) scores and keeps whole snippets. ``unit="sentence"``
+scores and keeps each snippet's sentences (:func:`ragsieve.units.split_sentences`) and
+calibrates on evidence sentences (:func:`ragsieve.units.sentence_pairs`); a kept snippet's
+``Scored.spans`` are its kept sentences and ``Scored.pruned_text`` their text, and
+``FilterResult.sentences`` records every sentence's score and decision. The unit is part of
+the artifact's policy.
+
 Empty-result policy
 -------------------
 When nothing is kept, the default (``min_keep=0``) returns an empty ``kept`` tuple and
@@ -47,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from ._monitor_reference import reference_block
-from ._validation import check_alpha, check_scores
+from ._validation import check_alpha, check_instance, check_int, check_scores, check_str
 from .artifact import (
     ARTIFACT_FORMAT,
     ARTIFACT_VERSION,
@@ -73,9 +82,17 @@ from .errors import (
     ScorerMismatchError,
 )
 from .scoring import Scorer, resolve_scorer
-from .scoring.auto import ScoreChoice, choose_language
-from .scoring.fusion import fit_fused, pair_features
+from .scoring.auto import ScoreChoice, choose_languages
+from .scoring.fusion import fit_fused
+from .scoring.sentence_context import (
+    PARENT_POSITION,
+    PARENT_TEXT,
+    SentenceContextScorer,
+    fit_sentence_context,
+    with_parent_text,
+)
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
+from .units import check_unit, sentence_pairs, split_sentences
 
 __all__ = [
     "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "MAX_ARTIFACT_BYTES", "MAX_CHARS",
@@ -136,8 +153,7 @@ def _as_item(item: Any, index: int) -> dict[str, Any]:
     if isinstance(item, Mapping):
         out = dict(item)
         text = out.get("text")
-        if text is not None and not isinstance(text, str):
-            raise TypeError(f"snippet {index}: 'text' has type {type(text).__name__}, expected str.")
+        check_str(text, f"snippet {index}: 'text'", allow_none=True)
         if "snippet_id" in out and "id" in out:
             raise DataError(f"snippet {index} has both 'snippet_id' ({out['snippet_id']!r}) and "
                             f"'id' ({out['id']!r}); 'id' is another name of 'snippet_id': give one.")
@@ -162,6 +178,23 @@ def _check_labels(pairs: Sequence[Pair]) -> None:
         )
 
 
+def _of_sentences(statement: str) -> str:
+    """A calibrator's statement about snippets, said of the sentences a filter of unit
+    ``"sentence"`` calibrated on.
+
+    Examples
+    --------
+    >>> _of_sentences("mean share of a new query's relevant snippets kept >= 0.9")
+    "mean share of a new query's evidence sentences kept >= 0.9"
+    """
+    for old, new in (("relevant live snippets", "live evidence sentences"),
+                     ("relevant snippets", "evidence sentences"),
+                     ("a relevant snippet", "an evidence sentence"),
+                     ("relevant snippet", "evidence sentence"), ("snippets", "sentences")):
+        statement = statement.replace(old, new)
+    return statement
+
+
 @dataclass(frozen=True)
 class _Pieces:
     """Input snippets and what is scored: the snippets, or pieces of the long ones."""
@@ -170,13 +203,15 @@ class _Pieces:
     pieces: list[dict[str, Any]]
     owner: np.ndarray  # item of each piece
     spans: list[tuple[int, int] | None]  # span of each piece in its item (None: whole)
+    merge: bool = True  # merge overlapping kept spans (windows); False: one per piece (sentences)
 
     @classmethod
     def whole(cls, items: list[dict[str, Any]]) -> _Pieces:
         return cls(items, items, np.arange(len(items)), [None] * len(items))
 
     def kept_spans(self, keep_piece: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
-        """Per item, the merged spans of its kept pieces (empty when it was scored whole).
+        """Per item, the spans of its kept pieces, merged where they overlap unless
+        ``merge`` is False (empty when it was scored whole).
 
         One pass over the pieces; the pieces of an item come in text order.
         """
@@ -185,7 +220,7 @@ class _Pieces:
             if not k or sp is None:
                 continue
             merged = out[int(o)]
-            if merged and sp[0] <= merged[-1][1]:
+            if self.merge and merged and sp[0] <= merged[-1][1]:
                 merged[-1] = (merged[-1][0], max(sp[1], merged[-1][1]))
             else:
                 merged.append(sp)
@@ -222,6 +257,18 @@ class ConformalFilter:
         the snippet is kept when any piece is kept, and ``Scored.spans`` says which parts.
         Defaults to ``MAX_CHARS`` (600). An embedding model would otherwise read only its
         first few hundred tokens and silently drop evidence placed further in.
+    unit : {"snippet", "sentence"}, default="snippet"
+        What is scored and kept. ``"sentence"``: every snippet is split into sentences
+        (:func:`ragsieve.units.split_sentences`), :meth:`calibrate` takes the usual labelled
+        snippet pairs and calibrates on their sentences (evidence sentences from
+        ``meta["evidence"]`` spans or the query's ``answers``:
+        :func:`ragsieve.units.sentence_pairs`), so the guarantee is on evidence sentences;
+        :meth:`filter` keeps the sentences the rule keeps and returns the snippets with at
+        least one of them, each with the kept sentences' ``spans`` and ``pruned_text``. An
+        unfitted score (``"auto"``, ``"best"``) becomes the sentence-in-context score
+        (:class:`~ragsieve.scoring.sentence_context.SentenceContextScorer`: the fused score
+        over the query's sentences combined with its snippet's fused score over the
+        snippets).
 
     Examples
     --------
@@ -247,28 +294,26 @@ class ConformalFilter:
         min_keep: int = 0,
         group_by: str | None = None,
         max_chars: int | None = None,
+        unit: str = "snippet",
     ) -> None:
         alpha = check_alpha(alpha)  # the user facade checks its plain parameters at once
         self.scorer = resolve_scorer(scorer)
         if calibrator is None or isinstance(calibrator, str):
             calibrator = make_calibrator(calibrator or "marginal", alpha=alpha)
-        if not isinstance(calibrator, BaseCalibrator):
-            raise TypeError(
-                f"calibrator is {type(calibrator).__name__}; expected a ragsieve calibrator "
-                "(ragsieve.calibration.make_calibrator(mode, ...)) or a mode name."
-            )
-        self.calibrator = calibrator
-        if isinstance(min_keep, bool) or not isinstance(min_keep, int) or min_keep < 0:
-            raise ValueError(f"min_keep == {min_keep!r}, must be an int >= 0.")
-        if group_by is not None and (not isinstance(group_by, str) or not group_by):
-            raise ValueError(f"group_by == {group_by!r}, must be a non-empty field name or None.")
-        if max_chars is not None and (isinstance(max_chars, bool) or not isinstance(max_chars, int)
-                                      or max_chars < DEFAULT_SIZE):
-            raise ValueError(f"max_chars == {max_chars!r}, must be None or an int >= {DEFAULT_SIZE} "
-                             "(the snippet size the pieces are cut to).")
-        self.min_keep = min_keep
-        self.group_by = group_by
+        self.calibrator = check_instance(
+            calibrator, BaseCalibrator, "calibrator", expected="a ragsieve calibrator "
+            "(ragsieve.calibration.make_calibrator(mode, ...)) or a mode name")
+        self.min_keep = check_int(min_keep, "min_keep", min_value=0)
+        self.group_by = check_str(group_by, "group_by", non_blank=True, allow_none=True,
+                                  hint="the field name of the group")
+        max_chars = check_int(max_chars, "max_chars", min_value=DEFAULT_SIZE, allow_none=True,
+                              hint="the snippet size the pieces are cut to")
         self.max_chars = MAX_CHARS if max_chars is None else max_chars
+        #: What is scored and kept: ``"snippet"`` or ``"sentence"``.
+        self.unit = check_unit(unit)
+        if self.unit == "snippet" and isinstance(self.scorer, SentenceContextScorer):
+            raise ValueError("the sentence_context score scores sentences in their snippets: "
+                             "use it with unit='sentence' (CLI --unit sentence).")
         self.calibration_info: dict[str, Any] = {}
         #: The artifact's ``"monitor"`` block (see :mod:`ragsieve.monitoring`), or None.
         self.monitor_reference: dict[str, Any] | None = None
@@ -300,13 +345,17 @@ class ConformalFilter:
     def guarantee(self) -> dict[str, Any]:
         """What the filter promises: the calibrator's :class:`~ragsieve.calibration.Guarantee`
         as a dict (mode, metric, target, statement, alpha, n_calibration, n_required,
-        infinite, details), plus ``coverage_band`` for the marginal mode."""
+        infinite, details), plus ``coverage_band`` for the marginal mode; for unit
+        ``"sentence"`` also ``unit``, and the statement is of evidence sentences."""
         self._check_calibrated()
         out = self.calibrator.guarantee().to_dict()
         if "coverage_band" in out["details"]:
             out["coverage_band"] = list(out["details"]["coverage_band"])
         if self.group_by is not None:
             out["group_by"] = self.group_by
+        if self.unit == "sentence":  # the calibrated units are sentences, the relevant ones evidence
+            out["unit"] = self.unit
+            out["statement"] = _of_sentences(str(out["statement"]))
         return out
 
     # ------------------------------------------------------------ calibrate
@@ -332,10 +381,19 @@ class ConformalFilter:
         makes in its split 0. The calibrator gets its inputs from
         :class:`~ragsieve.calibration.inputs.CalibrationInputs`, as every split does.
 
+        With ``unit="sentence"`` the snippet pairs are cut into their sentences
+        (:func:`ragsieve.units.sentence_pairs`: evidence sentences from ``meta["evidence"]``
+        or the query's ``answers``) and the calibrator learns from the sentences. An unfitted
+        score becomes the sentence-in-context score, whose two stages (the score over the
+        snippets, the score over the sentences) and their combination are all fitted on the
+        same share of the topics (:func:`~ragsieve.scoring.sentence_context.
+        fit_sentence_context`); the threshold is calibrated on the other topics' sentences.
+
         Parameters
         ----------
         pairs : sequence of Pair
-            Labelled calibration pairs (``relevant`` in {0, 1} for every pair).
+            Labelled calibration pairs (``relevant`` in {0, 1} for every pair); snippet
+            pairs for either unit.
         progress : bool
             Show a progress bar while scoring.
         group_by : str, optional
@@ -365,21 +423,27 @@ class ConformalFilter:
         Raises
         ------
         DataError
-            A pair is unlabelled, or lacks the group field in group mode.
+            A pair is unlabelled, or lacks the group field in group mode; unit
+            ``"sentence"``: a relevant snippet with neither ``evidence`` nor ``answers``.
         CalibrationError
             No relevant pair.
         """
-        pairs = list(pairs)
+        pairs = snippets = list(pairs)
         _check_labels(pairs)
+        if self.unit == "sentence":
+            pairs = with_parent_text(sentence_pairs(snippets), snippets)
+            _check_labels(pairs)
         self.group_by = group_by or self.group_by
         if self.calibrator.group_kind == "attribute" and self.group_by is None:
             raise ValueError(
                 "mode 'group' needs group_by: the Pair.meta field holding each snippet's group "
                 "(e.g. group_by='language'; CLI --group-by FIELD)."
             )
-        info, choice = self._resolve_auto(pairs, language)
+        info, choice = self._resolve_auto(snippets, language)
         fused = None
-        if not self.scorer.is_fitted:  # the fused score: fitted here, on a share of the topics
+        if not self.scorer.is_fitted and self.unit == "sentence":
+            pairs = self._fit_in_context(snippets, pairs, seed, progress, info, choice)
+        elif not self.scorer.is_fitted:  # the fused score: fitted here, on a share of the topics
             pairs, fused = self._fit_fused(pairs, seed, progress, info, choice)
         used, scores = self._calibration_scores(pairs, fused, progress)
         if monitor is None:
@@ -400,8 +464,29 @@ class ConformalFilter:
             "n_groups": len({p.group for p in pairs}),
             **info,
         }
+        if self.unit == "sentence":
+            self.calibration_info["n_snippet_pairs"] = len(snippets)
         self._warn_if_short()
         return self
+
+    def _fit_in_context(self, snippets: list[Pair], sentences: list[Pair], seed: int,
+                        progress: bool, info: dict[str, Any],
+                        choice: ScoreChoice | None) -> list[Pair]:
+        """Fit the sentence-in-context score (unit ``"sentence"``): each unfitted stage by
+        :meth:`_fit_fused` (the same seeded share of the topics for both), then their
+        combination; returns the calibration share of the sentences."""
+        ctx = self.scorer
+        if not isinstance(ctx, SentenceContextScorer):
+            ctx = SentenceContextScorer(ctx)
+
+        def fit_stage(stage: Scorer, stage_pairs: list[Pair]) -> tuple[Scorer, list[Pair]]:
+            self.scorer = stage
+            cal, _ = self._fit_fused(stage_pairs, seed, progress, info, choice)
+            return self.scorer, cal
+
+        self.scorer, cal = fit_sentence_context(ctx, snippets, sentences, fit_stage,
+                                                progress=progress)
+        return cal
 
     @property
     def language(self) -> str | None:
@@ -410,14 +495,14 @@ class ConformalFilter:
         return code if isinstance(code, str) else None
 
     def _resolve_auto(self, pairs: list[Pair], language: str | None) -> tuple[dict[str, Any], ScoreChoice | None]:
-        """Resolve an ``"auto"`` score; the language and score choice for the artifact."""
+        """Resolve an ``"auto"`` score; the languages (the snippets' and, when it differs,
+        the queries') and the score choice for the artifact."""
         if self.scorer.resolved_at_calibration:
-            self.scorer, choice, (code, source) = self.scorer.resolve(  # type: ignore[attr-defined]
-                pairs, language=language)
-            return {"language": code, "language_source": source,
-                    "score_choice": choice.to_dict()}, choice
-        found, source = choose_language(pairs, language, fallback=None)
-        return ({"language": found, "language_source": source} if found else {}), None
+            found = self.scorer.languages(pairs, language=language)  # type: ignore[attr-defined]
+            self.scorer, choice, _ = self.scorer.resolve(  # type: ignore[attr-defined]
+                pairs, languages=found)
+            return {**found.info(), "score_choice": choice.to_dict()}, choice
+        return choose_languages(pairs, language, fallback=None).info(), None
 
     def _monitor_block(self, pairs: list[Pair], used: list[Pair], scores: np.ndarray, seed: int,
                        progress: bool) -> dict[str, Any] | None:
@@ -442,11 +527,11 @@ class ConformalFilter:
         of the pairs and their fused scores; an ``"auto"`` choice that cannot be fitted
         falls back to ``1 - cos`` (all pairs, scores None: scored by the caller).
         """
-        base = self.scorer.base.score_pairs(pairs, progress=progress)
-        features = pair_features(base, pairs)
+        features, _ = self.scorer.features_of_pairs(pairs, progress=progress)
         inputs = CalibrationInputs.from_pairs(pairs)
         try:
-            fitted, fit = fit_fused(features, inputs.relevant, inputs.group_index, seed=seed)
+            fitted, fit = fit_fused(features, inputs.relevant, inputs.group_index, seed=seed,
+                                    learner=self.scorer.learner)
         except CalibrationError as exc:
             if choice is None:
                 raise
@@ -502,7 +587,10 @@ class ConformalFilter:
         return out
 
     def _cut(self, items: Sequence[dict[str, Any]]) -> _Pieces:
-        """Cut the texts longer than ``max_chars`` into calibration-sized pieces."""
+        """Cut the texts longer than ``max_chars`` into calibration-sized pieces (unit
+        ``"sentence"``: every text into its sentences)."""
+        if self.unit == "sentence":
+            return self._sentences(items)
         pieces: list[dict[str, Any]] = []
         owner: list[int] = []
         spans: list[tuple[int, int] | None] = []
@@ -522,12 +610,33 @@ class ConformalFilter:
         return _Pieces(items=list(items), pieces=pieces, owner=np.asarray(owner, dtype=int),
                        spans=spans)
 
+    @staticmethod
+    def _sentences(items: Sequence[dict[str, Any]]) -> _Pieces:
+        """Every snippet's sentences as pieces, each knowing its snippet (its text and
+        position, for a score that reads the snippet as context); a snippet without a
+        sentence (blank text) has no piece."""
+        pieces: list[dict[str, Any]] = []
+        owner: list[int] = []
+        spans: list[tuple[int, int] | None] = []
+        for i, item in enumerate(items):
+            text = item.get("text")
+            if not isinstance(text, str):
+                raise DataError(f"snippet {i} has no text (got {type(text).__name__}); a filter "
+                                "of unit 'sentence' scores the sentences of each snippet's text.")
+            for sentence in split_sentences(text):
+                pieces.append({**item, "text": sentence.text, PARENT_TEXT: text,
+                               PARENT_POSITION: i})
+                owner.append(i)
+                spans.append((sentence.start, sentence.end))
+        return _Pieces(items=list(items), pieces=pieces, owner=np.asarray(owner, dtype=int),
+                       spans=spans, merge=False)
+
     def piece_texts(self, snippets: Sequence[SnippetLike]) -> list[str]:
         """The texts :meth:`filter` has the scorer score for ``snippets`` (no scoring).
 
-        A snippet longer than ``max_chars`` counts as its pieces, so the length of the
-        list is the model work a ``filter`` call costs; snippets without text (an outside
-        score) are left out.
+        A snippet longer than ``max_chars`` counts as its pieces (unit ``"sentence"``: every
+        snippet as its sentences), so the length of the list is the model work a ``filter``
+        call costs; snippets without text (an outside score) are left out.
 
         Examples
         --------
@@ -555,20 +664,25 @@ class ConformalFilter:
         ) if pieces else np.zeros(0, dtype=bool)
         item_scores = np.full(n, np.inf)
         np.minimum.at(item_scores, cut.owner, arr)
-        keep = np.zeros(n, dtype=bool)
-        np.logical_or.at(keep, cut.owner, keep_piece)
         tau = self.threshold
         if groups and len(set(map(str, groups))) == 1:  # one group: the threshold it meets
             tau = self.calibrator.threshold_for(groups[0])
+        sentences = self.unit == "sentence"
         notes = []
-        n_cut = len({int(o) for o, sp in zip(cut.owner, cut.spans, strict=True) if sp is not None})
+        rule_kept_none = bool(n and not keep_piece.any())
+        if rule_kept_none and sentences:  # the policy keeps the best sentences
+            notes.append(self._empty_policy(keep_piece, arr, tau, "sentence"))
+        keep = np.zeros(n, dtype=bool)
+        np.logical_or.at(keep, cut.owner, keep_piece)
+        n_cut = 0 if sentences else len(
+            {int(o) for o, sp in zip(cut.owner, cut.spans, strict=True) if sp is not None})
         if n_cut:
-            notes.append(f"{n_cut} snippet(s) longer than {self.max_chars} characters were cut into "
-                         f"{sum(sp is not None for sp in cut.spans)} pieces and scored piece by "
-                         "piece (kept when any piece is kept; see spans)")
-        rule_kept_none = bool(n and not keep.any())
+            notes.insert(0, f"{n_cut} snippet(s) longer than {self.max_chars} characters were "
+                         f"cut into {sum(sp is not None for sp in cut.spans)} pieces and scored "
+                         "piece by piece (kept when any piece is kept; see spans)")
+        if rule_kept_none and not sentences:
+            notes.append(self._empty_policy(keep, item_scores, tau, "snippet"))
         if rule_kept_none:
-            notes.append(self._empty_policy(keep, item_scores, tau))
             logger.info("query %r: %s", query[:80], notes[-1])
         spans = cut.kept_spans(keep_piece)
         kept = tuple(
@@ -583,19 +697,29 @@ class ConformalFilter:
             for i, it in enumerate(cut.items)
             if not keep[i]
         )
+        scored_sentences = tuple(
+            (int(o), int(sp[0]), int(sp[1]), float(a), bool(k))
+            for o, sp, a, k in zip(cut.owner, cut.spans, arr, keep_piece, strict=True)
+            if sp is not None
+        ) if sentences else ()
         return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in item_scores),
                             threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut,
-                            removed=removed, rule_kept_none=rule_kept_none)
+                            removed=removed, rule_kept_none=rule_kept_none, unit=self.unit,
+                            sentences=scored_sentences)
 
-    def _empty_policy(self, keep: np.ndarray, scores: np.ndarray, tau: float) -> str:
-        """Nothing passed the rule: keep the ``min_keep`` best (in place) and say why."""
+    def _empty_policy(self, keep: np.ndarray, scores: np.ndarray, tau: float,
+                      unit: str) -> str:
+        """Nothing passed the rule: keep the ``min_keep`` best units (in place) and say why."""
+        if not scores.size:
+            return (f"no {unit} to keep: every snippet's text is blank; returning an empty "
+                    "context")
         if self.min_keep:
             order = np.argsort(scores, kind="stable")[: self.min_keep]
             keep[order] = True
-            return (f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
+            return (f"no {unit} kept by the {self.mode} rule (tau={tau:.4g}, best score "
                     f"{scores.min():.4g}); kept the {int(keep.sum())} best by the "
                     f"min_keep={self.min_keep} policy, outside the calibrated guarantee")
-        return (f"no snippet kept by the {self.mode} rule (tau={tau:.4g}, best score "
+        return (f"no {unit} kept by the {self.mode} rule (tau={tau:.4g}, best score "
                 f"{scores.min():.4g}); returning an empty context (set min_keep to keep the "
                 "best ones anyway)")
 
@@ -624,8 +748,7 @@ class ConformalFilter:
         DataError
             A snippet lacks what the score or the mode needs (text, outside score, group).
         """
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a str, got {type(query).__name__}.")
+        check_str(query, "query")
         self._check_calibrated()  # fail before scoring
         cut = self._cut([_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))])
         scores = self.scorer.score_items(query, cut.pieces) if cut.pieces else np.zeros(0)
@@ -633,9 +756,23 @@ class ConformalFilter:
 
     def filter_scores(self, query: str, scores: Any, snippets: Sequence[SnippetLike], *,
                       group: Any = None) -> FilterResult:
-        """Apply the calibrated rule to precomputed scores of this filter's score (no scoring)."""
+        """Apply the calibrated rule to precomputed scores of this filter's score (no scoring).
+
+        Raises
+        ------
+        TypeError
+            A filter of unit ``"sentence"``: it scores each snippet's sentences, so one
+            score per snippet cannot be filtered (use :meth:`filter`).
+        """
+        self._check_snippet_unit("one precomputed score per snippet")
         items = [_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))]
         return self._apply(query, scores, _Pieces.whole(items), group)
+
+    def _check_snippet_unit(self, what: str) -> None:
+        if self.unit != "snippet":
+            raise TypeError(f"this filter's unit is {self.unit!r}: it scores each snippet's "
+                            f"sentences, so it cannot filter from {what}; call filter() with "
+                            "the snippets' texts.")
 
     def filter_vectors(self, query: str, query_vector: Any, snippet_vectors: Any,
                        snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
@@ -648,11 +785,13 @@ class ConformalFilter:
         Raises
         ------
         TypeError
-            The filter's score cannot be computed from vectors (an LLM, an outside score).
+            The filter's score cannot be computed from vectors (an LLM, an outside score),
+            or its unit is ``"sentence"`` (it scores sentences, the vectors are snippets').
         ValueError
             Vectors that are not finite, zero, or of mismatched dimension or count.
         """
         self._check_calibrated()
+        self._check_snippet_unit("the snippets' vectors")
         items = [_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))]
         sv = np.asarray(snippet_vectors, dtype=float) if len(items) else np.zeros((0, 1))
         if sv.ndim != 2 or sv.shape[0] != len(items):
@@ -710,7 +849,8 @@ class ConformalFilter:
             "guarantee": self.guarantee(),
         }
         return Artifact.create(scorer=self.scorer.spec(), calibration=block,
-                               policy={"min_keep": self.min_keep, "max_chars": self.max_chars},
+                               policy={"min_keep": self.min_keep, "max_chars": self.max_chars,
+                                       "unit": self.unit},
                                data=dict(self.calibration_info), monitor=self.monitor_reference)
 
     def to_dict(self) -> dict[str, Any]:
@@ -760,7 +900,7 @@ class ConformalFilter:
             )
         try:
             flt = cls(scorer, calibrator, min_keep=min_keep, group_by=group_by,
-                      max_chars=artifact.max_chars)
+                      max_chars=artifact.max_chars, unit=artifact.unit)
         except ValueError as exc:
             raise ArtifactError(f"artifact policy: {exc}") from exc
         flt.calibration_info = dict(artifact.data or {})
@@ -816,8 +956,9 @@ class ConformalFilter:
 
     def __repr__(self) -> str:
         tau = getattr(self.calibrator, "threshold_", None)
+        unit = "" if self.unit == "snippet" else f", unit={self.unit!r}"
         return (f"ConformalFilter(scorer={self.scorer.spec()!r}, mode={self.mode!r}, "
-                f"alpha={self.alpha}, threshold={tau})")
+                f"alpha={self.alpha}, threshold={tau}{unit})")
 
 
 #: The artifact's seal (kept here for callers of the filter module's private names).

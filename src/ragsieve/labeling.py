@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._validation import check_int, check_unit_interval
 from .errors import LLMError
 from .types import Pair
 
@@ -176,15 +177,10 @@ class LLMLabeler:
     ) -> None:
         if method not in LABEL_METHODS:
             raise ValueError(f"method == {method!r}, must be one of {LABEL_METHODS}.")
-        if not (0.0 < float(threshold) < 1.0):
-            raise ValueError(f"threshold == {threshold!r}, must be in (0, 1).")
-        if (isinstance(max_failures_in_a_row, bool) or not isinstance(max_failures_in_a_row, int)
-                or max_failures_in_a_row < 1):
-            raise ValueError(f"max_failures_in_a_row == {max_failures_in_a_row!r}, must be an "
-                             "int >= 1.")
+        self.threshold = check_unit_interval(threshold, "threshold", closed_right=False)
+        self.max_failures_in_a_row = check_int(max_failures_in_a_row, "max_failures_in_a_row",
+                                               min_value=1)
         self.method = method
-        self.threshold = float(threshold)
-        self.max_failures_in_a_row = max_failures_in_a_row
         self._connection = connection
         self._owns_connection = connection is None
         self._connect_options = connect_options

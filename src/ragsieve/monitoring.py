@@ -154,7 +154,7 @@ from ._monitor_reference import (
     separation,
 )
 from ._sqlite import connect_shared
-from ._validation import check_alpha, check_scores
+from ._validation import check_alpha, check_instance, check_int, check_path, check_scores
 from .artifact import Artifact
 
 __all__ = [
@@ -411,17 +411,12 @@ class ExchangeabilityMonitor:
                                  "calibration query (the artifact's monitor 'best'), or None.")
             refs["best"] = np.sort(_keys(best_ref))
         self.delta = check_alpha(delta, name="delta")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed == {seed!r}, must be an int >= 0.")
+        seed = check_int(seed, "seed", min_value=0)
         if alternative not in ALTERNATIVES:
             raise ValueError(f"alternative == {alternative!r}, must be one of {', '.join(ALTERNATIVES)}.")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-            raise ValueError(f"k == {k!r}, must be an int >= 2 (best scores read per request).")
-        if isinstance(min_requests, bool) or not isinstance(min_requests, int) or min_requests < 1:
-            raise ValueError(f"min_requests == {min_requests!r}, must be an int >= 1.")
-        self.min_requests = min_requests
-        if store is not None and not isinstance(store, (str, os.PathLike)):
-            raise TypeError(f"store has type {type(store).__name__}; expected a path or None.")
+        k = check_int(k, "k", min_value=2, hint="best scores read per request")
+        self.min_requests = check_int(min_requests, "min_requests", min_value=1)
+        store = check_path(store, "store", allow_none=True)
         self.seed, self.alternative, self.k = seed, alternative, k
         self.store = None if store is None else Path(store)
         self._ref = refs["separation"]
@@ -472,9 +467,8 @@ class ExchangeabilityMonitor:
             compute, or (for a whole artifact, one with a ``"format"``) a field or seal
             the artifact reader refuses.
         """
-        if not isinstance(payload, (Artifact, Mapping)):
-            raise TypeError(f"payload has type {type(payload).__name__}; expected the artifact "
-                            "dict or an Artifact (ragsieve.artifact.Artifact.read(path)).")
+        check_instance(payload, (Artifact, Mapping), "payload", expected="the artifact dict or "
+                       "an Artifact (ragsieve.artifact.Artifact.read(path))")
         if "k" in kwargs:
             raise TypeError("k is fixed by the artifact's monitor block; do not pass it.")
         raw = payload.monitor if isinstance(payload, Artifact) else payload.get("monitor")

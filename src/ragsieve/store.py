@@ -53,6 +53,7 @@ import numpy as np
 
 from ._io import atomic_write_text
 from ._optional import require
+from ._validation import check_bool, check_int, check_str
 from .chunking import DEFAULT_OVERLAP, DEFAULT_SIZE, chunk_text
 from .embeddings import EmbeddingModel, load_embedding_model, resolve_model_id
 from .errors import ArtifactError, DataError, ScorerMismatchError
@@ -396,8 +397,7 @@ class SnippetIndex:
         ArtifactError
             ``path`` is a file, or its metadata file is unreadable.
         """
-        if not isinstance(create, bool):
-            raise TypeError(f"create is {type(create).__name__}, expected a bool.")
+        create = check_bool(create, "create")
         require("lancedb", "store")
         root = Path(path)
         if root.exists() and not root.is_dir():
@@ -529,8 +529,7 @@ class SnippetIndex:
         DataError
             ``docs_dir`` is not a directory.
         """
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
+        batch_size = check_int(batch_size, "batch_size", min_value=1)
         root = Path(docs_dir)
         if not root.is_dir():
             raise DataError(f"docs_dir {str(root)!r} is not a directory.")
@@ -730,10 +729,8 @@ class SnippetIndex:
         list of Hit
             Sorted by ``score = 1 - cos`` ascending, computed from the stored vectors.
         """
-        if not isinstance(query, str):
-            raise TypeError(f"query is {type(query).__name__}, expected str.")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k == {k!r}, must be an int >= 1.")
+        check_str(query, "query")
+        k = check_int(k, "k", min_value=1)
         qvec = np.asarray(self.model.embed_queries([query]), dtype=np.float32)[0]
         table = self._table(_SNIPPETS)
         if self.search_backend == "memory":
@@ -775,8 +772,11 @@ class SnippetIndex:
         """How ``flt``'s score is computed from this index's stored ``1 - cos`` of a hit list.
 
         Supported: the embedding scorer of this index's model (the scores themselves), and
-        the list-relative scores built on it (``relative`` and the fused ``best`` score),
-        recomputed from the stored vectors -- nothing is re-embedded.
+        the list-relative scores built on it (``relative`` and the fused score of that
+        cosine alone), recomputed from the stored vectors -- nothing is re-embedded. A
+        fused score of several signals on this model (the ``best`` presets: BM25, other
+        embedders, ...) is accepted too, but its callable raises ``TypeError``: the other
+        signals need the texts, and :meth:`query_with_filter` scores the hit texts instead.
 
         Raises
         ------
@@ -835,8 +835,13 @@ class SnippetIndex:
         to_scores = self.list_scorer(flt)
         hits = self.search(query, k=k)
         snippets = [Snippet(h.doc_id, h.start, h.end, h.text) for h in hits]
-        base = np.array([h.score for h in hits], dtype=float)
-        result = flt.filter_scores(query, to_scores(base) if hits else base, snippets, group=group)
+        scores = np.array([h.score for h in hits], dtype=float)
+        if hits:
+            try:
+                scores = to_scores(scores)
+            except TypeError:  # a fused score of several signals: they need the hit texts
+                scores = flt.scorer.score_batch(query, [h.text for h in hits])
+        result = flt.filter_scores(query, scores, snippets, group=group)
         return hits, result
 
     def __repr__(self) -> str:

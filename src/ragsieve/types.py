@@ -92,9 +92,10 @@ class Scored:
     score : float
         Nonconformity score (for a snippet cut into pieces, its best piece's score).
     spans : tuple of (int, int)
-        When the snippet was longer than the filter's window and was cut into pieces,
-        the character spans ``(start, end)`` of ``text`` whose pieces were kept (merged
-        where they overlap); empty when the snippet was scored whole.
+        The character spans ``(start, end)`` of ``text`` that were kept: for a filter of
+        unit ``"sentence"``, one span per kept sentence, in order; for a snippet longer
+        than the filter's window, cut into pieces, the spans of its kept pieces (merged
+        where they overlap); empty when the snippet was kept whole.
     """
 
     index: int
@@ -102,6 +103,21 @@ class Scored:
     text: str
     score: float
     spans: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def pruned_text(self) -> str:
+        """The kept spans' texts joined with ``" "`` (the whole text when ``spans`` is empty).
+
+        Examples
+        --------
+        >>> Scored(0, "s", "Ada wrote. Bob ate. Cy ran.", 0.1, ((0, 10), (20, 27))).pruned_text
+        'Ada wrote. Cy ran.'
+        >>> Scored(0, "s", "Kept whole.", 0.1).pruned_text
+        'Kept whole.'
+        """
+        if not self.spans:
+            return self.text
+        return " ".join(self.text[start:end] for start, end in self.spans)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +146,17 @@ class FilterResult:
         The snippets not kept, in their original order, each with its score (above
         ``threshold``, the threshold it missed).
     rule_kept_none : bool
-        The mode's rule kept none of the ``n_input`` snippets: ``kept`` is then empty, or
-        holds the ``min_keep`` best, outside the calibrated guarantee (``note`` says which).
+        The mode's rule kept none of the ``n_input`` snippets (of their sentences, for unit
+        ``"sentence"``): ``kept`` is then empty, or holds the ``min_keep`` best, outside the
+        calibrated guarantee (``note`` says which).
+    unit : {"snippet", "sentence"}
+        What the filter scored and kept: whole snippets, or the sentences of each snippet
+        (then ``kept`` holds the snippets with at least one kept sentence, their ``spans``
+        the kept sentences, ``score`` and ``scores`` each snippet's best sentence's score).
+    sentences : tuple of (int, int, int, float, bool)
+        Unit ``"sentence"``: every sentence scored, as ``(snippet index, start, end, score,
+        kept)`` with ``start``/``end`` character offsets in that snippet's text, in input
+        order; empty for unit ``"snippet"``.
     """
 
     query: str
@@ -143,6 +168,8 @@ class FilterResult:
     n_cut: int = 0
     removed: tuple[Scored, ...] = ()
     rule_kept_none: bool = False
+    unit: str = "snippet"
+    sentences: tuple[tuple[int, int, int, float, bool], ...] = ()
 
     @property
     def kept_ids(self) -> list[str]:

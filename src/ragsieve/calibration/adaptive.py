@@ -21,7 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_alpha, check_finite_real, check_relevant, check_scores
+from .._validation import (
+    check_alpha,
+    check_bool,
+    check_finite_real,
+    check_int,
+    check_real,
+    check_relevant,
+    check_scores,
+)
 from ..errors import ArtifactError
 from .base import BaseCalibrator, Guarantee, _json_float, _read_float
 from .split import relevant_scores
@@ -33,20 +41,13 @@ logger = logging.getLogger(__name__)
 
 
 def _check_gamma(gamma: Any) -> float:
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float, np.integer, np.floating)):
-        raise TypeError(f"gamma must be a real number, got {type(gamma).__name__} ({gamma!r}).")
-    value = float(gamma)
-    if not (value > 0.0 and math.isfinite(value)):
-        raise ValueError(f"gamma == {gamma!r}, must be a finite number > 0 (e.g. 0.005).")
-    return value
+    return check_real(gamma, "gamma", min_value=0, max_value=math.inf,  # finite and > 0
+                      include_boundaries="neither", hint="e.g. 0.005")
 
 
 def _check_window(window: Any) -> int | None:
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 1:
-        raise ValueError(f"window == {window!r}, must be None (keep every score) or an int >= 1.")
-    return int(window)
+    return check_int(window, "window", min_value=1, allow_none=True,
+                     hint="None keeps every score")
 
 
 def _check_relevant(value: Any) -> bool:
@@ -180,8 +181,7 @@ class AdaptiveCalibrator(BaseCalibrator):
     def _check_params(self) -> None:
         self._alpha = check_alpha(self.alpha)
         self._gamma = _check_gamma(self.gamma)
-        if not isinstance(self.bounded, (bool, np.bool_)):
-            raise TypeError(f"bounded == {self.bounded!r}, must be a bool.")
+        check_bool(self.bounded, "bounded")
 
     def alpha_bounds(self) -> tuple[float, float]:
         """The range ``alpha_t`` is kept in: ``[min(alpha, 1/(m+1)), max(alpha, m/(m+1))]``.

@@ -25,7 +25,6 @@ import dataclasses
 import itertools
 import logging
 import math
-import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,7 +33,9 @@ import numpy as np
 
 from .._validation import (
     check_codes,
+    check_int,
     check_lengths,
+    check_real,
     check_relevant,
     check_scores,
     check_unit_interval,
@@ -65,20 +66,11 @@ N_BOOTSTRAP = 2000
 
 
 def _check_budget(budget: Any) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, numbers.Integral):
-        raise TypeError(f"budget must be an int, got {type(budget).__name__} ({budget!r}).")
-    if budget < 0:
-        raise ValueError(f"budget == {budget}, must be >= 0.")
-    return int(budget)
+    return check_int(budget, "budget", min_value=0)
 
 
 def _check_threshold(threshold: Any) -> float:
-    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
-        raise TypeError(f"threshold must be a real number, got {type(threshold).__name__}.")
-    value = float(threshold)
-    if math.isnan(value):
-        raise ValueError("threshold is NaN, must be a number (inf keeps every snippet that fits).")
-    return value
+    return check_real(threshold, "threshold", hint="inf keeps every snippet that fits")
 
 
 # --------------------------------------------------------------------------- selection
@@ -369,9 +361,7 @@ class BudgetCalibrator(BaseCalibrator):
         if self.unit == "chars":
             return len(text)
         count = (self.tokenizer or approx_tokens)(text)
-        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 0:
-            raise TypeError(f"tokenizer returned {count!r} for a text, must return an int >= 0.")
-        return int(count)
+        return check_int(count, "tokenizer(text)", min_value=0, hint="the tokens of the text")
 
     def _lengths(self, lengths_or_texts: Any, n: int) -> np.ndarray:
         if lengths_or_texts is None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_alpha, check_relevant, check_scores
+from .._validation import check_alpha, check_int, check_real, check_relevant, check_scores
 from ..errors import ArtifactError, CalibrationError
 from .base import Guarantee, ThresholdCalibrator, _json_float
 from .stats import conformal_rank, min_calibration_size
@@ -114,11 +114,8 @@ class SplitConformalCalibrator(ThresholdCalibrator):
     def from_threshold(cls, *, alpha: float, threshold: float, n_calibration: int) -> SplitConformalCalibrator:
         """Rebuild a fitted calibrator from a v1 artifact's threshold (no scores stored)."""
         check_alpha(alpha)
-        if isinstance(n_calibration, bool) or not isinstance(n_calibration, int) or n_calibration < 1:
-            raise ValueError(f"n_calibration == {n_calibration!r}, must be an int >= 1.")
-        threshold = float(threshold)
-        if math.isnan(threshold):
-            raise ValueError("threshold is NaN, must be a number or inf.")
+        n_calibration = check_int(n_calibration, "n_calibration", min_value=1)
+        threshold = check_real(threshold, "threshold", hint="inf keeps every snippet")
         self = cls(alpha=alpha)
         self.rank_ = conformal_rank(n_calibration, float(alpha))
         self._set_fitted(threshold, n_calibration)

@@ -31,6 +31,7 @@ from .options import (
     add_json_option,
     add_llm_options,
     add_scorer_options,
+    add_unit_option,
     at_most,
     bounded_ints,
     count,
@@ -120,6 +121,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     add_data_options(p)
     add_scorer_options(p)
     add_guarantee_options(p, several=True)
+    add_unit_option(p, what="what is scored and measured (default snippet)")
     g = p.add_argument_group("sweep")
     g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
     g.add_argument("--top-k", type=bounded_ints(LIMITS["top_k"]), default=[1, 2, 3, 5],
@@ -155,6 +157,7 @@ def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     add_data_options(p)
     add_scorer_options(p)
     add_guarantee_options(p, several=False)
+    add_unit_option(p, budget_alias=True, what="what is scored and measured (default snippet)")
     g = p.add_argument_group("target (give one)")
     t = g.add_mutually_exclusive_group(required=True)
     t.add_argument("--removal", type=fraction, default=None,
@@ -178,6 +181,7 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     add_data_options(p)
     add_scorer_options(p)
     add_guarantee_options(p, several=True)
+    add_unit_option(p, what="what the conformal filter scores and keeps (default snippet)")
     g = p.add_argument_group("answers")
     g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2])
     g.add_argument("--splits", type=count("splits"), default=1,
@@ -217,6 +221,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     add_data_options(p)
     add_scorer_options(p)
     add_guarantee_options(p, several=False)
+    add_unit_option(p, budget_alias=True, what="what the filter scores and keeps, saved in "
+                                                 "the artifact (default snippet)")
     p.add_argument("--alpha", type=finite_float, default=0.1,
                    help="target miscoverage (default 0.1)")
     p.add_argument("--min-keep", type=nonnegative_int, default=0,
@@ -233,6 +239,7 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query)")
     p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
     add_data_options(p)
+    add_unit_option(p, what="must be the artifact's unit, or omitted")
     p.add_argument("--out", default=None,
                    help="write one JSON object per query here (a directory of parts, or a "
                         ".jsonl / .parquet file), streaming and resumable; default: print")

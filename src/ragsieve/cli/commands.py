@@ -26,6 +26,7 @@ from .options import (
     load_pairs,
     make_engine,
     make_scorer,
+    pruning_unit,
     score_field_of,
     scorer_choice,
     warn_traffic_language,
@@ -58,6 +59,19 @@ def _tau(value: float) -> str:
     return f"{value:.4f}"
 
 
+def _unit_pairs(args: argparse.Namespace, pairs: list[Any]) -> list[Any]:
+    """The labelled pairs at ``--unit``: as loaded, or (``sentence``) one pair per sentence,
+    labelled on evidence sentences (:func:`ragsieve.units.sentence_pairs`)."""
+    if pruning_unit(args) != "sentence":
+        return pairs
+    from ..units import sentence_pairs
+
+    out = sentence_pairs(pairs, language=getattr(args, "language", None))
+    eprint(f"unit sentence: {len(pairs)} snippet pairs -> {len(out)} sentence pairs "
+           f"({sum(p.relevant == 1 for p in out)} evidence sentences)")
+    return out
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``ragsieve evaluate``: topic-disjoint sweep of the guarantee modes and baselines.
 
@@ -73,6 +87,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         from ..data import sample_queries
 
         pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
+    pairs = _unit_pairs(args, pairs)
     chosen = _choice(args, pairs)
     scorer = chosen.scorer
     if engine.name == "ray":
@@ -95,6 +110,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         _close(engine)
     seconds = time.perf_counter() - t0
     report.info["dataset"] = str(args.data)
+    report.info["unit"] = pruning_unit(args) or "snippet"
     report.info["choice"] = chosen.to_dict(args)
     report.info["engine"] = engine.describe()
     report.info["scoring_seconds"] = round(seconds, 2)
@@ -131,7 +147,8 @@ def cmd_choose_alpha(args: argparse.Namespace) -> int:
                          "is not one (budget: choose the budget; adaptive: its alpha is a "
                          "long-run target). Use --mode marginal, query-recall, pac, ...")
     check_mode_list_params(args)
-    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
+    pairs = _unit_pairs(args, load_pairs(args, require_labels=True,
+                                         score_field=score_field_of(args)))
     choice = choose_alpha(
         pairs, _chosen_scorer(args, pairs), removal=args.removal, coverage=args.coverage,
         mode=args.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
@@ -167,6 +184,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
         limit_queries=args.limit_queries, generate=not args.no_generate,
         judge=args.judge, max_tokens=args.max_tokens, confidence=args.confidence,
         n_resamples=args.bootstrap_resamples, language=args.language,
+        unit=pruning_unit(args) or "snippet",  # sentence: the sentence rows beside the snippet rows
     )
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
     scorer = _chosen_scorer(args, pairs)
@@ -238,11 +256,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     calibrator = make_calibrator(args.mode, **calibrator_params(args))
     pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
     chosen = scorer_choice(args, pairs, resolve_auto=False)
-    flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep)
+    flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep,
+                          unit=pruning_unit(args) or "snippet")
     flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet,
                   language=chosen.language)
-    if chosen.language is not None:  # where the CLI took the language from
-        flt.calibration_info["language_source"] = chosen.language_source
+    chosen.record(flt.calibration_info)  # where the CLI took the languages from
     flt.save(args.out)
     info = flt.to_dict()
     rule = flt.scorer.keep_rule(flt.threshold)
@@ -264,7 +282,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if band:
         line += f", coverage band [{band[0]:.3f}, {band[1]:.3f}]"
     if data:
-        line += (f"; calibrated on {data.get('n_relevant')} relevant snippets "
+        what = "evidence sentences" if flt.unit == "sentence" else "relevant snippets"
+        line += (f"; calibrated on {data.get('n_relevant')} {what} "
                  f"({data.get('n_queries')} queries, {data.get('n_groups')} groups)")
     print(f"{line} -> {args.out}")
     if not args.no_expected:  # cross-validation over the calibration topics
@@ -279,15 +298,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _expected(args: argparse.Namespace, pairs: list[Any], scorer: Any) -> Any:
     """What ``calibrate``'s mode and alpha are expected to do on new topics (topic folds)."""
-    from ..evaluation.expect import expected_on_new_topics
+    from ..evaluation.expect import Expectation, expected_on_new_topics
 
+    if pruning_unit(args) == "sentence":  # its two fitted stages are not refitted per fold
+        return Expectation(args.mode, float(args.alpha), len({p.group for p in pairs}), reason=(
+            "not estimated for --unit sentence (the sentence-in-context score is fitted in two "
+            "stages on the calibration topics; `ragsieve evaluate --unit sentence` measures the "
+            "sentence score on held-out topics)"))
     return expected_on_new_topics(pairs, scorer, mode=args.mode, group_by=args.group_by,
                                   progress=not args.quiet, **calibrator_params(args))
 
 
 def _spans(scored: Any) -> tuple[tuple[int, int], ...]:
-    """The kept character spans of a snippet that was cut into pieces (empty: scored whole)."""
+    """The kept character spans of a snippet: its kept sentences (unit sentence), or the
+    kept pieces of one that was cut (empty: kept whole)."""
     return tuple(getattr(scored, "spans", ()) or ())
+
+
+def check_artifact_unit(args: argparse.Namespace, artifact: Artifact) -> None:
+    """``--unit`` of ``filter`` must be the artifact's (or omitted): the unit is calibrated.
+
+    Raises
+    ------
+    ValueError
+        They differ.
+    """
+    given = pruning_unit(args)
+    if given is not None and given != artifact.unit:
+        raise ValueError(f"--unit {given} disagrees with the artifact, calibrated on unit "
+                         f"{artifact.unit!r}; omit --unit or recalibrate with --unit {given}.")
 
 
 def cmd_filter(args: argparse.Namespace) -> int:
@@ -300,6 +339,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     from ..filter import ConformalFilter
 
     artifact = Artifact.read(args.filter)
+    check_artifact_unit(args, artifact)
     check_artifact_language(args, artifact)
     options = artifact_scorer_options(args, artifact.scorer)
     if args.out is not None:
@@ -322,8 +362,8 @@ def cmd_filter(args: argparse.Namespace) -> int:
         print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
         for s in r.kept:
             spans = ", ".join(f"{a}-{b}" for a, b in _spans(s))
-            print(f"    {s.score:.4f}  {s.snippet_id}"
-                  + (f"  (cut; kept characters {spans})" if spans else ""))
+            what = "kept sentences" if r.unit == "sentence" else "cut; kept characters"
+            print(f"    {s.score:.4f}  {s.snippet_id}" + (f"  ({what} {spans})" if spans else ""))
         if args.show_removed:
             for s in r.removed:
                 print(f"    removed {s.score:.4f} > {r.threshold:.4f}  {s.snippet_id}")
@@ -637,7 +677,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 def _query_json(args: argparse.Namespace, hits: list[Any], res: Any,
                 kept: set[int] | None) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "query": args.query,
         "hits": [{"snippet_id": h.snippet_id, "path": str(h.path), "score": h.score,
                   "text": h.text, "filter_score": None if res is None else res.scores[i],
@@ -646,6 +686,11 @@ def _query_json(args: argparse.Namespace, hits: list[Any], res: Any,
         "removal": None if res is None else res.removal,
         "note": None if res is None else res.note,
     }
+    if res is not None and res.unit == "sentence":  # each kept hit's kept sentences
+        for s in res.kept:
+            out["hits"][s.index].update(spans=[list(span) for span in s.spans],
+                                        pruned_text=s.pruned_text)
+    return out
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -657,8 +702,12 @@ def cmd_query(args: argparse.Namespace) -> int:
         raise ValueError("--generate prints a text answer; use it without --json.")
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
     if args.filter:
-        hits, res = index.query_with_filter(args.query, ConformalFilter.load(args.filter), k=args.k,
-                                            group=args.group)
+        flt = ConformalFilter.load(args.filter)
+        if flt.unit == "sentence":  # it reads each hit's sentences: scored from the texts
+            hits = index.search(args.query, k=args.k)
+            res = flt.filter(args.query, [h.text for h in hits], group=args.group)
+        else:
+            hits, res = index.query_with_filter(args.query, flt, k=args.k, group=args.group)
         kept: set[int] | None = {s.index for s in res.kept}
     else:
         hits, res, kept = index.search(args.query, k=args.k), None, None
@@ -676,7 +725,8 @@ def cmd_query(args: argparse.Namespace) -> int:
         from ..generation import answer_with_citations
         from ..llm.connect import connect
 
-        context = [s.text for s in res.kept] if res is not None else [h.text for h in hits]
+        context = ([s.pruned_text if res.unit == "sentence" else s.text for s in res.kept]
+                   if res is not None else [h.text for h in hits])
         with connect(**llm_options(args)) as conn:
             if conn.is_local:
                 eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "BUDGET_UNITS",
     "LIMITS",
     "OneLineParser",
     "add_cache_options",
@@ -38,10 +39,12 @@ __all__ = [
     "add_json_option",
     "add_llm_options",
     "add_scorer_options",
+    "add_unit_option",
     "artifact_scorer_options",
     "at_most",
     "bounded_int",
     "bounded_ints",
+    "budget_unit",
     "calibrator_params",
     "check_artifact_language",
     "check_mode_list_params",
@@ -59,6 +62,7 @@ __all__ = [
     "ints",
     "language_choice",
     "language_of",
+    "languages_choice",
     "llm_options",
     "load_pairs",
     "make_engine",
@@ -71,6 +75,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "positive_ints",
+    "pruning_unit",
     "score_field_of",
     "scorer_choice",
     "subparser",
@@ -333,7 +338,9 @@ def add_data_options(p: argparse.ArgumentParser, *, required: bool = True) -> No
     g = p.add_argument_group("data")
     g.add_argument("--data", required=required,
                    help="generic JSONL file, or a dataset name: xquad-en, xquad-de, xquad-es, "
-                        "xquad-zh, selqa-dev")
+                        "xquad-zh, xquad-el, xquad-ro (any XQuAD language), xquad-en2de, "
+                        "xquad-en2es, xquad-en2zh, xquad-en2el, xquad-en2ro (English questions "
+                        "over that language's articles; xquad-Q2L for any two), selqa-dev")
     g.add_argument("--data-dir", default=None,
                    help="dataset directory (env RAGSIEVE_DATA; default ../shared/datasets)")
 
@@ -350,7 +357,8 @@ def add_cache_options(p: argparse.ArgumentParser, *, embeddings: bool = True) ->
 
 
 def add_embedding_options(p: argparse.ArgumentParser, *, model: bool = True) -> None:
-    """``--model`` (when ``model``) and ``--language`` of the embedding scorer."""
+    """``--model`` (when ``model``), ``--language`` and ``--query-language`` of the
+    embedding scorer."""
     g = p.add_argument_group("embedding model")
     if model:
         g.add_argument("--model", default=None,
@@ -362,8 +370,14 @@ def add_embedding_options(p: argparse.ArgumentParser, *, model: bool = True) -> 
                             "fp32 when installed, same vectors as torch; onnx-int8 is faster, "
                             "with slightly different vectors)")
     g.add_argument("--language", default=None,
-                   help="language of the data (default: an xquad-XX dataset's, else detected "
-                        "in the calibration texts with py3langid, else en)")
+                   help="language of the data, queries and snippets (default: an xquad "
+                        "dataset's, else detected in the calibration texts with py3langid, "
+                        "else en)")
+    g.add_argument("--query-language", default=None,
+                   help="language of the queries, when they are asked in another language "
+                        "than the snippets are in (default: --language's, an xquad-Q2L "
+                        "dataset's Q, else detected apart from the snippets'); the model is "
+                        "one trained on both")
 
 
 def add_llm_options(p: argparse.ArgumentParser, *, scorer: bool = False) -> Any:
@@ -538,8 +552,8 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
                             "e.g. 1000,1500")
         return
     g.add_argument("--budget", type=positive_int, default=None, metavar="N",
-                   help="budget mode: context budget per query, in --unit")
-    g.add_argument("--unit", choices=["chars", "tokens"], default=None,
+                   help="budget mode: context budget per query, in --budget-unit")
+    g.add_argument("--budget-unit", choices=BUDGET_UNITS, default=None,
                    help="budget mode: unit of --budget (default chars)")
     g.add_argument("--gamma", type=positive_float, default=None,
                    help="adaptive mode: step size of the online update")
@@ -547,26 +561,92 @@ def add_guarantee_options(p: argparse.ArgumentParser, *, several: bool) -> None:
                    help=f"adaptive mode: number of recent scores kept ({at_most('window')})")
 
 
-# ------------------------------------------------------------------ options -> objects
-def language_choice(args: argparse.Namespace, pairs: Any = None) -> tuple[str, str]:
-    """The language of the data and where it comes from: ``--language`` (``"given"``), an
-    ``xquad-XX`` dataset's (``"dataset"``), the language detected in ``pairs``
-    (:func:`ragsieve.scoring.auto.choose_language`), or ``en``."""
-    if getattr(args, "language", None):
-        return str(args.language), "given"
-    name = str(getattr(args, "data", "") or "")
-    if name.startswith("xquad-"):
-        return name.split("-", 1)[1], f"dataset {name}"
-    if pairs:
-        from ..scoring.auto import choose_language
+#: The length units of the budget mode (``--budget-unit``).
+BUDGET_UNITS = ("chars", "tokens")
 
-        return choose_language(pairs, None)
-    return "en", "default"
+
+def add_unit_option(p: argparse.ArgumentParser, *, budget_alias: bool = False,
+                    what: str = "what the filter scores and keeps (default snippet)") -> None:
+    """``--unit {snippet,sentence}``: the pruning unit (:data:`ragsieve.units.UNITS`).
+
+    ``budget_alias`` (the commands with ``--budget-unit``): ``--unit chars|tokens`` still
+    sets the budget's unit, as before ``--budget-unit`` existed (a one-line note on stderr
+    says so; :func:`budget_unit`).
+    """
+    from ..units import UNITS
+
+    choices = [*UNITS, *(BUDGET_UNITS if budget_alias else ())]
+    p.add_argument("--unit", choices=choices, default=None,
+                   help=f"{what}: snippet or sentence (each snippet's sentences, the guarantee "
+                        "on evidence sentences)"
+                        + ("; chars|tokens: the old spelling of --budget-unit" if budget_alias
+                           else ""))
+
+
+def pruning_unit(args: argparse.Namespace) -> str | None:
+    """``--unit`` when it names a pruning unit (``snippet``, ``sentence``), else None."""
+    unit = getattr(args, "unit", None)
+    return None if unit in BUDGET_UNITS else unit
+
+
+def budget_unit(args: argparse.Namespace) -> str | None:
+    """``--budget-unit``, or the old ``--unit chars|tokens`` (a note on stderr, once).
+
+    Raises
+    ------
+    ValueError
+        Both given, and they differ.
+    """
+    given = getattr(args, "budget_unit", None)
+    old = getattr(args, "unit", None)
+    if old not in BUDGET_UNITS:
+        return given
+    if given is not None and given != old:
+        raise ValueError(f"--unit {old} and --budget-unit {given} disagree; give --budget-unit "
+                         "alone (--unit names the pruning unit: snippet or sentence).")
+    if not getattr(args, "_budget_unit_noted", False):
+        eprint(f"note: --unit {old} is the budget's unit: spell it --budget-unit {old} "
+               "(--unit is now the pruning unit, snippet or sentence)")
+        args._budget_unit_noted = True
+    return str(old)
+
+
+# ------------------------------------------------------------------ options -> objects
+def languages_choice(args: argparse.Namespace, pairs: Any = None) -> Any:
+    """The languages of the data, the snippets' and the queries', and where they come from
+    (a :class:`ragsieve.scoring.auto.LanguageChoice`): ``--language`` (both sides) and
+    ``--query-language`` (``"given"``), an xquad dataset's (``"dataset xquad-en2de"``), the
+    languages detected in ``pairs`` (:func:`ragsieve.scoring.auto.choose_languages`), or
+    ``en`` (source ``"default"``: the snippets' language is not known).
+
+    ``--query-language`` is taken as given in every case."""
+    from ..data.registry import xquad_languages
+    from ..embeddings.languages import normalise_language
+    from ..scoring.auto import LanguageChoice, choose_languages
+
+    given, query = getattr(args, "language", None), getattr(args, "query_language", None)
+    query = None if query is None else normalise_language(str(query))
+    if given:
+        return choose_languages([], str(given), query_language=query)
+    name = str(getattr(args, "data", "") or "")
+    key = name.strip().lower()
+    fixed = xquad_languages(key.removeprefix("xquad-")) if key.startswith("xquad-") else None
+    if fixed is not None:
+        return LanguageChoice(fixed[1], query or fixed[0], f"dataset {name}")
+    if pairs:
+        return choose_languages(pairs, None, query_language=query)
+    return LanguageChoice("en", query or "en", "default")
+
+
+def language_choice(args: argparse.Namespace, pairs: Any = None) -> tuple[str, str]:
+    """The snippets' language and where it comes from (see :func:`languages_choice`)."""
+    found = languages_choice(args, pairs)
+    return found.code, found.source
 
 
 def language_of(args: argparse.Namespace, pairs: Any = None) -> str:
-    """``--language``, the language of an ``xquad-XX`` dataset, the language detected in
-    ``pairs``, or ``en`` (see :func:`language_choice`)."""
+    """``--language``, the language of an xquad dataset's snippets, the language detected
+    in ``pairs``, or ``en`` (see :func:`languages_choice`)."""
     return language_choice(args, pairs)[0]
 
 
@@ -586,12 +666,16 @@ def embedding_options(args: argparse.Namespace, language: str | None = None) -> 
 _MISSING = object()
 
 
-def _flag_value(args: argparse.Namespace, option: Any, language: str | None) -> Any:
+def _flag_value(args: argparse.Namespace, option: Any, language: str | None,
+                query_language: str | None = None) -> Any:
     """The value the command line gives ``option`` (``_MISSING``: the command has no such
     flag). The shared flags resolve here: ``--language`` to the data's language,
-    ``--cache-dir`` to the cache directory (None under ``--no-cache``), ``--no-X`` to not."""
+    ``--query-language`` to the queries' (None: the data's), ``--cache-dir`` to the cache
+    directory (None under ``--no-cache``), ``--no-X`` to not."""
     if option.flag == "--language":
         return language
+    if option.flag == "--query-language":
+        return None if query_language == language else query_language
     value = getattr(args, option.dest, _MISSING)
     if value is _MISSING:
         return value
@@ -601,16 +685,27 @@ def _flag_value(args: argparse.Namespace, option: Any, language: str | None) -> 
 
 
 def scorer_kwargs(args: argparse.Namespace, alias: str, language: str | None = None, *,
-                  runtime_only: bool = False) -> dict[str, Any]:
+                  query_language: str | None = None, runtime_only: bool = False,
+                  ) -> dict[str, Any]:
     """Keyword arguments of scorer ``alias`` from its declared options' flags (a value only
     where it differs from the option's default); with ``runtime_only``, only the options
-    that do not change scores, and none unless the command has every one of their flags."""
+    that do not change scores, and none unless the command has every one of their flags.
+
+    Queries in another language than the snippets (``query_language``) get, for a scorer
+    that takes a model and no queries' language and when ``--model`` is not given, the
+    bundled model trained on both (:func:`ragsieve.embeddings.choose_model`)."""
     from ..scoring import scorer_options
 
     options = [o for o in scorer_options(alias) if o.flag and (o.runtime or not runtime_only)]
-    values = {o.name: _flag_value(args, o, language) for o in options}
+    values = {o.name: _flag_value(args, o, language, query_language) for o in options}
     if runtime_only and any(v is _MISSING for v in values.values()):
         return {}  # e.g. the LLM endpoint on a command that does not take it
+    flags = {o.flag for o in options}
+    if (query_language and language and query_language != language and values.get("model") is None
+            and "--model" in flags and "--query-language" not in flags):
+        from ..embeddings.languages import choose_model
+
+        values["model"] = choose_model(language, query_language)
     return {o.name: values[o.name] for o in options
             if values[o.name] is not _MISSING and values[o.name] != o.default}
 
@@ -653,40 +748,59 @@ def check_scorer_options(args: argparse.Namespace) -> None:
 
 
 class ScorerChoice:
-    """The scorer of a command, the language and model it uses, and why (printed and in
+    """The scorer of a command, the languages and model it uses, and why (printed and in
     ``--json`` as ``"choice"``)."""
 
     def __init__(self, scorer: Any, language: str | None, language_source: str,
-                 score: Any = None) -> None:
+                 score: Any = None, *, query_language: str | None = None) -> None:
         self.scorer = scorer
-        self.language = language
+        self.language = language  # the snippets'
         self.language_source = language_source
+        self.query_language = query_language  # None: the snippets' (or not known yet)
         self.score = score  # a ScoreChoice when --scorer auto was resolved here
+
+    def record(self, info: dict[str, Any]) -> None:
+        """Write where the command line took the languages from into a calibrated filter's
+        ``calibration_info`` (nothing when they were left to ``calibrate`` to detect)."""
+        if self.language is None:
+            return
+        info["language_source"] = self.language_source
+        if self.query_language and self.query_language != info.get("language"):
+            info["query_language"] = self.query_language
 
     def to_dict(self, args: argparse.Namespace, info: dict[str, Any] | None = None,
                 spec: dict[str, Any] | None = None) -> dict[str, Any]:
         """The choice as JSON values; ``info`` (a calibrated filter's ``calibration_info``)
-        and ``spec`` (its scorer's) take precedence, as ``calibrate`` resolves ``auto``."""
+        and ``spec`` (its scorer's) take precedence, as ``calibrate`` resolves ``auto``.
+        ``language`` holds the snippets' ``code``, its ``source`` and the queries'
+        ``query_code``."""
         info = info or {}
         spec = spec or self.scorer.spec()
         label = self.scorer.keep_rule(0.0).score or args.scorer
         score = info.get("score_choice") or (self.score.to_dict() if self.score else {
             "scorer": args.scorer, "label": f"{label} ({args.scorer})",
             "reason": f"given by --scorer {args.scorer}"})
-        language = ({"code": self.language, "source": self.language_source}
-                    if self.language is not None else
-                    {"code": info.get("language"), "source": info.get("language_source")})
+        language: dict[str, Any]
+        if self.language is not None:
+            language = {"code": self.language, "source": self.language_source,
+                        "query_code": self.query_language or self.language}
+        else:
+            language = {"code": info.get("language"), "source": info.get("language_source"),
+                        "query_code": info.get("query_language") or info.get("language")}
         from ..artifact import spec_model
 
         return {"score": score, "model": spec_model(spec), "language": language}
 
 
 def choice_lines(choice: dict[str, Any]) -> list[str]:
-    """``score: fused (best) - whole lists ...`` and ``model: ... - language ru (...)``."""
+    """``score: fused (best) - whole lists ...`` and ``model: ... - language ru (...)``, or
+    ``model: ... - queries en, snippets de (...)`` for queries in another language."""
     score = choice["score"]
     lines = [f"score: {score.get('label', score['scorer'])} - {score['reason']}"]
     lang = choice["language"]
-    where = (f"language {lang['code']} ({lang['source']})" if lang["code"] else
+    code, query = lang["code"], lang.get("query_code") or lang["code"]
+    said = f"queries {query}, snippets {code}" if query != code else f"language {code}"
+    where = (f"{said} ({lang['source']})" if code else
              f"language {lang['source'] or 'not detected'}")
     lines.append(f"model: {choice['model']} - {where}" if choice["model"] else where)
     return lines
@@ -694,36 +808,43 @@ def choice_lines(choice: dict[str, Any]) -> list[str]:
 
 def scorer_choice(args: argparse.Namespace, pairs: Any = None, *,
                   resolve_auto: bool = True) -> ScorerChoice:
-    """The scorer named by ``--scorer`` for ``pairs``, with the language it was built for.
+    """The scorer named by ``--scorer`` for ``pairs``, with the languages it was built for.
 
     ``auto`` is resolved on ``pairs`` (``ragsieve.scoring.auto.choose_score``) unless
     ``resolve_auto`` is False (``calibrate``: ``ConformalFilter.calibrate`` resolves it and
-    detects the language, and falls back to ``1 - cos`` when the fused score cannot be
+    detects the languages, and falls back to ``1 - cos`` when the fused score cannot be
     fitted); the language is then None unless ``--language`` or the dataset gives it.
     """
     from ..scoring import AutoScorer
 
     if (args.scorer == "auto" and not resolve_auto) or not _takes_language(args.scorer):
-        # calibrate detects and records the language; field and llm choose no model by it
-        known, source = language_choice(args)
-        language = None if source == "default" else known
+        # calibrate detects and records the languages; field and llm choose no model by them
+        found = languages_choice(args)
+        language = None if found.source == "default" else found.code
+        query = (found.query_code if language is not None or getattr(args, "query_language", None)
+                 else None)
         if args.scorer != "auto":
-            return ScorerChoice(make_scorer(args, language=language or "en"), language, source)
-        return ScorerChoice(AutoScorer(**scorer_kwargs(args, "auto", language)), language, source)
-    language, source = language_choice(args, pairs)
+            scorer = make_scorer(args, language=language or "en", query_language=query)
+        else:
+            scorer = AutoScorer(**scorer_kwargs(args, "auto", language, query_language=query))
+        return ScorerChoice(scorer, language, found.source, query_language=query)
+    found = languages_choice(args, pairs)
+    language, query = found.code, found.query_code
     if args.scorer != "auto":
-        return ScorerChoice(make_scorer(args, language=language), language, source)
-    auto = AutoScorer(**scorer_kwargs(args, "auto", language))
+        return ScorerChoice(make_scorer(args, language=language, query_language=query),
+                            language, found.source, query_language=query)
+    auto = AutoScorer(**scorer_kwargs(args, "auto", language, query_language=query))
     if not pairs:
-        return ScorerChoice(auto, language, source)
+        return ScorerChoice(auto, language, found.source, query_language=query)
     scorer, score, _ = auto.resolve(pairs)
-    return ScorerChoice(scorer, language, source, score)
+    return ScorerChoice(scorer, language, found.source, score, query_language=query)
 
 
 def make_scorer(args: argparse.Namespace, pairs: Any = None, *,
-                language: str | None = None) -> Any:
+                language: str | None = None, query_language: str | None = None) -> Any:
     """The scorer named by ``--scorer``, built by ``resolve_scorer`` from the flags of its
-    declared options (:func:`scorer_kwargs`).
+    declared options (:func:`scorer_kwargs`), for texts in ``language`` queried in
+    ``query_language`` (both None: :func:`languages_choice`).
 
     ``best`` gives an unfitted fused scorer: ``evaluate`` fits it in every split and
     ``ConformalFilter.calibrate`` on a quarter of the calibration topics. ``auto`` is
@@ -735,8 +856,10 @@ def make_scorer(args: argparse.Namespace, pairs: Any = None, *,
     if args.scorer == "auto":
         return scorer_choice(args, pairs).scorer
     if language is None and _takes_language(args.scorer):
-        language = language_of(args, pairs)
-    return resolve_scorer(args.scorer, **scorer_kwargs(args, args.scorer, language))
+        found = languages_choice(args, pairs)
+        language, query_language = found.code, query_language or found.query_code
+    return resolve_scorer(args.scorer, **scorer_kwargs(args, args.scorer, language,
+                                                       query_language=query_language))
 
 
 def score_field_of(args: argparse.Namespace) -> str | None:
@@ -757,45 +880,58 @@ def artifact_scorer_options(args: argparse.Namespace, spec: Mapping[str, Any]) -
 
 
 def check_artifact_language(args: argparse.Namespace, artifact: Artifact) -> None:
-    """``--language`` of ``filter``/``serve`` against the artifact's: the model and
-    threshold were fixed by ``calibrate``, so a different language is an error.
+    """``--language`` and ``--query-language`` of ``filter``/``serve`` against the
+    artifact's: the model and threshold were fixed by ``calibrate``, so a different language
+    is an error. ``--language`` is checked against the snippets' language
+    (``data.language``), ``--query-language`` against the queries' (``data.query_language``,
+    else the snippets').
 
     Raises
     ------
     ValueError
-        ``--language`` differs from the language the artifact records, or (an artifact
-        without one) is not a language of its embedding model.
+        A language differs from the one the artifact records, or (an artifact without one)
+        is not a language of its embedding model.
     """
-    given = getattr(args, "language", None)
-    if not given:
-        return
+    for flag, given, recorded in (
+            ("--language", getattr(args, "language", None), artifact.language),
+            ("--query-language", getattr(args, "query_language", None),
+             artifact.query_language)):
+        if given:
+            _check_recorded_language(args, artifact, flag, str(given), recorded)
+
+
+def _check_recorded_language(args: argparse.Namespace, artifact: Artifact, flag: str,
+                             given: str, recorded: str | None) -> None:
     from ..embeddings.languages import MODEL_LANGUAGES, normalise_language
 
     code = normalise_language(given)
-    recorded, model = artifact.language, artifact.model
+    model = artifact.model
+    side = "queries" if flag == "--query-language" else "language"
     if recorded is not None:
         if code == normalise_language(recorded):
             return
         uses = f"model {model}" if model else f"score {artifact.scorer.get('scorer')}"
         raise ValueError(
-            f"--language {given}: the filter {args.filter} was calibrated on language "
-            f"{recorded} ({uses}); --language does not change a "
+            f"{flag} {given}: the filter {args.filter} was calibrated on {side} "
+            f"{recorded} ({uses}); {flag} does not change a "
             f"saved filter: drop it, or calibrate a filter on {code} data.")
     trained = MODEL_LANGUAGES.get(model or "")
     if trained is not None and code not in trained:
         raise ValueError(
-            f"--language {given}: the filter {args.filter} uses model {model}, not trained on "
-            f"{code}; --language does not change a saved filter: calibrate one on {code} data.")
+            f"{flag} {given}: the filter {args.filter} uses model {model}, not trained on "
+            f"{code}; {flag} does not change a saved filter: calibrate one on {code} data.")
 
 
 def warn_traffic_language(artifact: Artifact, pairs: Any) -> str | None:
     """Log (once, as a warning) and return a note when the queries of ``pairs`` are in
-    another language than the artifact records; None when they agree or nothing is known."""
-    if artifact.language is None or not pairs:
+    another language than the artifact's queries were (``data.query_language``, else
+    ``data.language``); None when they agree or nothing is known."""
+    expected = artifact.query_language
+    if expected is None or not pairs:
         return None
     from ..embeddings.detection import traffic_language_note
 
-    note = traffic_language_note(artifact.language, list(dict.fromkeys(p.query for p in pairs)),
+    note = traffic_language_note(expected, list(dict.fromkeys(p.query for p in pairs)),
                                  model=artifact.model)
     if note:
         logger.warning("%s", note)
@@ -812,8 +948,14 @@ class NotGiven(float):
 
     __slots__ = ()
 
-#: ``calibrate``'s options that are calibrator parameters.
+#: ``calibrate``'s options that are calibrator parameters (``unit``: the budget's, given as
+#: ``--budget-unit``).
 CALIBRATOR_OPTIONS = ("alpha", "delta", "min_group_size", "budget", "unit", "gamma", "window")
+
+
+def _calibrator_option(args: argparse.Namespace, name: str) -> Any:
+    """The command line's value of a calibrator parameter (None: not given)."""
+    return budget_unit(args) if name == "unit" else getattr(args, name, None)
 
 
 def calibrator_params(args: argparse.Namespace) -> dict[str, Any]:
@@ -833,12 +975,12 @@ def calibrator_params(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.mode == "budget" and args.budget is None:
         raise ValueError("--mode budget needs --budget N, the context budget per query "
-                         "(in --unit, default chars).")
+                         "(in --budget-unit, default chars).")
     if args.mode == "group" and not args.group_by:
         raise ValueError("--mode group needs --group-by FIELD, the meta field (JSONL key) to "
                          "calibrate per, e.g. --group-by language.")
-    given = {k: getattr(args, k) for k in CALIBRATOR_OPTIONS
-             if getattr(args, k) is not None and not isinstance(getattr(args, k), NotGiven)}
+    values = {k: _calibrator_option(args, k) for k in CALIBRATOR_OPTIONS}
+    given = {k: v for k, v in values.items() if v is not None and not isinstance(v, NotGiven)}
     taken = [k for k in CALIBRATOR_OPTIONS if k in mode_params(args.mode)]
     refused = [k for k in given if k not in taken]
     if refused:
@@ -865,14 +1007,14 @@ def check_mode_list_params(args: argparse.Namespace) -> None:
         modes.append("budget")  # --budget N adds the budget rows
     taken = {k for m in modes for k in mode_params(m)}
     for name in ("delta", "min_group_size", "unit", "gamma", "window"):
-        value = getattr(args, name, None)
+        value = _calibrator_option(args, name)
         if value is not None and not isinstance(value, NotGiven) and name not in taken:
             raise ValueError(f"{_flag(name)} applies to none of the modes {', '.join(modes)}: "
                              f"add a mode that takes it, or drop {_flag(name)}.")
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    return "--budget-unit" if name == "unit" else "--" + name.replace("_", "-")
 
 
 def load_pairs(args: argparse.Namespace, *, require_labels: bool = False,

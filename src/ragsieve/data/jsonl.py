@@ -4,7 +4,9 @@ A line is a JSON object with the keys ``query_id``, ``query``, ``snippet_id``,
 ``text`` (required, non-empty), ``relevant`` (0, 1, ``true``, ``false``, ``null`` or
 absent = unlabelled) and ``group`` (the topic for disjoint splits; defaults to
 ``query_id``). Ids (``query_id``, ``snippet_id``, ``group``, ``doc_id``) hold no control
-characters (NUL, newline, ...). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
+characters (NUL, newline, ...). An optional ``evidence`` holds the character spans of
+the snippet text that are evidence (``[[start, end], ...]``, what the sentence unit labels
+its sentences by). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
 written back, so a read/write round trip loses nothing. See ``docs/data-format.md``.
 """
 
@@ -21,10 +23,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from ragsieve._io import create_temp, direct_target
+from ragsieve._spans import check_spans
 from ragsieve.errors import DataError
 from ragsieve.types import Pair, fingerprint_pairs
 
 __all__ = [
+    "EVIDENCE_KEY",
     "OPTIONAL_KEYS",
     "QUERY_LIST_KEYS",
     "REQUIRED_KEYS",
@@ -51,6 +55,12 @@ QUERY_LIST_KEYS: tuple[str, ...] = ("answers", "nuggets")
 """Optional per-query keys (kept in ``Pair.meta``): lists of non-empty strings, the gold
 answers and the gold nuggets of the query, used by answer evaluation. Lines of one query
 that carry one of them must carry the same list."""
+
+EVIDENCE_KEY = "evidence"
+"""Optional per-line key (kept in ``Pair.meta``): the evidence spans of the snippet text, a
+list of ``[start, end]`` integer character offsets with ``0 <= start < end <= len(text)``
+(or null). The sentence unit (:func:`ragsieve.units.sentence_pairs`) marks a relevant
+snippet's sentences that overlap a span as its evidence sentences."""
 
 _STANDARD_KEYS = frozenset(REQUIRED_KEYS + OPTIONAL_KEYS)
 _ID_KEYS = frozenset({"query_id", "snippet_id"})
@@ -154,6 +164,8 @@ def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
     query_id, query, snippet_id, text = (_string_field(record, k, where) for k in REQUIRED_KEYS)
     for key in QUERY_LIST_KEYS:
         _string_list_field(record, key, where)
+    if record.get(EVIDENCE_KEY) is not None:
+        check_spans(record[EVIDENCE_KEY], len(text), where, name=EVIDENCE_KEY)
     for key in _META_ID_KEYS:
         if isinstance(record.get(key), str):
             _check_id(record[key], key, where)
@@ -332,7 +344,8 @@ def iter_pairs(
         JSON, a line that is not an object, a missing/empty/mistyped required key, an id
         (``query_id``, ``snippet_id``, ``group``, ``doc_id``) holding a control
         character (NUL, newline, ...), a
-        label outside {0, 1, true, false, null}, a duplicate (query_id, snippet_id),
+        label outside {0, 1, true, false, null}, ``evidence`` that is not a list of
+        ``[start, end]`` spans inside the text, a duplicate (query_id, snippet_id),
         two query texts for one query_id, or a file without any pair.
     """
     name = _source_name(source)

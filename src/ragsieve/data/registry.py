@@ -1,4 +1,5 @@
-"""Load a dataset by name: ``"xquad-en"``, ``"selqa-dev"``, or a ``.jsonl`` path."""
+"""Load a dataset by name: ``"xquad-en"``, ``"xquad-en2de"``, ``"selqa-dev"``, or a
+``.jsonl`` path."""
 
 from __future__ import annotations
 
@@ -12,17 +13,39 @@ from ragsieve.data.xquad import XQUAD_LANGUAGES, load_xquad
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
-__all__ = ["available_datasets", "load_dataset"]
+__all__ = ["available_datasets", "load_dataset", "xquad_languages"]
 
 
 def available_datasets() -> list[str]:
-    """Names accepted by :func:`load_dataset` (besides a path to a ``.jsonl`` file)."""
+    """Names accepted by :func:`load_dataset` (besides a path to a ``.jsonl`` file).
+
+    The cross-language names listed are English questions over another language's
+    articles (``xquad-en2de``); ``xquad-{q}2{c}`` works for any two XQuAD languages.
+    """
     return (
         ["xquad"]
         + [f"xquad-{lang}" for lang in XQUAD_LANGUAGES]
+        + [f"xquad-en2{lang}" for lang in XQUAD_LANGUAGES if lang != "en"]
         + ["selqa"]
         + [f"selqa-{split}" for split in SELQA_SPLITS]
     )
+
+
+def xquad_languages(variant: str) -> tuple[str, str] | None:
+    """``(query_language, language)`` of an XQuAD dataset name's variant (``"de"`` ->
+    ``("de", "de")``, ``"en2de"`` -> ``("en", "de")``), None when it names none.
+
+    Examples
+    --------
+    >>> xquad_languages("en2de"), xquad_languages("zh"), xquad_languages("en2fr")
+    (('en', 'de'), ('zh', 'zh'), None)
+    """
+    query, cross, language = variant.partition("2")
+    if not cross:
+        language = query
+    if query in XQUAD_LANGUAGES and language in XQUAD_LANGUAGES:
+        return query, language
+    return None
 
 
 def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
@@ -31,7 +54,9 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
     Parameters
     ----------
     name : str or os.PathLike
-        ``"xquad"`` (English), ``"xquad-{language}"``, ``"selqa"`` (dev),
+        ``"xquad"`` (English), ``"xquad-{language}"``, ``"xquad-{q}2{language}"`` (the
+        questions of language ``q`` over the articles of ``language``, e.g.
+        ``"xquad-en2de"``; see :func:`~ragsieve.data.xquad.load_xquad`), ``"selqa"`` (dev),
         ``"selqa-{split}"`` (case-insensitive), or the path of a file in the generic
         JSONL format (any existing file, or a name ending in ``.jsonl``).
     **kwargs
@@ -64,10 +89,15 @@ def load_dataset(name: str | os.PathLike[str], **kwargs: Any) -> list[Pair]:
         key = text.strip().lower()
         key = {"xquad": "xquad-en", "selqa": "selqa-dev"}.get(key, key)
         family, _, variant = key.partition("-")
-        if family == "xquad" and variant in XQUAD_LANGUAGES:
-            if "language" in kwargs:
-                raise TypeError(f"dataset {text!r} fixes the language; do not pass language=.")
-            return _with_field(load_xquad(variant, **kwargs), text, score_field)
+        languages = xquad_languages(variant) if family == "xquad" else None
+        if languages is not None:
+            fixed = [k for k in ("language", "query_language") if k in kwargs]
+            if fixed:
+                raise TypeError(f"dataset {text!r} fixes the languages; do not pass "
+                                f"{'= or '.join(fixed)}=.")
+            query_language, language = languages
+            return _with_field(load_xquad(language, query_language=query_language, **kwargs),
+                               text, score_field)
         if family == "selqa" and variant in SELQA_SPLITS:
             if "split" in kwargs:
                 raise TypeError(f"dataset {text!r} fixes the split; do not pass split=.")

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ragsieve._validation import check_int
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
@@ -215,8 +216,7 @@ def plan_shards(inputs: Sequence[str | os.PathLike[str]], *,
     list of Shard
         In input order, numbered from 0.
     """
-    if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, int) or shard_bytes < 1:
-        raise ValueError(f"shard_bytes == {shard_bytes!r}, expected an integer >= 1.")
+    shard_bytes = check_int(shard_bytes, "shard_bytes", min_value=1)
     shards: list[Shard] = []
     for path in expand_inputs(inputs):
         kind = _kind(path)

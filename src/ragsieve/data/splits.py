@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ragsieve._validation import check_int, check_sequence, check_unit_interval
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
@@ -67,21 +68,11 @@ def group_splits(
     >>> sorted(set(cal.tolist()) | set(test.tolist()))
     [0, 1, 2, 3]
     """
-    if isinstance(calibration_fraction, bool) or not isinstance(calibration_fraction, numbers.Real):
-        raise TypeError(
-            f"calibration_fraction must be a float, got {type(calibration_fraction).__name__}."
-        )
-    if not 0.0 < float(calibration_fraction) < 1.0:
-        raise ValueError(f"calibration_fraction == {calibration_fraction}, must be in (0, 1).")
-    for name, value in (("n_splits", n_splits), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r}).")
-    if n_splits < 1:
-        raise ValueError(f"n_splits == {n_splits}, must be >= 1.")
-    if n_splits > MAX_SPLITS:
-        raise ValueError(f"n_splits == {n_splits}, must be in [1, {MAX_SPLITS}].")
-    if isinstance(groups, (str, bytes)):
-        raise TypeError("groups must be a sequence of group names, got a single string.")
+    calibration_fraction = check_unit_interval(calibration_fraction, "calibration_fraction",
+                                               closed_right=False)
+    n_splits = check_int(n_splits, "n_splits", min_value=1, max_value=MAX_SPLITS)
+    seed = check_int(seed, "seed")
+    groups = check_sequence(groups, "groups", expected="a sequence of group names", iterable=True)
 
     keys: list[str] = []
     for i, g in enumerate(groups):
@@ -135,8 +126,7 @@ def sample_queries(pairs: Sequence[Pair], n_queries: int, *, seed: int = 0) -> l
     -------
     list of Pair
     """
-    if isinstance(n_queries, bool) or not isinstance(n_queries, (int, np.integer)) or n_queries < 1:
-        raise ValueError(f"n_queries == {n_queries!r}, must be an int >= 1.")
+    n_queries = check_int(n_queries, "n_queries", min_value=1)
     rng = np.random.default_rng(seed)
     by_group: dict[str, list[str]] = {}
     for p in pairs:

@@ -5,6 +5,12 @@ Each paragraph is a document ``"{title}/{paragraph_index}"`` cut into snippets b
 its article (``context="article"``) or of its own paragraph (``context="paragraph"``).
 A snippet is relevant iff it lies in the question's own paragraph and its
 ``[start, end)`` overlaps an answer span ``[answer_start, answer_start + len(text))``.
+
+XQuAD is parallel: every language holds the same questions (the same ids) over the same
+articles and paragraphs, in the same order. ``load_xquad(language, query_language=q)``
+therefore asks the questions of language ``q`` over the articles of ``language`` (the
+answers and relevance are the article language's own), after checking that the two files
+align.
 """
 
 from __future__ import annotations
@@ -85,6 +91,73 @@ def _load_json(path: Path) -> Any:
         raise DataError(f"{path}: cannot be read as UTF-8 JSON ({exc}).") from exc
 
 
+def _read_squad(
+    language: str, data_dir: str | os.PathLike[str] | None, download: bool
+) -> tuple[Path, list[Any]]:
+    """The path and the list of articles of ``xquad.{language}.json``."""
+    path = xquad_file(language, data_dir=data_dir, download=download)
+    raw = _load_json(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
+        raise DataError(f"{path}: expected SQuAD v1.1 JSON with a 'data' list of articles.")
+    return path, raw["data"]
+
+
+def _article(path: Path, a_index: int, article: Any) -> tuple[str, list[Any]]:
+    """An article's title and paragraphs."""
+    try:
+        return article["title"], article["paragraphs"]
+    except (TypeError, KeyError):
+        raise DataError(f"{path}: article #{a_index} lacks 'title' or 'paragraphs'.") from None
+
+
+def _qa_ids(path: Path, doc_id: str, paragraph: Any) -> list[Any]:
+    try:
+        return [qa.get("id") for qa in paragraph["qas"]]
+    except (TypeError, KeyError, AttributeError):
+        raise DataError(f"{path}: paragraph {doc_id!r} lacks a 'qas' list of questions.") from None
+
+
+def _parallel_questions(
+    q_path: Path, q_articles: list[Any], c_path: Path, c_articles: list[Any]
+) -> tuple[list[str], dict[str, str]]:
+    """The question file's article titles and questions by id, after checking that it
+    aligns with the article file: the same articles, paragraphs and question ids, in the
+    same order.
+
+    Raises
+    ------
+    DataError
+        Naming the first article, paragraph or question where the two files differ.
+    """
+    mismatch = f"{q_path.name} and {c_path.name} are not parallel"
+    if len(q_articles) != len(c_articles):
+        raise DataError(f"{mismatch}: {len(q_articles)} articles in {q_path.name}, "
+                        f"{len(c_articles)} in {c_path.name}.")
+    titles: list[str] = []
+    questions: dict[str, str] = {}
+    for a_index, (q_article, c_article) in enumerate(zip(q_articles, c_articles, strict=True)):
+        title, q_paragraphs = _article(q_path, a_index, q_article)
+        c_title, c_paragraphs = _article(c_path, a_index, c_article)
+        if len(q_paragraphs) != len(c_paragraphs):
+            raise DataError(f"{mismatch}: article #{a_index} ({title!r} / {c_title!r}) has "
+                            f"{len(q_paragraphs)} paragraphs in {q_path.name}, "
+                            f"{len(c_paragraphs)} in {c_path.name}.")
+        for p_index, (q_par, c_par) in enumerate(zip(q_paragraphs, c_paragraphs, strict=True)):
+            doc_id = f"{c_title}/{p_index}"
+            q_ids, c_ids = _qa_ids(q_path, doc_id, q_par), _qa_ids(c_path, doc_id, c_par)
+            if q_ids != c_ids:
+                raise DataError(f"{mismatch}: paragraph {doc_id!r} has question ids {q_ids} in "
+                                f"{q_path.name}, {c_ids} in {c_path.name}.")
+            for qa in q_par["qas"]:
+                question = qa.get("question")
+                if not isinstance(question, str) or not question.strip():
+                    raise DataError(f"{q_path}: question {qa.get('id')!r} in {doc_id!r} needs a "
+                                    "non-empty 'question'.")
+                questions[str(qa.get("id"))] = question
+        titles.append(title)
+    return titles, questions
+
+
 def _answer_spans(
     context: str, answers: Any, where: str, counts: dict[str, int]
 ) -> list[tuple[int, int]]:
@@ -126,6 +199,7 @@ def _answer_spans(
 def load_xquad(
     language: str = "en",
     *,
+    query_language: str | None = None,
     data_dir: str | os.PathLike[str] | None = None,
     context: str = "article",
     chunker: Chunker | SnippetFn | None = None,
@@ -136,7 +210,12 @@ def load_xquad(
     Parameters
     ----------
     language : str, default "en"
-        One of :data:`XQUAD_LANGUAGES`.
+        One of :data:`XQUAD_LANGUAGES`: the language of the articles (the snippets), their
+        answers and so the relevance labels.
+    query_language : str, optional
+        The language the questions are asked in (default: ``language``). Another one gives
+        the cross-language set: that language's questions (the same ids, XQuAD is
+        parallel) over the articles of ``language``, with the labels of ``language``.
     data_dir : str or os.PathLike, optional
         Data directory holding ``xquad/xquad.{language}.json``.
     context : {"article", "paragraph"}, default "article"
@@ -150,35 +229,42 @@ def load_xquad(
     Returns
     -------
     list of Pair
-        Grouped by question in file order. ``query_id`` is ``"xquad-{language}-{id}"``,
-        ``group`` the article title, ``snippet_id`` ``"{title}/{paragraph}:{start}-{end}"``;
-        ``meta`` holds ``language``, ``qa_id``, ``doc_id``, ``start``, ``end`` and
-        ``answers`` (the answer texts).
+        Grouped by question in file order. ``query_id`` is ``"xquad-{language}-{id}"``
+        (``"xquad-{query_language}2{language}-{id}"`` across languages), ``group`` the
+        article title (the question file's), ``snippet_id``
+        ``"{title}/{paragraph}:{start}-{end}"``; ``meta`` holds ``language`` (of the
+        snippet), ``qa_id``, ``doc_id``, ``start``, ``end``, ``answers`` (the answer texts)
+        and, across languages, ``query_language``.
 
     Raises
     ------
     ValueError
         For an unknown language or context.
     DataError
-        When the file is missing (and cannot be downloaded) or not in SQuAD format.
+        When a file is missing (and cannot be downloaded) or not in SQuAD format, or
+        (across languages) the two files do not align: the message names the first
+        article, paragraph or question where they differ.
     """
     language = _check_language(language)
+    query_language = language if query_language is None else _check_language(query_language)
     if context not in _CONTEXTS:
         raise ValueError(f"context == {context!r}, must be one of {', '.join(_CONTEXTS)}.")
     chunk: SnippetFn = Chunker() if chunker is None else chunker
-    path = xquad_file(language, data_dir=data_dir, download=download)
-    raw = _load_json(path)
-    if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
-        raise DataError(f"{path}: expected SQuAD v1.1 JSON with a 'data' list of articles.")
-
+    path, articles = _read_squad(language, data_dir, download)
+    cross = query_language != language
+    name = f"{query_language}2{language}" if cross else language
+    query_meta = {"query_language": query_language} if cross else {}
+    titles: list[str] | None = None
+    questions: dict[str, str] = {}
+    if cross:
+        q_path, q_articles = _read_squad(query_language, data_dir, download)
+        titles, questions = _parallel_questions(q_path, q_articles, path, articles)
     counts = {"fixed": 0, "dropped": 0, "unanswerable": 0, "no_relevant": 0}
     pairs: list[Pair] = []
     seen_ids: set[str] = set()
-    for a_index, article in enumerate(raw["data"]):
-        try:
-            title, paragraphs = article["title"], article["paragraphs"]
-        except (TypeError, KeyError):
-            raise DataError(f"{path}: article #{a_index} lacks 'title' or 'paragraphs'.") from None
+    for a_index, article in enumerate(articles):
+        title, paragraphs = _article(path, a_index, article)
+        group = title if titles is None else titles[a_index]
         docs: list[tuple[str, str, list[Snippet], list[Any]]] = []
         for p_index, paragraph in enumerate(paragraphs):
             doc_id = f"{title}/{p_index}"
@@ -202,12 +288,13 @@ def load_xquad(
                 if qa_id in seen_ids:
                     raise DataError(f"{where}: duplicate question id.")
                 seen_ids.add(qa_id)
+                question = questions.get(qa_id, question)
                 spans = _answer_spans(text, qa.get("answers"), where, counts)
                 if not spans:
                     counts["unanswerable"] += 1
                     continue
                 candidates = article_snippets if context == "article" else own_snippets
-                query_id = f"xquad-{language}-{qa_id}"
+                query_id = f"xquad-{name}-{qa_id}"
                 answers = [text[s:e] for s, e in spans]
                 n_relevant = 0
                 for snip in candidates:
@@ -222,8 +309,9 @@ def load_xquad(
                             snippet_id=snip.snippet_id,
                             text=snip.text,
                             relevant=int(relevant),
-                            group=title,
+                            group=group,
                             meta={
+                                **query_meta,
                                 "language": language,
                                 "qa_id": qa_id,
                                 "doc_id": snip.doc_id,
@@ -240,21 +328,21 @@ def load_xquad(
         raise DataError(f"{path}: no answerable questions found.")
     if counts["fixed"]:
         logger.info(
-            "XQuAD %s: %d answer spans re-located in the paragraph", language, counts["fixed"]
+            "XQuAD %s: %d answer spans re-located in the paragraph", name, counts["fixed"]
         )
     if counts["dropped"] or counts["unanswerable"]:
         logger.warning(
             "XQuAD %s: %d answers not found in their paragraph were dropped; %d questions "
             "left without any answer were skipped",
-            language,
+            name,
             counts["dropped"],
             counts["unanswerable"],
         )
     if counts["no_relevant"]:
         logger.warning(
             "XQuAD %s: %d questions have no relevant snippet (chunker left the answer out?)",
-            language,
+            name,
             counts["no_relevant"],
         )
-    logger.debug("XQuAD %s: %d pairs, %d questions", language, len(pairs), len(seen_ids))
+    logger.debug("XQuAD %s: %d pairs, %d questions", name, len(pairs), len(seen_ids))
     return pairs

@@ -15,6 +15,7 @@ from typing import Self
 import numpy as np
 
 from .._sqlite import close_quietly, open_table
+from .._validation import check_instance, check_int, check_sequence, check_str
 from ..errors import ScorerError
 from .base import EmbeddingModel, _normalise_rows, _QueryView
 
@@ -24,14 +25,9 @@ logger = logging.getLogger(__name__)
 
 
 def _check_texts(texts: Sequence[str]) -> list[str]:
-    if isinstance(texts, (str, bytes)):
-        raise TypeError(
-            f"texts is a single {type(texts).__name__}; pass a list of str, e.g. [text]."
-        )
-    out = list(texts)
+    out = check_sequence(texts, "texts", expected="a list of str", iterable=True)
     for i, t in enumerate(out):
-        if not isinstance(t, str):
-            raise TypeError(f"texts[{i}] is {type(t).__name__}, expected str.")
+        check_str(t, f"texts[{i}]")
     return out
 
 
@@ -90,23 +86,11 @@ class EmbeddingCache:
         max_batch_chars: int = 32_000,
         max_memory_items: int = 100_000,
     ) -> None:
-        if not isinstance(model, EmbeddingModel):
-            raise TypeError(f"model is {type(model).__name__}, expected an EmbeddingModel.")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
-        if (
-            isinstance(max_batch_chars, bool)
-            or not isinstance(max_batch_chars, int)
-            or max_batch_chars < 1
-        ):
-            raise ValueError(f"max_batch_chars == {max_batch_chars!r}, must be an int >= 1.")
-        if (isinstance(max_memory_items, bool) or not isinstance(max_memory_items, int)
-                or max_memory_items < 1):
-            raise ValueError(f"max_memory_items == {max_memory_items!r}, must be an int >= 1.")
-        self.model = model
-        self.max_memory_items = max_memory_items
-        self.batch_size = batch_size
-        self.max_batch_chars = max_batch_chars
+        self.model = check_instance(model, EmbeddingModel, "model",
+                                    expected="an EmbeddingModel")
+        self.max_memory_items = check_int(max_memory_items, "max_memory_items", min_value=1)
+        self.batch_size = check_int(batch_size, "batch_size", min_value=1)
+        self.max_batch_chars = check_int(max_batch_chars, "max_batch_chars", min_value=1)
         self.n_computed = 0
         self._memory: OrderedDict[str, np.ndarray] = OrderedDict()
         self._queries: EmbeddingCache | None = None  # query side of an asymmetric model

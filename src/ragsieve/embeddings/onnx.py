@@ -30,6 +30,7 @@ import numpy as np
 
 from .._optional import require
 from .._paths import cache_dir
+from .._validation import check_int, check_path, check_str
 from .base import EmbeddingModel, _normalise_rows
 
 __all__ = ["OnnxEmbeddingModel", "load_onnx_model", "onnx_path"]
@@ -247,10 +248,7 @@ class OnnxEmbeddingModel(EmbeddingModel):
         threads: int | None = None,
         cache_id: str | None = None,
     ) -> None:
-        if threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-        ):
-            raise ValueError(f"threads == {threads!r}, must be None or an int >= 1.")
+        threads = check_int(threads, "threads", min_value=1, allow_none=True)
         ort = require("onnxruntime", "onnx")
         transformers = require("transformers", "embed")
         options = ort.SessionOptions()
@@ -333,10 +331,8 @@ def load_onnx_model(
     ValueError
         When the model is not a mean-pooled BERT-style sentence-transformers model.
     """
-    if not isinstance(model_path, (str, os.PathLike)):
-        raise TypeError(f"model_path is {type(model_path).__name__}, expected str.")
-    if not isinstance(model_id, str) or not model_id.strip():
-        raise ValueError(f"model_id == {model_id!r}, must be a non-empty str.")
+    check_path(model_path, "model_path")
+    check_str(model_id, "model_id", non_blank=True)
     require("onnxruntime", "onnx")
     require("onnx", "onnx")
     model_path = str(model_path)

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .._validation import check_int
 from ..data.partitioned import PartitionedOutput
 from ..data.shards import (
     DEFAULT_SHARD_BYTES,
@@ -439,8 +440,7 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
             raise DataError(f"{out}: is a directory; a file output needs a file path.")
     direct = _check_output(out, file_fmt)
     fmt = fmt or "jsonl"
-    if isinstance(batch_pairs, bool) or not isinstance(batch_pairs, int) or batch_pairs < 1:
-        raise ValueError(f"batch_pairs == {batch_pairs!r}, expected an integer >= 1.")
+    batch_pairs = check_int(batch_pairs, "batch_pairs", min_value=1)
     files = expand_inputs(inputs)
     check_not_empty(files)  # an empty input is an error, as for every other command
     shards = plan_shards(files, shard_bytes=shard_bytes)

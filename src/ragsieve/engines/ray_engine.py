@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -30,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from .._validation import check_int, check_real
 from ..data.shards import Shard
 from .base import Task, process_shard
 
@@ -184,11 +186,9 @@ class RayEngine:
 
     def __init__(self, address: str | None = None, *, workers: int | None = None,
                  cpus_per_worker: float = 1.0, num_cpus: int | None = None) -> None:
-        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
-                                    or workers < 1):
-            raise ValueError(f"workers == {workers!r}, expected an integer >= 1.")
-        if not (isinstance(cpus_per_worker, (int, float)) and cpus_per_worker > 0):
-            raise ValueError(f"cpus_per_worker == {cpus_per_worker!r}, expected a number > 0.")
+        workers = check_int(workers, "workers", min_value=1, allow_none=True)
+        cpus_per_worker = check_real(cpus_per_worker, "cpus_per_worker", min_value=0,
+                                     max_value=math.inf, include_boundaries="neither")
         if address is not None:
             probe_address(address)  # fail in seconds, before any data is read
         self.address = address

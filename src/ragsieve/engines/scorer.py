@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_instance
 from ..data.jsonl import group_by_query, write_pairs
 from ..data.shards import expand_inputs
 from ..scoring import KeepRule, Scorer
@@ -49,9 +50,7 @@ class EngineScorer(Scorer):
     def __init__(self, scorer: Scorer, engine: Any, *,
                  scorer_options: Mapping[str, Any] | None = None,
                  shard_bytes: int | None = None) -> None:
-        if not isinstance(scorer, Scorer):
-            raise TypeError(f"scorer is a {type(scorer).__name__}, expected a Scorer.")
-        self.scorer = scorer
+        self.scorer = check_instance(scorer, Scorer, "scorer", expected="a ragsieve Scorer")
         self.engine = engine
         self.scorer_options = dict(scorer_options or {})
         self.shard_bytes = shard_bytes
@@ -101,8 +100,23 @@ class EngineScorer(Scorer):
 
 def on_engine(scorer: Scorer, engine: Any, **options: Any) -> Scorer:
     """``scorer`` with its expensive part on ``engine``: an unfitted fused score keeps
-    being fitted in-process (per split) on base scores the engine computes."""
+    being fitted in-process (per split) on base scores the engine computes -- on every
+    signal's scores, for a fused score of several signals (each signal on the engine, with
+    the ``runtime`` options of ``scorer_options`` it declares)."""
     base = scorer.base_scorer()
-    if not scorer.is_fitted and base is not None:
+    if scorer.is_fitted or base is None:
+        return EngineScorer(scorer, engine, **options)
+    try:
         return scorer.with_base(EngineScorer(base, engine, **options))
-    return EngineScorer(scorer, engine, **options)
+    except TypeError:  # several signals: they cannot come from the base's scores alone
+        return scorer.map_signals(  # type: ignore[attr-defined]
+            lambda signal: EngineScorer(signal, engine, **_options_for(signal, options)))
+
+
+def _options_for(signal: Scorer, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with only the ``scorer_options`` the signal declares as runtime ones."""
+    from ..scoring import scorer_options
+
+    runtime = {o.name for o in scorer_options(str(signal.spec()["scorer"])) if o.runtime}
+    given = options.get("scorer_options") or {}
+    return {**options, "scorer_options": {k: v for k, v in given.items() if k in runtime}}

@@ -103,19 +103,29 @@ class ScoreTask:
 
 
 def filter_record(query_id: str, result: FilterResult) -> dict[str, Any]:
-    """One query's filter result as a JSON object (``ragsieve filter --json`` lines)."""
-    return {
-        "query_id": query_id, "query": result.query, "kept": list(result.kept_ids),
-        "scores": [s.score for s in result.kept],
+    """One query's filter result as a JSON object (``ragsieve filter --json`` lines).
+
+    Per kept snippet (aligned with ``kept``): its score and ``spans``, the kept character
+    spans (unit ``"sentence"``: one per kept sentence; else the kept pieces of a snippet
+    that was cut, empty when kept whole); with unit ``"sentence"`` also ``pruned_text``,
+    its kept sentences joined with a space.
+    """
+    record = {
+        "query_id": query_id, "query": result.query, "unit": result.unit,
+        "kept": list(result.kept_ids), "scores": [s.score for s in result.kept],
         "spans": [[list(span) for span in (getattr(s, "spans", ()) or ())] for s in result.kept],
         "n_input": result.n_input, "n_cut": getattr(result, "n_cut", 0),
         "removal": result.removal,
         "threshold": result.threshold if math.isfinite(result.threshold) else None,
         "note": result.note,
-        "removed": [{"snippet_id": s.snippet_id, "score": s.score,
+        "removed": [{"snippet_id": s.snippet_id,
+                     "score": s.score if math.isfinite(s.score) else None,
                      "threshold": result.threshold if math.isfinite(result.threshold) else None}
                     for s in result.removed],
     }
+    if result.unit == "sentence":
+        record["pruned_text"] = [s.pruned_text for s in result.kept]
+    return record
 
 
 class FilterTask:
@@ -178,10 +188,11 @@ class FilterTask:
 
         pa = require("pyarrow", "ray")
         schema = pa.schema([
-            ("query_id", pa.string()), ("query", pa.string()), ("kept", pa.list_(pa.string())),
-            ("scores", pa.list_(pa.float64())), ("spans", pa.string()), ("n_input", pa.int64()),
-            ("n_cut", pa.int64()), ("removal", pa.float64()), ("threshold", pa.float64()),
-            ("note", pa.string()), ("removed", pa.string()),
+            ("query_id", pa.string()), ("query", pa.string()), ("unit", pa.string()),
+            ("kept", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
+            ("spans", pa.string()), ("pruned_text", pa.list_(pa.string())),
+            ("n_input", pa.int64()), ("n_cut", pa.int64()), ("removal", pa.float64()),
+            ("threshold", pa.float64()), ("note", pa.string()), ("removed", pa.string()),
         ])
         rows = [{**r, "spans": json.dumps(r["spans"]), "removed": json.dumps(r["removed"])}
                 for r in records]

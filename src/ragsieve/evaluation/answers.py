@@ -5,6 +5,10 @@ query gets one context per *method*, and each context is measured:
 
 methods
     ``all`` (every retrieved snippet); ``conformal`` at each alpha and guarantee mode;
+    with ``unit="sentence"`` also ``conformal (sentence)``: the same mode and alpha at the
+    sentence unit, each kept snippet reduced to its kept sentences (``Scored.pruned_text``
+    of a :class:`~ragsieve.ConformalFilter` of unit ``"sentence"``, calibrated on the
+    split's calibration topics and applied to every test query as it is deployed);
     ``top-k (calibrated)`` (the smallest k reaching 1 - alpha on the calibration topics,
     without the conformal correction); ``top-k (equal size)`` (top-k with, on the test
     queries of the split, the same mean number of snippets as the conformal row: the
@@ -46,11 +50,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._io import atomic_write_text
+from .._validation import check_alpha, check_int
 from ..calibration import CALIBRATORS
 from ..data.splits import group_splits
 from ..errors import DataError
-from ..scoring.fusion import FUSION_FIT_FRACTION
+from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures
 from ..types import Pair
+from ..units import check_unit
 from .answer_metrics import answer_in_context, answer_tokens, count_tokens, exact_match, token_f1
 from .bootstrap import paired_bootstrap
 from .metrics import within_query_rank
@@ -115,6 +121,12 @@ class AnswerConfig:
     language : str or None
         Language of the normalisation when a pair has no ``meta["language"]`` (None:
         SQuAD's English rules).
+    unit : {"snippet", "sentence"}
+        ``"sentence"``: also measure the sentence-unit conformal rows (``conformal
+        (sentence)``, one per mode and alpha) beside the snippet rows, on the same test
+        queries. Their calibration needs the evidence sentences of the relevant
+        calibration snippets: ``meta["evidence"]`` spans or the query's ``answers``
+        (:func:`ragsieve.units.sentence_pairs`).
     """
 
     alphas: tuple[float, ...] = (0.05, 0.1, 0.2)
@@ -134,17 +146,15 @@ class AnswerConfig:
     confidence: float = 0.95
     n_resamples: int = 2000
     language: str | None = None
+    unit: str = "snippet"
 
     def __post_init__(self) -> None:
         self.sweep  # validates the shared fields  # noqa: B018
-        if self.limit_queries is not None and (
-                isinstance(self.limit_queries, bool) or not isinstance(self.limit_queries, int)
-                or self.limit_queries < 1):
-            raise ValueError(f"limit_queries == {self.limit_queries!r}, must be None or an int >= 1.")
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens == {self.max_tokens!r}, must be an int >= 1.")
-        if not 0.0 < float(self.confidence) < 1.0:
-            raise ValueError(f"confidence == {self.confidence!r}, must be in (0, 1).")
+        check_unit(self.unit)
+        object.__setattr__(self, "limit_queries", check_int(
+            self.limit_queries, "limit_queries", min_value=1, allow_none=True))
+        object.__setattr__(self, "max_tokens", check_int(self.max_tokens, "max_tokens", min_value=1))
+        check_alpha(self.confidence, name="confidence")
 
     @property
     def sweep(self) -> EvaluationConfig:
@@ -202,6 +212,13 @@ class _Query:
     positions: np.ndarray  # pair indices of the query's list, in input order
 
 
+#: One snippet of a context: its pair index and the kept sentence spans of its text
+#: (``()``: the whole text).
+_Item = tuple[int, tuple[tuple[int, int], ...]]
+#: A context: the query's index and its snippets, in list order.
+_Context = tuple[int, tuple[_Item, ...]]
+
+
 @dataclass(frozen=True)
 class _Row:
     """One method row: how it is labelled and the JSON fields that identify it."""
@@ -241,7 +258,7 @@ def _equal_size_mask(ranks: np.ndarray, data: ScoredData, kept: np.ndarray, test
     return ranks < k_per_query[data.query_index], m
 
 
-def _split_contexts(data: ScoredData, ranks: np.ndarray, features: np.ndarray | None,
+def _split_contexts(data: ScoredData, ranks: np.ndarray, features: np.ndarray | FusionFeatures | None,
                     config: AnswerConfig, cal_idx: np.ndarray, test_queries: np.ndarray,
                     split_no: int) -> list[tuple[_Row, np.ndarray, float | None]]:
     """The keep-mask of every method in one split, with its k for the top-k rows."""
@@ -265,6 +282,43 @@ def _split_contexts(data: ScoredData, ranks: np.ndarray, features: np.ndarray | 
         k = calibrated_k(data, ranks, cal_idx, a)
         out.append((_Row(f"top-k (calibrated) a={a:g}", "top-k (calibrated)", (("alpha", a),)),
                     ranks < k, float(k)))
+    return out
+
+
+def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
+                       scorer_options: dict[str, Any] | None, config: AnswerConfig,
+                       cal_idx: np.ndarray, test_queries: np.ndarray, split_no: int,
+                       group_by: str | None, pruned: dict[_Item, str],
+                       ) -> list[tuple[_Row, dict[int, tuple[_Item, ...]]]]:
+    """The sentence-unit conformal rows of one split: per mode and alpha, a filter of unit
+    ``"sentence"`` calibrated on the calibration topics' pairs, applied to each test query's
+    list as deployed; each kept snippet is the item ``(pair index, kept spans)``, its text
+    the filter's ``Scored.pruned_text`` (stored in ``pruned``)."""
+    from ..filter import ConformalFilter
+    from ..scoring import resolve_scorer
+
+    calibration = [pairs[i] for i in cal_idx.tolist()]
+    out: list[tuple[_Row, dict[int, tuple[_Item, ...]]]] = []
+    for mode in config.modes:
+        for a in config.alphas:
+            # a scorer of its own: calibrate fits an unfitted (fused) score on its topics
+            flt = ConformalFilter(resolve_scorer(scorer, **(scorer_options or {})),
+                                  config.sweep.calibrator(mode, a), unit="sentence")
+            flt.calibrate(calibration, group_by=group_by, seed=config.seed + split_no,
+                          monitor=False, language=config.language)
+            contexts_of: dict[int, tuple[_Item, ...]] = {}
+            for q in test_queries.tolist():
+                pos = queries[q].positions
+                result = flt.filter(queries[q].question, [pairs[i] for i in pos.tolist()])
+                items = []
+                for kept in result.kept:
+                    item = (int(pos[kept.index]), tuple(kept.spans))
+                    pruned[item] = kept.pruned_text
+                    items.append(item)
+                contexts_of[q] = tuple(items)
+            tag = "" if len(config.modes) == 1 else f" {mode}"
+            out.append((_Row(f"conformal (sentence){tag} a={a:g}", "conformal (sentence)",
+                             (("mode", mode), ("alpha", a), ("unit", "sentence"))), contexts_of))
     return out
 
 
@@ -352,8 +406,9 @@ def evaluate_answers(
 
     # every (row, query, split) -> its context; identical contexts are measured once
     rows: dict[str, _Row] = {}
-    assignments: list[tuple[str, int, tuple[int, ...]]] = []
+    assignments: list[tuple[str, int, tuple[_Item, ...]]] = []
     k_values: dict[str, list[float]] = {}
+    pruned: dict[_Item, str] = {}  # the text of every sentence-unit item (Scored.pruned_text)
     for split_no, (cal_idx, tq) in enumerate(tests):
         if not data.relevant[cal_idx].any():
             logger.warning("split %d skipped: no relevant snippet among its calibration topics", split_no)
@@ -365,15 +420,29 @@ def evaluate_answers(
                 k_values.setdefault(row.label, []).append(k)
             for q in tq.tolist():
                 pos = queries[q].positions
-                assignments.append((row.label, q, tuple(pos[mask[pos]].tolist())))
+                assignments.append((row.label, q, tuple((i, ()) for i in pos[mask[pos]].tolist())))
+        if config.unit == "sentence":
+            for row, contexts_of in _sentence_contexts(pairs, queries, scorer, scorer_options,
+                                                       config, cal_idx, tq, split_no, group_by,
+                                                       pruned):
+                rows.setdefault(row.label, row)
+                assignments.extend((row.label, q, items) for q, items in contexts_of.items())
     if not assignments:
         raise DataError("no usable split: every split lacked relevant snippets on the calibration side.")
 
     contexts = sorted({(q, ctx) for _, q, ctx in assignments})
+
+    def text_of(item: _Item) -> str:
+        return pruned[item] if item[1] else pairs[item[0]].text
+
+    def texts_of(key: _Context) -> list[str]:
+        return [text_of(item) for item in key[1]]
+
     # a snippet is in many contexts (methods, splits): count its tokens once
-    tokens = {i: count_tokens(pairs[i].text) for i in sorted({i for _, ctx in contexts for i in ctx})}
-    measured = {key: _model_free(queries[key[0]], [pairs[i].text for i in key[1]],
-                                 sum(tokens[i] for i in key[1])) for key in contexts}
+    tokens = {item: count_tokens(text_of(item))
+              for item in sorted({item for _, ctx in contexts for item in ctx})}
+    measured = {key: _model_free(queries[key[0]], texts_of(key),
+                                 sum(tokens[item] for item in key[1])) for key in contexts}
     info: dict[str, Any] = {
         "n_queries_evaluated": int(chosen.size), "n_queries": len(queries),
         "n_queries_with_answers": int(answerable.sum()), "n_splits": len(splits),
@@ -382,7 +451,7 @@ def evaluate_answers(
         "confidence": config.confidence, "generated": False, "judged": False,
     }
     if config.generate:
-        _generate_and_judge(config, connection, queries, pairs, contexts, measured, info, progress)
+        _generate_and_judge(config, connection, queries, texts_of, contexts, measured, info, progress)
 
     per_query = _per_query(assignments, measured, queries)
     results = _rows(rows, per_query, k_values, config, generated=info["generated"],
@@ -404,8 +473,8 @@ def _model_free(query: _Query, texts: list[str], n_tokens: int) -> dict[str, flo
 
 
 def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, queries: list[_Query],
-                        pairs: list[Pair], contexts: list[tuple[int, tuple[int, ...]]],
-                        measured: dict[tuple[int, tuple[int, ...]], dict[str, float]],
+                        texts_of: Callable[[_Context], list[str]], contexts: list[_Context],
+                        measured: dict[_Context, dict[str, float]],
                         info: dict[str, Any], progress: bool) -> None:
     """Generate an answer for every distinct context, score it, and judge it (in place)."""
     from ..generation import short_answer
@@ -421,10 +490,9 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
         before = dict(client.usage)
         t0 = time.perf_counter()
 
-        def generate(key: tuple[int, tuple[int, ...]]) -> Any:
+        def generate(key: _Context) -> Any:
             q = queries[key[0]]
-            return short_answer(connection, q.question, [pairs[i].text for i in key[1]],
-                                max_tokens=config.max_tokens)
+            return short_answer(connection, q.question, texts_of(key), max_tokens=config.max_tokens)
 
         answers = _map(client, generate, contexts, progress, "generating answers")
         n_errors = 0
@@ -454,10 +522,9 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
                          if ans.error is None}
             todo = list(answer_of)
 
-            def ask(key: tuple[int, tuple[int, ...]]) -> Any:
+            def ask(key: _Context) -> Any:
                 q = queries[key[0]]
-                return judge.judge(q.question, [pairs[i].text for i in key[1]], answer_of[key],
-                                   q.nuggets)
+                return judge.judge(q.question, texts_of(key), answer_of[key], q.nuggets)
 
             judgements = _map(client, ask, todo, progress, "judging answers")
             n_unparsed = 0
@@ -484,8 +551,8 @@ def _map(client: Any, fn: Callable[[Any], Any], items: list[Any], progress: bool
     return list(out)
 
 
-def _per_query(assignments: list[tuple[str, int, tuple[int, ...]]],
-               measured: dict[tuple[int, tuple[int, ...]], dict[str, float]],
+def _per_query(assignments: list[tuple[str, int, tuple[_Item, ...]]],
+               measured: dict[_Context, dict[str, float]],
                queries: list[_Query]) -> dict[str, dict[str, dict[str, float]]]:
     """Mean of every numeric metric over the splits in which a query was tested, per row."""
     sums: dict[str, dict[int, dict[str, list[float]]]] = {}
@@ -525,7 +592,8 @@ def _rows(rows: dict[str, _Row], per_query: dict[str, dict[str, dict[str, float]
                                    seed=config.seed).to_dict()
             for name in CI_METRICS if name in names}
         out.append(entry)
-    order = {"all": 0, "conformal": 1, "top-k (equal size)": 2, "top-k (calibrated)": 3}
+    order = {"all": 0, "conformal": 1, "conformal (sentence)": 2, "top-k (equal size)": 3,
+             "top-k (calibrated)": 4}
     out.sort(key=lambda r: (r.get("alpha", 0.0), order.get(r["method"], 9)))
     return out
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import numbers
 import warnings
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import numpy as np
 
-from .._validation import check_alpha, check_positive_int
+from .._validation import check_alpha, check_bool, check_int, check_positive_int, check_str
 
 __all__ = ["METHODS", "PairedInterval", "paired_bootstrap"]
 
@@ -83,14 +82,7 @@ def _values(x: Any, name: str) -> np.ndarray:
 def _check_seed(seed: Any) -> Any:
     if seed is None or isinstance(seed, np.random.Generator):
         return seed
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(
-            f"seed must be an int, a numpy.random.Generator or None, "
-            f"got {type(seed).__name__} ({seed!r})."
-        )
-    if seed < 0:
-        raise ValueError(f"seed == {seed!r}, must be >= 0.")
-    return int(seed)
+    return check_int(seed, "seed", min_value=0, hint="or a numpy.random.Generator or None")
 
 
 def _expanded_level(confidence: float, n: int) -> float:
@@ -183,11 +175,11 @@ def paired_bootstrap(
     level = check_alpha(confidence, name="confidence")
     n_resamples = cast(int, check_positive_int(n_resamples, "n_resamples"))
     seed = _check_seed(seed)
-    if not isinstance(method, str) or method.lower() not in {m.lower() for m in METHODS}:
+    method = check_str(method, "method", hint=f"one of {', '.join(map(repr, METHODS))}")
+    if method.lower() not in {m.lower() for m in METHODS}:
         raise ValueError(f"method == {method!r}, must be one of {', '.join(map(repr, METHODS))}.")
     method = next(m for m in METHODS if m.lower() == method.lower())
-    if not isinstance(expand, bool):
-        raise TypeError(f"expand must be a bool, got {type(expand).__name__} ({expand!r}).")
+    expand = check_bool(expand, "expand")
 
     diff = (x - y)[~(np.isnan(x) | np.isnan(y))]
     n = int(diff.size)

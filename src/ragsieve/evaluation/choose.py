@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._validation import check_real
 from ..types import Pair
 from .sweep import evaluate
 
@@ -72,9 +73,7 @@ def _check_target(removal: float | None, coverage: float | None) -> tuple[str, f
         raise ValueError("give exactly one target: removal= (share of snippets to remove) or "
                          "coverage= (share of relevant snippets to keep).")
     name, value = ("removal", removal) if removal is not None else ("coverage", coverage)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ValueError(f"{name} == {value!r}, must be a number in (0, 1).")
-    return name, float(value)
+    return name, check_real(value, name, min_value=0, max_value=1, include_boundaries="neither")
 
 
 def _check_grid(alphas: Sequence[float]) -> tuple[float, ...]:

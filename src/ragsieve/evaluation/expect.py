@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_int
 from ..errors import DataError
 from ..scoring import resolve_scorer
 from ..types import Pair
@@ -106,9 +107,8 @@ def topic_folds(group_index: Sequence[int] | np.ndarray, n_folds: int,
     """
     groups = np.asarray(group_index)
     topics = np.unique(groups)
-    if isinstance(n_folds, bool) or not isinstance(n_folds, int) or not 2 <= n_folds <= topics.size:
-        raise ValueError(f"n_folds == {n_folds!r}, must be an int in [2, {topics.size}] "
-                         f"(the number of topics).")
+    n_folds = check_int(n_folds, "n_folds", min_value=2, max_value=int(topics.size),
+                        hint="the number of topics")
     parts = np.array_split(np.random.default_rng(seed).permutation(topics), n_folds)
     folds = []
     for part in parts:

@@ -80,8 +80,7 @@ def split_sentences(text: str) -> list[str]:
     >>> split_sentences("  ")
     []
     """
-    if not isinstance(text, str):
-        raise TypeError(f"text is {type(text).__name__}, expected a str.")
+    text = check_str(text, "text")
     last = len(text.rstrip())
     if last == 0:
         return []
@@ -429,8 +428,7 @@ class NuggetJudge:
         answer = check_str(answer, "answer")
         nuggets = check_str_sequence(nuggets, "nuggets")
         for i, nugget in enumerate(nuggets):
-            if not nugget.strip():
-                raise ValueError(f"nuggets[{i}] == {nugget!r}, expected a non-blank string.")
+            check_str(nugget, f"nuggets[{i}]", non_blank=True)
         sentences = split_sentences(answer)
         if not sentences:
             return aggregate([], [], nuggets, [0] * len(nuggets))
@@ -454,10 +452,8 @@ class NuggetJudge:
     def _supported(self, context: Sequence[str], sentence: str,
                    question: str) -> tuple[int | None, str | None]:
         context = check_str_sequence(context, "context")
-        sentence = check_str(sentence, "sentence")
+        sentence = check_str(sentence, "sentence", non_blank=True)
         question = check_str(question, "question")
-        if not sentence.strip():
-            raise ValueError(f"sentence == {sentence!r}, expected a non-blank string.")
         if not context:
             return 0, None
         return self._ask(build_nugget_prompt("support", question, (context, sentence),
@@ -465,10 +461,8 @@ class NuggetJudge:
 
     def _contains(self, answer: str, nugget: str, question: str) -> tuple[int | None, str | None]:
         answer = check_str(answer, "answer")
-        nugget = check_str(nugget, "nugget")
+        nugget = check_str(nugget, "nugget", non_blank=True)
         question = check_str(question, "question")
-        if not nugget.strip():
-            raise ValueError(f"nugget == {nugget!r}, expected a non-blank string.")
         if not answer.strip():
             return 0, None
         return self._ask(build_nugget_prompt("contains", question, (answer, nugget),

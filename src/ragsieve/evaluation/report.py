@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_int
 from ..types import FilterResult, Pair
 from ._html import esc, figure, fmt, page, png_figure, table, write_page
 
@@ -357,8 +358,7 @@ def build_report(
     pairs = list(pairs)
     if not pairs:
         raise ValueError("no pairs to report on: the data is empty.")
-    if isinstance(max_queries, bool) or not isinstance(max_queries, int) or max_queries < 1:
-        raise ValueError(f"max_queries == {max_queries!r}, must be an int >= 1.")
+    max_queries = check_int(max_queries, "max_queries", min_value=1)
     if results is None:
         results = flt.filter_pairs(pairs, progress=progress)
     rule = flt.scorer.keep_rule(flt.threshold)

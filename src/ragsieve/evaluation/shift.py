@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._optional import require
-from .._validation import check_alpha, check_scores
+from .._validation import check_alpha, check_int, check_scores
 from ..calibration import AdaptiveCalibrator, SplitConformalCalibrator
 from ..errors import DataError
 from ..monitoring import drift_check
@@ -38,8 +38,7 @@ logger = logging.getLogger(__name__)
 def rolling_coverage(kept_relevant: Any, window: int) -> np.ndarray:
     """Trailing mean of kept flags of relevant snippets (NaN until ``window`` are seen)."""
     k = np.asarray(kept_relevant, dtype=np.float64)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window == {window!r}, must be an int >= 1.")
+    window = check_int(window, "window", min_value=1)
     out = np.full(k.size, np.nan)
     if k.size >= window:
         c = np.concatenate([[0.0], np.cumsum(k)])

@@ -11,22 +11,23 @@ as keep rules in the score's own units and direction (``keep bm25 >= 6.1``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .._validation import check_alpha, check_scores
+from .._validation import check_alpha, check_int, check_scores
 from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
 from ..calibration.inputs import CalibrationInputs
 from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
 from ..scoring.base import KeepRule
-from ..scoring.fusion import FUSION_FIT_FRACTION, fit_fused
+from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures, as_fusion_features, fit_fused
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
@@ -143,9 +144,8 @@ class EvaluationConfig:
         if "budget" in modes and not self.budgets:
             raise ValueError("mode 'budget' needs a budget: pass budgets=(N,) (CLI --budget N).")
         check_alpha(self.delta, name="delta")
-        if (isinstance(self.n_splits, bool) or not isinstance(self.n_splits, int)
-                or not 1 <= self.n_splits <= MAX_SPLITS):
-            raise ValueError(f"n_splits == {self.n_splits!r}, must be an int in [1, {MAX_SPLITS}].")
+        object.__setattr__(self, "n_splits",
+                           check_int(self.n_splits, "n_splits", min_value=1, max_value=MAX_SPLITS))
 
     def calibrator(self, mode: str, alpha: float) -> BaseCalibrator:
         """A fresh calibrator of ``mode`` at ``alpha`` with this config's parameters (those
@@ -255,17 +255,20 @@ def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict
     }
 
 
-def _fuse_split(data: ScoredData, features: np.ndarray, cal_idx: np.ndarray, seed: int,
-                salt: int, fraction: float) -> tuple[ScoredData, np.ndarray]:
+def _fuse_split(data: ScoredData, features: np.ndarray | FusionFeatures, cal_idx: np.ndarray,
+                seed: int, salt: int, fraction: float) -> tuple[ScoredData, np.ndarray]:
     """Fit the fused score on a random ``fraction`` of the calibration topics; score every pair.
 
     The fit is :func:`~ragsieve.scoring.fusion.fit_fused`, the one ``calibrate`` makes
-    (split ``salt`` of ``seed``). Returns the data with fused scores and the calibration
-    indices left for conformal.
+    (split ``salt`` of ``seed``), with the learner ``features`` names (a bare matrix:
+    logistic regression). Returns the data with fused scores and the calibration indices
+    left for conformal.
     """
-    fitted, fit = fit_fused(features[cal_idx], data.relevant[cal_idx], data.group_index[cal_idx],
-                            seed=seed, split=salt, fraction=fraction)
-    return dataclasses.replace(data, scores=fitted.scores(features)), cal_idx[~fit]
+    given = as_fusion_features(features)
+    x = given.matrix
+    fitted, fit = fit_fused(x[cal_idx], data.relevant[cal_idx], data.group_index[cal_idx],
+                            seed=seed, split=salt, fraction=fraction, learner=given.learner)
+    return dataclasses.replace(data, scores=fitted.scores(x)), cal_idx[~fit]
 
 
 def calibrated_k(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, alpha: float) -> int:
@@ -355,6 +358,25 @@ class _OncePerMessage(logging.Filter):
             return False
         self.seen.add(msg)
         return True
+
+
+@contextlib.contextmanager
+def _calibration_warnings_once() -> Iterator[None]:
+    """Show the same calibration warning once, not once per split.
+
+    Logger filters apply to the logger that emits the record, so each calibration module's
+    logger gets the filter for the duration.
+    """
+    loggers = [logging.getLogger(name) for name in logging.root.manager.loggerDict
+               if name.startswith("ragsieve.calibration.")]
+    once = _OncePerMessage()
+    for lg in loggers:
+        lg.addFilter(once)
+    try:
+        yield
+    finally:
+        for lg in loggers:
+            lg.removeFilter(once)
 
 
 def _budget_split(data: ScoredData, budget: int, cal_idx: np.ndarray, test: np.ndarray) -> dict[str, Any]:
@@ -512,19 +534,9 @@ def evaluate_scores(
         )
     splits = list(splits)
     ranks = within_query_rank(data.scores, data.query_index)
-    # the same calibration warning from every split is shown once (logger filters apply to
-    # the logger that emits the record, so each calibration module gets the filter)
-    loggers = [logging.getLogger(name) for name in logging.root.manager.loggerDict
-               if name.startswith("ragsieve.calibration.")]
-    once = _OncePerMessage()
-    for lg in loggers:
-        lg.addFilter(once)
-    try:
+    with _calibration_warnings_once():
         results = _sweep(data, splits, ranks, config, fusion_features,
                          keep_rule or nonconformity_keep_rule)
-    finally:
-        for lg in loggers:
-            lg.removeFilter(once)
     return EvaluationReport(
         n_queries=data.n_queries,
         n_snippets=int(data.scores.size),
@@ -727,30 +739,30 @@ def evaluate(
 def score_for_evaluation(
     pairs: list[Pair], scorer: Any, *, progress: bool = False, on_error: str = "raise",
     scorer_options: dict[str, Any] | None = None, fusion_fraction: float = FUSION_FIT_FRACTION,
-) -> tuple[list[Pair], np.ndarray, np.ndarray | None, dict[str, Any], int]:
+) -> tuple[list[Pair], np.ndarray, FusionFeatures | None, dict[str, Any], int]:
     """Score labelled pairs once for a split sweep.
 
     Returns
     -------
     pairs, scores, fusion_features, scorer_info, n_dropped
-        The pairs kept (all unless ``on_error="drop"`` dropped some), their scores, the
-        feature matrix when ``scorer`` is an unfitted fused score (fitted per split on
-        ``fusion_fraction`` of the calibration topics, see :func:`evaluate_scores`), else
-        None, the scorer's spec for the report, and the number of pairs dropped.
+        The pairs kept (all unless ``on_error="drop"`` dropped some), their scores (the
+        base's for an unfitted fused score), the features of every signal with the learner
+        when ``scorer`` is an unfitted fused score (fitted per split on ``fusion_fraction``
+        of the calibration topics, see :func:`evaluate_scores`), else None, the scorer's
+        spec for the report, and the number of pairs dropped.
     """
     from ..scoring import resolve_scorer
 
     scorer = resolve_scorer(scorer, **(scorer_options or {}))
-    base = baseline_scorer(scorer)  # the fused score is fitted per split on its base
+    base = baseline_scorer(scorer)  # the fused score is fitted per split on its signals
     fusion = base is not scorer
     pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
     if not fusion:
         return pairs, scores, None, scorer.spec(), n_dropped
-    from ..scoring.fusion import FEATURES, pair_features
-
-    info = {"scorer": "fusion", "base": base.spec(), "features": list(FEATURES),
+    features = scorer.features_for_evaluation(pairs, base_scores=scores, progress=progress)
+    info = {**scorer.spec(), "scorer": "fusion", "features": list(features.names),
             "fitted": f"per split, on a random {fusion_fraction:g} of the calibration topics"}
-    return pairs, scores, pair_features(scores, pairs), info, n_dropped
+    return pairs, scores, features, info, n_dropped
 
 
 def baseline_scorer(scorer: Any) -> Any:

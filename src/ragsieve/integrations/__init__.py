@@ -41,6 +41,14 @@ HTTP service).
 each component's ``calibrate_native(examples)`` fits one from labelled retriever output
 (:func:`native_pairs`).
 
+**Sentence-level pruning.** With a filter of unit ``"sentence"``
+(``ConformalFilter(unit="sentence")``, ``ragsieve calibrate --unit sentence``) every
+component returns *pruned* documents, as context pruners do: each kept document's text is
+replaced by its kept sentences joined with ``" "`` (:func:`pruned_text`), the kept
+sentences' character spans in the original text are under ``"ragsieve_spans"`` and the
+original text's length under ``"ragsieve_original_length"``; a document none of whose
+sentences is kept is removed.
+
 **Empty results.** When the rule keeps nothing (or ``min_keep`` keeps the best anyway), a
 WARNING log line gives the reason in the score's units (:func:`empty_reason`); kept
 documents carry it under ``"ragsieve_note"``.
@@ -65,6 +73,7 @@ __all__ = [
     "KEEP_IF_KEY",
     "MODE_KEY",
     "NOTE_KEY",
+    "ORIGINAL_LENGTH_KEY",
     "POLICY_KEYS",
     "SCORE_KEY",
     "SCORE_SOURCES",
@@ -78,6 +87,7 @@ __all__ = [
     "load_filter",
     "native_filter",
     "native_pairs",
+    "pruned_text",
     "report_result",
     "scorer_option_names",
     "split_options",
@@ -86,8 +96,11 @@ __all__ = [
 SCORE_KEY = "ragsieve_score"
 THRESHOLD_KEY = "ragsieve_threshold"
 MODE_KEY = "ragsieve_mode"
-#: kept character spans of a document longer than the filter's window (cut into pieces)
+#: kept character spans of a document: its kept sentences (a filter of unit "sentence"), or
+#: the kept pieces of one longer than the filter's window (cut into pieces)
 SPANS_KEY = "ragsieve_spans"
+#: the length of a pruned document's original text (a filter of unit "sentence")
+ORIGINAL_LENGTH_KEY = "ragsieve_original_length"
 #: the keep rule's direction: ``">="`` (keep score >= threshold) or ``"<="``
 KEEP_IF_KEY = "ragsieve_keep_if"
 #: why the rule kept nothing and ``min_keep`` kept the best anyway (on those documents)
@@ -304,9 +317,20 @@ def kept_metadata(flt: ConformalFilter, result: FilterResult, kept: Scored,
                             KEEP_IF_KEY: rule.keep_if, MODE_KEY: flt.mode}
     if kept.spans:
         meta[SPANS_KEY] = [list(span) for span in kept.spans]
+    if result.unit == "sentence" and kept.spans:
+        meta[ORIGINAL_LENGTH_KEY] = len(kept.text)
     if note:
         meta[NOTE_KEY] = note
     return meta
+
+
+def pruned_text(result: FilterResult, scored: Scored) -> str | None:
+    """The text a component gives a kept document: for a filter of unit ``"sentence"`` its
+    kept sentences joined with ``" "`` (:attr:`ragsieve.types.Scored.pruned_text`); None for
+    unit ``"snippet"`` (the document keeps its text) and for a removed document."""
+    if result.unit != "sentence" or not scored.spans:
+        return None
+    return scored.pruned_text
 
 
 def empty_reason(flt: ConformalFilter, result: FilterResult, kind: str = "documents") -> str | None:

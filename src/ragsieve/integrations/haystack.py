@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Self
 
 from ragsieve._optional import require
+from ragsieve._validation import check_instance, check_path, check_str
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
     check_score_source,
@@ -32,6 +33,7 @@ from ragsieve.integrations import (
     load_filter,
     native_filter,
     native_pairs,
+    pruned_text,
     report_result,
     split_options,
 )
@@ -142,13 +144,11 @@ class ConformalRanker:
                 "ConformalRanker needs exactly one of path (a filter artifact) or filter "
                 f"(a ConformalFilter); got {'both' if path is not None else 'neither'}."
             )
-        if scorer_options is not None and not isinstance(scorer_options, Mapping):
-            raise TypeError(f"scorer_options has type {type(scorer_options).__name__}; "
-                            "expected a mapping of keyword arguments or None.")
+        check_instance(scorer_options, Mapping, "scorer_options",
+                       expected="a mapping of keyword arguments", allow_none=True)
         if filter is not None:
-            if not isinstance(filter, ConformalFilter):
-                raise TypeError(f"filter has type {type(filter).__name__}; expected a "
-                                "ragsieve.ConformalFilter (or pass path=...).")
+            check_instance(filter, ConformalFilter, "filter",
+                           expected="a ragsieve.ConformalFilter (or pass path=...)")
             if scorer_options:
                 raise ValueError("scorer_options apply when loading from path; a ready "
                                  "filter already has its scorer.")
@@ -158,9 +158,7 @@ class ConformalRanker:
             self.path: str | None = None
             self.filter = filter
         else:
-            if not isinstance(path, (str, os.PathLike)):
-                raise TypeError(f"path has type {type(path).__name__}; expected str or "
-                                "os.PathLike (a filter artifact written by ConformalFilter.save).")
+            path = check_path(path, "path", hint="a filter artifact written by ConformalFilter.save")
             self.path = os.fspath(path)
             self.filter = load_filter(path, dict(scorer_options or {}), self._policy(
                 min_keep, max_chars))
@@ -305,15 +303,11 @@ class ConformalRanker:
             group under ``filter.group_by``, an outside score; ``Document.score`` with
             ``score_source="native"``), or gives an outside score the filter cannot read.
         """
-        if not isinstance(query, str):
-            raise TypeError(f"query has type {type(query).__name__}; expected str.")
-        if isinstance(documents, (str, bytes, Document)) or not isinstance(documents, (list, tuple)):
-            raise TypeError(f"documents has type {type(documents).__name__}; expected a list "
-                            "of haystack.Document.")
+        check_str(query, "query")
+        check_instance(documents, (list, tuple), "documents",
+                       expected="a list of haystack.Document")
         for i, d in enumerate(documents):
-            if not isinstance(d, Document):
-                raise TypeError(f"documents[{i}] has type {type(d).__name__}; expected "
-                                "haystack.Document.")
+            check_instance(d, Document, f"documents[{i}]", expected="a haystack.Document")
         docs = self._with_text(list(documents))
         dropped = len(documents) - len(docs)
         if not docs:
@@ -347,7 +341,10 @@ class ConformalRanker:
         meta[ORIGINAL_SCORE_KEY] = src.score
         higher = meta["ragsieve_score"] if meta["ragsieve_keep_if"] == ">=" \
             else 1.0 - float(scored.score)
-        return dataclasses.replace(src, meta=meta, score=higher)
+        text = pruned_text(result, scored)  # unit sentence: the kept sentences only
+        if text is None:
+            return dataclasses.replace(src, meta=meta, score=higher)
+        return dataclasses.replace(src, content=text, meta=meta, score=higher)
 
     def _outputs(self, kept: list[Document], removed: list[Document],
                  result: FilterResult | None, dropped: int,

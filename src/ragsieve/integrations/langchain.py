@@ -30,6 +30,7 @@ from ragsieve.integrations import (
     kept_metadata,
     native_filter,
     native_pairs,
+    pruned_text,
     report_result,
 )
 from ragsieve.types import Pair
@@ -221,7 +222,9 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
         """A copy of ``src`` with the filter's keys (score, threshold, rule, mode) added."""
         meta: dict[str, Any] = copy.deepcopy(dict(src.metadata))
         meta.update(kept_metadata(self.filter, result, scored, note))
-        return Document(page_content=src.page_content, metadata=meta, id=src.id)
+        text = pruned_text(result, scored)  # unit sentence: the kept sentences only
+        return Document(page_content=src.page_content if text is None else text, metadata=meta,
+                        id=src.id)
 
     async def acompress_documents(
         self,

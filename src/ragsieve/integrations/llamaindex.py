@@ -19,6 +19,7 @@ from ragsieve.integrations import (
     KEEP_IF_KEY,
     MODE_KEY,
     NOTE_KEY,
+    ORIGINAL_LENGTH_KEY,
     SCORE_KEY,
     SPANS_KEY,
     THRESHOLD_KEY,
@@ -29,6 +30,7 @@ from ragsieve.integrations import (
     kept_metadata,
     native_filter,
     native_pairs,
+    pruned_text,
     report_result,
 )
 from ragsieve.types import Pair
@@ -47,7 +49,7 @@ ORIGINAL_SCORE_KEY = "ragsieve_original_score"
 NATIVE_FIELD = "score"
 _NATIVE_NAME = "NodeWithScore.score"
 _OWN_KEYS = (SCORE_KEY, THRESHOLD_KEY, KEEP_IF_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY,
-             NOTE_KEY)
+             NOTE_KEY, ORIGINAL_LENGTH_KEY)
 
 
 def _read_native(n: NodeWithScore) -> tuple[Any, str, Any, dict[str, Any]]:
@@ -217,6 +219,9 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         """A copy of ``src`` with the filter's keys added (and hidden from models and LLMs)."""
         node = src.node.model_copy(deep=True)
         node.metadata.update(kept_metadata(self.filter, result, scored, note))
+        text = pruned_text(result, scored)  # unit sentence: the kept sentences only
+        if text is not None:
+            node.set_content(text)
         node.metadata[ORIGINAL_SCORE_KEY] = src.score
         for key in _OWN_KEYS:
             for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):

@@ -22,6 +22,7 @@ from typing import Any, Self
 __all__ = ["LLMCache"]
 
 from .._sqlite import close_quietly, open_table
+from .._validation import check_instance, check_path
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +69,7 @@ class LLMCache:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path is {type(path).__name__}, expected a str or os.PathLike.")
-        self.path = Path(path)
+        self.path = Path(check_path(path, "path"))
         self._lock = threading.RLock()
         self._db: sqlite3.Connection | None = None
         self._memory: dict[str, str] = {}
@@ -172,8 +171,7 @@ class LLMCache:
         TypeError
             When ``value`` is not a JSON-serialisable mapping.
         """
-        if not isinstance(value, Mapping):
-            raise TypeError(f"value is {type(value).__name__}, expected a JSON object (dict).")
+        check_instance(value, Mapping, "value", expected="a JSON object (dict)")
         try:
             text = _canonical_json(dict(value), allow_nan=True)
         except (TypeError, ValueError) as exc:

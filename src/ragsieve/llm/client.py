@@ -34,6 +34,14 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from .._optional import require
+from .._validation import (
+    check_instance,
+    check_int,
+    check_real,
+    check_sequence,
+    check_str,
+    check_str_sequence,
+)
 from ..errors import LLMError, LLMResponseError
 from .cache import LLMCache
 
@@ -158,33 +166,22 @@ class LLMClient:
         cache: LLMCache | str | os.PathLike[str] | None = None,
         cache_nondeterministic: bool = False,
     ) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"base_url == {base_url!r}, expected an http(s) URL including /v1, "
-                "e.g. 'http://127.0.0.1:8080/v1'."
-            )
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"model == {model!r}, expected a non-empty model name.")
-        if api_key is not None and not isinstance(api_key, str):
-            raise TypeError(f"api_key is {type(api_key).__name__}, expected a str or None.")
-        if not isinstance(api_key_env, str):
-            raise TypeError(f"api_key_env is {type(api_key_env).__name__}, expected a str.")
-        for name, value in (
-            ("timeout", timeout),
-            ("backoff", backoff),
-            ("max_backoff", max_backoff),
-        ):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} is {type(value).__name__}, expected a number.")
-            if not math.isfinite(value) or value < 0 or (name == "timeout" and value == 0):
-                rule = "> 0" if name == "timeout" else ">= 0"
-                raise ValueError(f"{name} == {value!r}, must be finite and {rule}.")
-        for name, value, low in (("max_retries", max_retries, 0), ("concurrency", concurrency, 1)):
-            _check_int(name, value, low)
-        if cache is not None and not isinstance(cache, (LLMCache, str, os.PathLike)):
-            raise TypeError(
-                f"cache is {type(cache).__name__}, expected an LLMCache, a path or None."
-            )
+        url = "an http(s) URL including /v1, e.g. 'http://127.0.0.1:8080/v1'"
+        if not check_str(base_url, "base_url", hint=url).startswith(("http://", "https://")):
+            raise ValueError(f"base_url == {base_url!r}, expected {url}.")
+        check_str(model, "model", non_blank=True, hint="the model name")
+        check_str(api_key, "api_key", allow_none=True)
+        check_str(api_key_env, "api_key_env")
+        # finite: [0, inf) and (0, inf) refuse inf as well as NaN
+        check_real(timeout, "timeout", min_value=0, max_value=math.inf,
+                   include_boundaries="neither")
+        check_real(backoff, "backoff", min_value=0, max_value=math.inf, include_boundaries="left")
+        check_real(max_backoff, "max_backoff", min_value=0, max_value=math.inf,
+                   include_boundaries="left")
+        max_retries = check_int(max_retries, "max_retries", min_value=0)
+        concurrency = check_int(concurrency, "concurrency", min_value=1)
+        check_instance(cache, (LLMCache, str, os.PathLike), "cache",
+                       expected="an LLMCache or a path (str or os.PathLike)", allow_none=True)
 
         httpx_module = require("httpx", "llm")
         self.base_url = base_url.rstrip("/")
@@ -271,16 +268,13 @@ class LLMClient:
         LLMResponseError
             Replies kept arriving unusable (not JSON, no choices).
         """
-        if not isinstance(prompt, str):
-            raise TypeError(f"prompt is {type(prompt).__name__}, expected a str.")
+        check_str(prompt, "prompt")
         body = self._body(max_tokens, temperature, extra)
         body["prompt"] = prompt
         if logprobs is not None:
-            body["logprobs"] = _check_logprobs(logprobs)
+            body["logprobs"] = check_int(logprobs, "logprobs", min_value=0)
         if stop is not None:
-            if isinstance(stop, str) or not all(isinstance(s, str) for s in stop):
-                raise TypeError(f"stop == {stop!r}, expected a list of str.")
-            body["stop"] = list(stop)
+            body["stop"] = check_str_sequence(stop, "stop")
         return self._request(_COMPLETIONS, body, prompt_version)
 
     def chat(
@@ -314,22 +308,14 @@ class LLMClient:
         LLMError, LLMResponseError
             As in :meth:`complete`.
         """
-        if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-            raise TypeError(
-                f"messages is {type(messages).__name__}, expected a list of "
-                "{'role': ..., 'content': ...} mappings."
-            )
+        given = check_sequence(messages, "messages",
+                               expected="a list of {'role': ..., 'content': ...} mappings")
         checked: list[dict[str, str]] = []
-        for i, message in enumerate(messages):
-            if (
-                not isinstance(message, Mapping)
-                or not isinstance(message.get("role"), str)
-                or (not isinstance(message.get("content"), str))
-            ):
-                raise TypeError(
-                    f"messages[{i}] == {message!r}, expected a mapping with str 'role' and "
-                    "'content'."
-                )
+        for i, message in enumerate(given):
+            check_instance(message, Mapping, f"messages[{i}]",
+                           expected="a mapping with str 'role' and 'content'")
+            check_str(message.get("role"), f"messages[{i}]['role']")
+            check_str(message.get("content"), f"messages[{i}]['content']")
             checked.append(dict(message))
         if not checked:
             raise ValueError("messages is empty, expected at least one message.")
@@ -337,7 +323,7 @@ class LLMClient:
         body["messages"] = checked
         if logprobs is not None:
             body["logprobs"] = True
-            body["top_logprobs"] = _check_logprobs(logprobs)
+            body["top_logprobs"] = check_int(logprobs, "logprobs", min_value=0)
         return self._request(_CHAT, body, prompt_version)
 
     def map(
@@ -441,14 +427,9 @@ class LLMClient:
     def _body(
         self, max_tokens: int, temperature: float, extra: Mapping[str, Any]
     ) -> dict[str, Any]:
-        _check_int("max_tokens", max_tokens, 0)
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not math.isfinite(temperature)
-            or temperature < 0
-        ):
-            raise ValueError(f"temperature == {temperature!r}, must be a finite number >= 0.")
+        max_tokens = check_int(max_tokens, "max_tokens", min_value=0)
+        temperature = check_real(temperature, "temperature", min_value=0, max_value=math.inf,
+                                 include_boundaries="left")
         clash = sorted(_RESERVED.intersection(extra))
         if clash:
             raise ValueError(
@@ -474,8 +455,7 @@ class LLMClient:
         return text
 
     def _request(self, endpoint: str, body: dict[str, Any], prompt_version: str) -> Completion:
-        if not isinstance(prompt_version, str):
-            raise TypeError(f"prompt_version is {type(prompt_version).__name__}, expected a str.")
+        check_str(prompt_version, "prompt_version")
         key: str | None = None
         if self.cache is not None and (body["temperature"] == 0 or self.cache_nondeterministic):
             payload = {k: v for k, v in body.items() if k != "model"}
@@ -583,18 +563,6 @@ class LLMClient:
 
 
 # -- parsing --------------------------------------------------------------------------
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} is {type(value).__name__} ({value!r}), expected an int >= {low}.")
-    if value < low:
-        raise ValueError(f"{name} == {value!r}, must be an int >= {low}.")
-    return value
-
-
-def _check_logprobs(logprobs: int) -> int:
-    return _check_int("logprobs", logprobs, 0)
 
 
 def _excerpt(text: str) -> str:

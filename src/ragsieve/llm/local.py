@@ -43,6 +43,7 @@ from typing import IO, Any, Self
 
 from .._optional import require
 from .._paths import cache_dir
+from .._validation import check_int, check_path, check_real, check_str
 from ..errors import LLMError
 
 __all__ = [
@@ -192,9 +193,7 @@ def local_model_path(name: str | os.PathLike[str] = DEFAULT_LOCAL_MODEL) -> Path
     """
     if isinstance(name, str) and name in LOCAL_MODELS:
         return LOCAL_MODELS[name].resolve()
-    if not isinstance(name, (str, os.PathLike)):
-        raise TypeError(f"model is a {type(name).__name__}, expected a str or a path.")
-    path = Path(name).expanduser()
+    path = Path(check_path(name, "model", hint="a local model name or a .gguf file")).expanduser()
     if path.suffix.lower() == ".gguf" and path.is_file():
         return path.resolve()
     why = "no such file" if path.suffix.lower() == ".gguf" else "not a known local model"
@@ -217,18 +216,10 @@ def _check_gguf(path: Path) -> None:
 # --------------------------------------------------------------------------- validation
 
 
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} is a {type(value).__name__} ({value!r}), expected an int >= 1.")
-    if value < 1:
-        raise ValueError(f"{name} == {value}, must be an int >= 1.")
-    return value
-
-
 def _resolve_threads(threads: int | None) -> int:
     """``threads`` or ``$RAGSIEVE_LLM_THREADS`` or 1, checked to be an int >= 1."""
     if threads is not None:
-        return _positive_int(threads, "threads")
+        return check_int(threads, "threads", min_value=1)
     raw = os.environ.get(THREADS_ENV, "").strip()
     if not raw:
         return 1
@@ -294,24 +285,20 @@ class LocalLLMServer:
         prompt_style: str | None = None,
         start_timeout: float = 120.0,
     ) -> None:
-        if not isinstance(model, (str, os.PathLike)):
-            raise TypeError(f"model is a {type(model).__name__}, expected a str or a path.")
-        if not isinstance(host, str) or not host:
-            raise ValueError(f"host == {host!r}, expected a non-empty str such as '127.0.0.1'.")
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"port == {port!r}, must be an int in [0, 65535] (0 = pick a free one).")
+        check_path(model, "model", hint="a local model name or a .gguf file")
+        check_str(host, "host", non_blank=True, hint="e.g. '127.0.0.1'")
+        port = check_int(port, "port", min_value=0, max_value=65535, hint="0 = pick a free one")
         if prompt_style is not None and prompt_style not in PROMPT_STYLES:
             raise ValueError(f"prompt_style == {prompt_style!r}, expected one of {PROMPT_STYLES}.")
-        if not start_timeout > 0:
-            raise ValueError(f"start_timeout == {start_timeout!r}, must be > 0 seconds.")
+        self.start_timeout = check_real(start_timeout, "start_timeout", min_value=0,
+                                        include_boundaries="neither", hint="seconds")
         self.model = model
         self.host = host
         self.port = port
         self.threads = _resolve_threads(threads)
-        self.n_ctx = _positive_int(n_ctx, "n_ctx")
-        self.n_parallel = _positive_int(n_parallel, "n_parallel")
+        self.n_ctx = check_int(n_ctx, "n_ctx", min_value=1)
+        self.n_parallel = check_int(n_parallel, "n_parallel", min_value=1)
         self.quiet = bool(quiet)
-        self.start_timeout = float(start_timeout)
         known = LOCAL_MODELS.get(model) if isinstance(model, str) else None
         self.model_name: str = known.name if known else Path(model).stem
         self.prompt_style: str = prompt_style or (known.prompt_style if known else "completion")

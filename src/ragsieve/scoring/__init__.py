@@ -3,7 +3,9 @@
 ``resolve_scorer`` turns an alias (``"embedding"``), a spec mapping as produced by
 ``Scorer.spec()``, or a ``Scorer`` instance into a scorer. Built in: ``"embedding"``, ``"llm"``,
 ``"relative"``, ``"fusion"`` (fitted weights), ``"best"`` (the fused score, still to be
-fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`) and
+fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`, its
+signals those of a preset, :mod:`~ragsieve.scoring.signals`), ``"bm25-list"`` (BM25 within
+the query's own list), ``"sentence-cos"`` (the best sentence's ``1 - cos``) and
 ``"field"`` (an outside score), and ``"auto"``, the default: the fused score or ``1 - cos``,
 whichever the calibration pairs allow, chosen when a filter is calibrated
 (:func:`~ragsieve.scoring.auto.choose_score`). Further scorers plug in with :func:`register_scorer`.
@@ -22,10 +24,12 @@ from .auto import AutoScorer, ScoreChoice, choose_score
 from .base import KeepRule, Scorer
 from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .field import FieldScorer
-from .fusion import FusedScorer
+from .fusion import BEST_OPTIONS, FusedScorer
+from .lexical import ListBM25Scorer
 from .llm import LLMScorer
 from .options import ScorerOption, check_options
 from .relative import RelativeScorer
+from .sentence_cosine import SentenceCosineScorer
 
 __all__ = [
     "AutoScorer",
@@ -34,10 +38,12 @@ __all__ = [
     "FusedScorer",
     "KeepRule",
     "LLMScorer",
+    "ListBM25Scorer",
     "RelativeScorer",
     "ScoreChoice",
     "Scorer",
     "ScorerOption",
+    "SentenceCosineScorer",
     "choose_score",
     "register_scorer",
     "registered_scorers",
@@ -53,6 +59,8 @@ _REGISTRY: dict[str, ScorerFactory] = {
     "relative": RelativeScorer,
     "fusion": FusedScorer,
     "field": FieldScorer,
+    "bm25-list": ListBM25Scorer,
+    "sentence-cos": SentenceCosineScorer,
     # the fused score, unfitted: evaluate fits it per split, calibrate on half of the topics
     "best": FusedScorer.unfitted,
     # the strongest of the two the calibration pairs allow, chosen by ConformalFilter.calibrate
@@ -60,11 +68,13 @@ _REGISTRY: dict[str, ScorerFactory] = {
 }
 
 #: The declared options of each alias; a scorer class declares its own
-#: (``declared_options``), the fused score's are those of its embedding base.
+#: (``declared_options``), the fused score's are those of its embedding base (and, for
+#: ``"best"``, its preset).
 _OPTIONS: dict[str, tuple[ScorerOption, ...]] = {
     alias: getattr(factory, "declared_options", ()) for alias, factory in _REGISTRY.items()
 }
-_OPTIONS["fusion"] = _OPTIONS["best"] = EMBEDDING_OPTIONS
+_OPTIONS["fusion"] = EMBEDDING_OPTIONS
+_OPTIONS["best"] = BEST_OPTIONS
 
 
 def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = False,

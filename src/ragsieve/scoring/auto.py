@@ -11,8 +11,9 @@ every command that fits a filter) and by :class:`~ragsieve.ConformalFilter` (sco
 * otherwise ``1 - cos`` (``"embedding"``), with the reason logged as a warning.
 
 :class:`AutoScorer` stands for the choice until then: it also picks the embedding model,
-from the language given or detected in the calibration texts
-(:func:`~ragsieve.embeddings.detection.detect_language`).
+from the languages given or detected in the calibration texts (:func:`choose_languages`:
+the queries' and the snippets' apart, :func:`~ragsieve.embeddings.detection.detect_languages`),
+a model trained on both (:func:`~ragsieve.embeddings.languages.choose_model`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from .base import Scorer
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
 
-__all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "ScoreChoice", "choose_language", "choose_score"]
+__all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
+           "choose_languages", "choose_score"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,62 +110,163 @@ def choose_score(pairs: Sequence[Pair]) -> ScoreChoice:
                        f"{len(topics)} topics)")
 
 
-def choose_language(pairs: Sequence[Pair], language: str | None, *,
-                    fallback: str | None = "en") -> tuple[Any, str]:
-    """The language of the calibration texts and how it was found.
+@dataclass(frozen=True)
+class LanguageChoice:
+    """The languages of the calibration texts and how they were found (:func:`choose_languages`).
+
+    Attributes
+    ----------
+    code : str or None
+        The snippets' language (``data.language`` of the artifact); None: not known.
+    query_code : str or None
+        The queries' language (the same as ``code`` unless the queries are asked in another).
+    source : str
+        ``"given"``, ``"py3langid, 0.97 of 200 texts"``, ``"py3langid: queries 0.99 of 100
+        texts, snippets 1.00 of 100 texts"``, or the fallback and its reason.
+    """
+
+    code: str | None
+    query_code: str | None
+    source: str
+
+    @property
+    def cross(self) -> bool:
+        """True when the queries are in another language than the snippets."""
+        return self.query_code is not None and self.query_code != self.code
+
+    def info(self) -> dict[str, Any]:
+        """The artifact's ``data`` entries: ``language``, ``language_source`` and, when it
+        differs, ``query_language``; empty when no language is known."""
+        if self.code is None:
+            return {}
+        return {"language": self.code, "language_source": self.source,
+                **({"query_language": self.query_code} if self.cross else {})}
+
+    def describe(self) -> str:
+        """``"language de (given)"`` or ``"queries en, snippets de (py3langid, ...)"``."""
+        if self.code is None:
+            return f"language {self.source}"
+        said = f"queries {self.query_code}, snippets {self.code}" if self.cross else \
+            f"language {self.code}"
+        return f"{said} ({self.source})"
+
+
+def _share(guess: Any) -> str:
+    return f"{guess.share:.2f} of {guess.n_texts} texts"
+
+
+def _detected(pairs: Sequence[Pair], language: str | None, query_language: str | None,
+              ) -> tuple[str | None, str | None, str]:
+    """The languages detected where not given (None: not detected), and how."""
+    from ..embeddings.detection import DETECTOR, detect_languages
+
+    try:
+        found = detect_languages(pairs)
+    except ImportError:
+        return (language, query_language,
+                f"{DETECTOR} is not installed (pip install 'ragsieve[embed]')")
+    queries = query_language or found.queries.code
+    snippets = language or found.snippets.code
+    if language is None and query_language is None and snippets is not None \
+            and queries == snippets:  # one language: the share of the whole sample
+        n = found.queries.n_texts + found.snippets.n_texts
+        votes = found.queries.share * found.queries.n_texts + \
+            found.snippets.share * found.snippets.n_texts
+        return snippets, queries, f"{DETECTOR}, {votes / n:.2f} of {n} texts"
+    parts = []
+    for side, given, guess in (("queries", query_language, found.queries),
+                               ("snippets", language, found.snippets)):
+        if given is not None:
+            parts.append(f"{side} given")
+        elif guess.code is not None:
+            parts.append(f"{side} {_share(guess)}")
+        else:
+            parts.append(f"{side} not detected ({guess.reason})")
+    return snippets, queries, f"{DETECTOR}: {', '.join(parts)}"
+
+
+def choose_languages(pairs: Sequence[Pair], language: str | None, *,
+                     query_language: str | None = None,
+                     fallback: str | None = "en") -> LanguageChoice:
+    """The languages of the calibration snippets and queries, and how they were found.
 
     Parameters
     ----------
     pairs : sequence of Pair
-        The calibration pairs (a sample of their queries and snippets is classified).
+        The calibration pairs (a sample of their queries and, apart, of their snippets is
+        classified).
     language : str or None
-        The language given by the user, taken as it is.
+        The language given by the user: of the snippets, and of the queries too unless
+        ``query_language`` is given.
+    query_language : str or None
+        The queries' language given by the user.
     fallback : str or None
-        The language when none is detected (logged as a warning); None: give None and log
-        the reason at info level.
+        The language when none is detected on either side (logged as a warning); None:
+        give None and log the reason at info level.
 
     Returns
     -------
-    (code, source)
-        ``language`` itself (``source`` ``"given"``) when not None; else the language
-        :func:`~ragsieve.embeddings.detection.detect_language` finds in a sample of the
-        queries and snippets (``source`` like ``"py3langid, 0.97 of 200 texts"``); else
-        ``fallback`` with the reason.
+    LanguageChoice
+        The given languages (``source`` ``"given"``); else the language
+        :func:`~ragsieve.embeddings.detection.detect_languages` finds in each half of a
+        sample (a side not detected takes the other side's language, and the source says
+        so); else ``fallback`` with the reason.
+
+    Examples
+    --------
+    >>> choose_languages([], "de", query_language="en-US")
+    LanguageChoice(code='de', query_code='en', source='given')
+    >>> choose_languages([], "ro").describe()
+    'language ro (given)'
     """
-    from ..embeddings.detection import DETECTOR, detect_language, language_texts
     from ..embeddings.languages import normalise_language
 
-    if language is not None:
-        return normalise_language(language), "given"
-    try:
-        guess = detect_language(language_texts(pairs))
-        reason = guess.reason
-    except ImportError:
-        guess, reason = None, f"{DETECTOR} is not installed (pip install 'ragsieve[embed]')"
-    if guess is not None and guess.code is not None:
-        return guess.code, f"{DETECTOR}, {guess.share:.2f} of {guess.n_texts} texts"
+    language = None if language is None else normalise_language(language)
+    query_language = None if query_language is None else normalise_language(query_language)
+    if language is not None:  # the texts' language: of both sides, unless the queries' is given
+        return LanguageChoice(language, query_language or language, "given")
+    snippets, queries, source = _detected(pairs, language, query_language)
+    if snippets is not None or queries is not None:
+        if snippets is None or queries is None:
+            side = "snippets" if snippets is None else "queries"
+            source += f"; the {side} taken to be in the other side's language"
+        return LanguageChoice(snippets or queries, queries or snippets, source)
     if fallback is None:
-        logger.info("language of the calibration texts not detected: %s", reason)
-        return None, f"not detected: {reason}"
+        logger.info("language of the calibration texts not detected: %s", source)
+        return LanguageChoice(None, None, f"not detected: {source}")
     logger.warning("language of the calibration texts not detected: %s; using %s (give the "
-                   "language to choose another model)", reason, fallback)
-    return fallback, f"default; not detected: {reason}"
+                   "language to choose another model)", source, fallback)
+    return LanguageChoice(fallback, fallback, f"default; not detected: {source}")
+
+
+def choose_language(pairs: Sequence[Pair], language: str | None, *,
+                    fallback: str | None = "en") -> tuple[Any, str]:
+    """The snippets' language and how it was found: ``(code, source)`` of
+    :func:`choose_languages` (which also gives the queries' language)."""
+    found = choose_languages(pairs, language, fallback=fallback)
+    return found.code, found.source
 
 
 class AutoScorer(Scorer):
     """Stands for the default score until :meth:`resolve` sees the calibration pairs.
 
     ``ConformalFilter("auto").calibrate(pairs)`` resolves it: the fused score or ``1 - cos``
-    (:func:`choose_score`) over the embedding model of the given or detected language
-    (:func:`choose_language`). Scoring with it before then raises ``ScorerError``.
+    (:func:`choose_score`) over the embedding model of the given or detected languages of
+    the snippets and the queries (:func:`choose_languages`; a model trained on both,
+    :func:`~ragsieve.embeddings.languages.choose_model`). Scoring with it before then raises
+    ``ScorerError``.
 
     Parameters
     ----------
     model : str or None
         Embedding model (alias, sentence-transformers name or path); None picks the model
-        of the language.
+        of the languages.
     language : str or None
-        Language of the texts; None detects it from the calibration texts.
+        Language of the texts (of the snippets, and of the queries unless
+        ``query_language`` is given); None detects it from the calibration texts.
+    query_language : str or None
+        Language of the queries, when they are asked in another language than the
+        snippets are written in; None: ``language``'s, or detected with it.
     backend, cache_dir, batch_size
         As for :class:`~ragsieve.scoring.EmbeddingScorer`.
     """
@@ -171,34 +274,51 @@ class AutoScorer(Scorer):
     name: ClassVar[str] = "auto"
     score_label: ClassVar[str] = "auto (resolved by calibrate)"
     resolved_at_calibration: ClassVar[bool] = True
-    # the embedding scorer's, but the language defaults to the one detected in the pairs
-    declared_options: ClassVar[tuple[ScorerOption, ...]] = tuple(
+    # the embedding scorer's, but the language defaults to the one detected in the pairs,
+    # and the queries may be in another language
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = (*(
         replace(o, default=None, help="language of the texts (default: detected)")
-        if o.name == "language" else o for o in EMBEDDING_OPTIONS)
+        if o.name == "language" else o for o in EMBEDDING_OPTIONS), ScorerOption(
+        "query_language", str, None, "language of the queries, when not the texts' "
+        "(default: --language's, else detected)", "--query-language"))
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
-                 backend: str = "auto", cache_dir: str | os.PathLike[str] | None = None,
-                 batch_size: int = 32) -> None:
+                 query_language: str | None = None, backend: str = "auto",
+                 cache_dir: str | os.PathLike[str] | None = None, batch_size: int = 32) -> None:
         self.options: dict[str, Any] = {"model": model, "backend": backend,
                                         "cache_dir": cache_dir, "batch_size": batch_size}
         self.language = language
+        self.query_language = query_language
+
+    def languages(self, pairs: Sequence[Pair], *, language: str | None = None) -> LanguageChoice:
+        """The languages the model is chosen for (:func:`choose_languages`): the ones given
+        (``language`` overrides the one given at construction), else detected in ``pairs``."""
+        return choose_languages(list(pairs), language or self.language,
+                                query_language=self.query_language)
 
     def resolve(self, pairs: Sequence[Pair], *, language: str | None = None,
+                languages: LanguageChoice | None = None,
                 ) -> tuple[Scorer, ScoreChoice, tuple[str, str]]:
-        """The scorer the pairs call for, the score choice, and ``(language, source)``.
+        """The scorer the pairs call for, the score choice, and ``(language, source)`` (of
+        the snippets; :meth:`languages` gives both sides).
 
-        ``language`` (when not None) overrides the one given at construction.
+        ``language`` (when not None) overrides the one given at construction; ``languages``
+        (from :meth:`languages`) is taken as it is, without detecting again.
         """
+        from ..embeddings.languages import choose_model
         from . import resolve_scorer
 
         pairs = list(pairs)
-        language, source = choose_language(pairs, language or self.language)
+        found = languages or self.languages(pairs, language=language)
         choice = choose_score(pairs)
         if choice.alias != "best":
             logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
-        base = resolve_scorer("embedding", language=language, **self.options)
+        options = dict(self.options)
+        if options["model"] is None and found.cross:  # a model trained on both languages
+            options["model"] = choose_model(str(found.code), found.query_code)
+        base = resolve_scorer("embedding", language=found.code, **options)
         scorer = resolve_scorer("best", base=base) if choice.alias == "best" else base
-        return scorer, choice, (language, source)
+        return scorer, choice, (str(found.code), found.source)
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         raise ScorerError("the 'auto' score is chosen when the filter is calibrated "
@@ -207,4 +327,6 @@ class AutoScorer(Scorer):
     def spec(self) -> dict[str, Any]:
         return {"scorer": self.name,
                 **{k: str(v) for k, v in (("model", self.options["model"]),
-                                          ("language", self.language)) if v is not None}}
+                                          ("language", self.language),
+                                          ("query_language", self.query_language))
+                   if v is not None}}

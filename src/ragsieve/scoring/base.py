@@ -299,6 +299,12 @@ class Scorer(ABC):
         """The scorer this one is computed from (relative, fused: their base); None: none."""
         return None
 
+    def embedding_model(self) -> Any:
+        """The loaded embedding model whose cosine this score is (or is built on), for a
+        caller that embeds with the same model (the served index shares it); None: the
+        score is not an embedding model's cosine. The list transforms ask their base."""
+        return None
+
     def scores_from_base(self, base: np.ndarray) -> np.ndarray:
         """This score from its :meth:`base_scorer`'s scores of one query's whole list
         (the list transforms: relative and fused scores).
@@ -360,6 +366,10 @@ class ListTransform(Scorer):
     def vector_dim(self) -> int | None:
         """The base scorer's vector dimension."""
         return self.base.vector_dim()
+
+    def embedding_model(self) -> Any:
+        """The base scorer's embedding model (None when the base is no embedding score)."""
+        return self.base.embedding_model()
 
     @abstractmethod
     def scores_from_base(self, base: np.ndarray) -> np.ndarray:

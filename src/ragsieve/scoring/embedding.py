@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._validation import check_int, check_sequence, check_str
 from ..embeddings import (
     BACKENDS,
     EmbeddingCache,
@@ -81,8 +82,7 @@ class EmbeddingScorer(Scorer):
         cache_dir: str | os.PathLike[str] | None = None,
         batch_size: int = 32,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size == {batch_size!r}, must be an int >= 1.")
+        batch_size = check_int(batch_size, "batch_size", min_value=1)
         self._model: EmbeddingModel | None = None
         self._model_arg: str | os.PathLike[str] | None = None
         self._supplied_model: EmbeddingModel | None = None
@@ -193,13 +193,14 @@ class EmbeddingScorer(Scorer):
         """The model's embedding dimension (loads the model)."""
         return int(self.model.dim)
 
+    def embedding_model(self) -> Any:
+        """The loaded model (see :meth:`Scorer.embedding_model`)."""
+        return self.model
+
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's snippets; see :meth:`Scorer.score_batch`."""
-        if not isinstance(query, str):
-            raise TypeError(f"query is {type(query).__name__}, expected str.")
-        if isinstance(snippets, (str, bytes)):
-            raise TypeError("snippets is a single string; pass a list of str, e.g. [text].")
-        texts = list(snippets)
+        check_str(query, "query")
+        texts = check_sequence(snippets, "snippets", expected="a list of str", iterable=True)
         if not texts:
             return np.empty(0, dtype=np.float64)
         if self.model.asymmetric:

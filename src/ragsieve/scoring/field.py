@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._validation import check_bool, check_str
 from ..errors import DataError, ScorerError
 from ..types import Pair
 from .base import KeepRule, Scorer
@@ -53,12 +54,8 @@ class FieldScorer(Scorer):
     )
 
     def __init__(self, field: str = "score", *, higher_is_better: bool = False) -> None:
-        if not isinstance(field, str) or not field.strip():
-            raise ValueError(f"field == {field!r}, must be a non-empty string.")
-        if not isinstance(higher_is_better, bool):
-            raise TypeError(f"higher_is_better must be a bool, got {higher_is_better!r}.")
-        self.field = field
-        self.higher_is_better = higher_is_better
+        self.field = check_str(field, "field", non_blank=True)
+        self.higher_is_better = check_bool(higher_is_better, "higher_is_better")
 
     def spec(self) -> dict[str, Any]:
         return {"scorer": self.name, "field": self.field, "higher_is_better": self.higher_is_better}

@@ -237,20 +237,22 @@ def _prepare_index(runtime: Runtime, index_path: str | Path | None, checked: Any
 
 def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
     """Open a served index, sharing the filter's loaded model, and check they match."""
-    from ..scoring import EmbeddingScorer
     from ..store import SnippetIndex
 
     if not Path(index_path).is_dir():
         raise FileNotFoundError(
             f"index {str(index_path)!r} is not a directory; build one with `ragsieve index`."
         )
+    if flt.unit != "snippet":
+        raise ArtifactError(
+            f"the served filter's unit is {flt.unit!r}: it scores the sentences of each snippet, "
+            "and the index stores one vector per snippet, so /query cannot score its hits from "
+            "it. Serve it without --index and POST /filter the hits' texts.")
     index = SnippetIndex.open(index_path)  # reads metadata only, loads no weights
     index.list_scorer(flt)  # raises ScorerMismatchError now, not on the first request
     # the filter's score is the index's 1 - cos (or built on it): share the loaded model
-    embedding = flt.scorer.base_scorer() or flt.scorer
-    if isinstance(embedding, EmbeddingScorer):  # the index's own model class: share its model
-        return SnippetIndex.open(index_path, model=embedding.model)
-    return index
+    model = flt.scorer.embedding_model()
+    return index if model is None else SnippetIndex.open(index_path, model=model)
 
 
 def create_app(filter_path: str | Path, options: ServeOptions | None = None,

@@ -15,16 +15,17 @@ import logging
 from typing import Any
 
 from .._optional import require
+from .._validation import check_real
 
 __all__ = ["header_timeout_protocol", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
 
 
-def check_seconds(name: str, value: float) -> None:
-    """Raise ``ValueError`` unless ``value`` is a number of seconds > 0 (not a bool)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} == {value!r}, must be a number of seconds > 0.")
+def check_seconds(name: str, value: Any) -> float:
+    """``value`` as a float number of seconds > 0: ``TypeError`` for a non-number (or a bool),
+    ``ValueError`` for one <= 0 or NaN."""
+    return check_real(value, name, min_value=0, include_boundaries="neither", hint="seconds")
 
 
 def header_timeout_protocol(timeout_request_header: float) -> type[asyncio.Protocol]:

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .._sqlite import connect_shared, is_busy
+from .._validation import check_int
 from ..calibration import calibrator_from_state
 from ..errors import ArtifactError, DataError
 
@@ -161,14 +162,6 @@ def _db_score(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} is {type(value).__name__}, expected an int >= 1.")
-    if value < 1:
-        raise ValueError(f"{name} == {value!r}, must be an int >= 1.")
-    return value
-
-
 class FeedbackStore:
     """The service's SQLite file of served scores, labels and adaptive state.
 
@@ -201,7 +194,7 @@ class FeedbackStore:
                  retention_seconds: float = DEFAULT_FEEDBACK_RETENTION,
                  busy_seconds: float = DEFAULT_BUSY_SECONDS) -> None:
         self.path = Path(path)
-        self.max_served_rows = _check_count("max_served_rows", max_served_rows)
+        self.max_served_rows = check_int(max_served_rows, "max_served_rows", min_value=1)
         self.retention_seconds = float(retention_seconds)
         self.busy_seconds = float(busy_seconds)
         if not create and not self.path.is_file():

@@ -18,6 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._validation import (
+    check_bool,
+    check_instance,
+    check_int,
+    check_path,
+    check_real,
+    check_str,
+)
 from .connections import check_seconds
 from .feedback import (
     DEFAULT_FEEDBACK_RETENTION,
@@ -61,9 +69,8 @@ _PATHS = ("index_path", "state_dir", "feedback_db")
 
 def check_delta(delta: Any) -> float:
     """``delta`` of the exchangeability alarm, a number in (0, 1)."""
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 < delta < 1:
-        raise ValueError(f"monitor_delta == {delta!r}, must be a number in (0, 1) (e.g. 0.01).")
-    return float(delta)
+    return check_real(delta, "monitor_delta", min_value=0, max_value=1,
+                      include_boundaries="neither", hint="e.g. 0.01")
 
 
 @dataclass(frozen=True)
@@ -190,22 +197,25 @@ class ServeOptions:
     max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE
 
     def __post_init__(self) -> None:
-        for name in _COUNTS:
-            _check_count(name, getattr(self, name))
+        for name in _COUNTS:  # stored converted: a numpy int becomes an int (JSON-safe)
+            object.__setattr__(self, name, check_int(getattr(self, name), name, min_value=1))
         for name in _SECONDS:
-            check_seconds(name, getattr(self, name))
+            check_seconds(name, getattr(self, name))  # kept as given: uvicorn takes either
         for name in _SWITCHES:
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} == {getattr(self, name)!r}, must be a bool.")
+            object.__setattr__(self, name, check_bool(getattr(self, name), name))
         for name in _PATHS:
-            object.__setattr__(self, name, _as_path(name, getattr(self, name)))
+            path = check_path(getattr(self, name), name, allow_none=True)
+            object.__setattr__(self, name, None if path is None else Path(path))
         object.__setattr__(self, "monitor_delta", check_delta(self.monitor_delta))
-        object.__setattr__(self, "scorer_options", _as_mapping(self.scorer_options))
-        _check_text("api_key", self.api_key, optional=True)
-        _check_text("host", self.host)
-        _check_text("log_level", self.log_level)
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"port == {self.port!r}, must be an int in [0, 65535].")
+        scorer_options = check_instance(self.scorer_options, Mapping, "scorer_options",
+                                        expected="a mapping (e.g. {'cache_dir': ...})",
+                                        allow_none=True)
+        object.__setattr__(self, "scorer_options", dict(scorer_options or {}))
+        check_str(self.api_key, "api_key", non_blank=True, allow_none=True)
+        check_str(self.host, "host", non_blank=True)
+        check_str(self.log_level, "log_level", non_blank=True)
+        port = check_int(self.port, "port", min_value=0, max_value=65535)
+        object.__setattr__(self, "port", port)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -234,9 +244,8 @@ class ServeOptions:
         TypeError
             ``data`` is not a mapping, holds an unknown name, or ``api_key`` is in it.
         """
-        if not isinstance(data, Mapping):
-            raise TypeError(f"ServeOptions.from_dict: got {type(data).__name__}, expected a "
-                            "mapping of option names to values.")
+        check_instance(data, Mapping, "ServeOptions.from_dict: data",
+                       expected="a mapping of option names to values")
         if "api_key" in data:
             raise TypeError("ServeOptions.from_dict: 'api_key' is passed as the keyword "
                             "api_key=, never inside the data.")
@@ -259,9 +268,8 @@ def serve_options(options: ServeOptions | None = None,
     """
     if options is None:
         options = ServeOptions()
-    elif not isinstance(options, ServeOptions):
-        raise TypeError(f"{caller}(): options == {options!r}, must be a ServeOptions or None "
-                        "(or pass the options as keyword arguments).")
+    check_instance(options, ServeOptions, f"{caller}(): options", expected="a ServeOptions "
+                   "or None (or pass the options as keyword arguments)")
     changes = dict(changes or {})
     _check_names(changes, f"{caller}()")
     return dataclasses.replace(options, **changes) if changes else options
@@ -272,39 +280,6 @@ def _check_names(given: Mapping[str, Any], where: str) -> None:
     if unknown:
         raise TypeError(f"{where} got unknown option(s) {', '.join(map(repr, unknown))}; the "
                         f"options of ServeOptions are: {', '.join(ServeOptions.names())}.")
-
-
-def _check_count(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} == {value!r}, must be an int >= 1.")
-
-
-def _check_text(name: str, value: Any, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, str):
-        expected = "a non-empty string or None" if optional else "a non-empty string"
-        raise TypeError(f"{name} of type {type(value).__name__}, must be {expected}.")
-    if not value:
-        raise ValueError(f"{name} == '', must be a non-empty string"
-                         + (" or None." if optional else "."))
-
-
-def _as_path(name: str, value: Any) -> Path | None:
-    if value is None:
-        return None
-    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
-        return Path(value)
-    raise TypeError(f"{name} == {value!r}, must be a non-empty path (str or os.PathLike) or None.")
-
-
-def _as_mapping(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise TypeError(f"scorer_options of type {type(value).__name__}, must be a mapping "
-                        "(e.g. {'cache_dir': ...}) or None.")
-    return dict(value)
 
 
 def _plain(value: Any) -> Any:

@@ -28,6 +28,7 @@ from importlib import resources
 import fastapi
 from fastapi.responses import HTMLResponse
 
+from .._validation import check_int
 from .schemas import RecentRequest
 from .security import API_KEY_HEADER, basic_password
 
@@ -56,9 +57,7 @@ class RecentRequests:
     """
 
     def __init__(self, capacity: int = DEFAULT_RECENT) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"capacity == {capacity!r}, must be an int >= 1.")
-        self.capacity = capacity
+        self.capacity = capacity = check_int(capacity, "capacity", min_value=1)
         self._items: deque[RecentRequest] = deque(maxlen=capacity)
         self._lock = threading.Lock()
 

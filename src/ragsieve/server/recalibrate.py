@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import check_int
 from ..artifact import Artifact
 from ..calibration.refit import check_refittable, refit
 from ..errors import ArtifactError, CalibrationError, DataError
@@ -155,7 +156,8 @@ def recalibrate(payload: Artifact | Mapping[str, Any], feedback_db: str | Path, 
         Fewer than ``min_labels`` relevant labels.
     ValueError
         The mode cannot be recalibrated from labels (or merged: it keeps no calibration
-        scores), or ``min_labels`` < 1.
+        scores), the filter's unit is ``"sentence"`` (labels name snippets), or
+        ``min_labels`` < 1.
     DataError, ArtifactError
         Missing, foreign or out-of-bounds database (non-finite scores, an adaptive state
         outside its bounds); malformed artifact.
@@ -164,12 +166,15 @@ def recalibrate(payload: Artifact | Mapping[str, Any], feedback_db: str | Path, 
     """
     from ..filter import ConformalFilter
 
-    if isinstance(min_labels, bool) or not isinstance(min_labels, int):
-        raise TypeError(f"min_labels is {type(min_labels).__name__}, expected an int >= 1.")
-    if min_labels < 1:
-        raise ValueError(f"min_labels == {min_labels!r}, must be an int >= 1.")
+    min_labels = check_int(min_labels, "min_labels", min_value=1)
     artifact = payload if isinstance(payload, Artifact) else Artifact.from_dict(payload)
     old = ConformalFilter.from_artifact(artifact, scorer_options=scorer_options)
+    if old.unit != "snippet":
+        raise ValueError(
+            f"cannot recalibrate a filter of unit {old.unit!r} from feedback: the labels name "
+            "snippets, its threshold is over evidence sentences, and a label does not say which "
+            "of a snippet's sentences is the evidence; recalibrate with `ragsieve calibrate "
+            "--unit sentence` on labelled pairs (evidence spans or answers).")
     cal = old.calibrator
     check_refittable(cal, merge=merge)  # refuse before reading the database
     checksum = artifact.checksum
@@ -180,7 +185,7 @@ def recalibrate(payload: Artifact | Mapping[str, Any], feedback_db: str | Path, 
     new_cal, n_merged = refit(cal, [r[3] for r in usable], [r[2] for r in usable],
                               query_ids=[r[0] for r in usable], groups=groups, merge=merge)
     flt = ConformalFilter(old.scorer, new_cal, min_keep=old.min_keep, group_by=old.group_by,
-                          max_chars=old.max_chars)
+                          max_chars=old.max_chars, unit=old.unit)
     queries = {r[0] for r in usable}
     flt.monitor_reference = _monitor_reference(lists, queries, notes)
     n_relevant = sum(1 for r in usable if r[2])

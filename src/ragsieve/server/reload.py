@@ -199,8 +199,10 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
     ------
     ArtifactError
         Not JSON, a field of the wrong type, a broken seal, bad state, a scorer that cannot
-        be rebuilt or does not match the served index, a mode other than ``adaptive``
-        under ``--adaptive``, or a malformed monitor reference.
+        be rebuilt or does not match the served index (a filter of unit ``"sentence"``
+        never does: the index holds snippet vectors), a mode other than ``adaptive`` or a
+        unit other than ``"snippet"`` under ``--adaptive``, or a malformed monitor
+        reference.
     """
     artifact = Artifact.parse(text, source)
     reuse = scorer if scorer is not None and scorer.spec() == artifact.scorer else None
@@ -210,11 +212,22 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
         raise
     except (TypeError, ValueError, KeyError, ImportError) as exc:
         raise ArtifactError(f"filter artifact {source!r} cannot be loaded: {exc}") from exc
+    if adaptive and flt.unit != "snippet":
+        raise ArtifactError(
+            f"serve --adaptive cannot serve {source!r}, a filter of unit {flt.unit!r}: its "
+            "threshold is over evidence sentences, /feedback labels name snippets, and a label "
+            "does not say which sentence's score to learn from. Serve it without --adaptive "
+            "(the monitor works per sentence), or calibrate --unit snippet --mode adaptive.")
     if adaptive and not callable(getattr(flt.calibrator, "update", None)):
         raise ArtifactError(
             f"serve --adaptive needs an artifact of mode 'adaptive' (its calibrator follows "
             f"feedback); {source!r} has mode {flt.mode!r}. Calibrate with `ragsieve calibrate "
             "--mode adaptive`, or serve without --adaptive.")
+    if index_path is not None and flt.unit != "snippet":
+        raise ArtifactError(
+            f"artifact {source!r} is a filter of unit {flt.unit!r}: it scores the sentences of "
+            "each snippet, and the served index stores one vector per snippet, so /query cannot "
+            "score its hits from it. Serve it without --index and POST /filter the hits' texts.")
     if index_path is not None:
         from ..store import SnippetIndex
 

@@ -171,12 +171,19 @@ class KeptSnippet(BaseModel):
     index: int
     snippet_id: str
     text: str | None
-    score: float = Field(description="Its score (for a snippet cut into pieces: the best piece's).")
+    score: float = Field(description="Its score (for a snippet cut into pieces: the best "
+                         "piece's; for a filter of unit 'sentence': its best sentence's).")
     spans: list[tuple[int, int]] = Field(
         default_factory=list,
-        description="For a snippet longer than the filter's window, cut into pieces: the "
-        "character spans [start, end) of its text whose pieces were kept; empty when it was "
-        "scored whole.",
+        description="The character spans [start, end) of its text that were kept: for a filter "
+        "of unit 'sentence', one per kept sentence, in order; for a snippet longer than the "
+        "filter's window, cut into pieces, the spans of its kept pieces; empty when it was "
+        "kept whole.",
+    )
+    pruned_text: str | None = Field(
+        default=None,
+        description="Unit 'sentence': the kept sentences joined with a space (what to put in "
+        "the context); null for unit 'snippet'.",
     )
 
 
@@ -205,6 +212,11 @@ class FilterResponse(BaseModel):
         description="Snippets longer than the filter's window, cut into pieces and scored "
         "piece by piece (kept when any piece is kept).",
     )
+    unit: str = Field(
+        default="snippet",
+        description="What the filter scores and keeps: 'snippet', or 'sentence' (kept "
+        "snippets then carry their kept sentences' spans and pruned_text).",
+    )
     query_id: str = Field(description=_QUERY_ID_OUT)
 
 
@@ -220,6 +232,8 @@ class ArtifactInfo(BaseModel):
     threshold: float | None = Field(description=_THRESHOLD)
     n_calibration: int | None
     min_keep: int
+    unit: str = Field(default="snippet",
+                      description="What the filter scores and keeps: 'snippet' or 'sentence'.")
     group_by: str | None = Field(
         default=None, description="Snippet field holding the group (group-conditional filters)."
     )

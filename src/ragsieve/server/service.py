@@ -260,6 +260,14 @@ def _check_outside_scores(request: FilterRequest, scorer: Any) -> None:
                                   "same outside score: give one.")
 
 
+def _unit_scores(res: FilterResult) -> list[float]:
+    """The scores of what the filter scored and kept: each snippet's, or (unit sentence)
+    each sentence's -- what the calibration reference of the monitor holds."""
+    if res.unit == "sentence":
+        return [s[3] for s in res.sentences]
+    return list(res.scores)
+
+
 def _removed(res: FilterResult) -> list[RemovedSnippet]:
     """The removed snippets of a result, each with its score and the threshold it missed."""
     tau = _finite_or_none(res.threshold)
@@ -304,6 +312,7 @@ def _artifact_info(flt: ConformalFilter, artifact: Artifact, checksum: str) -> A
         threshold=_finite_or_none(flt.threshold),
         n_calibration=None if n_calibration is None else int(n_calibration),
         min_keep=flt.min_keep,
+        unit=flt.unit,
         group_by=getattr(flt, "group_by", None),
         scorer=flt.scorer.spec(),
         guarantee=guarantee,
@@ -349,7 +358,9 @@ class Service:
         self._adaptive_version: int | None = None
         self._filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
         # warns once if the first requests' queries are in another language than the artifact's
-        self.language_watch = LanguageWatch(flt.language, model=_model_of(flt.scorer.spec()))
+        # (the queries' language: an English-over-German filter expects English queries)
+        query_language = (flt.calibration_info or {}).get("query_language") or flt.language
+        self.language_watch = LanguageWatch(query_language, model=_model_of(flt.scorer.spec()))
 
     # ------------------------------------------------------------------ filters
     def _base(self) -> ConformalFilter:
@@ -450,6 +461,7 @@ class Service:
                 text=s.text,
                 score=s.score,
                 spans=[(int(a), int(b)) for a, b in getattr(s, "spans", ())],
+                pruned_text=s.pruned_text if res.unit == "sentence" else None,
             )
             for s in res.kept
         ]
@@ -462,6 +474,7 @@ class Service:
             note=res.note,
             guarantee=self.guarantee,
             n_cut=getattr(res, "n_cut", 0),
+            unit=res.unit,
             query_id=query_id,
         )
 
@@ -547,8 +560,9 @@ class Service:
             rt.metrics.served(endpoint, res.scores, len(kept), res.threshold)
         except Exception:  # pragma: no cover - prometheus-client does not raise here
             logger.exception("metrics update failed")
-        if self.monitor is not None and res.scores:
-            self.observe(res.scores)
+        scores = _unit_scores(res)  # the monitor ranks what was calibrated: sentences or snippets
+        if self.monitor is not None and scores:
+            self.observe(scores)
 
     def observe(self, scores: Sequence[float]) -> None:
         """Feed one request's served scores to the monitor (errors are logged, not raised).

@@ -1,0 +1,113 @@
+"""The signals of the fused score's presets, chosen from its base embedding score.
+
+A fused score (:class:`~ragsieve.scoring.FusedScorer`) learns from its base score and the
+*signals* of its preset, each a :class:`~ragsieve.scoring.Scorer` giving a per-snippet
+nonconformity score from the query and its own list, with the four list-relative
+transforms of each (:mod:`ragsieve.scoring.relative`):
+
+``fast``
+    the base (the language's default embedder: ``1 - cos``) and the in-list BM25
+    (:class:`~ragsieve.scoring.lexical.ListBM25Scorer`); logistic regression. One model
+    call per snippet, as ``1 - cos`` alone.
+``base``
+    the base alone (its score and the four transforms), logistic regression: the fused score
+    of earlier versions, and the only one computed from the caller's vectors or an index's
+    stored ones (``filter_vectors``, ``query --index``), since it needs no text.
+``quality``
+    the base, the cosine of every other bundled embedder trained on the base's language
+    (:data:`~ragsieve.embeddings.languages.MODEL_LANGUAGES`: MiniLM for English, USE v3
+    for its 16 languages, multilingual-e5-small for the ~100 of XLM-R), the in-list BM25,
+    and the best sentence's cosine of the base's model
+    (:class:`~ragsieve.scoring.sentence_cosine.SentenceCosineScorer`); boosted trees
+    (:mod:`ragsieve.scoring.boosting`). Costs every embedder once per snippet, and the
+    base's once per sentence.
+
+The language is the base embedding scorer's (``EmbeddingScorer(language=...)``, which the
+default ``auto`` score sets from the detected or given language). A base that is no bundled
+embedding score (an outside score, an LLM) has no language to choose from: its fused score
+learns from the base alone, as before the presets existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..embeddings.languages import MODEL_LANGUAGES, normalise_language
+from .base import Scorer
+from .embedding import EmbeddingScorer
+from .lexical import ListBM25Scorer
+from .sentence_cosine import SentenceCosineScorer
+
+__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LEARNERS", "preset_signals", "signal_label"]
+
+PRESETS = ("base", "fast", "quality")
+#: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``. On the
+#: six shared XQuAD languages and SelQA dev it removes 0.8-7.0 points more than the fused
+#: score of the base alone at alpha 0.1 (93-102 % of the oracle's removal) for the base
+#: embedder's cost; ``quality`` adds 0.2-3.1 points more for every other embedder's cost and
+#: the sentences' (docs/scores.md, "The fused score: every bundled signal").
+DEFAULT_PRESET = "fast"
+#: The learner each preset fits: logistic regression (``base``, ``fast``: few features, few
+#: knobs) or monotone gradient-boosted trees (``quality``).
+PRESET_LEARNERS: Mapping[str, str] = {"base": "logistic", "fast": "logistic", "quality": "boosted"}
+
+
+def check_preset(preset: Any) -> str:
+    """``preset`` if it names a preset, else ``ValueError`` listing them."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset == {preset!r}, must be one of {', '.join(map(repr, PRESETS))}.")
+    return str(preset)
+
+
+def preset_signals(base: Scorer, preset: str) -> list[Scorer]:
+    """The signals ``preset`` adds to ``base`` (besides the base itself).
+
+    Parameters
+    ----------
+    base : Scorer
+        The fused score's base; presets add signals to an embedding score only.
+    preset : {"base", "fast", "quality"}
+
+    Returns
+    -------
+    list of Scorer
+        ``base``: none; ``fast``: the in-list BM25; ``quality``: the other embedders of the base's
+        language (in the order of ``MODEL_LANGUAGES``), the in-list BM25 and the base
+        model's best-sentence cosine. Empty for a base that is no embedding score. The
+        embedders share the base's cache directory and batch size; the best-sentence score
+        shares the base's loaded model and cache.
+
+    Examples
+    --------
+    >>> [s.spec()["scorer"] for s in preset_signals(EmbeddingScorer(language="de"), "quality")]
+    ['embedding', 'bm25-list', 'sentence-cos']
+    """
+    if check_preset(preset) == "base" or not isinstance(base, EmbeddingScorer):
+        return []
+    if preset == "fast":
+        return [ListBM25Scorer()]
+    language = normalise_language(base.language)
+    own = base.model_id.removesuffix("@onnx-int8")
+    others: list[Scorer] = [
+        EmbeddingScorer(model_id, language=language, cache_dir=base.cache_dir,
+                        batch_size=base.batch_size)
+        for model_id, languages in MODEL_LANGUAGES.items()
+        if language in languages and model_id != own
+    ]
+    return [*others, ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
+
+
+def signal_label(spec: Mapping[str, Any]) -> str:
+    """A signal's name in the fused score's feature names, from its spec.
+
+    Examples
+    --------
+    >>> signal_label({"scorer": "embedding", "model": "usem3-multilingual"})
+    'embedding[usem3-multilingual]'
+    >>> signal_label({"scorer": "bm25-list", "k1": 1.5, "b": 0.75})
+    'bm25-list'
+    """
+    name = str(spec.get("scorer"))
+    model = spec.get("model")
+    return f"{name}[{model}]" if model else name
