@@ -186,7 +186,7 @@ def _tables(results: list[dict[str, Any]], costs: list[dict[str, Any]], args: ar
                 f"{r['removal@0.2']:.3f} | {100 * r['of_oracle@0.2']:.1f} % |")
     if results:
         lines += ["", "### Summary at alpha 0.1: removal as a share of the oracle's", "",
-                  "| dataset | oracle | base only, logistic (before) | fast | quality | best row |",
+                  "| dataset | oracle | base only, logistic (`base`) | fast | quality | best row |",
                   "|---|---|---|---|---|---|"]
     for res in results:
         by = {(r["signals"], r["learner"]): r for r in res["rows"]}

@@ -21,6 +21,7 @@ from ragsieve.errors import DataError
 from ragsieve.evaluation import AnswerConfig, evaluate_answers, format_answer_table
 from ragsieve.evaluation.answer_metrics import answer_in_context
 from ragsieve.evaluation.sweep import ScoredData
+from ragsieve.units import sentence_pairs
 
 ALPHA, SEED = 0.2, 3
 
@@ -39,7 +40,7 @@ def test_sentence_rows_sit_beside_the_snippet_rows_on_the_same_queries(both) -> 
     row = sentence.row("conformal (sentence)", ALPHA)
     assert row["unit"] == "sentence" and row["mode"] == "marginal"
     assert {r["method"] for r in sentence.results} == {r["method"] for r in snippet.results} | {
-        "conformal (sentence)"}
+        "conformal (sentence)", "oracle", "oracle (sentence)"}
     # the snippet rows are untouched by the extra rows
     for r in snippet.results:
         twin = next(x for x in sentence.results
@@ -77,6 +78,32 @@ def test_sentence_contexts_are_the_deployed_filters_kept_sentences(both, xquad_e
         found = bool(texts) and answer_in_context("\n".join(texts), pairs[0].meta["answers"], "en")
         assert measured["answer_in_context"] == float(found)
     assert n_pruned > 0  # the sentence unit did cut sentences out of kept snippets
+
+
+def test_oracle_rows_keep_the_labels_relevant_snippets_and_their_evidence_sentences(  # type: ignore[no-untyped-def]
+        both, xquad_en) -> None:
+    _, report = both
+    by_query: dict[str, list] = {}
+    for p in xquad_en:
+        by_query.setdefault(p.query_id, []).append(p)
+    whole, evidence = report.per_query["oracle"], report.per_query["oracle (sentence)"]
+    assert set(whole) == set(evidence) == set(report.per_query["all"])
+    shorter = 0
+    for qid, measured in evidence.items():
+        relevant = [p for p in by_query[qid] if p.relevant == 1]
+        assert whole[qid]["context_chars"] == sum(len(p.text) for p in relevant), qid
+        assert whole[qid]["context_snippets"] == len(relevant)
+        # evidence sentences: inside the relevant snippets, each holding a gold answer
+        expected = [" ".join(s.text for s in sentence_pairs([p]) if s.relevant == 1)
+                    for p in relevant]
+        assert measured["context_chars"] == sum(len(t) for t in expected if t), qid
+        shorter += measured["context_chars"] < whole[qid]["context_chars"]
+        # the answer sits in the evidence sentences wherever it sits in the relevant snippets
+        assert measured["answer_in_context"] == whole[qid]["answer_in_context"], qid
+    assert shorter > len(evidence) // 2  # most relevant snippets hold sentences besides the evidence
+    assert report.row("oracle (sentence)")["answer_in_context_mean"] > 0.95
+    oracle = report.row("oracle (sentence)")
+    assert oracle["context_chars_mean"] < report.row("oracle")["context_chars_mean"]
 
 
 def test_sentence_calibration_needs_evidence_or_answers(xquad_en, minilm_scorer, xquad_en_scores) -> None:  # type: ignore[no-untyped-def]

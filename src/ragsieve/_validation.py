@@ -3,6 +3,18 @@
 Each check returns the converted value and raises ``TypeError`` for a wrong type and
 ``ValueError`` for a wrong value, with a message that names what was received and what
 was expected (scikit-learn's ``check_scalar`` style).
+
+The checks share their parameters' meaning:
+
+``value``
+    The parameter's value.
+``name``
+    The parameter's name, as the messages give it.
+``allow_none``
+    Accept ``None`` (returned as is).
+``hint``
+    Appended to the messages in parentheses (what the value means, its unit, an example,
+    the fix).
 """
 
 from __future__ import annotations
@@ -46,6 +58,30 @@ def _rule(text: str, allow_none: bool, hint: str | None) -> str:
     return text + (" or None" if allow_none else "") + (f" ({hint})" if hint else "")
 
 
+def _range(what: str, low: Any, high: Any, *, left: bool = True, right: bool = True) -> str:
+    """``what`` with its bounds in words: ``an int in [0, 10]``, ``a real number > 0``;
+    ``left`` / ``right``: whether the lower / upper bound is an allowed value."""
+    if low is not None and high is not None:
+        return f"{what} in {'[' if left else '('}{low}, {high}{']' if right else ')'}"
+    if low is not None:
+        return f"{what} {'>=' if left else '>'} {low}"
+    if high is not None:
+        return f"{what} {'<=' if right else '<'} {high}"
+    return what
+
+
+def _wrong_type(name: str, rule: str, value: Any, *, clip: bool = True) -> TypeError:
+    """The ``TypeError`` of every check: ``name must be <rule>, got <type> (<value>)``, the
+    value's repr clipped to 80 characters unless ``clip`` is False."""
+    shown = f"{value!r:.80}" if clip else repr(value)
+    return TypeError(f"{name} must be {rule}, got {type(value).__name__} ({shown}).")
+
+
+def _not_real(value: Any) -> bool:
+    """True unless ``value`` is a real number (bools are no numbers here)."""
+    return isinstance(value, bool) or not isinstance(value, numbers.Real)
+
+
 @overload
 def check_str(value: Any, name: str, *, non_blank: bool = ..., allow_none: Literal[False] = ...,
               hint: str | None = ...) -> str: ...
@@ -60,16 +96,8 @@ def check_str(value: Any, name: str, *, non_blank: bool = False, allow_none: boo
 
     Parameters
     ----------
-    value : object
-        The parameter's value.
-    name : str
-        The parameter's name, as the messages give it.
     non_blank : bool
         Refuse an empty or whitespace-only string.
-    allow_none : bool
-        Accept ``None`` (returned as is).
-    hint : str, optional
-        Appended to the messages in parentheses (an example, the fix).
 
     Raises
     ------
@@ -91,7 +119,7 @@ def check_str(value: Any, name: str, *, non_blank: bool = False, allow_none: boo
         return None
     rule = _rule("a non-blank str" if non_blank else "a str", allow_none, hint)
     if not isinstance(value, str):
-        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+        raise _wrong_type(name, rule, value)
     if non_blank and not value.strip():
         raise ValueError(f"{name} == {value!r}, must be {rule}.")
     return value
@@ -104,10 +132,6 @@ def check_sequence(value: Any, name: str, *, expected: str = "a sequence",
 
     Parameters
     ----------
-    value : object
-        The parameter's value.
-    name : str
-        The parameter's name, as the messages give it.
     expected : str
         The expectation in words, e.g. ``"a sequence of group names"``.
     iterable : bool
@@ -131,7 +155,7 @@ def check_sequence(value: Any, name: str, *, expected: str = "a sequence",
         raise TypeError(f"{name} must be {expected}, got a single {type(value).__name__} "
                         f"({value!r:.60}); pass [{value!r:.60}].")
     if not isinstance(value, Iterable if iterable else Sequence):
-        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} ({value!r:.80}).")
+        raise _wrong_type(name, expected, value)
     return list(value)
 
 
@@ -174,8 +198,8 @@ def check_alpha(alpha: Any, *, name: str = "alpha") -> float:
     >>> check_alpha(0.1)
     0.1
     """
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(alpha).__name__} ({alpha!r}).")
+    if _not_real(alpha):
+        raise _wrong_type(name, "a real number", alpha, clip=False)
     value = float(alpha)
     if math.isnan(value) or not 0.0 < value < 1.0:
         raise ValueError(f"{name} == {alpha!r}, must be in (0, 1).")
@@ -190,8 +214,8 @@ def check_finite_real(value: Any, name: str) -> float:
     >>> check_finite_real(0.5, "score")
     0.5
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}).")
+    if _not_real(value):
+        raise _wrong_type(name, "a real number", value, clip=False)
     out = float(value)
     if not math.isfinite(out):
         raise ValueError(f"{name} == {value!r}, must be a finite number.")
@@ -200,8 +224,8 @@ def check_finite_real(value: Any, name: str) -> float:
 
 def check_unit_interval(value: Any, name: str, *, closed_right: bool) -> float:
     """Validate a number in (0, 1) or (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r}).")
+    if _not_real(value):
+        raise _wrong_type(name, "a real number", value, clip=False)
     v = float(value)
     ok = 0.0 < v <= 1.0 if closed_right else 0.0 < v < 1.0
     if not ok:
@@ -226,16 +250,8 @@ def check_int(value: Any, name: str, *, min_value: int | None = None,
 
     Parameters
     ----------
-    value : object
-        The parameter's value.
-    name : str
-        The parameter's name, as the messages give it.
     min_value, max_value : int, optional
         Inclusive bounds; ``None`` leaves that side open.
-    allow_none : bool
-        Accept ``None`` (returned as is).
-    hint : str, optional
-        Appended to the messages in parentheses (what the value means, an example).
 
     Raises
     ------
@@ -259,17 +275,9 @@ def check_int(value: Any, name: str, *, min_value: int | None = None,
     """
     if value is None and allow_none:
         return None
-    if min_value is not None and max_value is not None:
-        text = f"an int in [{min_value}, {max_value}]"
-    elif min_value is not None:
-        text = f"an int >= {min_value}"
-    elif max_value is not None:
-        text = f"an int <= {max_value}"
-    else:
-        text = "an int"
-    rule = _rule(text, allow_none, hint)
+    rule = _rule(_range("an int", min_value, max_value), allow_none, hint)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+        raise _wrong_type(name, rule, value)
     out = int(value)
     if (min_value is not None and out < min_value) or (max_value is not None and out > max_value):
         raise ValueError(f"{name} == {value!r}, must be {rule}.")
@@ -308,18 +316,10 @@ def check_real(value: Any, name: str, *, min_value: float | None = None,
 
     Parameters
     ----------
-    value : object
-        The parameter's value.
-    name : str
-        The parameter's name, as the messages give it.
     min_value, max_value : float, optional
         Bounds; ``None`` leaves that side open.
     include_boundaries : {"both", "left", "right", "neither"}
         Which of the given bounds are allowed values (scikit-learn's ``check_scalar``).
-    allow_none : bool
-        Accept ``None`` (returned as is).
-    hint : str, optional
-        Appended to the messages in parentheses (the unit, an example).
 
     Raises
     ------
@@ -344,18 +344,10 @@ def check_real(value: Any, name: str, *, min_value: float | None = None,
         return None
     left = include_boundaries in ("both", "left")
     right = include_boundaries in ("both", "right")
-    if min_value is not None and max_value is not None:
-        text = (f"a real number in {'[' if left else '('}{min_value}, "
-                f"{max_value}{']' if right else ')'}")
-    elif min_value is not None:
-        text = f"a real number {'>=' if left else '>'} {min_value}"
-    elif max_value is not None:
-        text = f"a real number {'<=' if right else '<'} {max_value}"
-    else:
-        text = "a real number"
-    rule = _rule(text, allow_none, hint)
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+    rule = _rule(_range("a real number", min_value, max_value, left=left, right=right),
+                 allow_none, hint)
+    if _not_real(value):
+        raise _wrong_type(name, rule, value)
     out = float(value)
     low_ok = min_value is None or (out >= min_value if left else out > min_value)
     high_ok = max_value is None or (out <= max_value if right else out < max_value)
@@ -377,7 +369,7 @@ def check_bool(value: Any, name: str) -> bool:
     TypeError: create must be a bool, got int (1).
     """
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r:.80}).")
+        raise _wrong_type(name, "a bool", value)
     return bool(value)
 
 
@@ -414,7 +406,7 @@ def check_path(value: Any, name: str, *, allow_none: bool = False,
         return None
     rule = _rule("a path (str or os.PathLike)", allow_none, hint)
     if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{name} must be {rule}, got {type(value).__name__} ({value!r:.80}).")
+        raise _wrong_type(name, rule, value)
     if not os.fspath(value):
         raise ValueError(f"{name} == {value!r}, must be a non-empty {rule.removeprefix('a ')}.")
     return value
@@ -426,17 +418,11 @@ def check_instance(value: Any, types: type | tuple[type, ...], name: str, *,
 
     Parameters
     ----------
-    value : object
-        The parameter's value.
     types : type or tuple of type
         The accepted classes.
-    name : str
-        The parameter's name, as the message gives it.
     expected : str, optional
         The expectation in words (default: the class names), e.g. ``"a ragsieve
         calibrator (make_calibrator(mode))"``; `` or None`` is added when ``allow_none``.
-    allow_none : bool
-        Accept ``None`` (returned as is).
 
     Raises
     ------
@@ -457,8 +443,7 @@ def check_instance(value: Any, types: type | tuple[type, ...], name: str, *,
     if not isinstance(value, types):
         classes = types if isinstance(types, tuple) else (types,)
         what = expected or "an instance of " + " or ".join(c.__name__ for c in classes)
-        raise TypeError(f"{name} must be {_rule(what, allow_none, None)}, got "
-                        f"{type(value).__name__} ({value!r:.80}).")
+        raise _wrong_type(name, _rule(what, allow_none, None), value)
     return value
 
 

@@ -9,6 +9,19 @@ the sentence labels of :mod:`ragsieve.units` share, and :data:`ARTICLES`,
 For ASCII English text the tokens are exactly those of the SQuAD script, and for Chinese
 those of the MLQA script; the tests check both against independent restatements of the
 two scripts' rules.
+
+:func:`exact_match`, :func:`token_f1` and :func:`answer_in_context` measure a text against
+gold answers and share these parameters and errors:
+
+``golds`` : sequence of str
+    The gold answers; those empty after normalisation are ignored, and at least one must
+    be left.
+``language`` : str or None
+    Language code (see :func:`normalize_answer`).
+``TypeError``
+    The text or a gold is not a str, or ``golds`` is a single str.
+``ValueError``
+    ``golds`` is empty, or every gold is empty after normalisation.
 """
 
 from __future__ import annotations
@@ -63,6 +76,15 @@ def _gold_tokens(golds: Any, key: str, language: str | None) -> list[list[str]]:
     return out
 
 
+def _text_and_golds(text: Any, name: str, golds: Any,
+                    language: str | None) -> tuple[list[str], list[list[str]]]:
+    """The normalised tokens of ``text`` (the argument ``name``) and of every gold answer
+    left after normalisation (:func:`_gold_tokens`; the golds are checked first)."""
+    key = language_key(language)
+    gold_tokens = _gold_tokens(golds, key, language)
+    return normalized_tokens(check_str(text, name), key), gold_tokens
+
+
 def exact_match(prediction: str, golds: Sequence[str], language: str | None = None) -> float:
     """1.0 when the normalised prediction equals some normalised gold answer, else 0.0.
 
@@ -73,21 +95,13 @@ def exact_match(prediction: str, golds: Sequence[str], language: str | None = No
     ----------
     prediction : str
         The predicted answer.
-    golds : sequence of str
-        The gold answers (at least one not empty after normalisation).
-    language : str or None
-        Language code (see :func:`normalize_answer`).
+    golds, language
+        The gold answers and their language (module docstring; errors there too).
 
     Returns
     -------
     float
-
-    Raises
-    ------
-    TypeError
-        If ``prediction`` or a gold is not a str, or ``golds`` is a single str.
-    ValueError
-        If ``golds`` is empty or every gold is empty after normalisation.
+        1.0 or 0.0.
 
     Examples
     --------
@@ -96,9 +110,7 @@ def exact_match(prediction: str, golds: Sequence[str], language: str | None = No
     >>> exact_match("Denver", ["Denver Broncos"])
     0.0
     """
-    key = language_key(language)
-    gold_tokens = _gold_tokens(golds, key, language)
-    pred = normalized_tokens(check_str(prediction, "prediction"), key)
+    pred, gold_tokens = _text_and_golds(prediction, "prediction", golds, language)
     return float(any(pred == gold for gold in gold_tokens))
 
 
@@ -114,22 +126,13 @@ def token_f1(prediction: str, golds: Sequence[str], language: str | None = None)
     ----------
     prediction : str
         The predicted answer; an empty one scores 0.0.
-    golds : sequence of str
-        The gold answers; those empty after normalisation are ignored.
-    language : str or None
-        Language code (see :func:`normalize_answer`).
+    golds, language
+        The gold answers and their language (module docstring; errors there too).
 
     Returns
     -------
     float
         In [0, 1].
-
-    Raises
-    ------
-    TypeError
-        If ``prediction`` or a gold is not a str, or ``golds`` is a single str.
-    ValueError
-        If ``golds`` is empty or every gold is empty after normalisation.
 
     Examples
     --------
@@ -138,9 +141,7 @@ def token_f1(prediction: str, golds: Sequence[str], language: str | None = None)
     >>> token_f1("北京大学", ["北京"], "zh")  # precision 2/4, recall 2/2
     0.6666666666666666
     """
-    key = language_key(language)
-    gold_tokens = _gold_tokens(golds, key, language)
-    pred = normalized_tokens(check_str(prediction, "prediction"), key)
+    pred, gold_tokens = _text_and_golds(prediction, "prediction", golds, language)
     if not pred:
         return 0.0
     pred_counts = Counter(pred)
@@ -165,21 +166,12 @@ def answer_in_context(context: str, golds: Sequence[str], language: str | None =
     ----------
     context : str
         The (kept) context, e.g. the snippets joined by newlines.
-    golds : sequence of str
-        The gold answers; those empty after normalisation are ignored.
-    language : str or None
-        Language code (see :func:`normalize_answer`).
+    golds, language
+        The gold answers and their language (module docstring; errors there too).
 
     Returns
     -------
     bool
-
-    Raises
-    ------
-    TypeError
-        If ``context`` or a gold is not a str, or ``golds`` is a single str.
-    ValueError
-        If ``golds`` is empty or every gold is empty after normalisation.
 
     Examples
     --------
@@ -190,9 +182,7 @@ def answer_in_context(context: str, golds: Sequence[str], language: str | None =
     >>> answer_in_context("北京大学位于北京。", ["大学"], "zh")
     True
     """
-    key = language_key(language)
-    gold_tokens = _gold_tokens(golds, key, language)
-    haystack = normalized_tokens(check_str(context, "context"), key)
+    haystack, gold_tokens = _text_and_golds(context, "context", golds, language)
     return any(contains_run(haystack, gold) for gold in gold_tokens)
 
 

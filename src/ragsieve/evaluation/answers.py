@@ -8,7 +8,9 @@ methods
     with ``unit="sentence"`` also ``conformal (sentence)``: the same mode and alpha at the
     sentence unit, each kept snippet reduced to its kept sentences (``Scored.pruned_text``
     of a :class:`~ragsieve.ConformalFilter` of unit ``"sentence"``, calibrated on the
-    split's calibration topics and applied to every test query as it is deployed);
+    split's calibration topics and applied to every test query as it is deployed), and
+    the two label-chosen bounds ``oracle`` (every relevant snippet whole) and ``oracle
+    (sentence)`` (only the relevant snippets' evidence sentences);
     ``top-k (calibrated)`` (the smallest k reaching 1 - alpha on the calibration topics,
     without the conformal correction); ``top-k (equal size)`` (top-k with, on the test
     queries of the split, the same mean number of snippets as the conformal row: the
@@ -124,7 +126,9 @@ class AnswerConfig:
     unit : {"snippet", "sentence"}
         ``"sentence"``: also measure the sentence-unit conformal rows (``conformal
         (sentence)``, one per mode and alpha) beside the snippet rows, on the same test
-        queries. Their calibration needs the evidence sentences of the relevant
+        queries, and the ``oracle`` and ``oracle (sentence)`` rows (the labels' relevant
+        snippets and their evidence sentences: what a perfect score would keep at each
+        unit). Their calibration needs the evidence sentences of the relevant
         calibration snippets: ``meta["evidence"]`` spans or the query's ``answers``
         (:func:`ragsieve.units.sentence_pairs`).
     """
@@ -322,6 +326,34 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
     return out
 
 
+def _oracle_contexts(pairs: list[Pair], queries: list[_Query], test_queries: np.ndarray,
+                     language: str | None, pruned: dict[_Item, str],
+                     ) -> list[tuple[_Row, dict[int, tuple[_Item, ...]]]]:
+    """The two oracle rows of the sentence unit (labels, not a score, choose): ``oracle``
+    keeps every relevant snippet whole, ``oracle (sentence)`` only the evidence sentences of
+    the relevant snippets (:func:`ragsieve.units.sentence_pairs`' labels). They bound what
+    any score can remove at either unit; each item's text goes into ``pruned``."""
+    from ..units import sentence_pairs
+
+    whole: dict[int, tuple[_Item, ...]] = {}
+    evidence: dict[int, tuple[_Item, ...]] = {}
+    for q in test_queries.tolist():
+        pos = [i for i in queries[q].positions.tolist() if pairs[i].relevant == 1]
+        whole[q] = tuple((i, ()) for i in pos)
+        items = []
+        for i in pos:
+            spans = tuple((int(s.meta["sentence_start"]), int(s.meta["sentence_end"]))
+                          for s in sentence_pairs([pairs[i]], language=queries[q].language or language)
+                          if s.relevant == 1)
+            if spans:
+                item = (i, spans)
+                pruned[item] = " ".join(pairs[i].text[b:e] for b, e in spans)
+                items.append(item)
+        evidence[q] = tuple(items)
+    return [(_Row("oracle", "oracle", ()), whole),
+            (_Row("oracle (sentence)", "oracle (sentence)", (("unit", "sentence"),)), evidence)]
+
+
 def evaluate_answers(
     pairs: Sequence[Pair],
     scorer: Any,
@@ -425,6 +457,9 @@ def evaluate_answers(
             for row, contexts_of in _sentence_contexts(pairs, queries, scorer, scorer_options,
                                                        config, cal_idx, tq, split_no, group_by,
                                                        pruned):
+                rows.setdefault(row.label, row)
+                assignments.extend((row.label, q, items) for q, items in contexts_of.items())
+            for row, contexts_of in _oracle_contexts(pairs, queries, tq, config.language, pruned):
                 rows.setdefault(row.label, row)
                 assignments.extend((row.label, q, items) for q, items in contexts_of.items())
     if not assignments:
@@ -593,7 +628,7 @@ def _rows(rows: dict[str, _Row], per_query: dict[str, dict[str, dict[str, float]
             for name in CI_METRICS if name in names}
         out.append(entry)
     order = {"all": 0, "conformal": 1, "conformal (sentence)": 2, "top-k (equal size)": 3,
-             "top-k (calibrated)": 4}
+             "top-k (calibrated)": 4, "oracle": 5, "oracle (sentence)": 6}
     out.sort(key=lambda r: (r.get("alpha", 0.0), order.get(r["method"], 9)))
     return out
 

@@ -60,7 +60,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
@@ -79,9 +79,11 @@ __all__ = [
     "SCORE_SOURCES",
     "SPANS_KEY",
     "THRESHOLD_KEY",
+    "calibrate_native",
     "check_documents",
     "check_score_source",
     "empty_reason",
+    "filter_documents",
     "filter_items",
     "kept_metadata",
     "load_filter",
@@ -108,6 +110,11 @@ NOTE_KEY = "ragsieve_note"
 #: where a component's score comes from: the filter's own (text, an outside score in the
 #: metadata) or the framework's native score field
 SCORE_SOURCES = ("filter", "native")
+
+#: a framework's document type (LangChain ``Document``, LlamaIndex ``NodeWithScore``, ...)
+D = TypeVar("D")
+#: a framework component class
+C = TypeVar("C")
 
 # keys a filter reads from a snippet mapping besides the metadata it is told to read
 _FILTER_KEYS = frozenset({"text", "snippet_id", "id", "score", "group"})
@@ -227,6 +234,33 @@ def native_filter(pairs: list[Pair], field: str, **filter_options: Any) -> Confo
     return ConformalFilter(FieldScorer(field, higher_is_better=True), **filter_options).calibrate(pairs)
 
 
+def calibrate_native(component: Callable[..., C], examples: Iterable[Any], field: str,
+                     **filter_options: Any) -> C:
+    """A component on its framework's native score, calibrated on labelled retriever output.
+
+    Parameters
+    ----------
+    component : type
+        The component class; it has ``native_pairs(examples, field=...)`` and takes
+        ``filter=`` and ``score_source=`` keywords.
+    examples : iterable
+        See the component's ``native_pairs``: ``(query, documents, relevant_ids[, topic])``.
+    field : str
+        The score's name in the keep rule and the artifact.
+    **filter_options
+        ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
+        ``min_keep``, ``group_by``).
+
+    Returns
+    -------
+    component
+        With ``score_source="native"`` and an in-memory filter (:func:`native_filter`);
+        ``.filter.save(path)`` writes its artifact.
+    """
+    pairs = component.native_pairs(examples, field=field)  # type: ignore[attr-defined]
+    return component(filter=native_filter(pairs, field, **filter_options), score_source="native")
+
+
 def native_pairs(examples: Iterable[Any], doc_type: type,
                  read: Callable[[Any], tuple[Any, str, Any, Mapping[str, Any]]],
                  *, field: str = "score", kind: str = "documents") -> list[Pair]:
@@ -322,6 +356,54 @@ def kept_metadata(flt: ConformalFilter, result: FilterResult, kept: Scored,
     if note:
         meta[NOTE_KEY] = note
     return meta
+
+
+def filter_documents(
+    flt: ConformalFilter, query: str, docs: Sequence[D], *, texts: Sequence[str],
+    metadatas: Sequence[Mapping[str, Any]], native: Sequence[Any] | None, native_name: str,
+    copy: Callable[..., D], log: logging.Logger, kind: str = "documents", removed: bool = True,
+) -> tuple[list[D], list[D], FilterResult, str | None]:
+    """Filter a framework's documents and copy the kept (and removed) ones, in input order.
+
+    The one path of every component: :func:`filter_items`, :meth:`ConformalFilter.filter`,
+    :func:`report_result`, then ``copy(doc, result, scored, note)`` for each kept document
+    and ``copy(doc, result, scored)`` for each removed one.
+
+    Parameters
+    ----------
+    flt : ConformalFilter
+        The component's filter.
+    query : str
+        The query the documents were retrieved for.
+    docs : sequence
+        The framework's documents (not modified).
+    texts, metadatas, native, native_name
+        Each document's text, metadata and native score (None unless
+        ``score_source="native"``), as :func:`filter_items` takes them.
+    copy : callable
+        The component's copy of a document with the filter's keys (:func:`kept_metadata`)
+        and its pruned text (:func:`pruned_text`).
+    log : logging.Logger
+        Where :func:`report_result` logs.
+    kind : str
+        How the documents are named in the log lines.
+    removed : bool
+        Copy the removed documents too (else the second list is empty).
+
+    Returns
+    -------
+    kept, removed : list
+        The copies.
+    result : FilterResult
+        The filter's result.
+    note : str or None
+        Why the rule kept nothing (:func:`empty_reason`); None when it kept some.
+    """
+    result = flt.filter(query, filter_items(flt, texts, metadatas, native, native_name))
+    note = report_result(log, flt, result, kind)
+    kept = [copy(docs[s.index], result, s, note) for s in result.kept]
+    out = [copy(docs[s.index], result, s) for s in result.removed] if removed else []
+    return kept, out, result, note
 
 
 def pruned_text(result: FilterResult, scored: Scored) -> str | None:

@@ -27,14 +27,13 @@ from ragsieve._optional import require
 from ragsieve._validation import check_instance, check_path, check_str
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
+    calibrate_native,
     check_score_source,
-    filter_items,
+    filter_documents,
     kept_metadata,
     load_filter,
-    native_filter,
     native_pairs,
     pruned_text,
-    report_result,
     split_options,
 )
 from ragsieve.types import FilterResult, Pair
@@ -222,27 +221,14 @@ class ConformalRanker:
     @classmethod
     def calibrate_native(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD,
                          **filter_options: Any) -> Self:
-        """A ranker on ``Document.score``, calibrated on labelled retriever output.
+        """A ranker on ``Document.score``, calibrated on labelled retriever output
+        (``examples`` as :meth:`native_pairs` takes them, ``field`` and the
+        ``ConformalFilter`` keywords as :func:`ragsieve.integrations.calibrate_native`).
 
-        Parameters
-        ----------
-        examples : iterable
-            See :meth:`native_pairs`.
-        field : str
-            The score's name in the keep rule and the artifact.
-        **filter_options
-            ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
-            ``min_keep``, ``group_by``).
-
-        Returns
-        -------
-        ConformalRanker
-            With ``score_source="native"``, on an in-memory filter: save it
-            (``ranker.filter.save(path)``) and use ``from_file(path, score_source="native")``
-            for a pipeline that serialises.
+        The filter is in memory: save it (``ranker.filter.save(path)``) and use
+        ``from_file(path, score_source="native")`` for a pipeline that serialises.
         """
-        return cls(filter=native_filter(cls.native_pairs(examples, field=field), field,
-                                        **filter_options), score_source="native")
+        return calibrate_native(cls, examples, field, **filter_options)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:
@@ -313,12 +299,10 @@ class ConformalRanker:
         if not docs:
             return self._outputs([], [], None, dropped)
         native = [d.score for d in docs] if self.score_source == "native" else None
-        items = filter_items(self.filter, [d.content or "" for d in docs], [d.meta for d in docs],
-                             native, _NATIVE_NAME)
-        result = self.filter.filter(query, items)
-        reason = report_result(logger, self.filter, result)
-        kept = [self._copy(docs[k.index], result, k, reason) for k in result.kept]
-        removed = [self._copy(docs[k.index], result, k) for k in result.removed]
+        kept, removed, result, reason = filter_documents(
+            self.filter, query, docs, texts=[d.content or "" for d in docs],
+            metadatas=[d.meta for d in docs], native=native, native_name=_NATIVE_NAME,
+            copy=self._copy, log=logger)
         return self._outputs(kept, removed, result, dropped, reason)
 
     def _with_text(self, docs: list[Document]) -> list[Document]:

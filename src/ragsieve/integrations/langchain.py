@@ -18,20 +18,18 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
     FromFileMixin,
+    calibrate_native,
     check_documents,
-    check_score_source,
-    filter_items,
+    filter_documents,
     kept_metadata,
-    native_filter,
     native_pairs,
     pruned_text,
-    report_result,
 )
 from ragsieve.types import Pair
 
@@ -39,7 +37,9 @@ require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables.config import run_in_executor
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
+
+from ragsieve.integrations._pydantic import ScoreSourceCheck
 
 __all__ = ["NATIVE_KEY", "ConformalCompressor", "bm25_relevance"]
 
@@ -88,7 +88,7 @@ def _read_native(doc: Document) -> tuple[Any, str, Any, dict[str, Any]]:
     return doc.id, doc.page_content, doc.metadata.get(NATIVE_KEY), dict(doc.metadata)
 
 
-class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
+class ConformalCompressor(FromFileMixin, ScoreSourceCheck, BaseDocumentCompressor):
     """Keep the documents a calibrated conformal filter keeps.
 
     Parameters
@@ -125,16 +125,12 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    native_score_name: ClassVar[str] = _NATIVE_NAME
 
     filter: ConformalFilter
     score_source: str = "filter"
     on_result: Callable[[list[Document], list[Document]], None] | None = Field(
         default=None, exclude=True)
-
-    @model_validator(mode="after")
-    def _check_score_source(self) -> Self:
-        check_score_source(self.filter, self.score_source, _NATIVE_NAME)
-        return self
 
     @classmethod
     def native_pairs(cls, examples: Iterable[Any], *, field: str = NATIVE_KEY) -> list[Pair]:
@@ -153,25 +149,11 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
     @classmethod
     def calibrate_native(cls, examples: Iterable[Any], *, field: str = NATIVE_KEY,
                          **filter_options: Any) -> Self:
-        """A compressor on ``metadata["relevance_score"]``, calibrated on labelled examples.
-
-        Parameters
-        ----------
-        examples : iterable
-            See :meth:`native_pairs`.
-        field : str
-            The score's name in the keep rule and the artifact.
-        **filter_options
-            ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
-            ``min_keep``, ``group_by``).
-
-        Returns
-        -------
-        ConformalCompressor
-            With ``score_source="native"``; ``comp.filter.save(path)`` writes its artifact.
-        """
-        return cls(filter=native_filter(cls.native_pairs(examples, field=field), field,
-                                        **filter_options), score_source="native")
+        """A compressor on ``metadata["relevance_score"]``, calibrated on labelled examples
+        (``examples`` as :meth:`native_pairs` takes them, ``field`` and the
+        ``ConformalFilter`` keywords as :func:`ragsieve.integrations.calibrate_native`);
+        ``comp.filter.save(path)`` writes its artifact."""
+        return calibrate_native(cls, examples, field, **filter_options)
 
     def compress_documents(
         self,
@@ -209,13 +191,12 @@ class ConformalCompressor(FromFileMixin, BaseDocumentCompressor):
             return []
         native = ([d.metadata.get(NATIVE_KEY) for d in docs]
                   if self.score_source == "native" else None)
-        items = filter_items(self.filter, [d.page_content for d in docs],
-                             [d.metadata for d in docs], native, _NATIVE_NAME)
-        result = self.filter.filter(query, items)
-        note = report_result(logger, self.filter, result)
-        out = [self._copy(docs[kept.index], result, kept, note) for kept in result.kept]
+        out, removed, _, _ = filter_documents(
+            self.filter, query, docs, texts=[d.page_content for d in docs],
+            metadatas=[d.metadata for d in docs], native=native, native_name=_NATIVE_NAME,
+            copy=self._copy, log=logger, removed=self.on_result is not None)
         if self.on_result is not None:
-            self.on_result(list(out), [self._copy(docs[r.index], result, r) for r in result.removed])
+            self.on_result(list(out), removed)
         return out
 
     def _copy(self, src: Document, result: Any, scored: Any, note: str | None = None) -> Document:

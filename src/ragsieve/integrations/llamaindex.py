@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from ragsieve._optional import require
 from ragsieve.artifact import Artifact
@@ -24,14 +24,12 @@ from ragsieve.integrations import (
     SPANS_KEY,
     THRESHOLD_KEY,
     FromFileMixin,
+    calibrate_native,
     check_documents,
-    check_score_source,
-    filter_items,
+    filter_documents,
     kept_metadata,
-    native_filter,
     native_pairs,
     pruned_text,
-    report_result,
 )
 from ragsieve.types import Pair
 
@@ -39,6 +37,8 @@ require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from pydantic import ConfigDict, Field, field_serializer, model_validator
+
+from ragsieve.integrations._pydantic import ScoreSourceCheck
 
 __all__ = ["ORIGINAL_SCORE_KEY", "ConformalPostprocessor"]
 
@@ -57,7 +57,7 @@ def _read_native(n: NodeWithScore) -> tuple[Any, str, Any, dict[str, Any]]:
             dict(n.node.metadata))
 
 
-class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
+class ConformalPostprocessor(FromFileMixin, ScoreSourceCheck, BaseNodePostprocessor):
     """Keep the nodes a calibrated conformal filter keeps.
 
     Parameters
@@ -100,6 +100,7 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    native_score_name: ClassVar[str] = _NATIVE_NAME
 
     filter: ConformalFilter
     scorer_options: dict[str, Any] = Field(
@@ -111,11 +112,6 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     on_result: Callable[[list[NodeWithScore], list[NodeWithScore]], None] | None = Field(
         default=None, exclude=True,
         description="Called per query with the kept and the removed nodes (not serialised).")
-
-    @model_validator(mode="after")
-    def _check_score_source(self) -> Self:
-        check_score_source(self.filter, self.score_source, _NATIVE_NAME)
-        return self
 
     @classmethod
     def native_pairs(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD) -> list[Pair]:
@@ -134,20 +130,10 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
     @classmethod
     def calibrate_native(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD,
                          **filter_options: Any) -> Self:
-        """A postprocessor on ``NodeWithScore.score``, calibrated on labelled examples.
-
-        Parameters
-        ----------
-        examples : iterable
-            See :meth:`native_pairs`.
-        field : str
-            The score's name in the keep rule and the artifact.
-        **filter_options
-            ``ConformalFilter`` keywords (``alpha``, ``calibrator`` (a mode name),
-            ``min_keep``, ``group_by``).
-        """
-        return cls(filter=native_filter(cls.native_pairs(examples, field=field), field,
-                                        **filter_options), score_source="native")
+        """A postprocessor on ``NodeWithScore.score``, calibrated on labelled examples
+        (``examples`` as :meth:`native_pairs` takes them, ``field`` and the
+        ``ConformalFilter`` keywords as :func:`ragsieve.integrations.calibrate_native`)."""
+        return calibrate_native(cls, examples, field, **filter_options)
 
     @model_validator(mode="before")
     @classmethod
@@ -203,15 +189,14 @@ class ConformalPostprocessor(FromFileMixin, BaseNodePostprocessor):
         nodes = check_documents(nodes, NodeWithScore, "nodes")
         if not nodes:
             return []
-        texts = [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
         native = [n.score for n in nodes] if self.score_source == "native" else None
-        items = filter_items(self.filter, texts, [n.node.metadata for n in nodes], native,
-                             _NATIVE_NAME)
-        result = self.filter.filter(query_bundle.query_str, items)
-        note = report_result(logger, self.filter, result, "nodes")
-        out = [self._copy(nodes[kept.index], result, kept, note) for kept in result.kept]
+        out, removed, _, _ = filter_documents(
+            self.filter, query_bundle.query_str, nodes,
+            texts=[n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
+            metadatas=[n.node.metadata for n in nodes], native=native, native_name=_NATIVE_NAME,
+            copy=self._copy, log=logger, kind="nodes", removed=self.on_result is not None)
         if self.on_result is not None:
-            self.on_result(list(out), [self._copy(nodes[r.index], result, r) for r in result.removed])
+            self.on_result(list(out), removed)
         return out
 
     def _copy(self, src: NodeWithScore, result: Any, scored: Any,

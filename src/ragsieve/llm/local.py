@@ -553,7 +553,8 @@ def serve(
     quiet: bool = True,
     on_ready: Callable[[LocalLLMServer], None] | None = _announce,
 ) -> None:
-    """Serve a local model until Ctrl-C (``ragsieve llm serve``).
+    """Serve a local model until Ctrl-C (``ragsieve llm serve``); Ctrl-C while the model
+    is still loading stops it as well, and returns normally.
 
     Parameters
     ----------
@@ -570,16 +571,16 @@ def serve(
     """
     server = LocalLLMServer(model, host=host, port=port, threads=threads, n_ctx=n_ctx,
                             n_parallel=n_parallel, quiet=quiet)
-    with server:
-        logger.info("serving %s at %s", server.model_name, server.base_url)
-        if on_ready is not None:
-            on_ready(server)
-        try:
+    try:  # Ctrl-C while the model loads stops it too (the context manager ends the process)
+        with server:
+            logger.info("serving %s at %s", server.model_name, server.base_url)
+            if on_ready is not None:
+                on_ready(server)
             while server.is_running:
                 time.sleep(0.5)
-        except KeyboardInterrupt:
-            logger.info("interrupted: stopping %s", server.model_name)
-            return
-        code = server._proc.returncode if server._proc is not None else None
+            code = server._proc.returncode if server._proc is not None else None
+    except KeyboardInterrupt:
+        logger.info("interrupted: stopping %s", server.model_name)
+        return
     raise LLMError(f"the local LLM server for {server.model_name!r} exited on its own "
                    f"(code {code}).")
