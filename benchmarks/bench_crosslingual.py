@@ -60,11 +60,11 @@ from ragsieve.calibration.inputs import CalibrationInputs
 from ragsieve.data import load_dataset
 from ragsieve.data.splits import group_splits
 from ragsieve.embeddings import choose_model
-from ragsieve.embeddings.languages import E5_ID, MINILM_ID, MODEL_LANGUAGES, USE_ID
+from ragsieve.embeddings.languages import E5_ID, MINILM_ID, USE_ID
 from ragsieve.evaluation import evaluate
 from ragsieve.scoring import AutoScorer, EmbeddingScorer, FusedScorer
 from ragsieve.scoring.lexical import ListBM25Scorer
-from ragsieve.scoring.signals import DEFAULT_PRESET
+from ragsieve.scoring.signals import DEFAULT_PRESET, other_embedders
 
 TARGETS = ("de", "es", "zh", "el", "ro")
 SHORT = {MINILM_ID: "MiniLM", USE_ID: "USE", E5_ID: "e5-small-q4"}
@@ -117,17 +117,6 @@ def conformal_row(report: Any, alpha: float) -> dict[str, Any]:
     return rows[0]
 
 
-def both_language_embedders(base: EmbeddingScorer, query_language: str) -> list[EmbeddingScorer]:
-    """Every bundled embedder but the base's trained on both the base's (the snippets')
-    language and ``query_language``, sharing the base's cache directory and batch size."""
-    wanted = {base.language, query_language}
-    own = base.model_id.removesuffix("@onnx-int8")
-    return [EmbeddingScorer(model_id, language=base.language, cache_dir=base.cache_dir,
-                            batch_size=base.batch_size)
-            for model_id, languages in MODEL_LANGUAGES.items()
-            if wanted <= languages and model_id != own]
-
-
 def added_scores(cosine: EmbeddingScorer, query_language: str,
                  presets: list[str]) -> list[tuple[str, Any]]:
     """The fused scores ``--presets`` adds over ``cosine`` (the deployed score's base), named:
@@ -136,7 +125,7 @@ def added_scores(cosine: EmbeddingScorer, query_language: str,
     named: list[tuple[str, Any]] = []
     if "quality" in presets:
         named.append((QUALITY, FusedScorer.unfitted(cosine, preset="quality")))
-    others = both_language_embedders(cosine, query_language)
+    others = other_embedders(cosine, [query_language])
     if "embedders" in presets and others:
         named.append((EMBEDDERS, FusedScorer(cosine, signals=[*others, ListBM25Scorer()],
                                              learner="logistic")))

@@ -20,7 +20,9 @@ from ragsieve.data.splits import group_splits
 from ragsieve.errors import DataError
 from ragsieve.evaluation import AnswerConfig, evaluate_answers, format_answer_table
 from ragsieve.evaluation.answer_metrics import answer_in_context
+from ragsieve.evaluation.answers import _evidence_spans, _queries
 from ragsieve.evaluation.sweep import ScoredData
+from ragsieve.types import Pair
 from ragsieve.units import sentence_pairs
 
 ALPHA, SEED = 0.2, 3
@@ -101,8 +103,8 @@ def test_oracle_rows_keep_the_labels_relevant_snippets_and_their_evidence_senten
         # the answer sits in the evidence sentences wherever it sits in the relevant snippets
         assert measured["answer_in_context"] == whole[qid]["answer_in_context"], qid
     assert shorter > len(evidence) // 2  # most relevant snippets hold sentences besides the evidence
-    assert report.row("oracle (sentence)")["answer_in_context_mean"] > 0.95
     oracle = report.row("oracle (sentence)")
+    assert oracle["answer_in_context_mean"] > 0.95
     assert oracle["context_chars_mean"] < report.row("oracle")["context_chars_mean"]
 
 
@@ -149,3 +151,17 @@ def test_cli_answers_unit_sentence(xquad_en, tmp_path: Path, capsys, embedding_c
     assert {"all", "conformal", "conformal (sentence)"} <= set(methods)
     sentence = methods["conformal (sentence)"]
     assert sentence["unit"] == "sentence" and np.isfinite(sentence["context_chars_mean"])
+
+
+def test_oracle_evidence_reads_answers_from_any_line_of_the_query() -> None:
+    # the query's answers stand on its first line only; its relevant snippet is the second
+    pairs = [Pair("q1", "Who built it?", "d:0", "Paris is big.", relevant=0, group="t",
+                  meta={"answers": ["Gustave Eiffel"]}),
+             Pair("q1", "Who built it?", "d:1", "It is tall. Gustave Eiffel built it.", relevant=1,
+                  group="t"),
+             Pair("q2", "When?", "e:0", "In 1889 it opened. Crowds came.", relevant=1, group="u",
+                  meta={"answers": ["1889"]})]
+    data = ScoredData.from_pairs(pairs, np.zeros(len(pairs)))
+    queries = _queries(pairs, data, None)
+    spans = _evidence_spans(pairs, queries, np.ones(len(queries), dtype=bool), None)
+    assert spans == {1: ((12, 36),), 2: ((0, 18),)}

@@ -656,17 +656,26 @@ def test_alarm_fires_on_unrelated_snippets_and_is_reported(
 
 def test_worker_socket_gets_tcp_nodelay() -> None:
     """The workers' listening socket is marked TCP, so asyncio sets TCP_NODELAY on every
-    connection (uvicorn's own bind leaves proto 0: each keep-alive response then waited
-    ~40 ms for the client's delayed ACK)."""
+    connection (a socket bound with proto 0, as some uvicorn releases bind it, would make
+    each keep-alive response wait ~40 ms for the client's delayed ACK)."""
     import asyncio
 
     from ragsieve.server.workers import _tcp
 
+    # whatever this uvicorn release binds, the socket the workers get is marked TCP
     config = uvicorn.Config("ragsieve.server.workers:app_from_env", host="127.0.0.1", port=0)
-    raw = config.bind_socket()
-    assert raw.proto == 0  # what uvicorn gives: asyncio would skip TCP_NODELAY
+    bound = _tcp(config.bind_socket())
+    bound.close()
+    assert bound.proto == socket.IPPROTO_TCP
+    # and a proto-0 socket (asyncio would skip TCP_NODELAY on it) is re-marked in place
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+    raw.bind(("127.0.0.1", 0))
+    raw.listen()
+    assert raw.proto == 0
+    port = raw.getsockname()[1]
     sock = _tcp(raw)
-    assert sock.proto == socket.IPPROTO_TCP
+    assert sock.proto == socket.IPPROTO_TCP and sock.getsockname()[1] == port
+    assert _tcp(sock) is sock  # already TCP: kept as it is
     seen: list[int] = []
 
     async def main() -> None:

@@ -326,29 +326,39 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
     return out
 
 
+def _evidence_spans(pairs: list[Pair], queries: list[_Query], answerable: np.ndarray,
+                    language: str | None) -> dict[int, tuple[tuple[int, int], ...]]:
+    """The evidence sentences' spans of every relevant snippet of the answerable queries, by
+    pair index (:func:`ragsieve.units.sentence_pairs` over each query's whole list, so the
+    query's ``answers`` count on whichever of its lines they stand)."""
+    from ..units import sentence_pairs
+
+    lists = [queries[q].positions.tolist() for q in np.flatnonzero(answerable).tolist()]
+    owner = {(pairs[i].query_id, k): i for positions in lists for k, i in enumerate(positions)}
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for s in sentence_pairs([pairs[i] for positions in lists for i in positions], language=language):
+        if s.relevant == 1:
+            i = owner[(s.query_id, int(s.meta["parent_position"]))]
+            spans.setdefault(i, []).append((int(s.meta["sentence_start"]), int(s.meta["sentence_end"])))
+    return {i: tuple(v) for i, v in spans.items()}
+
+
 def _oracle_contexts(pairs: list[Pair], queries: list[_Query], test_queries: np.ndarray,
-                     language: str | None, pruned: dict[_Item, str],
+                     evidence_spans: dict[int, tuple[tuple[int, int], ...]],
+                     pruned: dict[_Item, str],
                      ) -> list[tuple[_Row, dict[int, tuple[_Item, ...]]]]:
     """The two oracle rows of the sentence unit (labels, not a score, choose): ``oracle``
     keeps every relevant snippet whole, ``oracle (sentence)`` only the evidence sentences of
-    the relevant snippets (:func:`ragsieve.units.sentence_pairs`' labels). They bound what
-    any score can remove at either unit; each item's text goes into ``pruned``."""
-    from ..units import sentence_pairs
-
+    the relevant snippets (:func:`_evidence_spans`). They bound what any score can remove
+    at either unit; each item's text goes into ``pruned``."""
     whole: dict[int, tuple[_Item, ...]] = {}
     evidence: dict[int, tuple[_Item, ...]] = {}
     for q in test_queries.tolist():
-        pos = [i for i in queries[q].positions.tolist() if pairs[i].relevant == 1]
-        whole[q] = tuple((i, ()) for i in pos)
-        items = []
-        for i in pos:
-            spans = tuple((int(s.meta["sentence_start"]), int(s.meta["sentence_end"]))
-                          for s in sentence_pairs([pairs[i]], language=queries[q].language or language)
-                          if s.relevant == 1)
-            if spans:
-                item = (i, spans)
-                pruned[item] = " ".join(pairs[i].text[b:e] for b, e in spans)
-                items.append(item)
+        relevant = [i for i in queries[q].positions.tolist() if pairs[i].relevant == 1]
+        whole[q] = tuple((i, ()) for i in relevant)
+        items = [(i, evidence_spans[i]) for i in relevant if i in evidence_spans]
+        for item in items:
+            pruned[item] = " ".join(pairs[item[0]].text[b:e] for b, e in item[1])
         evidence[q] = tuple(items)
     return [(_Row("oracle", "oracle", ()), whole),
             (_Row("oracle (sentence)", "oracle (sentence)", (("unit", "sentence"),)), evidence)]
@@ -441,6 +451,8 @@ def evaluate_answers(
     assignments: list[tuple[str, int, tuple[_Item, ...]]] = []
     k_values: dict[str, list[float]] = {}
     pruned: dict[_Item, str] = {}  # the text of every sentence-unit item (Scored.pruned_text)
+    evidence_spans = (_evidence_spans(pairs, queries, answerable, config.language)
+                      if config.unit == "sentence" else {})
     for split_no, (cal_idx, tq) in enumerate(tests):
         if not data.relevant[cal_idx].any():
             logger.warning("split %d skipped: no relevant snippet among its calibration topics", split_no)
@@ -459,7 +471,7 @@ def evaluate_answers(
                                                        pruned):
                 rows.setdefault(row.label, row)
                 assignments.extend((row.label, q, items) for q, items in contexts_of.items())
-            for row, contexts_of in _oracle_contexts(pairs, queries, tq, config.language, pruned):
+            for row, contexts_of in _oracle_contexts(pairs, queries, tq, evidence_spans, pruned):
                 rows.setdefault(row.label, row)
                 assignments.extend((row.label, q, items) for q, items in contexts_of.items())
     if not assignments:

@@ -30,7 +30,7 @@ learns from the base alone, as before the presets existed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..embeddings.languages import MODEL_LANGUAGES, normalise_language
@@ -39,7 +39,8 @@ from .embedding import EmbeddingScorer
 from .lexical import ListBM25Scorer
 from .sentence_cosine import SentenceCosineScorer
 
-__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LEARNERS", "preset_signals", "signal_label"]
+__all__ = ["DEFAULT_PRESET", "PRESETS", "PRESET_LEARNERS", "other_embedders", "preset_signals",
+           "signal_label"]
 
 PRESETS = ("base", "fast", "quality")
 #: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``. On the
@@ -87,15 +88,28 @@ def preset_signals(base: Scorer, preset: str) -> list[Scorer]:
         return []
     if preset == "fast":
         return [ListBM25Scorer()]
+    return [*other_embedders(base), ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
+
+
+def other_embedders(base: EmbeddingScorer, also: Iterable[str] = ()) -> list[Scorer]:
+    """Every bundled embedder but ``base``'s model trained on the base's language and on
+    each language of ``also`` (e.g. the queries' language, for queries across languages).
+
+    In the order of :data:`~ragsieve.embeddings.languages.MODEL_LANGUAGES`, each on the
+    base's language, cache directory and batch size.
+
+    Examples
+    --------
+    >>> [s.spec()["model"] for s in other_embedders(EmbeddingScorer(language="de"), ["en"])]
+    ['multilingual-e5-small-q4']
+    """
     language = normalise_language(base.language)
+    wanted = {language, *(normalise_language(x) for x in also)}
     own = base.model_id.removesuffix("@onnx-int8")
-    others: list[Scorer] = [
-        EmbeddingScorer(model_id, language=language, cache_dir=base.cache_dir,
-                        batch_size=base.batch_size)
-        for model_id, languages in MODEL_LANGUAGES.items()
-        if language in languages and model_id != own
-    ]
-    return [*others, ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
+    return [EmbeddingScorer(model_id, language=language, cache_dir=base.cache_dir,
+                            batch_size=base.batch_size)
+            for model_id, languages in MODEL_LANGUAGES.items()
+            if wanted <= languages and model_id != own]
 
 
 def signal_label(spec: Mapping[str, Any]) -> str:

@@ -240,8 +240,9 @@ def _remove_monitor_stores(state: Path) -> None:
 def _tcp(sock: socket.socket) -> socket.socket:
     """The listening socket marked as TCP (``proto = IPPROTO_TCP``).
 
-    uvicorn binds it with ``proto = 0``; the accepted connections inherit that, and asyncio
-    sets ``TCP_NODELAY`` only on sockets whose ``proto`` is TCP. Without it every response
+    Some uvicorn releases bind it with ``proto = 0`` (newer ones pass ``IPPROTO_TCP``, and the
+    socket is then returned as it is); the accepted connections inherit it, and asyncio sets
+    ``TCP_NODELAY`` only on sockets whose ``proto`` is TCP. Without it every response
     on a keep-alive connection waited for the client's delayed ACK (about 40 ms per request,
     measured with ``benchmarks/bench_server_workers.py``).
     """
