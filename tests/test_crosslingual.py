@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ragsieve import ConformalFilter
@@ -157,6 +158,9 @@ def test_languages_are_detected_apart(en2de: list[Pair]) -> None:
     scorer, choice, (code, _source) = AutoScorer().resolve(en2de)
     assert code == "de" and choice.alias == "best"
     assert scorer.base_scorer().spec() == {"scorer": "embedding", "model": USE_ID}
+    # across languages the preset adds the other embedder trained on both (e5), beside BM25
+    assert [s.spec()["scorer"] + ":" + s.spec().get("model", "") for s in scorer.signals] == [
+        f"embedding:{E5_ID}", "bm25-list:"]
 
 
 def test_an_undecided_side_takes_the_other_sides_language() -> None:
@@ -181,6 +185,7 @@ def test_auto_filter_on_english_questions_over_german(en2de: list[Pair],
     info = flt.calibration_info
     assert info["language"] == "de" and info["query_language"] == "en"
     assert flt.scorer.base_scorer().spec()["model"] == USE_ID
+    assert [sig.get("model") for sig in flt.scorer.spec()["signals"]] == [E5_ID, None]
     artifact = flt.to_artifact()
     assert (artifact.language, artifact.query_language) == ("de", "en")
     query = next(p for p in en2de if p.query_id not in {q.query_id for q in pairs})
@@ -188,6 +193,11 @@ def test_auto_filter_on_english_questions_over_german(en2de: list[Pair],
     result = flt.filter(query.query, [p.text for p in listed])
     relevant = {str(i) for i, p in enumerate(listed) if p.relevant}
     assert 0 < len(result.kept_ids) < len(listed) and relevant & set(result.kept_ids)
+    # the saved filter rebuilds both embedders from its spec, no language needed
+    again = ConformalFilter.from_artifact(type(artifact).from_dict(artifact.to_dict()))
+    rebuilt = again.filter(query.query, [p.text for p in listed])
+    np.testing.assert_allclose(rebuilt.scores, result.scores, rtol=1e-5)  # float32 batches
+    assert rebuilt.kept_ids == result.kept_ids
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

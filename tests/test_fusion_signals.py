@@ -175,6 +175,38 @@ def test_malformed_trees_are_refused(edit: Any, error: type[Exception], message:
 
 
 # ------------------------------------------------------------------ presets and specs
+def test_presets_across_languages_take_the_embedders_of_both(embedding_cache_dir: Path) -> None:
+    """Queries in another language: ``fast`` adds every other embedder trained on both
+    languages (BM25 matches only shared words), ``quality`` takes only those; a query
+    language equal to the snippets' is no change."""
+    def models(model: str, language: str, preset: str, query_language: str | None) -> list[str]:
+        base = EmbeddingScorer(model, language=language, cache_dir=embedding_cache_dir)
+        return [s.spec()["scorer"] + ":" + s.spec().get("model", "")
+                for s in preset_signals(base, preset, query_language)]
+
+    use, e5, minilm = "usem3-multilingual", "multilingual-e5-small-q4", "all-MiniLM-L6-v2"
+    assert models(use, "de", "fast", "en") == [f"embedding:{e5}", "bm25-list:"]
+    assert models(use, "de", "fast", "de") == models(use, "de", "fast", None) == ["bm25-list:"]
+    assert models(use, "de", "fast", "DE-at") == ["bm25-list:"]  # the same language, spelt so
+    assert models(e5, "el", "fast", "en") == ["bm25-list:"]  # no other model knows both
+    # English snippets, German queries: MiniLM (English only) is left out of quality
+    assert models(use, "en", "quality", None) == [f"embedding:{minilm}", f"embedding:{e5}",
+                                                  "bm25-list:", f"sentence-cos:{use}"]
+    assert models(use, "en", "quality", "de") == [f"embedding:{e5}", "bm25-list:",
+                                                  f"sentence-cos:{use}"]
+    assert models(use, "en", "base", "de") == []
+    # the best alias chooses the model of both languages and the signals of both
+    best = resolve_scorer("best", language="de", query_language="en", cache_dir=embedding_cache_dir)
+    assert best.base.spec()["model"] == use  # type: ignore[attr-defined]
+    assert [s.spec().get("model") for s in best.signals] == [e5, None]  # type: ignore[attr-defined]
+    assert resolve_scorer("best", language="de").spec()["signals"] == [  # type: ignore[index]
+        ListBM25Scorer().spec()]
+    # a saved spec records the signals: it rebuilds the same score without the languages
+    assert resolve_scorer(best.spec()).spec() == best.spec()
+    with pytest.raises(TypeError, match="query_language"):
+        FusedScorer(language="de", query_language=7)  # type: ignore[arg-type]
+
+
 def test_preset_signals_follow_the_base_language(embedding_cache_dir: Path) -> None:
     def models(language: str, preset: str) -> list[str]:
         base = EmbeddingScorer(language=language, cache_dir=embedding_cache_dir)
@@ -214,6 +246,13 @@ def test_the_preset_is_a_declared_option_with_a_flag() -> None:
     assert spec["scorer"] == "best" and spec["preset"] == "quality"
     assert spec["learner"] == PRESET_LEARNERS["quality"]
     assert [s["scorer"] for s in spec["signals"]] == ["embedding", "bm25-list", "sentence-cos"]
+    # --scorer best across languages: the model and the preset's embedders know both
+    for given in (["--language", "de", "--query-language", "en"], ["--data", "xquad-en2de"]):
+        args = build_parser().parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
+                                          "--no-cache", "--scorer", "best", *given])
+        spec = make_scorer(args).spec()
+        assert spec["base"]["model"] == "usem3-multilingual", given
+        assert [s.get("model") for s in spec["signals"]] == ["multilingual-e5-small-q4", None]
 
 
 @pytest.mark.parametrize("learner", ["logistic", "boosted"])

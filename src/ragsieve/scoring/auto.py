@@ -317,7 +317,9 @@ class AutoScorer(Scorer):
         if options["model"] is None and found.cross:  # a model trained on both languages
             options["model"] = choose_model(str(found.code), found.query_code)
         base = resolve_scorer("embedding", language=found.code, **options)
-        scorer = resolve_scorer("best", base=base) if choice.alias == "best" else base
+        # across languages the preset's signals are those for queries in another language
+        cross = {"query_language": found.query_code} if found.cross else {}
+        scorer = resolve_scorer("best", base=base, **cross) if choice.alias == "best" else base
         return scorer, choice, (str(found.code), found.source)
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:

