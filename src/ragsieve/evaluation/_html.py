@@ -40,6 +40,10 @@ section.query{border:1px solid #d0d7de;border-radius:6px;padding:.6em .9em;margi
 ul.kept,ul.removed{list-style:none;padding:0;margin:.3em 0}
 ul.kept li,ul.removed li{padding:.3em .5em;margin:.2em 0;border-radius:4px;overflow-wrap:anywhere}
 ul.kept li{background:#dafbe1}ul.removed li{background:#ffebe9;color:#3b3b3b}
+ul.kept li.sentences,ul.removed li.sentences{background:#f6f8fa;color:inherit}
+.sentence{display:block;padding:.15em .5em;margin:.2em 0;border-radius:3px;border-left:4px solid}
+.sentence.kept{background:#dafbe1;border-color:#1a7f37}
+.sentence.removed{background:#ffebe9;border-color:#cf222e;color:#3b3b3b}
 .score{font-variant-numeric:tabular-nums;font-weight:600;margin-right:.5em}
 .label{font-size:.8em;padding:0 .35em;border-radius:3px;background:#eaeef2;margin-right:.4em}
 .muted{color:#57606a}.note{color:#9a6700}pre{background:#f6f8fa;padding:.6em;overflow:auto;

@@ -3,7 +3,9 @@
 :func:`build_report` shows what a saved filter does to a data file (``ragsieve report``):
 the guarantee in plain words, the keep rule in the score's own units, coverage and removal
 with bootstrap intervals when the data has labels, the trade-off figure, and per query the
-kept and removed snippets with their scores against the threshold.
+kept and removed snippets with their scores against the threshold. For a filter of unit
+``"sentence"`` the measures are of evidence sentences, sentences and characters (beside the
+snippet view), and each listed snippet shows its sentences, kept or removed.
 :func:`evaluation_page` and :func:`answers_page` are the pages of ``evaluate --html`` and
 ``answers --html``. All pages share the skeleton of :mod:`ragsieve.evaluation._html`: no
 network, no script, every text escaped.
@@ -12,7 +14,11 @@ The DOM carries stable hooks for tests and users: ``<p class="threshold"
 data-threshold=...>``, ``<section class="query" data-query-id=... data-threshold=...>``
 holding ``<ul class="kept">`` and ``<ul class="removed">`` of ``<li data-snippet-id=...
 data-score=... data-label=...>`` (``data-score`` is the filter's score, lower = keep, as
-``FilterResult`` gives it; ``data-value`` the same in the score's own units).
+``FilterResult`` gives it; ``data-value`` the same in the score's own units). Unit
+``"sentence"``: each such ``<li class="sentences">`` (its score the best sentence's) holds
+``<span class="sentence kept|removed" data-start=... data-end=... data-score=... data-value=...
+data-label=...>`` per sentence, offsets in the snippet text, label ``evidence``, ``not
+evidence`` or ``unknown``.
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int
-from ..types import FilterResult, Pair
+from ..errors import DataError
+from ..types import FilterResult, Pair, Scored
+from ..units import sentence_pairs
 from ._html import esc, figure, fmt, page, png_figure, table, write_page
 
 __all__ = [
@@ -152,6 +160,10 @@ def _guarantee_block(flt: Any) -> str:
     parts = [(f"<p class=\"guarantee\" data-mode=\"{esc(flt.mode)}\"><strong>Guarantee "
               f"({esc(flt.mode)}):</strong> {esc(g['statement'])}.</p>")]
     extra = []
+    if g.get("unit") == "sentence":
+        extra.append("The calibrated units are the sentences of the snippets, the relevant ones "
+                     "the evidence sentences of relevant snippets: each sentence is scored and "
+                     "kept on its own, and a snippet is passed on as its kept sentences.")
     if g.get("infinite"):
         extra.append(f"The calibration set was too small for this alpha ({g.get('n_calibration')} "
                      f"points, {g.get('n_required')} needed): the filter keeps everything.")
@@ -174,58 +186,170 @@ def _label(pair: Pair | None) -> str:
     return "relevant" if pair.relevant == 1 else "not relevant"
 
 
-def _snippet_li(scored: Any, flt: Any, rule_op: str, threshold: float, kept: bool,
-                pair: Pair | None) -> str:
-    value = _in_units(flt.scorer, scored.score)
+_SENTENCE_LABELS = {1: "evidence", 0: "not evidence", None: "unknown"}
+"""A sentence's label on the page (``sentence_pairs``' 1, 0 and None)."""
+
+
+def _compare(flt: Any, rule_op: str, score: float, threshold: float,
+             kept: bool) -> tuple[float, str]:
+    """A filter score in the score's own units and, as the page shows it, against the threshold
+    (``0.422 <= 0.527`` when kept, ``0.648 > 0.527`` when not)."""
+    value = _in_units(flt.scorer, score)
     tau = _in_units(flt.scorer, threshold)
     op = rule_op if kept else _MISSED.get(rule_op, "vs")
-    compare = f"{_number(value)} {op} {_number(tau)}"
+    return value, f"{_number(value)} {op} {_number(tau)}"
+
+
+def _snippet_li(scored: Scored, flt: Any, rule_op: str, threshold: float, kept: bool,
+                pair: Pair | None, sentences: str | None = None) -> str:
+    """One snippet of a kept or removed list: its score against the threshold, its label, its
+    id and its text, or (unit sentence) ``sentences``, its sentences' HTML, with the score
+    of its best sentence."""
+    value, compare = _compare(flt, rule_op, scored.score, threshold, kept)
     label = _label(pair)
-    return (f"<li data-snippet-id=\"{esc(scored.snippet_id)}\" data-score=\"{esc(repr(scored.score))}\" "
+    if sentences is None:
+        klass, content = "", f"<span class=\"text\">{esc(scored.text)}</span>"
+    else:
+        klass, compare, content = " class=\"sentences\"", f"best sentence {compare}", sentences
+    return (f"<li{klass} data-snippet-id=\"{esc(scored.snippet_id)}\" "
+            f"data-score=\"{esc(repr(scored.score))}\" "
             f"data-value=\"{esc(repr(value))}\" data-label=\"{esc(label)}\">"
             f"<span class=\"score\">{esc(compare)}</span>"
             f"<span class=\"label\">{esc(label)}</span>"
-            f"<span class=\"id muted\">{esc(scored.snippet_id)}</span> "
-            f"<span class=\"text\">{esc(scored.text)}</span></li>")
+            f"<span class=\"id muted\">{esc(scored.snippet_id)}</span> {content}</li>")
+
+
+def _sentence_span(text: str, sentence: tuple[int, int, int, float, bool], label: int | None,
+                   flt: Any, rule_op: str, threshold: float) -> str:
+    """One sentence of a snippet (a ``FilterResult.sentences`` record): kept or removed, its
+    score against the threshold, its evidence label, its text."""
+    _, start, end, score, kept = sentence
+    value, compare = _compare(flt, rule_op, score, threshold, kept)
+    name = _SENTENCE_LABELS[label]
+    return (f"<span class=\"sentence {'kept' if kept else 'removed'}\" data-start=\"{start}\" "
+            f"data-end=\"{end}\" data-score=\"{esc(repr(score))}\" "
+            f"data-value=\"{esc(repr(value))}\" data-label=\"{esc(name)}\">"
+            f"<span class=\"score\">{esc(compare)}</span>"
+            f"<span class=\"label\">{esc(name)}</span>"
+            f"<span class=\"text\">{esc(text[start:end])}</span></span>")
 
 
 def _query_section(qid: str, result: FilterResult, flt: Any, rule_op: str,
-                   labels: Mapping[tuple[str, str], Pair]) -> str:
-    def items(scored: Sequence[Any], kept: bool) -> str:
-        lis = [_snippet_li(s, flt, rule_op, result.threshold, kept, labels.get((qid, s.snippet_id)))
-               for s in scored]
-        return "".join(lis) or "<li class=\"none muted\">none</li>"
+                   labels: Mapping[tuple[str, str], Pair],
+                   sentence_labels: Mapping[tuple[str, int, int], int | None]) -> str:
+    """A query's kept and removed snippets; unit sentence: each with its sentences
+    (``sentence_labels`` keyed by query id, snippet position and sentence start)."""
+    by_snippet: dict[int, list[tuple[int, int, int, float, bool]]] = {}
+    for sentence in result.sentences:
+        by_snippet.setdefault(sentence[0], []).append(sentence)
+
+    def li(s: Scored, kept: bool) -> str:
+        pair = labels.get((qid, s.snippet_id))
+        if result.unit != "sentence":
+            return _snippet_li(s, flt, rule_op, result.threshold, kept, pair)
+        spans = "".join(_sentence_span(s.text, x, sentence_labels.get((qid, s.index, x[1])),
+                                       flt, rule_op, result.threshold)
+                        for x in by_snippet.get(s.index, ()))
+        return _snippet_li(s, flt, rule_op, result.threshold, kept, pair,
+                           spans or "<span class=\"muted\">no sentence (blank text)</span>")
+
+    def items(scored: Sequence[Scored], kept: bool) -> str:
+        return "".join(li(s, kept) for s in scored) or "<li class=\"none muted\">none</li>"
 
     note = f"<p class=\"note\">{esc(result.note)}</p>" if result.note else ""
+    counts = f"kept {len(result.kept)} of {result.n_input} (removed {result.removal:.0%})"
+    heads = ("kept", "removed")
+    if result.unit == "sentence":
+        n_kept = sum(s[4] for s in result.sentences)
+        n_all = len(result.sentences)
+        counts = (f"snippets {counts}; sentences kept {n_kept} of {n_all} (removed "
+                  f"{1 - n_kept / n_all if n_all else 0.0:.0%})")
+        heads = ("kept (snippets with a kept sentence)", "removed (no sentence kept)")
     return (f"<section class=\"query\" data-query-id=\"{esc(qid)}\" "
             f"data-threshold=\"{esc(repr(result.threshold))}\">"
             f"<h3>{esc(result.query)}</h3>"
-            f"<p class=\"muted\">{esc(qid)}: kept {len(result.kept)} of {result.n_input} "
-            f"(removed {result.removal:.0%})</p>{note}"
-            f"<h4>kept</h4><ul class=\"kept\">{items(result.kept, True)}</ul>"
-            f"<h4>removed</h4><ul class=\"removed\">{items(result.removed, False)}</ul></section>")
+            f"<p class=\"muted\">{esc(qid)}: {counts}</p>{note}"
+            f"<h4>{heads[0]}</h4><ul class=\"kept\">{items(result.kept, True)}</ul>"
+            f"<h4>{heads[1]}</h4><ul class=\"removed\">{items(result.removed, False)}</ul>"
+            "</section>")
 
 
-def _aligned(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> np.ndarray:
-    """Each pair's score as the filter gave it (the lowest of its pieces' scores)."""
+def _positions(pairs: Sequence[Pair]) -> list[int]:
+    """Each pair's position in its query's list (the ``Scored.index`` the filter gives it)."""
     by_query: dict[str, int] = {}
-    out = np.empty(len(pairs))
-    for i, p in enumerate(pairs):
+    out = []
+    for p in pairs:
         k = by_query.get(p.query_id, 0)
-        out[i] = results[p.query_id].scores[k]
+        out.append(k)
         by_query[p.query_id] = k + 1
     return out
 
 
+def _aligned(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> np.ndarray:
+    """Each pair's score as the filter gave it (the lowest of its pieces' scores)."""
+    return np.array([results[p.query_id].scores[k] for p, k in zip(pairs, _positions(pairs),
+                                                                    strict=True)], dtype=float)
+
+
 def _kept_mask(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> np.ndarray:
-    by_query: dict[str, int] = {}
-    keep = np.zeros(len(pairs), dtype=bool)
     kept_index = {qid: {s.index for s in r.kept} for qid, r in results.items()}
-    for i, p in enumerate(pairs):
-        k = by_query.get(p.query_id, 0)
-        keep[i] = k in kept_index[p.query_id]
-        by_query[p.query_id] = k + 1
-    return keep
+    return np.array([k in kept_index[p.query_id] for p, k in zip(pairs, _positions(pairs),
+                                                                  strict=True)], dtype=bool)
+
+
+@dataclass(frozen=True)
+class _Sentences:
+    """Every sentence a filter of unit ``"sentence"`` scored on the data, with its label.
+
+    Attributes
+    ----------
+    parent : numpy.ndarray of int
+        Index in the pairs of each sentence's snippet.
+    kept, labelled, evidence : numpy.ndarray of bool
+        Kept by the filter; labelled (its snippet is); evidence (label 1).
+    chars : numpy.ndarray of int
+        Characters of each sentence.
+    labels : mapping
+        ``(query id, snippet position, sentence start) -> 1, 0 or None``.
+    error : str or None
+        Why the data's evidence sentences cannot be told apart (then every label is None).
+    """
+
+    parent: np.ndarray
+    kept: np.ndarray
+    labelled: np.ndarray
+    evidence: np.ndarray
+    chars: np.ndarray
+    labels: Mapping[tuple[str, int, int], int | None]
+    error: str | None
+
+
+def _sentence_labels(pairs: Sequence[Pair]) -> tuple[dict[tuple[str, int, int], int | None],
+                                                       str | None]:
+    """Evidence labels of every sentence (:func:`ragsieve.units.sentence_pairs`), or none and
+    the reason when the data cannot give them."""
+    try:
+        found = sentence_pairs(pairs)
+    except DataError as exc:
+        return {}, str(exc)
+    return {(p.query_id, p.meta["parent_position"], p.meta["sentence_start"]): p.relevant
+            for p in found}, None
+
+
+def _sentences(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> _Sentences:
+    """The sentences of ``results`` (unit ``"sentence"``) aligned with ``pairs``."""
+    labels, error = _sentence_labels(pairs)
+    index = {(p.query_id, k): i for i, (p, k) in enumerate(zip(pairs, _positions(pairs),
+                                                              strict=True))}
+    rows = [(index[(qid, s[0])], s[2] - s[1], s[4], labels.get((qid, s[0], s[1])))
+            for qid, r in results.items() for s in r.sentences]
+    label = [row[3] for row in rows]
+    return _Sentences(parent=np.array([row[0] for row in rows], dtype=int),
+                      kept=np.array([row[2] for row in rows], dtype=bool),
+                      labelled=np.array([x is not None for x in label], dtype=bool),
+                      evidence=np.array([x == 1 for x in label], dtype=bool),
+                      chars=np.array([row[1] for row in rows], dtype=int),
+                      labels=labels, error=error)
 
 
 def _codes(values: Sequence[Any]) -> np.ndarray:
@@ -233,51 +357,142 @@ def _codes(values: Sequence[Any]) -> np.ndarray:
     return np.array([seen.setdefault(v, len(seen)) for v in values], dtype=int)
 
 
-def _metrics_block(pairs: Sequence[Pair], keep: np.ndarray, *, confidence: float,
-                   n_resamples: int, seed: int) -> str:
+@dataclass(frozen=True)
+class _Resampling:
+    """The bootstrap of a page's intervals (see :func:`cluster_interval`)."""
+
+    confidence: float
+    n_resamples: int
+    seed: int
+
+    def interval(self, numerator: np.ndarray, denominator: np.ndarray, cluster: np.ndarray,
+                 unit: str) -> Interval:
+        return cluster_interval(numerator, denominator, cluster, unit=unit,
+                                confidence=self.confidence, n_resamples=self.n_resamples,
+                                seed=self.seed)
+
+
+def _clusters(pairs: Sequence[Pair], rel: np.ndarray) -> tuple[str, np.ndarray]:
+    """What the intervals resample: topics when at least two hold a relevant snippet, else
+    queries; and each pair's cluster."""
+    groups = _codes([p.group for p in pairs])
+    if np.unique(groups[rel]).size >= 2:
+        return "topics", groups
+    return "queries", _codes([p.query_id for p in pairs])
+
+
+def _measures(rows: Sequence[tuple[str, Interval]], resampling: _Resampling) -> str:
+    """The table of measures with their intervals."""
+    return table(["measure", "on this data", f"{resampling.confidence:.0%} interval"],
+                 [(name, f"{iv.estimate:.3f}",
+                   "-" if not math.isfinite(iv.low) else f"[{iv.low:.3f}, {iv.high:.3f}]")
+                  for name, iv in rows], cls="metrics")
+
+
+def _intervals_note(unit: str, n_units: int, holding: str, counts: str,
+                    resampling: _Resampling) -> str:
+    """The line under the table: what the intervals resample, and the labels they rest on."""
+    return (f"<p class=\"muted interval-unit\" data-unit=\"{unit}\">Intervals: percentile "
+            f"bootstrap over {unit} ({n_units} {unit} hold {holding}; "
+            f"{resampling.n_resamples} resamples of whole {unit}, seed {resampling.seed}). "
+            f"{counts}. If this data is the calibration data, these figures are in-sample.</p>")
+
+
+def _metrics_block(pairs: Sequence[Pair], keep: np.ndarray, resampling: _Resampling) -> str:
+    """Coverage of relevant snippets and removal, unit snippet."""
     labelled = np.array([p.relevant is not None for p in pairs], dtype=bool)
     if not labelled.any():
         return ("<h2>Coverage and removal</h2><p class=\"metrics none\">The data has no labels "
                 "(no <code>relevant</code> field): coverage cannot be measured. Removal on "
                 f"this data: {1 - keep.mean():.3f} of the snippets.</p>") if keep.size else ""
     rel = np.array([p.relevant == 1 for p in pairs], dtype=bool)
-    groups = _codes([p.group for p in pairs])
-    queries = _codes([p.query_id for p in pairs])
-    n_topics = np.unique(groups[rel]).size
-    unit, cluster = ("topics", groups) if n_topics >= 2 else ("queries", queries)
-    cov = cluster_interval((keep & rel)[labelled], rel[labelled], cluster[labelled], unit=unit,
-                           confidence=confidence, n_resamples=n_resamples, seed=seed)
-    rem = cluster_interval(~keep, np.ones(keep.size), cluster, unit=unit,
-                           confidence=confidence, n_resamples=n_resamples, seed=seed)
+    unit, cluster = _clusters(pairs, rel)
+    cov = resampling.interval((keep & rel)[labelled], rel[labelled], cluster[labelled], unit)
+    rem = resampling.interval(~keep, np.ones(keep.size), cluster, unit)
     chars = np.array([len(p.text) for p in pairs], dtype=float)
-    rem_chars = cluster_interval(np.where(keep, 0.0, chars), chars, cluster, unit=unit,
-                                 confidence=confidence, n_resamples=n_resamples, seed=seed)
+    rem_chars = resampling.interval(np.where(keep, 0.0, chars), chars, cluster, unit)
     rows = [("coverage (relevant snippets kept)", cov), ("removal (snippets removed)", rem),
             ("removal of characters", rem_chars)]
-    body = table(["measure", "on this data", f"{confidence:.0%} interval"],
-                 [(name, f"{iv.estimate:.3f}",
-                   "-" if not math.isfinite(iv.low) else f"[{iv.low:.3f}, {iv.high:.3f}]")
-                  for name, iv in rows], cls="metrics")
     unlabelled = int((~labelled).sum())
-    return ("<h2>Coverage and removal</h2>" + body +
-            f"<p class=\"muted interval-unit\" data-unit=\"{unit}\">Intervals: percentile "
-            f"bootstrap over {unit} ({cov.n_units} {unit} hold relevant snippets; "
-            f"{n_resamples} resamples of whole {unit}, seed {seed}). {int(rel.sum())} relevant "
-            f"of {int(labelled.sum())} labelled snippets"
-            + (f"; {unlabelled} unlabelled snippets count for removal only" if unlabelled else "")
-            + ". If this data is the calibration data, these figures are in-sample.</p>")
+    counts = (f"{int(rel.sum())} relevant of {int(labelled.sum())} labelled snippets"
+              + (f"; {unlabelled} unlabelled snippets count for removal only" if unlabelled else ""))
+    return ("<h2>Coverage and removal</h2>" + _measures(rows, resampling)
+            + _intervals_note(unit, cov.n_units, "relevant snippets", counts, resampling))
 
 
-def _tradeoff_block(flt: Any, pairs: Sequence[Pair], scores: np.ndarray, *, alphas: Sequence[float],
-                    n_splits: int, seed: int) -> str:
+_CHARS = ("characters removed = 1 - (characters of the kept sentences) / (characters of all "
+          "snippets): the whitespace between sentences counts as removed")
+
+
+def _sentence_metrics_block(pairs: Sequence[Pair], keep: np.ndarray, sentences: _Sentences,
+                            resampling: _Resampling) -> str:
+    """Coverage of evidence sentences and removal of sentences and characters, unit sentence;
+    the snippet view beside them."""
+    head = "<h2>Coverage and removal (unit sentence)</h2>"
+    chars = np.array([len(p.text) for p in pairs], dtype=float)
+    kept_chars = np.bincount(sentences.parent, weights=sentences.chars * sentences.kept,
+                             minlength=len(pairs))
+    labelled = np.array([p.relevant is not None for p in pairs], dtype=bool)
+    if not labelled.any():
+        removed = 1 - sentences.kept.mean() if sentences.kept.size else 0.0
+        chars_removed = 1 - kept_chars.sum() / chars.sum() if chars.sum() else 0.0
+        return head + ("<p class=\"metrics none\">The data has no labels (no <code>relevant"
+                       "</code> field): coverage cannot be measured. Removal on this data: "
+                       f"{removed:.3f} of the sentences and {chars_removed:.3f} "
+                       f"of the characters ({_CHARS}); {1 - keep.mean():.3f} of the snippets "
+                       "have no kept sentence.</p>")
+    rel = np.array([p.relevant == 1 for p in pairs], dtype=bool)
+    unit, cluster = _clusters(pairs, rel)
+    s_cluster, s_lab, ev = cluster[sentences.parent], sentences.labelled, sentences.evidence
+    rows = [] if sentences.error else [("coverage of evidence sentences (evidence sentences kept)",
+                                        resampling.interval((sentences.kept & ev)[s_lab], ev[s_lab],
+                                                            s_cluster[s_lab], unit))]
+    rows += [
+        ("removal (sentences removed)",
+         resampling.interval(~sentences.kept, np.ones(sentences.kept.size), s_cluster, unit)),
+        ("removal of characters (kept sentences against all snippet characters)",
+         resampling.interval(chars - kept_chars, chars, cluster, unit)),
+        ("snippet view: relevant snippets with at least one kept sentence",
+         resampling.interval((keep & rel)[labelled], rel[labelled], cluster[labelled], unit)),
+        ("snippet view: snippets with no kept sentence",
+         resampling.interval(~keep, np.ones(keep.size), cluster, unit)),
+    ]
+    unlabelled = int((~labelled).sum())
+    counts = ((f"{int(ev.sum())} evidence sentences of {int(s_lab.sum())} labelled sentences, "
+               if not sentences.error else "")
+              + f"in {int(rel.sum())} relevant of {int(labelled.sum())} labelled snippets"
+              + (f"; {unlabelled} unlabelled snippets ({int((~s_lab).sum())} sentences) count "
+                 "for removal only" if unlabelled else "") + f"; {_CHARS}")
+    missing = ("" if not sentences.error else "<p class=\"metrics note\">Coverage of evidence "
+               f"sentences not measured: {esc(sentences.error)}</p>")
+    holding = "relevant snippets" + ("" if sentences.error else " and evidence sentences")
+    return (head + _measures(rows, resampling) + missing
+            + _intervals_note(unit, int(np.unique(cluster[rel]).size), holding, counts,
+                              resampling))
+
+
+_SENTENCE_TRADEOFF = (
+    "<p class=\"figure none\" data-reason=\"unit\">Not drawn for a filter of unit sentence: "
+    "the figure recalibrates the score on this data's snippets and their labels, which is not "
+    "what this filter does (it scores and keeps sentences, calibrated on evidence sentences), "
+    "and its axes speak of snippets. <code>ragsieve evaluate --data DATA --unit sentence</code> "
+    "measures coverage of evidence sentences and removal against alpha on held-out topics.</p>")
+
+
+def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult], *,
+                    alphas: Sequence[float], n_splits: int, seed: int) -> str:
     """Coverage and removal against alpha for the filter's score, on topic-disjoint splits
-    of this data (its scores are computed once, by the filter; no model call here)."""
+    of this data (its scores are computed once, by the filter; no model call here).
+    Unit sentence: a line that says why it is not drawn."""
     from .._optional import require
     from ..calibration.modes import CALIBRATORS
     from .plots import plot_report
     from .sweep import ScoredData, evaluate_scores
 
     head = "<h2>Trade-off: coverage and removal against alpha</h2>"
+    if flt.unit == "sentence":
+        return head + _SENTENCE_TRADEOFF
+    scores = _aligned(pairs, results)
     labelled = [i for i, p in enumerate(pairs) if p.relevant is not None]
     lab_pairs = [pairs[i] for i in labelled]
     n_groups = len({p.group for p in lab_pairs if p.relevant == 1})
@@ -307,6 +522,77 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], scores: np.ndarray, *, alph
     return head + figure(png, "coverage and removal against alpha", caption)
 
 
+def _model_name(flt: Any) -> str | None:
+    spec = flt.scorer.spec()
+    base = spec.get("base") if isinstance(spec, dict) else None
+    return (spec.get("model") if isinstance(spec, dict) else None) or (
+        base.get("model") if isinstance(base, dict) else None)
+
+
+def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult],
+               keep: np.ndarray, sentences: _Sentences | None, data_name: str,
+               filter_name: str) -> list[tuple[str, Any]]:
+    """The page's facts: keep rule, mode, alpha, score, model, files, what was kept."""
+    direction = "higher" if rule.keep_if == ">=" else "lower"
+    n_kept = int(keep.sum())
+    data = f"{data_name or '-'}: {len(results)} queries, {len(pairs)} snippets"
+    kept = f"{n_kept} of {len(pairs)} snippets (removed {1 - n_kept / len(pairs):.1%})"
+    unit: list[tuple[str, Any]] = []
+    if sentences is not None:
+        n_sent, s_kept = sentences.kept.size, int(sentences.kept.sum())
+        unit = [("unit", "sentence (each snippet's sentences scored and kept on their own)")]
+        data += f", {n_sent} sentences"
+        kept = (f"{s_kept} of {n_sent} sentences (removed "
+                f"{1 - s_kept / n_sent if n_sent else 0.0:.1%}), in {n_kept} of {len(pairs)} "
+                "snippets")
+    return [
+        ("keep rule", str(rule) if math.isfinite(flt.threshold) else "keep everything (threshold +inf)"),
+        ("mode", flt.mode),
+        *unit,
+        ("alpha", fmt(flt.alpha, 3) if flt.alpha is not None else "-"),
+        ("score", f"{flt.scorer.name} ({rule.score}; {direction} is more relevant)"),
+        ("model", _model_name(flt) or "-"),
+        ("filter", filter_name or "-"),
+        ("data", data),
+        ("kept on this data", kept),
+    ]
+
+
+def _threshold_line(flt: Any, rule: Any) -> str:
+    what = "each sentence's" if flt.unit == "sentence" else "each snippet's"
+    return (f"<p class=\"threshold\" data-threshold=\"{esc(repr(flt.threshold))}\" "
+            f"data-value=\"{esc(repr(_in_units(flt.scorer, flt.threshold)))}\" "
+            f"data-keep-if=\"{esc(rule.keep_if)}\">"
+            f"<strong>{esc(rule if math.isfinite(flt.threshold) else 'keep everything')}</strong> "
+            f"({what} score against the calibrated threshold)</p>")
+
+
+_LEGEND = {
+    "snippet": ("Kept snippets are green, removed ones red; each shows its score against the "
+                "threshold in the score's units and its label when the data has one."),
+    "sentence": ("Snippets with at least one kept sentence are under kept, the others under "
+                 "removed, each with its label and its best sentence's score; within each "
+                 "snippet every sentence shows its score against the threshold in the score's "
+                 "units and its evidence label when the data has one, kept sentences green and "
+                 "removed ones red."),
+}
+
+
+def _per_query(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult],
+               max_queries: int, sentences: _Sentences | None) -> list[str]:
+    """The list of the first ``max_queries`` queries, one section each."""
+    labels = {(p.query_id, p.snippet_id): p for p in pairs}
+    sentence_labels = sentences.labels if sentences is not None else {}
+    shown = list(results.items())[:max_queries]
+    left = len(results) - len(shown)
+    intro = (f"<h2>Per query</h2><p class=\"queries-shown\" data-shown=\"{len(shown)}\" "
+             f"data-left-out=\"{left}\">{len(shown)} of {len(results)} queries shown"
+             + (f"; {left} left out (raise --max-queries to see them)" if left else "")
+             + f". {_LEGEND[flt.unit]}</p>")
+    return [intro, *(_query_section(qid, r, flt, rule.keep_if, labels, sentence_labels)
+                     for qid, r in shown)]
+
+
 def build_report(
     flt: Any,
     pairs: Sequence[Pair],
@@ -324,12 +610,18 @@ def build_report(
 ) -> str:
     """The HTML page of what a calibrated filter does to ``pairs``.
 
+    For a filter of unit ``"sentence"`` the measures are of sentences (coverage of evidence
+    sentences, labelled by :func:`ragsieve.units.sentence_pairs`, and removal of sentences
+    and characters) beside the snippet view, and every listed snippet shows its sentences.
+
     Parameters
     ----------
     flt : ConformalFilter
         A calibrated filter.
     pairs : sequence of Pair
-        The data; labels (``relevant``) are optional and enable coverage and the figure.
+        The data; labels (``relevant``) are optional and enable coverage and the figure
+        (unit ``"sentence"``: ``meta["evidence"]`` spans or the query's ``answers`` tell
+        the evidence sentences of a relevant snippet apart).
     data_name, filter_name : str
         Shown as where the data and the filter came from.
     max_queries : int
@@ -362,44 +654,18 @@ def build_report(
     if results is None:
         results = flt.filter_pairs(pairs, progress=progress)
     rule = flt.scorer.keep_rule(flt.threshold)
-    direction = "higher" if rule.keep_if == ">=" else "lower"
-    scores = _aligned(pairs, results)
     keep = _kept_mask(pairs, results)
-    spec = flt.scorer.spec()
-    base = spec.get("base") if isinstance(spec, dict) else None
-    model = (spec.get("model") if isinstance(spec, dict) else None) or (
-        base.get("model") if isinstance(base, dict) else None)
-    n_kept = int(keep.sum())
-    facts = [
-        ("keep rule", str(rule) if math.isfinite(flt.threshold) else "keep everything (threshold +inf)"),
-        ("mode", flt.mode),
-        ("alpha", fmt(flt.alpha, 3) if flt.alpha is not None else "-"),
-        ("score", f"{flt.scorer.name} ({rule.score}; {direction} is more relevant)"),
-        ("model", model or "-"),
-        ("filter", filter_name or "-"),
-        ("data", f"{data_name or '-'}: {len(results)} queries, {len(pairs)} snippets"),
-        ("kept on this data", f"{n_kept} of {len(pairs)} snippets (removed {1 - n_kept / len(pairs):.1%})"),
-    ]
-    tau_value = _in_units(flt.scorer, flt.threshold)
+    sentences = _sentences(pairs, results) if flt.unit == "sentence" else None
+    resampling = _Resampling(confidence, n_resamples, seed)
     body = [
         _guarantee_block(flt),
-        (f"<p class=\"threshold\" data-threshold=\"{esc(repr(flt.threshold))}\" "
-         f"data-value=\"{esc(repr(tau_value))}\" data-keep-if=\"{esc(rule.keep_if)}\">"
-         f"<strong>{esc(rule if math.isfinite(flt.threshold) else 'keep everything')}</strong> "
-         "(each snippet's score against the calibrated threshold)</p>"),
-        _facts(facts),
-        _metrics_block(pairs, keep, confidence=confidence, n_resamples=n_resamples, seed=seed),
-        _tradeoff_block(flt, pairs, scores, alphas=alphas, n_splits=n_splits, seed=seed),
+        _threshold_line(flt, rule),
+        _facts(_fact_rows(flt, rule, pairs, results, keep, sentences, data_name, filter_name)),
+        (_metrics_block(pairs, keep, resampling) if sentences is None
+         else _sentence_metrics_block(pairs, keep, sentences, resampling)),
+        _tradeoff_block(flt, pairs, results, alphas=alphas, n_splits=n_splits, seed=seed),
+        *_per_query(flt, rule, pairs, results, max_queries, sentences),
     ]
-    labels = {(p.query_id, p.snippet_id): p for p in pairs}
-    shown = list(results.items())[:max_queries]
-    left = len(results) - len(shown)
-    body.append(f"<h2>Per query</h2><p class=\"queries-shown\" data-shown=\"{len(shown)}\" "
-                f"data-left-out=\"{left}\">{len(shown)} of {len(results)} queries shown"
-                + (f"; {left} left out (raise --max-queries to see them)" if left else "")
-                + ". Kept snippets are green, removed ones red; each shows its score against "
-                  "the threshold in the score's units and its label when the data has one.</p>")
-    body += [_query_section(qid, r, flt, rule.keep_if, labels) for qid, r in shown]
     title = "ragsieve report" + (f": {data_name}" if data_name else "")
     return page(title, "\n".join(body))
 
