@@ -37,11 +37,17 @@ browser:
 demo: $(STAMP)
 	$(VENV)/bin/ragsieve demo
 
+# the tests in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them so
+# that a file's fixtures (the models, the local LLM server, the Ray runtime) start once;
+# TEST_WORKERS=0 runs them in this process
+TEST_WORKERS ?= 2
+TEST_PROCS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 test: $(STAMP) browser
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q $(TEST_PROCS)
 
 test-all: $(STAMP) browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(TEST_PROCS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scoring.py

@@ -432,3 +432,22 @@ def test_no_crash_loop_with_two_workers_and_watch(artifacts: dict[str, Path], tm
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_long_error_detail_keeps_its_reason() -> None:
+    """The service's own error text comes back whole up to 2,000 characters: a deep artifact
+    path before the reason once pushed the reason past the 200-character echo of client
+    input (``safe_echo``), and the admin saw ``...`` where the size should be."""
+    import asyncio
+
+    from starlette.exceptions import HTTPException
+
+    from ragsieve.server.parsing import http_error_handler
+
+    path = "/srv/" + "deep/" * 60 + "filter.json"
+    detail = f"filter artifact '{path}' has 300000 bytes, more than the limit of 200000"
+    assert len(detail) > 300
+    shown = asyncio.run(http_error_handler(None, HTTPException(413, detail)))  # type: ignore[arg-type]
+    assert shown.status_code == 413 and json.loads(shown.body)["detail"] == detail
+    huge = asyncio.run(http_error_handler(None, HTTPException(422, "x" * 10_000)))  # type: ignore[arg-type]
+    assert json.loads(huge.body)["detail"] == "x" * 2000 + "..."  # still bounded

@@ -41,6 +41,10 @@ logger = logging.getLogger(__name__)
 
 #: Longest string echoed back in an error (characters).
 _ECHO_CHARS = 200
+#: Longest one-line ``detail`` of a route's own error (characters): the service's own words,
+#: which may hold a file path before the reason, so longer than an echo of client input
+#: (which the detail holds already clipped, by :func:`safe_echo`).
+_DETAIL_CHARS = 2000
 #: Most items of a list or object echoed back in an error.
 _ECHO_ITEMS = 20
 #: Deepest nesting echoed back in an error.
@@ -276,9 +280,13 @@ async def validation_error_handler(
 
 
 async def http_error_handler(request: fastapi.Request, exc: StarletteHTTPException) -> JSONResponse:
-    """The route's error (401, 404, 413, 415, 422) as ``{"detail": ...}``, printable."""
+    """The route's error (401, 404, 413, 415, 422) as ``{"detail": ...}``, printable (a
+    string detail clipped at ``_DETAIL_CHARS``, anything else as :func:`safe_echo` echoes it)."""
+    detail = exc.detail
+    shown = (printable(detail[:_DETAIL_CHARS] + ("..." if len(detail) > _DETAIL_CHARS else ""))
+             if isinstance(detail, str) else safe_echo(detail))
     return _json_response(  # type: ignore[no-any-return]
-        exc.status_code, safe_echo(exc.detail), getattr(exc, "headers", None)
+        exc.status_code, shown, getattr(exc, "headers", None)
     )
 
 
