@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install browser demo test test-all bench docs figures clean
+.PHONY: install browser demo test test-all lint bench docs figures clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
@@ -48,6 +48,12 @@ test: $(STAMP) browser
 
 test-all: $(STAMP) browser
 	$(PY) -m pytest -q $(TEST_PROCS)
+
+# the linter and the type checker (not run by make test: a new release of either may flag
+# what the one of the day does not)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scoring.py

@@ -91,7 +91,9 @@ def _rows(driver: Any, table: str) -> list[tuple[str, float, str, str]]:
 
 
 def _submit(driver: Any, query: str, snippets: str) -> None:
-    done = driver.find_element(By.ID, "result").get_attribute("data-done") or "0"
+    # None on a fresh page (no answer shown yet): compared as it is, not as "0", else the
+    # wait below ends at once and the rows are read before the answer comes
+    done = driver.find_element(By.ID, "result").get_attribute("data-done")
     driver.find_element(By.ID, "query").send_keys(query)
     driver.find_element(By.ID, "snippets").send_keys(snippets)
     driver.find_element(By.ID, "submit").click()

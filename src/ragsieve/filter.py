@@ -51,7 +51,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -83,7 +83,7 @@ from .errors import (
 )
 from .scoring import Scorer, resolve_scorer
 from .scoring.auto import ScoreChoice, choose_languages
-from .scoring.fusion import fit_fused
+from .scoring.fusion import FusedScorer, fit_fused
 from .scoring.sentence_context import (
     PARENT_POSITION,
     PARENT_TEXT,
@@ -527,20 +527,21 @@ class ConformalFilter:
         of the pairs and their fused scores; an ``"auto"`` choice that cannot be fitted
         falls back to ``1 - cos`` (all pairs, scores None: scored by the caller).
         """
-        features, _ = self.scorer.features_of_pairs(pairs, progress=progress)
+        scorer = cast(FusedScorer, self.scorer)  # calibrate calls this for an unfitted one
+        features, _ = scorer.features_of_pairs(pairs, progress=progress)
         inputs = CalibrationInputs.from_pairs(pairs)
         try:
             fitted, fit = fit_fused(features, inputs.relevant, inputs.group_index, seed=seed,
-                                    learner=self.scorer.learner)
+                                    learner=scorer.learner)
         except CalibrationError as exc:
             if choice is None:
                 raise
-            self.scorer, choice = self.scorer.base, ScoreChoice(
+            self.scorer, choice = scorer.base, ScoreChoice(
                 "embedding", f"the fused score could not be fitted ({exc})")
             logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
             info["score_choice"] = choice.to_dict()
             return pairs, None
-        self.scorer = self.scorer.with_weights(fitted)
+        self.scorer = scorer.with_weights(fitted)
         logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
                     "other %d", int(fit.sum()), int((~fit).sum()))
         info["fusion_fit_pairs"] = int(fit.sum())

@@ -118,6 +118,9 @@ class BaseCalibrator(ABC):
     #: calibration, ``Pair.group``), ``"attribute"`` (a field the guarantee is conditional
     #: on, e.g. language) or None (groups unused)
     group_kind: ClassVar[str | None] = None
+    #: The threshold learned by ``fit`` (every mode sets it; absent until then, which is
+    #: what :attr:`is_fitted` asks).
+    threshold_: float
 
     # ------------------------------------------------------------ parameters
     @classmethod
@@ -182,7 +185,7 @@ class BaseCalibrator(ABC):
         """The threshold a snippet of ``group`` is held to (one global threshold here;
         the ``group`` mode has one per group)."""
         self._check_fitted()
-        return float(self.threshold_)  # type: ignore[attr-defined]
+        return float(self.threshold_)
 
     def _check_fitted(self) -> None:
         if not self.is_fitted:

@@ -446,7 +446,8 @@ class BudgetCalibrator(BaseCalibrator):
         return self
 
     def _fit_inputs(self, scores: Any, relevant: Any, query_ids: Any, lengths: Any,
-                    groups: Any) -> tuple[np.ndarray, ...]:
+                    groups: Any,
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """The checked inputs of :meth:`fit`: scores, labels, query codes, sizes, topic codes
         (None when no groups are given)."""
         self._check_params()

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_alpha, check_int, check_scores
-from ..calibration import CALIBRATORS, MODES, BaseCalibrator, make_calibrator
+from ..calibration import CALIBRATORS, MODES, BaseCalibrator, BudgetCalibrator, make_calibrator
 from ..calibration.inputs import CalibrationInputs
 from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
@@ -381,7 +381,7 @@ def _calibration_warnings_once() -> Iterator[None]:
 
 def _budget_split(data: ScoredData, budget: int, cal_idx: np.ndarray, test: np.ndarray) -> dict[str, Any]:
     """One split of a character budget: calibration-side prediction, test-side measurement."""
-    cal = make_calibrator("budget", budget=budget)
+    cal = BudgetCalibrator(budget=budget)
     kept = _calibrate_split(data, cal, cal_idx)
     m: dict[str, Any] = _split_metrics(data, kept, test)
     m["predicted_coverage_lower"] = cal.report_.coverage_lower
@@ -479,7 +479,7 @@ def evaluate_scores(
     data: ScoredData,
     config: EvaluationConfig | None = None,
     *,
-    fusion_features: np.ndarray | None = None,
+    fusion_features: np.ndarray | FusionFeatures | None = None,
     keep_rule: Callable[[float], KeepRule] | None = None,
     splits: Sequence[tuple[np.ndarray, np.ndarray]] | None = None,
     **config_kwargs: Any,
@@ -493,8 +493,9 @@ def evaluate_scores(
     config : EvaluationConfig, optional
         What to sweep; built from ``config_kwargs`` when None (the field names of
         :class:`EvaluationConfig`: ``alphas``, ``top_k``, ``thetas``, ``n_splits``, ...).
-    fusion_features : numpy.ndarray, optional
-        Feature matrix (see :func:`ragsieve.scoring.fusion.feature_matrix`). When given,
+    fusion_features : numpy.ndarray or FusionFeatures, optional
+        Feature matrix (see :func:`ragsieve.scoring.fusion.feature_matrix`; a bare matrix is
+        fitted by logistic regression, a ``FusionFeatures`` by its learner). When given,
         the conformal rows use a fused score fitted per split on a random
         ``fusion_fraction`` of the calibration topics and calibrated on the rest
         (``--scorer best``).
@@ -581,7 +582,7 @@ def _conformal_metrics(data: ScoredData, cal: BaseCalibrator, kept: np.ndarray,
 
 
 def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks: np.ndarray,
-           config: EvaluationConfig, fusion_features: np.ndarray | None,
+           config: EvaluationConfig, fusion_features: np.ndarray | FusionFeatures | None,
            keep_rule: Callable[[float], KeepRule]) -> list[dict[str, Any]]:
     """The loop over splits of :func:`evaluate_scores`; returns the aggregated rows."""
     alphas, modes = config.alphas, config.modes
