@@ -66,7 +66,7 @@ from ragsieve.embeddings.languages import E5_ID, MINILM_ID, USE_ID
 from ragsieve.evaluation import evaluate
 from ragsieve.scoring import AutoScorer, EmbeddingScorer, FusedScorer
 from ragsieve.scoring.lexical import ListBM25Scorer
-from ragsieve.scoring.signals import DEFAULT_PRESET, other_embedders
+from ragsieve.scoring.signals import DEFAULT_PRESET, preset_signals
 
 TARGETS = ("de", "es", "zh", "el", "ro")
 SHORT = {MINILM_ID: "MiniLM", USE_ID: "USE", E5_ID: "e5-small-q4"}
@@ -128,8 +128,8 @@ def added_scores(cosine: EmbeddingScorer, query_language: str,
     if "quality" in presets:
         named.append((QUALITY, FusedScorer.unfitted(cosine, preset="quality",
                                                     query_language=query_language)))
-    if "bm25" in presets and other_embedders(cosine, [query_language]) and (
-            query_language != cosine.language):
+    deployed = preset_signals(cosine, DEFAULT_PRESET, query_language)
+    if "bm25" in presets and any(isinstance(s, EmbeddingScorer) for s in deployed):
         named.append((BM25_ONLY, FusedScorer(cosine, signals=[ListBM25Scorer()],
                                              learner="logistic")))
     return named

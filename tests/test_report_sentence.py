@@ -212,3 +212,14 @@ def test_labels_without_evidence_fields_keep_the_snippet_view(
     shown = _measures(text)
     assert EVIDENCE not in shown
     assert shown[SNIPPETS] == pytest.approx(_expected(pairs, results)[SNIPPETS], abs=5e-4)
+
+
+def test_results_of_other_pairs_are_refused(inputs: dict[str, Any],
+                                            data: tuple[list[Pair], dict[str, FilterResult]]) -> None:
+    """Sentences the filter cut that the data does not hold are an error, not "unknown"
+    labels quietly left out of coverage."""
+    pairs, results = data
+    moved = [replace(p, text="A first line here. " + p.text) if p.snippet_id == INJECTED.snippet_id
+             else p for p in pairs]
+    with pytest.raises(ValueError, match="not those of these pairs"):
+        build_report(inputs["filter"], moved, results=results, n_resamples=200)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_int
+from ..artifact import spec_model
 from ..errors import DataError
 from ..types import FilterResult, Pair, Scored
 from ..units import sentence_pairs
@@ -305,8 +306,11 @@ class _Sentences:
     ----------
     parent : numpy.ndarray of int
         Index in the pairs of each sentence's snippet.
-    kept, labelled, evidence : numpy.ndarray of bool
-        Kept by the filter; labelled (its snippet is); evidence (label 1).
+    kept : numpy.ndarray of bool
+        Kept by the filter.
+    label : numpy.ndarray of int
+        Each sentence's evidence label: 1, 0, or -1 when it has none (an unlabelled
+        snippet, or ``error``).
     chars : numpy.ndarray of int
         Characters of each sentence.
     labels : mapping
@@ -317,11 +321,20 @@ class _Sentences:
 
     parent: np.ndarray
     kept: np.ndarray
-    labelled: np.ndarray
-    evidence: np.ndarray
+    label: np.ndarray
     chars: np.ndarray
     labels: Mapping[tuple[str, int, int], int | None]
     error: str | None
+
+    @property
+    def labelled(self) -> np.ndarray:
+        """The sentences with a label."""
+        return self.label >= 0
+
+    @property
+    def evidence(self) -> np.ndarray:
+        """The evidence sentences (label 1)."""
+        return self.label == 1
 
 
 def _sentence_labels(pairs: Sequence[Pair]) -> tuple[dict[tuple[str, int, int], int | None],
@@ -341,13 +354,23 @@ def _sentences(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> _S
     labels, error = _sentence_labels(pairs)
     index = {(p.query_id, k): i for i, (p, k) in enumerate(zip(pairs, _positions(pairs),
                                                               strict=True))}
-    rows = [(index[(qid, s[0])], s[2] - s[1], s[4], labels.get((qid, s[0], s[1])))
+
+    def label_of(qid: str, snippet: int, start: int) -> int:
+        if error is not None:
+            return -1
+        try:
+            found = labels[(qid, snippet, start)]
+        except KeyError:  # the same splitter cut both: only results of other pairs get here
+            raise ValueError(f"query {qid!r}: the filter's sentence at {start} of snippet "
+                             f"{snippet} is none of the data's sentences; the results are "
+                             "not those of these pairs.") from None
+        return -1 if found is None else int(found)
+
+    rows = [(index[(qid, s[0])], s[2] - s[1], s[4], label_of(qid, s[0], s[1]))
             for qid, r in results.items() for s in r.sentences]
-    label = [row[3] for row in rows]
     return _Sentences(parent=np.array([row[0] for row in rows], dtype=int),
                       kept=np.array([row[2] for row in rows], dtype=bool),
-                      labelled=np.array([x is not None for x in label], dtype=bool),
-                      evidence=np.array([x == 1 for x in label], dtype=bool),
+                      label=np.array([row[3] for row in rows], dtype=int),
                       chars=np.array([row[1] for row in rows], dtype=int),
                       labels=labels, error=error)
 
@@ -522,13 +545,6 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, Filte
     return head + figure(png, "coverage and removal against alpha", caption)
 
 
-def _model_name(flt: Any) -> str | None:
-    spec = flt.scorer.spec()
-    base = spec.get("base") if isinstance(spec, dict) else None
-    return (spec.get("model") if isinstance(spec, dict) else None) or (
-        base.get("model") if isinstance(base, dict) else None)
-
-
 def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult],
                keep: np.ndarray, sentences: _Sentences | None, data_name: str,
                filter_name: str) -> list[tuple[str, Any]]:
@@ -551,7 +567,7 @@ def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str,
         *unit,
         ("alpha", fmt(flt.alpha, 3) if flt.alpha is not None else "-"),
         ("score", f"{flt.scorer.name} ({rule.score}; {direction} is more relevant)"),
-        ("model", _model_name(flt) or "-"),
+        ("model", spec_model(flt.scorer.spec()) or "-"),
         ("filter", filter_name or "-"),
         ("data", data),
         ("kept on this data", kept),

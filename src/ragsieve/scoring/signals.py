@@ -31,9 +31,10 @@ words the two languages share, so ``fast`` adds, beside it, the cosine of every 
 bundled embedder trained on both languages (none for a pair only the base's model covers);
 ``quality`` takes only such embedders too, not those of the snippets' language alone. On
 XQuAD this takes English questions over German, Spanish and Chinese articles from 89-92 %
-to 96-98 % of the oracle's removal at alpha 0.1 (docs/cross-language.md). A base that is no bundled
-embedding score (an outside score, an LLM) has no language to choose from: its fused score
-learns from the base alone, as before the presets existed.
+to 96-98 % of the oracle's removal at alpha 0.1 (docs/cross-language.md).
+
+A base that is no bundled embedding score (an outside score, an LLM) has no language to
+choose from: its fused score learns from the base alone, as before the presets existed.
 """
 
 from __future__ import annotations
@@ -104,12 +105,11 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
     """
     if check_preset(preset) == "base" or not isinstance(base, EmbeddingScorer):
         return []
-    cross = query_language is not None and (
-        normalise_language(query_language) != normalise_language(base.language))
-    others = other_embedders(base, [query_language] if cross else [])  # type: ignore[list-item]
+    also = ([query_language] if query_language is not None and
+            normalise_language(query_language) != normalise_language(base.language) else [])
     if preset == "fast":
-        return [*others, ListBM25Scorer()] if cross else [ListBM25Scorer()]
-    return [*others, ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
+        return [*(other_embedders(base, also) if also else []), ListBM25Scorer()]
+    return [*other_embedders(base, also), ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
 
 
 def other_embedders(base: EmbeddingScorer, also: Iterable[str] = ()) -> list[Scorer]:

@@ -209,6 +209,11 @@ class StrictJSONRoute(APIRoute):
         return strict_handler
 
 
+def _clipped(text: str, limit: int) -> str:
+    """``text`` printable, cut at ``limit`` characters (``...`` says it was cut)."""
+    return printable(text[:limit] + ("..." if len(text) > limit else ""))
+
+
 def safe_echo(value: Any, depth: int = 0) -> Any:
     """``value`` as JSON that always encodes: for echoing request input in errors.
 
@@ -231,8 +236,7 @@ def safe_echo(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (bytes, bytearray)):
         value = bytes(value[: _ECHO_CHARS * 4]).decode("utf-8", "backslashreplace")
     if isinstance(value, str):
-        clipped = value[:_ECHO_CHARS] + ("..." if len(value) > _ECHO_CHARS else "")
-        return printable(clipped)
+        return _clipped(value, _ECHO_CHARS)
     if depth >= _ECHO_DEPTH:
         return "..."
     if isinstance(value, Mapping):
@@ -283,8 +287,7 @@ async def http_error_handler(request: fastapi.Request, exc: StarletteHTTPExcepti
     """The route's error (401, 404, 413, 415, 422) as ``{"detail": ...}``, printable (a
     string detail clipped at ``_DETAIL_CHARS``, anything else as :func:`safe_echo` echoes it)."""
     detail = exc.detail
-    shown = (printable(detail[:_DETAIL_CHARS] + ("..." if len(detail) > _DETAIL_CHARS else ""))
-             if isinstance(detail, str) else safe_echo(detail))
+    shown = _clipped(detail, _DETAIL_CHARS) if isinstance(detail, str) else safe_echo(detail)
     return _json_response(  # type: ignore[no-any-return]
         exc.status_code, shown, getattr(exc, "headers", None)
     )
