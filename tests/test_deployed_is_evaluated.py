@@ -6,7 +6,9 @@ function (:func:`ragsieve.scoring.fusion.fit_fused`).
 For a fixed seed, the filter ``calibrate(seed=s)`` builds on the calibration pairs of
 ``evaluate(seed=s)``'s split 0 is the filter that split measures: the same fused weights,
 the same calibration half, the same calibrator state and threshold, compared exactly -- for the
-fused score of its base alone and for one of several signals, under either learner.
+fused score of its base alone and for one of several signals, under either learner, and for
+the list-free ``portable`` preset, whose frozen-corpus BM25 takes its statistics from the
+same fit share in both.
 A second copy of either path (a re-typed formula, another topic draw, other inputs) fails.
 """
 
@@ -21,7 +23,7 @@ from ragsieve.calibration import make_calibrator
 from ragsieve.data import group_splits
 from ragsieve.evaluation import EvaluationConfig, ScoredData, evaluate
 from ragsieve.evaluation.sweep import _calibrate_split, _fuse_split, score_for_evaluation
-from ragsieve.scoring import FieldScorer, FusedScorer
+from ragsieve.scoring import CorpusBM25Scorer, FieldScorer, FusedScorer
 from ragsieve.scoring.fusion import FUSION_FIT_FRACTION
 from ragsieve.types import fingerprint_pairs
 
@@ -68,14 +70,17 @@ def test_calibrate_is_split_zero_of_evaluate_for_the_fused_score(bm25_pairs: lis
     assert row["n_calibration_mean"] == flt.guarantee()["n_calibration"]
 
 
-@pytest.mark.parametrize("learner", ["logistic", "boosted"])
+@pytest.mark.parametrize(("preset", "learner"), [("fast", "logistic"), ("fast", "boosted"),
+                                                  ("portable", "logistic")])
 def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
-        xquad_en: list[Pair], minilm_scorer: object, learner: str) -> None:
+        xquad_en: list[Pair], minilm_scorer: object, preset: str, learner: str) -> None:
     """The same for the fused score of several signals (MiniLM's cosine and the in-list
-    BM25) under either learner: one feature matrix, one fit, the same scores exactly."""
+    BM25) under either learner, and for the portable one (the cosine, the frozen-corpus
+    BM25 fitted on the fit share's texts, the best sentence's cosine): one feature matrix,
+    one fit, the same scores exactly."""
     pairs = [p for p in xquad_en if p.group in sorted({q.group for q in xquad_en})[:12]]
     cal_idx, _ = _split0(pairs, SEED)
-    unfitted = FusedScorer.unfitted(minilm_scorer, preset="fast", learner=learner)
+    unfitted = FusedScorer.unfitted(minilm_scorer, preset=preset, learner=learner)
     flt = ConformalFilter(unfitted, "marginal", alpha=0.1).calibrate(
         [pairs[i] for i in cal_idx], seed=SEED, monitor=False)
     assert flt.scorer.spec()["learner"] == learner and flt.scorer.spec()["signals"]
@@ -85,6 +90,11 @@ def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
     fused, conf_idx = _fuse_split(data, features, cal_idx, SEED, 0, FUSION_FIT_FRACTION)
     np.testing.assert_array_equal(flt.scorer.score_pairs(pairs), fused.scores)
     assert flt.calibration_info["fingerprint"] == fingerprint_pairs([pairs[i] for i in conf_idx])
+    assert flt.scorer.list_dependent == (preset == "fast")
+    if preset == "portable":  # the frozen statistics: the texts of the split's fit share only
+        fit_share = sorted(set(cal_idx) - set(conf_idx))
+        assert flt.scorer.signals[0].spec() == CorpusBM25Scorer().fitted_on_texts(
+            [pairs[i].text for i in fit_share]).spec()
     cal = EvaluationConfig(modes=("marginal",)).calibrator("marginal", 0.1)
     _calibrate_split(fused, cal, conf_idx)
     assert cal.to_state() == flt.calibrator.to_state()

@@ -29,6 +29,8 @@ LAYERS: dict[str, int] = {
     "types": 0,
     "errors": 0,
     "chunking": 1,
+    # the calibration lists' record and the check of deployment lists (the artifact stores it)
+    "lists": 1,
     # the sentence unit: a snippet's sentences (cut by chunking's splitter) as pairs
     "units": 1,
     "embeddings": 1,

@@ -28,6 +28,7 @@ from ragsieve import Pair
 from ragsieve.errors import ScorerError
 from ragsieve.scoring import (
     AutoScorer,
+    CorpusBM25Scorer,
     FieldScorer,
     FusedScorer,
     ListBM25Scorer,
@@ -120,6 +121,13 @@ def fused_boosted(minilm_scorer: Scorer, xquad_en: list[Pair]) -> FusedScorer:
 
 
 @pytest.fixture(scope="module")
+def fused_portable(minilm_scorer: Scorer) -> FusedScorer:
+    """The list-free preset: MiniLM's cosine, the BM25 of TRAIN's texts frozen, the best
+    sentence's cosine, each its own score only."""
+    return FusedScorer.fit(TRAIN, base=minilm_scorer, preset="portable")
+
+
+@pytest.fixture(scope="module")
 def sentence_context(fused: FusedScorer) -> Scorer:
     """The sentence-in-context score of the sentence unit, both stages the fused score, its
     two weights fitted on TRAIN (texts without a snippet: each is its own)."""
@@ -142,7 +150,9 @@ BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
     "fusion": lambda r: r.getfixturevalue("fused"),
     "fusion:quality": lambda r: r.getfixturevalue("fused_quality"),
     "fusion:boosted": lambda r: r.getfixturevalue("fused_boosted"),
+    "fusion:portable": lambda r: r.getfixturevalue("fused_portable"),
     "bm25-list": lambda r: ListBM25Scorer(),
+    "bm25-corpus": lambda r: CorpusBM25Scorer().fitted_on_texts([p.text for p in TRAIN]),
     "sentence-cos": lambda r: SentenceCosineScorer(
         "minilm", cache_dir=r.getfixturevalue("embedding_cache_dir")),
     "field": lambda r: FieldScorer("bm25"),
@@ -264,8 +274,10 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
     assert root is scorer or scorer.base_scorer() is not None
     fresh = scorer.unfitted_copy()
     assert isinstance(fresh, Scorer) and type(fresh) is type(scorer)
-    if scorer.name != "fusion":  # only the fused score has fitted weights to drop
+    if scorer.name not in ("fusion", "bm25-corpus"):  # fitted weights / corpus statistics
         assert fresh is scorer
+    else:
+        assert not fresh.is_fitted
     assert scorer.costly == (scorer.name == "llm")  # a model call per snippet
     if scorer.base_scorer() is None:
         with pytest.raises(TypeError, match="not computed from a base scorer"):

@@ -2,11 +2,13 @@
 
 An artifact is JSON format version 2: the scorer spec, the calibration block (mode,
 params, learned state, threshold, group field, the guarantee), the policy, the provenance
-of the calibration data, and (by default) the ``"monitor"`` block the exchangeability
-monitor (:mod:`ragsieve.monitoring`) ranks served requests against. A sha256 checksum
-seals the scorer, calibration and policy blocks, and the monitor block when there is one.
-Version 1 artifacts (marginal only, no monitor, no seal) and version 2 artifacts without
-a monitor block still read.
+of the calibration data, (by default) the ``"monitor"`` block the exchangeability
+monitor (:mod:`ragsieve.monitoring`) ranks served requests against, and the ``"lists"``
+block (:mod:`ragsieve.lists`: where the calibration lists came from and what they looked
+like, which every surface checks its lists against). A sha256 checksum seals the scorer,
+calibration and policy blocks, and the monitor and lists blocks when there are. Version 1
+artifacts (marginal only, no monitor, no seal) and version 2 artifacts without a monitor or
+lists block still read.
 
 Every reader goes through :meth:`Artifact.read` (a file, size-capped),
 :meth:`Artifact.parse` (text) or :meth:`Artifact.from_dict` (a dict already in memory):
@@ -45,6 +47,7 @@ from ._validation import check_int
 from ._version import __version__
 from .calibration import BaseCalibrator, SplitConformalCalibrator, calibrator_from_state
 from .errors import ArtifactError, ArtifactTooLargeError
+from .lists import ListRecord
 from .units import UNITS
 
 __all__ = [
@@ -56,11 +59,13 @@ ARTIFACT_FORMAT = "ragsieve.filter"
 ARTIFACT_VERSION = 2
 #: Largest artifact file read (bigger ones are refused before parsing).
 MAX_ARTIFACT_BYTES = 64 * 2**20
-#: Artifact blocks sealed by the sha256 checksum (and ``"monitor"`` when present).
+#: Artifact blocks sealed by the sha256 checksum (and ``"monitor"``, ``"lists"`` when present).
 CHECKSUM_COVERS = ("scorer", "calibration", "policy")
 #: The top-level fields of an artifact (format version 2; version 1 has no monitor or checksum).
 FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
-          "policy", "data", "monitor", "checksum")
+          "policy", "data", "monitor", "lists", "checksum")
+#: Optional sealed blocks: the monitor's reference, the calibration lists' record.
+OPTIONAL_SEALED = ("monitor", "lists")
 
 
 # ----------------------------------------------------------------------------- the record
@@ -84,6 +89,10 @@ class Artifact:
         Provenance of the calibration data (language, counts, notes; None: not stored).
     monitor : dict or None
         The exchangeability monitor's reference block, as stored.
+    lists : dict or None
+        The calibration lists' record (:class:`ragsieve.lists.ListRecord`: where they came
+        from, their lengths and list-level statistics), as stored; None for artifacts
+        written before it existed.
     seal : dict or None
         The ``"checksum"`` block (``algorithm``, ``covers``, ``value``); None for version 1.
     library_version : str or None
@@ -101,6 +110,7 @@ class Artifact:
     policy: dict[str, Any] | None = None
     data: dict[str, Any] | None = None
     monitor: dict[str, Any] | None = None
+    lists: dict[str, Any] | None = None
     seal: dict[str, Any] | None = None
     library_version: str | None = None
     created: str | None = None
@@ -180,13 +190,15 @@ class Artifact:
         own = copy.deepcopy(dict(payload))
         return cls(format_version=version, scorer=dict(own["scorer"]),
                    calibration=dict(own["calibration"]), policy=own.get("policy"),
-                   data=own.get("data"), monitor=own.get("monitor"), seal=own.get("checksum"),
+                   data=own.get("data"), monitor=own.get("monitor"), lists=own.get("lists"),
+                   seal=own.get("checksum"),
                    library_version=own.get("library_version"), created=own.get("created"))
 
     @classmethod
     def create(cls, *, scorer: Mapping[str, Any], calibration: Mapping[str, Any],
                policy: Mapping[str, Any], data: Mapping[str, Any],
-               monitor: Mapping[str, Any] | None = None, created: str | None = None) -> Artifact:
+               monitor: Mapping[str, Any] | None = None, lists: Mapping[str, Any] | None = None,
+               created: str | None = None) -> Artifact:
         """A new sealed version 2 artifact (what ``ConformalFilter.to_artifact`` writes).
 
         Parameters
@@ -195,6 +207,8 @@ class Artifact:
             The blocks (plain JSON values).
         monitor : Mapping, optional
             The monitor reference block.
+        lists : Mapping, optional
+            The calibration lists' record (:meth:`ragsieve.lists.ListRecord.to_dict`).
         created : str, optional
             ISO-8601 date-time; default now (UTC, seconds).
 
@@ -212,6 +226,8 @@ class Artifact:
         }
         if monitor is not None:
             payload["monitor"] = dict(monitor)
+        if lists is not None:
+            payload["lists"] = dict(lists)
         # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
         try:
             value = seal_value(payload)
@@ -227,7 +243,8 @@ class Artifact:
         for key, value in (("library_version", self.library_version), ("created", self.created),
                            ("scorer", self.scorer), ("calibration", self.calibration),
                            ("policy", self.policy), ("data", self.data),
-                           ("monitor", self.monitor), ("checksum", self.seal)):
+                           ("monitor", self.monitor), ("lists", self.lists),
+                           ("checksum", self.seal)):
             if value is not None:
                 out[key] = copy.deepcopy(value)
         return out
@@ -244,7 +261,7 @@ class Artifact:
     @property
     def identity(self) -> str:
         """What names this artifact: the seal's sha256 (version 2: scorer, calibration,
-        policy and monitor blocks), or the sha256 of the canonical JSON of the whole
+        policy, monitor and lists blocks), or the sha256 of the canonical JSON of the whole
         artifact (version 1, which has no seal). Equal for the same content, whatever the
         file's whitespace."""
         if self.seal is not None:
@@ -262,6 +279,10 @@ class Artifact:
     def monitor_reference(self) -> dict[str, Any] | None:
         """The checked monitor block (float reference values), or None when there is none."""
         return None if self.monitor is None else read_monitor_block(self.monitor)
+
+    def list_record(self) -> ListRecord | None:
+        """The checked calibration lists' record, or None when the artifact has none."""
+        return None if self.lists is None else ListRecord.from_dict(self.lists)
 
     def calibrator(self) -> BaseCalibrator:
         """The fitted calibrator the calibration block stores.
@@ -367,8 +388,9 @@ def spec_model(spec: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- the seal
 def covers(payload: Mapping[str, Any]) -> list[str]:
-    """The blocks a checksum seals: ``CHECKSUM_COVERS``, and the monitor block when present."""
-    return [*CHECKSUM_COVERS, *(["monitor"] if "monitor" in payload else [])]
+    """The blocks a checksum seals: ``CHECKSUM_COVERS``, and the monitor and lists blocks
+    when present."""
+    return [*CHECKSUM_COVERS, *(key for key in OPTIONAL_SEALED if key in payload)]
 
 
 def seal_value(payload: Mapping[str, Any]) -> str:
@@ -394,9 +416,10 @@ def check_seal(payload: Mapping[str, Any]) -> None:
                             "`calibrate`: recalibrate instead of writing one by hand.")
     sealed = seal.get("covers", [])
     sealed = list(sealed) if isinstance(sealed, (list, tuple)) else sealed
-    if "monitor" in payload and sealed == list(CHECKSUM_COVERS):
-        raise ArtifactError("artifact 'monitor' block is not sealed by its checksum (covers "
-                            f"{sealed}); it was added after `calibrate`: recalibrate.")
+    for key in OPTIONAL_SEALED:
+        if key in payload and isinstance(sealed, list) and key not in sealed:
+            raise ArtifactError(f"artifact {key!r} block is not sealed by its checksum (covers "
+                                f"{sealed}); it was added after `calibrate`: recalibrate.")
     if seal.get("algorithm") != "sha256" or sealed != covers(payload) or set(seal) != {
             "algorithm", "covers", "value"}:
         raise ArtifactError(f"artifact checksum {dict(seal)!r} is not the sha256 over "
@@ -407,7 +430,7 @@ def check_seal(payload: Mapping[str, Any]) -> None:
         raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
     if actual != seal["value"]:
         raise ArtifactError(
-            "artifact checksum mismatch: its scorer, calibration, policy or monitor block was "
+            "artifact checksum mismatch: its scorer, calibration, policy, monitor or lists block was "
             "edited after `calibrate` wrote it; recalibrate rather than editing a filter by hand."
         )
 
@@ -418,8 +441,8 @@ def check_fields(payload: Any) -> int:
 
     ``format`` is ``"ragsieve.filter"``; ``format_version`` 1 or 2; ``library_version`` a
     string; ``created`` an ISO-8601 string; ``scorer``, ``calibration``, ``policy`` and
-    ``data`` objects; version 2 has a valid ``checksum`` seal and, when present, a valid
-    ``monitor`` block. Unknown fields are refused. The calibration block's contents are
+    ``data`` objects; version 2 has a valid ``checksum`` seal and, when present, valid
+    ``monitor`` and ``lists`` blocks. Unknown fields are refused. The calibration block's contents are
     checked when its calibrator is built (:meth:`Artifact.calibrator`).
 
     Returns
@@ -435,7 +458,7 @@ def check_fields(payload: Any) -> int:
     version = _check_format(payload)
     _check_unsealed(payload)
     if version == 1:
-        extra = sorted({"monitor", "checksum"} & set(payload))
+        extra = sorted({"monitor", "lists", "checksum"} & set(payload))
         if extra:
             raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
                                 "recalibrate.")
@@ -443,6 +466,8 @@ def check_fields(payload: Any) -> int:
     check_seal(payload)
     if "monitor" in payload:
         read_monitor_block(payload["monitor"])
+    if "lists" in payload:
+        ListRecord.from_dict(payload["lists"])
     return version
 
 

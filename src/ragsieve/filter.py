@@ -81,9 +81,18 @@ from .errors import (
     NotFittedError,
     ScorerMismatchError,
 )
+from .lists import (
+    DEFAULT_DELTA,
+    DEFAULT_MIN_LISTS,
+    ListCheck,
+    ListRecord,
+    ListWatch,
+    lists_source,
+    retriever_of,
+)
 from .scoring import Scorer, resolve_scorer
 from .scoring.auto import ScoreChoice, choose_languages
-from .scoring.fusion import FusedScorer, fit_fused
+from .scoring.fusion import FusedScorer, fit_fused_scorer
 from .scoring.sentence_context import (
     PARENT_POSITION,
     PARENT_TEXT,
@@ -317,6 +326,12 @@ class ConformalFilter:
         self.calibration_info: dict[str, Any] = {}
         #: The artifact's ``"monitor"`` block (see :mod:`ragsieve.monitoring`), or None.
         self.monitor_reference: dict[str, Any] | None = None
+        #: The calibration lists (the artifact's ``"lists"`` block, :mod:`ragsieve.lists`), or
+        #: None (not calibrated yet, or an artifact written before it existed).
+        self.lists: ListRecord | None = None
+        #: The check of the lists this filter is given against :attr:`lists` (None without
+        #: them); shared by the filter's copies. :meth:`watch_lists` sets its false-alarm bound.
+        self.list_watch: ListWatch | None = None
 
     # ------------------------------------------------------------------ state
     @property
@@ -368,6 +383,7 @@ class ConformalFilter:
         seed: int = 0,
         monitor: bool | None = None,
         language: str | None = None,
+        lists: str | Mapping[str, Any] | None = None,
     ) -> ConformalFilter:
         """Score labelled calibration pairs and fit the calibrator.
 
@@ -414,6 +430,16 @@ class ConformalFilter:
             and used by an ``"auto"`` score to pick the model. None detects it in a sample
             of the queries and snippets (py3langid); an undetected language is not recorded
             (``"auto"`` then uses English).
+        lists : {None, "auto", "retriever", "deployed", "data"} or Mapping
+            Where the calibration lists come from (:func:`ragsieve.lists.lists_source`),
+            recorded in the artifact's ``lists`` block with their lengths (and, for a
+            list-aware score, their list-level statistics), which every surface checks its
+            lists against (:attr:`list_watch`). None reads it from the pairs: lists that
+            all carry one retriever identity (``ragsieve retrieve``, a component's
+            ``calibrate``) are the deployed retriever's, others a data set's own.
+            ``"deployed"``: they are the deployed retriever's lists. An ``"auto"`` score is
+            the list-aware fused score only on the deployed retriever's lists, else the
+            list-free portable one (:func:`~ragsieve.scoring.auto.choose_score`).
 
         Returns
         -------
@@ -439,7 +465,9 @@ class ConformalFilter:
                 "mode 'group' needs group_by: the Pair.meta field holding each snippet's group "
                 "(e.g. group_by='language'; CLI --group-by FIELD)."
             )
-        info, choice = self._resolve_auto(snippets, language)
+        source = lists_source(lists, retriever_of(snippets))
+        info, choice = self._resolve_auto(snippets, language,
+                                          deployed_lists=source["kind"] != "data")
         fused = None
         if not self.scorer.is_fitted and self.unit == "sentence":
             pairs = self._fit_in_context(snippets, pairs, seed, progress, info, choice)
@@ -466,8 +494,37 @@ class ConformalFilter:
         }
         if self.unit == "sentence":
             self.calibration_info["n_snippet_pairs"] = len(snippets)
+        self._record_lists(snippets, source, seed, progress)
         self._warn_if_short()
         return self
+
+    def _record_lists(self, snippets: list[Pair], source: Mapping[str, Any], seed: int,
+                      progress: bool) -> None:
+        """Record the calibration lists (their source, lengths and, for a list-aware score
+        of a snippet's own root score, its best and mean per list) and start the watch."""
+        root = self.scorer.root_scorer()
+        scored = self.scorer.list_dependent and self.unit == "snippet" and not root.costly
+        self.lists = ListRecord.from_lists(
+            [p.query_id for p in snippets],
+            root.score_pairs(snippets, progress=progress) if scored else None,
+            source=source, list_dependent=self.scorer.list_dependent,
+            score=root.keep_rule(0.0).score if scored else None,
+            topics=[p.group for p in snippets], seed=seed)
+        self.watch_lists()
+
+    def watch_lists(self, *, delta: float = DEFAULT_DELTA, min_lists: int = DEFAULT_MIN_LISTS,
+                    ) -> ListWatch | None:
+        """(Re)start the check of the lists this filter is given against its calibration
+        lists (:class:`ragsieve.lists.ListWatch`): false-alarm bound ``delta`` of its
+        sequential test, which may fire after ``min_lists`` lists. None when the filter has
+        no record of its calibration lists (an artifact written before it existed)."""
+        if self.lists is None:
+            self.list_watch = None
+            return None
+        label = self.scorer.keep_rule(0.0).score
+        self.list_watch = ListWatch(self.lists, delta=delta, min_lists=min_lists,
+                                    score_name=f"the {label}")
+        return self.list_watch
 
     def _fit_in_context(self, snippets: list[Pair], sentences: list[Pair], seed: int,
                         progress: bool, info: dict[str, Any],
@@ -494,13 +551,16 @@ class ConformalFilter:
         code = self.calibration_info.get("language")
         return code if isinstance(code, str) else None
 
-    def _resolve_auto(self, pairs: list[Pair], language: str | None) -> tuple[dict[str, Any], ScoreChoice | None]:
+    def _resolve_auto(self, pairs: list[Pair], language: str | None, deployed_lists: bool = False,
+                      ) -> tuple[dict[str, Any], ScoreChoice | None]:
         """Resolve an ``"auto"`` score; the languages (the snippets' and, when it differs,
-        the queries') and the score choice for the artifact."""
+        the queries') and the score choice for the artifact. ``deployed_lists``: the pairs'
+        lists are the deployed retriever's (the list-aware fused score may then be chosen;
+        else the list-free one, :func:`~ragsieve.scoring.auto.choose_score`)."""
         if self.scorer.resolved_at_calibration:
             found = self.scorer.languages(pairs, language=language)  # type: ignore[attr-defined]
             self.scorer, choice, _ = self.scorer.resolve(  # type: ignore[attr-defined]
-                pairs, languages=found)
+                pairs, languages=found, deployed_lists=deployed_lists)
             return {**found.info(), "score_choice": choice.to_dict()}, choice
         return choose_languages(pairs, language, fallback=None).info(), None
 
@@ -521,18 +581,18 @@ class ConformalFilter:
 
     def _fit_fused(self, pairs: list[Pair], seed: int, progress: bool, info: dict[str, Any],
                    choice: ScoreChoice | None) -> tuple[list[Pair], np.ndarray | None]:
-        """Fit the unfitted fused score with :func:`~ragsieve.scoring.fusion.fit_fused`.
+        """Fit the unfitted fused score with :func:`~ragsieve.scoring.fusion.fit_fused_scorer`
+        (its learner, and the statistics of its text-fitted signals, on the fit share only).
 
         The fit ``evaluate`` makes in its split 0 of ``seed``. Returns the calibration share
         of the pairs and their fused scores; an ``"auto"`` choice that cannot be fitted
         falls back to ``1 - cos`` (all pairs, scores None: scored by the caller).
         """
         scorer = cast(FusedScorer, self.scorer)  # calibrate calls this for an unfitted one
-        features, _ = scorer.features_of_pairs(pairs, progress=progress)
         inputs = CalibrationInputs.from_pairs(pairs)
         try:
-            fitted, fit = fit_fused(features, inputs.relevant, inputs.group_index, seed=seed,
-                                    learner=scorer.learner)
+            done = fit_fused_scorer(scorer, pairs, inputs.group_index, seed=seed,
+                                    progress=progress)
         except CalibrationError as exc:
             if choice is None:
                 raise
@@ -541,7 +601,7 @@ class ConformalFilter:
             logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
             info["score_choice"] = choice.to_dict()
             return pairs, None
-        self.scorer = scorer.with_weights(fitted)
+        self.scorer, fit = done.scorer, done.fit
         logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
                     "other %d", int(fit.sum()), int((~fit).sum()))
         info["fusion_fit_pairs"] = int(fit.sum())
@@ -549,7 +609,7 @@ class ConformalFilter:
         pairs = [pairs[i] for i in cal]
         if not any(p.relevant == 1 for p in pairs):
             raise CalibrationError("the calibration share of the topics has no relevant pair.")
-        return pairs, fitted.scores(features)[cal]
+        return pairs, done.scores[cal]
 
     def _calibration_scores(self, pairs: list[Pair], fused: np.ndarray | None,
                             progress: bool) -> tuple[list[Pair], np.ndarray]:
@@ -648,8 +708,12 @@ class ConformalFilter:
         cut = self._cut([_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))])
         return [p["text"] for p in cut.pieces if isinstance(p.get("text"), str)]
 
-    def _apply(self, query: str, scores: Any, cut: _Pieces, group: Any) -> FilterResult:
-        """Apply the calibrated rule to the pieces' scores; map the result back to the items."""
+    def _apply(self, query: str, scores: Any, cut: _Pieces, group: Any,
+               root: np.ndarray | None = None, check: ListCheck | None = None) -> FilterResult:
+        """Apply the calibrated rule to the pieces' scores; map the result back to the items.
+
+        ``root``: the pieces' root scores, for the list check (:meth:`_see_list`); ``check``:
+        the list check made already (a batch checks its lists in a random order)."""
         self._check_calibrated()
         arr = check_scores(scores, name="snippet scores")
         pieces, n = cut.pieces, len(cut.items)
@@ -703,10 +767,38 @@ class ConformalFilter:
             for o, sp, a, k in zip(cut.owner, cut.spans, arr, keep_piece, strict=True)
             if sp is not None
         ) if sentences else ()
+        check = self._see_list(cut, root) if check is None else check
         return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in item_scores),
                             threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut,
                             removed=removed, rule_kept_none=rule_kept_none, unit=self.unit,
-                            sentences=scored_sentences)
+                            sentences=scored_sentences, lists_unlike=check.unlike,
+                            lists_note=check.note)
+
+    @property
+    def _wants_root(self) -> bool:
+        """Whether the list check reads the lists' root scores (a list-aware score whose
+        calibration lists' statistics were recorded)."""
+        watch = self.list_watch
+        return watch is not None and watch.active and watch.record.spread is not None
+
+    def _root_scores(self, query: str, pieces: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
+        """The pieces' root scores for the list check (the root of a fused score is its
+        ``1 - cos``, whose embeddings scoring has just cached), or None when not wanted."""
+        if not self._wants_root or not pieces:
+            return None
+        return self.scorer.root_scorer().score_items(query, pieces)
+
+    def _see_list(self, cut: _Pieces, root: np.ndarray | None) -> ListCheck:
+        """Show one list to the watch: its length (the snippets given) and each snippet's
+        best root score (over its pieces)."""
+        if self.list_watch is None or not cut.items:
+            return ListCheck()
+        per_item = None
+        if root is not None and self._wants_root:
+            per_item = np.full(len(cut.items), np.inf)
+            np.minimum.at(per_item, cut.owner, np.asarray(root, dtype=np.float64))
+            per_item = per_item[np.isfinite(per_item)]
+        return self.list_watch.see(len(cut.items), per_item)
 
     def _empty_policy(self, keep: np.ndarray, scores: np.ndarray, tau: float,
                       unit: str) -> str:
@@ -753,11 +845,18 @@ class ConformalFilter:
         self._check_calibrated()  # fail before scoring
         cut = self._cut([_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))])
         scores = self.scorer.score_items(query, cut.pieces) if cut.pieces else np.zeros(0)
-        return self._apply(query, scores, cut, group)
+        return self._apply(query, scores, cut, group, self._root_scores(query, cut.pieces))
 
     def filter_scores(self, query: str, scores: Any, snippets: Sequence[SnippetLike], *,
-                      group: Any = None) -> FilterResult:
+                      group: Any = None, root_scores: Any = None) -> FilterResult:
         """Apply the calibrated rule to precomputed scores of this filter's score (no scoring).
+
+        Parameters
+        ----------
+        root_scores : array-like, optional
+            Each snippet's root score (e.g. the stored ``1 - cos`` of an index's hits under
+            a fused score of it), for the list check (:attr:`list_watch`); without them the
+            check reads the list's length alone.
 
         Raises
         ------
@@ -767,7 +866,8 @@ class ConformalFilter:
         """
         self._check_snippet_unit("one precomputed score per snippet")
         items = [_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))]
-        return self._apply(query, scores, _Pieces.whole(items), group)
+        root = None if root_scores is None else check_scores(root_scores, name="root_scores")
+        return self._apply(query, scores, _Pieces.whole(items), group, root)
 
     def _check_snippet_unit(self, what: str) -> None:
         if self.unit != "snippet":
@@ -799,12 +899,19 @@ class ConformalFilter:
             raise ValueError(f"got snippet_vectors of shape {sv.shape} for {len(items)} snippets; "
                              "expected one vector per snippet.")
         scores = self.scorer.scores_from_vectors(query_vector, sv) if items else np.zeros(0)
-        return self._apply(query, scores, _Pieces.whole(items), group)
+        root = (self.scorer.root_scorer().scores_from_vectors(query_vector, sv)
+                if items and self._wants_root else None)
+        return self._apply(query, scores, _Pieces.whole(items), group, root)
 
-    def filter_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> dict[str, FilterResult]:
+    def filter_pairs(self, pairs: Sequence[Pair], *, progress: bool = False,
+                     seed: int = 0) -> dict[str, FilterResult]:
         """Filter many queries at once (batched scoring), keyed by query_id.
 
-        A group-mode filter reads each pair's group from ``Pair.meta[group_by]``.
+        A group-mode filter reads each pair's group from ``Pair.meta[group_by]``. The list
+        check (:attr:`list_watch`) sees the batch's lists in a random order (``seed``), so
+        a file sorted by topic is compared with the calibration lists as a sample, not as
+        a stream of one topic after another; when its sequential test fires on the batch,
+        every result of the batch is flagged.
         """
         self._check_calibrated()
         pairs = _snippet_list(pairs, "pairs")
@@ -822,12 +929,30 @@ class ConformalFilter:
             for qid, idx in by_query.items() for k, it in enumerate(cuts[qid].pieces)
         ]
         scores = self.scorer.score_pairs(piece_pairs, progress=progress)
-        out, start = {}, 0
+        roots = (self.scorer.root_scorer().score_pairs(piece_pairs)
+                 if self._wants_root and piece_pairs else None)
+        offsets = dict(zip(by_query, np.cumsum([0] + [len(c.pieces) for c in cuts.values()]),
+                           strict=False))
+        checks = self._see_lists(cuts, offsets, roots, seed)
+        out = {}
         for qid, idx in by_query.items():
-            m = len(cuts[qid].pieces)
-            out[qid] = self._apply(pairs[idx[0]].query, scores[start:start + m], cuts[qid], None)
-            start += m
+            start, m = int(offsets[qid]), len(cuts[qid].pieces)
+            out[qid] = self._apply(pairs[idx[0]].query, scores[start:start + m], cuts[qid], None,
+                                   check=checks[qid])
         return out
+
+    def _see_lists(self, cuts: Mapping[str, _Pieces], offsets: Mapping[str, Any],
+                   roots: np.ndarray | None, seed: int) -> dict[str, ListCheck]:
+        """The list checks of a batch: its lists shown to the watch in a seeded random order;
+        every list flagged when the sequential test fired on the batch."""
+        checks: dict[str, ListCheck] = {}
+        order = list(cuts)
+        np.random.default_rng(seed).shuffle(order)
+        for qid in order:
+            start, m = int(offsets[qid]), len(cuts[qid].pieces)
+            checks[qid] = self._see_list(cuts[qid], None if roots is None else roots[start:start + m])
+        alarm = self.list_watch.alarm_check() if self.list_watch is not None else ListCheck()
+        return {qid: c if c.outside or not alarm.unlike else alarm for qid, c in checks.items()}
 
     # ------------------------------------------------------------- artifact
     def to_artifact(self) -> Artifact:
@@ -852,7 +977,8 @@ class ConformalFilter:
         return Artifact.create(scorer=self.scorer.spec(), calibration=block,
                                policy={"min_keep": self.min_keep, "max_chars": self.max_chars,
                                        "unit": self.unit},
-                               data=dict(self.calibration_info), monitor=self.monitor_reference)
+                               data=dict(self.calibration_info), monitor=self.monitor_reference,
+                               lists=None if self.lists is None else self.lists.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON artifact (format version 2) as a dict (see :meth:`to_artifact`)."""
@@ -906,6 +1032,8 @@ class ConformalFilter:
             raise ArtifactError(f"artifact policy: {exc}") from exc
         flt.calibration_info = dict(artifact.data or {})
         flt.monitor_reference = artifact.monitor_reference()
+        flt.lists = artifact.list_record()
+        flt.watch_lists()
         return flt
 
     @classmethod

@@ -144,6 +144,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: SQLite's own busy wait alone
     fcntl = None  # type: ignore[assignment]
 
+from ._martingale import EPSILONS, log_unstarted, logsumexp, power_bet
 from ._monitor_reference import (
     STATISTIC,
     STATISTIC_VERSION,
@@ -166,8 +167,6 @@ logger = logging.getLogger(__name__)
 
 #: Accepted ``alternative`` values: the direction in which the separation may move.
 ALTERNATIVES = ("two-sided", "less", "greater")
-#: Betting exponents of the power martingales.
-EPSILONS = tuple(round(0.05 + 0.1 * i, 2) for i in range(10))
 #: Mantissa bits kept when statistics are compared (relative precision 2**-10).
 KEY_BITS = 10
 #: Fewest requests observed (since the last reset) before the alarm may fire.
@@ -177,7 +176,6 @@ HISTORY = 100_000
 _SCHEMA = 2
 #: The live-count table of each statistic in the store.
 _LIVE = {"separation": "monitor_live", "best": "monitor_live_best"}
-_LN2 = math.log(2.0)
 _MAX_LOG10 = math.log10(np.finfo(np.float64).max)
 
 _TABLES = {
@@ -244,26 +242,6 @@ def _keys(values: np.ndarray) -> np.ndarray:
 def _key(value: float) -> int:
     """:func:`_keys` of one float."""
     return int(_keys(np.array([value]))[0])
-
-
-def _log_prior(s: int) -> float:
-    """log pi_s: prior weight of the martingale that starts betting after request ``s``."""
-    if s == 0:
-        return -_LN2
-    a, b = math.log(s + 1.0), math.log(s + 2.0)
-    return math.log(0.5 * _LN2 * math.log1p(1.0 / (s + 1.0)) / (a * b))
-
-
-def _log_unstarted(t: int) -> float:
-    """log R_t: prior mass of the martingales not started after ``t`` requests."""
-    return 0.0 if t == 0 else math.log(0.5 * _LN2 / math.log(t + 1.0))
-
-
-def _logsumexp(values: np.ndarray) -> float:
-    top = float(np.max(values))
-    if top == -math.inf:
-        return top
-    return top + math.log(float(np.sum(np.exp(values - top))))
 
 
 class _Row(NamedTuple):
@@ -426,7 +404,6 @@ class ExchangeabilityMonitor:
         sides = {"two-sided": (1.0, -1.0), "greater": (1.0,), "less": (-1.0,)}[alternative]
         self._side = np.repeat(np.array(sides), len(EPSILONS))  # +1: bet on p, -1: on 1 - p
         self._eps = np.tile(np.array(EPSILONS), len(sides))
-        self._log_eps = np.log(self._eps)
         self._log_w = -math.log(self._eps.size)
         self._log_alarm = math.log(1.0 / self.delta)
         self._fingerprint = self._make_fingerprint()
@@ -527,8 +504,8 @@ class ExchangeabilityMonitor:
                                               p).tolist()
                         detail[name] = [stat, p]
                     log_ms.append(float(np.logaddexp(
-                        _logsumexp(np.array(log_as[i], dtype=np.float64)) + self._log_w,
-                        _log_unstarted(counts[i]))))
+                        logsumexp(np.array(log_as[i], dtype=np.float64)) + self._log_w,
+                        log_unstarted(counts[i]))))
                 log_m = max(log_ms) - self._log_k  # union bound: max_i M_i / K
                 fired_at, fired_time = row.fired_at, row.fired_time
                 if fired_at is None and t >= self.min_requests and log_m >= self._log_alarm:
@@ -663,9 +640,7 @@ class ExchangeabilityMonitor:
 
     def _bet(self, log_a: np.ndarray, t: int, p: float) -> np.ndarray:
         """One step: start the martingale of prior weight pi_{t-1}, then every one bets on p."""
-        q = np.where(self._side > 0, p, 1.0 - p)
-        log_f = self._log_eps + (self._eps - 1.0) * np.log(q)
-        return np.logaddexp(log_a, _log_prior(t - 1)) + log_f
+        return power_bet(log_a, t, p, self._side, self._eps)
 
     @contextmanager
     def _writing(self) -> Iterator[sqlite3.Connection]:

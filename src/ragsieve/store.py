@@ -26,6 +26,13 @@ Scores are ``1 - cos`` computed from the *stored* vectors: a query is embedded o
 and the snippets are never re-embedded, so a :class:`~ragsieve.filter.ConformalFilter`
 calibrated with the same embedding model applies unchanged.
 
+Identity: :attr:`SnippetIndex.fingerprint` is a sha256 over the embedding model, the
+chunking and the ``(path, sha256)`` rows of the files table, so the same documents indexed
+the same way have one fingerprint wherever the index lives, and any added, removed or
+changed file changes it. :meth:`SnippetIndex.retriever_identity` adds ``k`` and is what
+:meth:`SnippetIndex.retrieve_pairs` (``ragsieve retrieve``) records on every calibration
+pair, so a filter can say which retriever its calibration lists came from.
+
 Search is exact. By default (``search="memory"``) the vectors are read once into a numpy
 matrix, re-read when the table's version changes, and searched with one matrix-vector
 product: ``benchmarks/bench_store.py`` measured LanceDB's brute-force search at 8.5 ms
@@ -43,7 +50,7 @@ import logging
 import os
 import stat
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -58,9 +65,11 @@ from .chunking import DEFAULT_OVERLAP, DEFAULT_SIZE, chunk_text
 from .embeddings import EmbeddingModel, load_embedding_model, resolve_model_id
 from .errors import ArtifactError, DataError, ScorerMismatchError
 from .scoring.embedding import EmbeddingScorer
-from .types import FilterResult, Snippet
+from .types import FilterResult, Pair, Snippet
 
 if TYPE_CHECKING:
+    from .data.jsonl import PathOrFile
+    from .data.queries import LabelledQuery
     from .filter import ConformalFilter
 
 __all__ = [
@@ -75,6 +84,8 @@ SEARCH_BACKENDS = ("memory", "lancedb")
 _META_NAME = "ragsieve_index.json"
 _LOCK_NAME = ".ragsieve-write.lock"
 _FORMAT = 1
+#: ``kind`` of :meth:`SnippetIndex.retriever_identity`; versions the fingerprint's recipe too.
+RETRIEVER_KIND = "ragsieve-index"
 _SNIPPETS = "snippets"
 _FILES = "files"
 
@@ -495,6 +506,64 @@ class SnippetIndex:
         """``{path: sha256}`` of the files committed to the index."""
         return {r["path"]: r["sha256"] for r in self._column(_FILES, ["path", "sha256"])}
 
+    # ------------------------------------------------------------- identity
+    @property
+    def fingerprint(self) -> str:
+        """The identity of what this index searches: a sha256 hex digest.
+
+        Computed (on each access, from the files table) over the embedding model id, the
+        chunk size and overlap, and the sorted ``(path, sha256)`` rows of the indexed
+        files. The same documents indexed the same way give the same fingerprint in any
+        directory; an added, removed or changed file, another model or another chunking
+        gives another. Files that were skipped (unreadable, empty) are not part of it.
+        """
+        files = self._column(_FILES, ["path", "sha256"])
+        rows = sorted({(str(r["path"]), str(r["sha256"])) for r in files})
+        recipe = {"kind": RETRIEVER_KIND, "format": _FORMAT, "model": self.model_id,
+                  "size": int(self._meta.get("size", DEFAULT_SIZE)),
+                  "overlap": int(self._meta.get("overlap", DEFAULT_OVERLAP)),
+                  "files": [list(r) for r in rows]}
+        canonical = json.dumps(recipe, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    def retriever_identity(self, k: int) -> dict[str, Any]:
+        """Which retriever a list of :meth:`search` ``(query, k)`` came from (JSON-ready).
+
+        Parameters
+        ----------
+        k : int
+            The number of hits per query.
+
+        Returns
+        -------
+        dict
+            ``{"kind": "ragsieve-index", "index": fingerprint, "model": model_id, "k": k,
+            "n_snippets": count, "path": the index directory}``. Two lists come from the
+            same retriever when everything but ``path`` (informational: an index copied
+            elsewhere is the same retriever) is equal.
+
+        Raises
+        ------
+        ValueError
+            ``k`` is below 1.
+        """
+        k = check_int(k, "k", min_value=1)
+        return {"kind": RETRIEVER_KIND, "index": self.fingerprint, "model": self.model_id,
+                "k": k, "n_snippets": self.count(), "path": str(self.path.resolve())}
+
+    def _check_whole(self) -> None:
+        """Refuse an index whose snippet rows disagree with its files table: a writer is
+        committing, or one was killed between two steps of a commit."""
+        listed = sum(int(r["n_snippets"]) for r in self._column(_FILES, ["n_snippets"]))
+        stored = self.count()
+        if listed != stored:
+            raise DataError(
+                f"index {str(self.path)!r} is not in a whole state: its files table lists "
+                f"{listed} snippet(s) but it holds {stored} (a `ragsieve index` run is writing "
+                "it, or one was stopped mid-commit); wait for the writer, or run `ragsieve "
+                f"index DOCS --index {self.path}` again to repair it, then retrieve again."
+            )
+
     # ------------------------------------------------------------- indexing
     def index_directory(
         self, docs_dir: str | os.PathLike[str], *, batch_size: int = 32, progress: bool = False
@@ -731,7 +800,59 @@ class SnippetIndex:
         """
         check_str(query, "query")
         k = check_int(k, "k", min_value=1)
-        qvec = np.asarray(self.model.embed_queries([query]), dtype=np.float32)[0]
+        return self._nearest(self._embed_queries([query])[0], k)
+
+    def search_many(self, queries: Sequence[str], k: int = 20, *, batch_size: int = 32,
+                    progress: bool = False) -> Iterator[list[Hit]]:
+        """:meth:`search` for each query, in order, embedding ``batch_size`` queries at once.
+
+        Parameters
+        ----------
+        queries : sequence of str
+            Query texts.
+        k : int
+            Number of hits per query.
+        batch_size : int
+            Queries per model call.
+        progress : bool
+            Show a progress bar over the queries.
+
+        Returns
+        -------
+        iterator of list of Hit
+            The hits of each query, as :meth:`search` gives them (the same exact search on
+            the same stored vectors; only the query embeddings are batched).
+        """
+        if isinstance(queries, (str, bytes)):
+            raise TypeError(f"queries is a single {type(queries).__name__}; pass a list, e.g. "
+                            "[query], or call search(query).")
+        for i, query in enumerate(queries):
+            check_str(query, f"queries[{i}]")
+        k = check_int(k, "k", min_value=1)
+        batch_size = check_int(batch_size, "batch_size", min_value=1)
+        return self._search_batches(list(queries), k, batch_size, progress)
+
+    def _search_batches(self, queries: list[str], k: int, batch_size: int,
+                        progress: bool) -> Iterator[list[Hit]]:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        with tqdm(total=len(queries), disable=not progress, unit="query",
+                  desc="retrieving") as bar:
+            for start in range(0, len(queries), batch_size):
+                for qvec in self._embed_queries(queries[start : start + batch_size]):
+                    yield self._nearest(qvec, k)
+                    bar.update(1)
+
+    def _embed_queries(self, queries: Sequence[str]) -> np.ndarray:
+        """``(len(queries), dim)`` float32 query vectors of this index's model."""
+        vecs = np.asarray(self.model.embed_queries(list(queries)), dtype=np.float32)
+        if vecs.shape != (len(queries), self.dim):
+            raise ArtifactError(f"embedding model returned shape {vecs.shape}, expected "
+                                f"({len(queries)}, {self.dim}).")
+        return vecs
+
+    def _nearest(self, qvec: np.ndarray, k: int) -> list[Hit]:
+        """The ``k`` hits of one query vector (the search itself, for every caller)."""
         table = self._table(_SNIPPETS)
         if self.search_backend == "memory":
             matrix, table_rows = self._vectors(table)
@@ -767,6 +888,98 @@ class SnippetIndex:
             self._snapshot = (version, matrix, arrow.drop_columns(["vector"]))
             logger.debug("loaded %d vectors of %s (version %d)", len(arrow), self.path, version)
         return self._snapshot[1], self._snapshot[2]
+
+    # ------------------------------------------------------------ calibration lists
+    def retrieve_pairs(
+        self,
+        queries: PathOrFile | Iterable[LabelledQuery | Mapping[str, Any]],
+        k: int = 20,
+        *,
+        language: str | None = None,
+        batch_size: int = 32,
+        progress: bool = False,
+    ) -> list[Pair]:
+        """Search for every labelled query and label what comes back: calibration lists of
+        this very retriever (``ragsieve retrieve``).
+
+        Parameters
+        ----------
+        queries : path, open file, or iterable of LabelledQuery / mapping
+            Labelled queries (:func:`ragsieve.data.queries.read_queries`).
+        k : int
+            Hits per query: the ``k`` the deployment retrieves.
+        language : str, optional
+            The language of the answers' SQuAD normalisation (None: English).
+        batch_size : int
+            Queries embedded per model call.
+        progress : bool
+            Show a progress bar over the queries.
+
+        Returns
+        -------
+        list of Pair
+            One per hit, query by query in input order and hit by hit in rank order:
+            ``snippet_id`` the hit's, ``relevant`` from the query's labels
+            (:meth:`LabelledQuery.label`; a hit is of a listed document when its
+            ``doc_id`` or its ``path`` is listed), ``meta`` with ``doc_id``, ``path``,
+            ``start``, ``end``, ``retrieval_score`` (``1 - cos``), ``rank``, the query's
+            ``answers`` and ``retriever`` = :meth:`retriever_identity` ``(k)``.
+
+        Raises
+        ------
+        DataError
+            Malformed queries (``file:line``); an index that holds no snippet, that is
+            not whole (a writer is committing, or was stopped mid-commit) or that changed
+            while the queries ran; two snippets of one id in one list (JSONL documents
+            sharing an ``id``).
+        IndexMissingError
+            The index directory was removed.
+
+        Examples
+        --------
+        >>> pairs = index.retrieve_pairs(  # doctest: +SKIP
+        ...     [{"query_id": 1, "query": "Who won?", "answers": ["Denver Broncos"]}], k=5)
+        >>> pairs[0].meta["retriever"]["kind"]  # doctest: +SKIP
+        'ragsieve-index'
+        """
+        from .data.queries import list_pairs, read_queries
+
+        labelled = read_queries(queries)
+        k = check_int(k, "k", min_value=1)
+        check_str(language, "language", allow_none=True, hint="a language code such as 'en'")
+        self._check_whole()
+        identity = self.retriever_identity(k)
+        if identity["n_snippets"] == 0:
+            raise DataError(f"index {str(self.path)!r} holds no snippets; index documents "
+                            f"first with `ragsieve index DOCS --index {self.path}`.")
+        pairs: list[Pair] = []
+        found = self.search_many([q.query for q in labelled], k, batch_size=batch_size,
+                                 progress=progress)
+        for query, hits in zip(labelled, found, strict=True):
+            pairs.extend(list_pairs(query, self._hit_records(query.query_id, hits),
+                                    retriever=identity, language=language))
+        if self.retriever_identity(k) != identity:
+            raise DataError(
+                f"index {str(self.path)!r} changed while the queries ran (a `ragsieve index` "
+                "run committed files), so the lists mix two versions of it; retrieve again "
+                "once the writer has finished.")
+        return pairs
+
+    def _hit_records(self, query_id: str, hits: Sequence[Hit]) -> list[dict[str, Any]]:
+        """The hits as :func:`~ragsieve.data.queries.list_pairs` takes them; a snippet id
+        twice in one list (JSONL documents sharing an ``id``) is refused with the fix."""
+        paths: dict[str, str] = {}
+        for hit in hits:
+            if hit.snippet_id in paths:
+                raise DataError(
+                    f"query {query_id!r}: index {str(self.path)!r} returned snippet "
+                    f"{hit.snippet_id!r} twice (of {paths[hit.snippet_id]!r} and "
+                    f"{hit.path!r}): documents share the id {hit.doc_id!r}; give each JSONL "
+                    "document its own \"id\" and index again.")
+            paths[hit.snippet_id] = hit.path
+        return [{"snippet_id": h.snippet_id, "text": h.text, "doc_ids": [h.doc_id, h.path],
+                 "doc_id": h.doc_id, "path": h.path, "start": h.start, "end": h.end,
+                 "retrieval_score": h.score} for h in hits]
 
     def list_scorer(self, flt: ConformalFilter) -> Callable[[np.ndarray], np.ndarray]:
         """How ``flt``'s score is computed from this index's stored ``1 - cos`` of a hit list.
@@ -830,7 +1043,12 @@ class SnippetIndex:
         -----
         A relative or fused score depends on the list it is computed in. Its guarantee
         transfers when the calibration lists were formed like these hit lists (the same
-        retriever and ``k``); the ``1 - cos`` score of a snippet does not depend on the list.
+        retriever and ``k``: ``ragsieve retrieve`` calibrates on them); the ``1 - cos`` score of
+        a snippet does not depend on the list. The filter's list check sees every hit list
+        with its stored ``1 - cos`` (:attr:`ConformalFilter.list_watch
+        <ragsieve.filter.ConformalFilter.list_watch>`); :func:`ragsieve.lists.compare_retriever`
+        with :meth:`retriever_identity` says when the filter was calibrated on another
+        retriever's lists.
         """
         to_scores = self.list_scorer(flt)
         hits = self.search(query, k=k)
@@ -841,7 +1059,9 @@ class SnippetIndex:
                 scores = to_scores(scores)
             except TypeError:  # a fused score of several signals: they need the hit texts
                 scores = flt.scorer.score_batch(query, [h.text for h in hits])
-        result = flt.filter_scores(query, scores, snippets, group=group)
+        # the filter's root score is this index's 1 - cos (list_scorer checked it)
+        result = flt.filter_scores(query, scores, snippets, group=group,
+                                   root_scores=[h.score for h in hits])
         return hits, result
 
     def __repr__(self) -> str:

@@ -13,7 +13,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["FilterResult", "Pair", "Scored", "Snippet", "fingerprint_pairs"]
+__all__ = ["RETRIEVER_KEY", "FilterResult", "Pair", "Scored", "Snippet", "fingerprint_pairs"]
+
+#: The ``Pair.meta`` key (a JSONL key of the pairs) holding the identity of the retriever that
+#: returned the pair's list: written by ``ragsieve retrieve`` and the framework components'
+#: ``calibrate``, read by ``calibrate`` into the artifact's ``lists`` block
+#: (:func:`ragsieve.lists.retriever_of`).
+RETRIEVER_KEY = "retriever"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +163,13 @@ class FilterResult:
         Unit ``"sentence"``: every sentence scored, as ``(snippet index, start, end, score,
         kept)`` with ``start``/``end`` character offsets in that snippet's text, in input
         order; empty for unit ``"snippet"``.
+    lists_unlike : bool
+        The list is unlike the filter's calibration lists, for a score that reads the whole
+        list (:mod:`ragsieve.lists`): its length is outside the calibration lengths, or the
+        sequential test over the lists seen so far has fired; the guarantee then may not
+        hold. Always False for a list-free score.
+    lists_note : str or None
+        What differs, in the user's terms (None when ``lists_unlike`` is False).
     """
 
     query: str
@@ -170,6 +183,8 @@ class FilterResult:
     rule_kept_none: bool = False
     unit: str = "snippet"
     sentences: tuple[tuple[int, int, int, float, bool], ...] = ()
+    lists_unlike: bool = False
+    lists_note: str | None = None
 
     @property
     def kept_ids(self) -> list[str]:

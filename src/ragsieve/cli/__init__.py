@@ -64,6 +64,7 @@ PATH_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "recalibrate": (("feedback", "filter"), ("out",)),
     "export": (("data",), ("out",)),
     "index": (("docs_dir",), ("index",)),
+    "retrieve": (("index", "queries"), ("out",)),
     "demo": (("data_dir",), ("out",)),
     "rag-demo": (("data_dir",), ("out",)),
     "shift-demo": (("data_dir",), ("out",)),
@@ -228,6 +229,13 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--min-keep", type=nonnegative_int, default=0,
                    help="empty-result policy (default 0)")
     p.add_argument("--out", required=True, help="artifact to write (JSON)")
+    p.add_argument("--lists", choices=("auto", "deployed", "data"), default="auto",
+                   help="where the calibration lists come from (recorded in the artifact and "
+                        "checked wherever it is applied): auto reads it from the data (lists "
+                        "written by `ragsieve retrieve` carry their retriever); deployed: they "
+                        "are the lists your deployed retriever returns (the default score may "
+                        "then read the whole list); data: a data set's own lists (the default "
+                        "score is then list-free). See docs/deploy.md")
     p.add_argument("--no-expected", action="store_true",
                    help="skip the expected coverage and removal on new topics (a 5-fold "
                         "cross-validation over the calibration topics; it scores every pair)")
@@ -382,6 +390,30 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.set_defaults(func=commands.cmd_query)
 
 
+def _add_retrieve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparser(sub, "retrieve", "run an index on labelled queries and write what it "
+                                   "retrieves as labelled pairs: the lists to calibrate on")
+    p.add_argument("--index", required=True,
+                   help="index directory built by `ragsieve index`: the one you deploy "
+                        "(never created here)")
+    p.add_argument("--queries", required=True, metavar="FILE",
+                   help="labelled queries, JSONL: query_id, query, and relevant_doc_ids "
+                        "and/or answers (docs/data-format.md); '-' for stdin")
+    p.add_argument("-k", "--k", type=count("top_k"), default=20,
+                   help="snippets retrieved per query: the k you deploy (default 20, as "
+                        f"`ragsieve query`; {at_most('top_k')})")
+    p.add_argument("--out", required=True, metavar="FILE",
+                   help="the pairs to write, generic JSONL, one line per hit (atomically)")
+    p.add_argument("--language", default=None,
+                   help="language of the answers' SQuAD normalisation: its articles are "
+                        "dropped before matching (default en)")
+    # the top-level -q too: SUPPRESS keeps `ragsieve -q retrieve` quiet
+    p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                   help="no progress bar (as `ragsieve -q`)")
+    add_json_option(p)
+    p.set_defaults(func=commands.cmd_retrieve)
+
+
 def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "rag-demo",
                   "index the XQuAD English articles and ask a question, filter in the loop")
@@ -521,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_evaluate, _add_choose_alpha, _add_answers, _add_calibrate, _add_score, _add_filter,
                 _add_report,
-                _add_label, _add_llm, _add_shift_demo, _add_index_and_query, _add_rag_demo,
+                _add_label, _add_llm, _add_shift_demo, _add_index_and_query, _add_retrieve,
+                _add_rag_demo,
                 _add_serve, _add_recalibrate, _add_export, _add_demo):
         add(sub)
     return parser

@@ -49,6 +49,7 @@ __all__ = [
     "cmd_query",
     "cmd_recalibrate",
     "cmd_report",
+    "cmd_retrieve",
     "cmd_score",
     "cmd_serve",
     "serve_options",
@@ -259,7 +260,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep,
                           unit=pruning_unit(args) or "snippet")
     flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet,
-                  language=chosen.language)
+                  language=chosen.language, lists=args.lists)
     chosen.record(flt.calibration_info)  # where the CLI took the languages from
     flt.save(args.out)
     info = flt.to_dict()
@@ -271,6 +272,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 0
     for choice_line in choice_lines(choice):
         print(choice_line)
+    print(_lists_line(flt))
     guarantee = flt.guarantee()
     tau = _tau(flt.threshold)
     if guarantee.get("infinite"):
@@ -294,6 +296,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if note:
         print(f"note: {note}")
     return 0
+
+
+def _lists_line(flt: Any) -> str:
+    """``lists: the lists of index 3f2a9c0d (...): 200 lists of 10 snippets each; ...``: where
+    the calibration lists came from, and what the score's guarantee assumes of them."""
+    lists = flt.lists
+    line = f"lists: {lists.describe()}"
+    if not lists.list_dependent:
+        return line + "; the score reads one snippet at a time, so the lists' shape does not enter it"
+    return (line + "; the score reads the whole list: its guarantee holds for lists like these "
+            "(checked wherever the filter is applied; see docs/deploy.md)")
 
 
 def _expected(args: argparse.Namespace, pairs: list[Any], scorer: Any) -> Any:
@@ -355,6 +368,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     results = flt.filter_pairs(pairs, progress=not args.quiet)
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
+    shown: list[Any] = []  # results printed so far: the lists note is printed once
     for qid, r in results.items():
         if args.json:
             print(dumps(filter_record(qid, r)))
@@ -369,7 +383,14 @@ def cmd_filter(args: argparse.Namespace) -> int:
                 print(f"    removed {s.score:.4f} > {r.threshold:.4f}  {s.snippet_id}")
         if r.note:
             print(f"    note: {r.note}")
+        if r.lists_note and r.lists_unlike and not any(x.lists_unlike for x in shown):
+            print(f"    lists: {r.lists_note}")
+        shown.append(r)
     if not args.json:
+        unlike = sum(r.lists_unlike for r in results.values())
+        if unlike:
+            print(f"lists: {unlike} of {len(results)} lists unlike the filter's calibration "
+                  "lists (see the warning above and docs/deploy.md)")
         print(_filter_summary(len(results), total_kept, total_in, flt))
         print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
     return 0
@@ -685,6 +706,8 @@ def _query_json(args: argparse.Namespace, hits: list[Any], res: Any,
         "threshold": None if res is None else res.threshold,
         "removal": None if res is None else res.removal,
         "note": None if res is None else res.note,
+        "lists_unlike": None if res is None else res.lists_unlike,
+        "lists_note": None if res is None else res.lists_note,
     }
     if res is not None and res.unit == "sentence":  # each kept hit's kept sentences
         for s in res.kept:
@@ -703,6 +726,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
     if args.filter:
         flt = ConformalFilter.load(args.filter)
+        _warn_other_retriever(flt, index, args.k)
         if flt.unit == "sentence":  # it reads each hit's sentences: scored from the texts
             hits = index.search(args.query, k=args.k)
             res = flt.filter(args.query, [h.text for h in hits], group=args.group)
@@ -721,6 +745,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     if res is not None:
         print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} "
               f"removed), tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
+        if res.lists_unlike:
+            print(f"lists: {res.lists_note}")
     if args.generate:
         from ..generation import answer_with_citations
         from ..llm.connect import connect
@@ -738,6 +764,61 @@ def cmd_query(args: argparse.Namespace) -> int:
         if answer.unknown_citations:
             print(f"cites snippets that do not exist: {list(answer.unknown_citations)}")
     return 0
+
+
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    """``ragsieve retrieve``: search the index for every labelled query and write what it
+    returns as labelled pairs carrying the index's identity (the lists to calibrate on)."""
+    import sys
+
+    from ..data import describe_lists, read_queries, write_pairs
+    from ..lists import describe_retriever, retriever_of
+    from ..store import SnippetIndex
+
+    queries = read_queries(args.queries)  # a bad line fails before any model work
+    index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
+    pairs = index.retrieve_pairs(queries, args.k, language=args.language,
+                                 progress=not args.quiet)
+    write_pairs(pairs, args.out)
+    summary = describe_lists(queries, pairs, args.k)
+    retriever = retriever_of(pairs) or index.retriever_identity(args.k)
+    if summary.no_relevant:
+        shown = ", ".join(summary.no_relevant[:5]) + (", ..." if len(summary.no_relevant) > 5
+                                                      else "")
+        eprint(f"warning: {len(summary.no_relevant)} of {summary.n_labelled} labelled queries "
+               f"have no relevant hit among their {args.k} ({shown}): they hold no evidence to "
+               "calibrate on (retrieve more with a larger -k, or check their labels)")
+    if args.json:
+        print(dumps({**summary.to_dict(), "out": args.out, "retriever": retriever}))
+        return 0
+    out = sys.stderr if args.out == "-" else sys.stdout  # the pairs own stdout then
+    print(f"retrieved {summary.n_queries} queries from {args.index}: "
+          f"{describe_retriever(retriever)}, {retriever['n_snippets']} snippets", file=out)
+    print(f"{summary.n_hits} hits, {summary.n_relevant} relevant; {summary.n_labelled} "
+          f"labelled queries, {len(summary.no_relevant)} of them without a relevant hit",
+          file=out)
+    if summary.short:
+        print(f"{len(summary.short)} queries got fewer than {args.k} hits: the index holds "
+              f"{retriever['n_snippets']} snippets", file=out)
+    if summary.unlabelled:
+        print(f"unlabelled queries: {len(summary.unlabelled)} (relevant: null); label their "
+              f"pairs with `ragsieve label --data {args.out} --out labelled.jsonl` before "
+              "calibrating", file=out)
+    print(f"wrote {summary.n_hits} pairs to {args.out}", file=out)
+    return 0
+
+
+def _warn_other_retriever(flt: Any, index: Any, k: int) -> str | None:
+    """Say (stderr) when ``flt`` was calibrated on lists of another retriever than ``index``'s
+    top ``k`` and its score reads the whole list; the reason, or None."""
+    from ..lists import DOCS, compare_retriever
+
+    reason = compare_retriever(flt.lists, index.retriever_identity(k))
+    if reason:
+        eprint(f"warning: {reason}; its score reads the whole list, so its guarantee holds for "
+               "lists like its calibration lists: calibrate through this index (`ragsieve "
+               f"retrieve --index {index.path} -k {k}`, then `ragsieve calibrate`); see {DOCS}")
+    return reason
 
 
 def cmd_export(args: argparse.Namespace) -> int:

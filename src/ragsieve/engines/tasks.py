@@ -108,7 +108,8 @@ def filter_record(query_id: str, result: FilterResult) -> dict[str, Any]:
     Per kept snippet (aligned with ``kept``): its score and ``spans``, the kept character
     spans (unit ``"sentence"``: one per kept sentence; else the kept pieces of a snippet
     that was cut, empty when kept whole); with unit ``"sentence"`` also ``pruned_text``,
-    its kept sentences joined with a space.
+    its kept sentences joined with a space. ``lists_unlike`` and ``lists_note`` say when the
+    query's list is unlike the filter's calibration lists (:mod:`ragsieve.lists`).
     """
     record = {
         "query_id": query_id, "query": result.query, "unit": result.unit,
@@ -122,6 +123,8 @@ def filter_record(query_id: str, result: FilterResult) -> dict[str, Any]:
                      "score": s.score if math.isfinite(s.score) else None,
                      "threshold": result.threshold if math.isfinite(result.threshold) else None}
                     for s in result.removed],
+        # the list unlike the filter's calibration lists (a list-aware score: see ragsieve.lists)
+        "lists_unlike": result.lists_unlike, "lists_note": result.lists_note,
     }
     if result.unit == "sentence":
         record["pruned_text"] = [s.pruned_text for s in result.kept]
@@ -193,6 +196,7 @@ class FilterTask:
             ("spans", pa.string()), ("pruned_text", pa.list_(pa.string())),
             ("n_input", pa.int64()), ("n_cut", pa.int64()), ("removal", pa.float64()),
             ("threshold", pa.float64()), ("note", pa.string()), ("removed", pa.string()),
+            ("lists_unlike", pa.bool_()), ("lists_note", pa.string()),
         ])
         rows = [{**r, "spans": json.dumps(r["spans"]), "removed": json.dumps(r["removed"])}
                 for r in records]

@@ -27,7 +27,7 @@ from ..calibration.inputs import CalibrationInputs
 from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
 from ..scoring.base import KeepRule
-from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures, as_fusion_features, fit_fused
+from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures, fit_fusion
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
@@ -259,16 +259,15 @@ def _fuse_split(data: ScoredData, features: np.ndarray | FusionFeatures, cal_idx
                 seed: int, salt: int, fraction: float) -> tuple[ScoredData, np.ndarray]:
     """Fit the fused score on a random ``fraction`` of the calibration topics; score every pair.
 
-    The fit is :func:`~ragsieve.scoring.fusion.fit_fused`, the one ``calibrate`` makes
+    The fit is :func:`~ragsieve.scoring.fusion.fit_fusion`, the one ``calibrate`` makes
     (split ``salt`` of ``seed``), with the learner ``features`` names (a bare matrix:
-    logistic regression). Returns the data with fused scores and the calibration indices
-    left for conformal.
+    logistic regression); its text-fitted signals (the frozen-corpus BM25) take their
+    statistics from the texts of the fit share alone. Returns the data with fused scores and
+    the calibration indices left for conformal.
     """
-    given = as_fusion_features(features)
-    x = given.matrix
-    fitted, fit = fit_fused(x[cal_idx], data.relevant[cal_idx], data.group_index[cal_idx],
-                            seed=seed, split=salt, fraction=fraction, learner=given.learner)
-    return dataclasses.replace(data, scores=fitted.scores(x)), cal_idx[~fit]
+    done = fit_fusion(features, data.relevant, data.group_index, rows=cal_idx, seed=seed,
+                      split=salt, fraction=fraction)
+    return dataclasses.replace(data, scores=done.scores), cal_idx[~done.fit]
 
 
 def calibrated_k(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, alpha: float) -> int:

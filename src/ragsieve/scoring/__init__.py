@@ -5,9 +5,11 @@
 ``"relative"``, ``"fusion"`` (fitted weights), ``"best"`` (the fused score, still to be
 fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`, its
 signals those of a preset, :mod:`~ragsieve.scoring.signals`), ``"bm25-list"`` (BM25 within
-the query's own list), ``"sentence-cos"`` (the best sentence's ``1 - cos``) and
-``"field"`` (an outside score), and ``"auto"``, the default: the fused score or ``1 - cos``,
-whichever the calibration pairs allow, chosen when a filter is calibrated
+the query's own list), ``"bm25-corpus"`` (BM25 with statistics frozen from a corpus it was
+fitted on: list-free), ``"sentence-cos"`` (the best sentence's ``1 - cos``) and
+``"field"`` (an outside score), and ``"auto"``, the default: the list-aware fused score when
+the calibration lists are the deployed retriever's, else the list-free (``portable``) fused
+score, or ``1 - cos`` when neither can be fitted, chosen when a filter is calibrated
 (:func:`~ragsieve.scoring.auto.choose_score`). Further scorers plug in with :func:`register_scorer`.
 
 Each alias has its declared options (:class:`~ragsieve.scoring.options.ScorerOption`,
@@ -22,6 +24,7 @@ from typing import Any
 
 from .auto import AutoScorer, ScoreChoice, choose_score
 from .base import KeepRule, Scorer
+from .corpus_bm25 import CorpusBM25Scorer
 from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .field import FieldScorer
 from .fusion import BEST_OPTIONS, FusedScorer
@@ -33,6 +36,7 @@ from .sentence_cosine import SentenceCosineScorer
 
 __all__ = [
     "AutoScorer",
+    "CorpusBM25Scorer",
     "EmbeddingScorer",
     "FieldScorer",
     "FusedScorer",
@@ -60,6 +64,7 @@ _REGISTRY: dict[str, ScorerFactory] = {
     "fusion": FusedScorer,
     "field": FieldScorer,
     "bm25-list": ListBM25Scorer,
+    "bm25-corpus": CorpusBM25Scorer,
     "sentence-cos": SentenceCosineScorer,
     # the fused score, unfitted: evaluate fits it per split, calibrate on half of the topics
     "best": FusedScorer.unfitted,

@@ -2,13 +2,21 @@
 
 :func:`choose_score` is the one rule, used by the CLI (``--scorer auto``, the default of
 every command that fits a filter) and by :class:`~ragsieve.ConformalFilter` (scorer
-``"auto"``, resolved when it is calibrated):
+``"auto"``, resolved when it is calibrated). A fused score (``"best"``,
+:mod:`ragsieve.scoring.fusion`) needs pairs it can be fitted on: both relevant and irrelevant
+snippets, and at least ``MIN_FUSION_TOPICS`` topics (``Pair.group``; a quarter of them fit
+it, the rest calibrate the threshold). Which fused score depends on where the calibration
+lists come from, because a list-aware score is calibrated for lists like its calibration
+lists only (the same retriever, the same k):
 
-* the fused score (``"best"``, :mod:`ragsieve.scoring.fusion`) when the pairs give whole
-  lists it can be fitted on: at least half of the queries have >= 2 snippets, the pairs hold
-  both relevant and irrelevant snippets, and there are at least ``MIN_FUSION_TOPICS`` topics
-  (``Pair.group``; a quarter of them fit the weights, the rest calibrate the threshold);
-* otherwise ``1 - cos`` (``"embedding"``), with the reason logged as a warning.
+* the **list-aware** fused score (preset ``fast``) when the lists are the deployed
+  retriever's (``deployed_lists=True``: e.g. made by ``ragsieve retrieve`` through it) and
+  the pairs give whole lists: at least half of the queries have >= 2 snippets;
+* otherwise the **list-free** fused score (preset ``portable``): a snippet's score does not
+  depend on its list, so the threshold holds behind any retriever; it needs no whole lists
+  (single-snippet queries are fine);
+* ``1 - cos`` (``"embedding"``) when no fused score can be fitted, with the reason logged
+  as a warning.
 
 :class:`AutoScorer` stands for the choice until then: it also picks the embedding model,
 from the languages given or detected in the calibration texts (:func:`choose_languages`:
@@ -40,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 #: Fewest topics the fused score is chosen for (one fits the weights, three calibrate).
 MIN_FUSION_TOPICS = 4
-#: Share of queries that must have a list of >= 2 snippets.
+#: Share of queries that must have a list of >= 2 snippets for the list-aware fused score.
 MIN_LIST_SHARE = 0.5
 
 
@@ -51,31 +59,54 @@ class ScoreChoice:
     Attributes
     ----------
     alias : str
-        ``"best"`` (the fused score) or ``"embedding"`` (``1 - cos``).
+        ``"best"`` (a fused score) or ``"embedding"`` (``1 - cos``).
     reason : str
-        One clause: ``"whole lists of 3-6 snippets per query (16 queries, 8 topics)"``.
+        Why, in the user's terms: ``"whole lists of 3-6 snippets per query from the deployed
+        retriever (16 queries, 8 topics)"``.
+    preset : str or None
+        The fused score's preset (:mod:`ragsieve.scoring.signals`): ``"fast"`` (list-aware)
+        or ``"portable"`` (list-free); None for ``1 - cos``.
     """
 
     alias: str
     reason: str
+    preset: str | None = None
 
     @property
     def label(self) -> str:
-        """``"fused (best)"`` or ``"1 - cos (embedding)"``."""
-        return "fused (best)" if self.alias == "best" else "1 - cos (embedding)"
+        """``"fused (best, list-aware)"``, ``"fused, portable (list-free)"`` or
+        ``"1 - cos (embedding)"``."""
+        if self.alias != "best":
+            return "1 - cos (embedding)"
+        if self.preset == "portable":
+            return "fused, portable (list-free)"
+        return "fused (best, list-aware)"
 
-    def to_dict(self) -> dict[str, str]:
-        """``{"scorer": alias, "label": ..., "reason": ...}``."""
-        return {"scorer": self.alias, "label": self.label, "reason": self.reason}
+    def to_dict(self) -> dict[str, Any]:
+        """``{"scorer": alias, "preset": ..., "label": ..., "reason": ...}`` (the artifact's
+        ``data.score_choice``)."""
+        return {"scorer": self.alias, "preset": self.preset, "label": self.label,
+                "reason": self.reason}
 
 
-def choose_score(pairs: Sequence[Pair]) -> ScoreChoice:
-    """The strongest score the labelled pairs allow (see the module docstring for the rule).
+#: Why the list-free score, when the lists are the data set's own.
+_NOT_DEPLOYED = ("the calibration lists are the data set's own, not the deployed retriever's: "
+                 "the list-free portable score (calibrate through your retriever with "
+                 "`ragsieve retrieve`, or pass --lists deployed, for the list-aware fused score)")
+
+
+def choose_score(pairs: Sequence[Pair], *, deployed_lists: bool = False) -> ScoreChoice:
+    """The strongest score the labelled pairs allow where their lists come from (see the
+    module docstring for the rule).
 
     Parameters
     ----------
     pairs : sequence of Pair
         Labelled calibration pairs.
+    deployed_lists : bool
+        True when each query's pairs are the list the deployed retriever gives it (the
+        list-aware fused score is then calibrated for the lists it will meet); False (the
+        default) when the lists are the data set's own, or not known.
 
     Returns
     -------
@@ -87,27 +118,38 @@ def choose_score(pairs: Sequence[Pair]) -> ScoreChoice:
     >>> single = [Pair(str(i), "q", f"s{i}", "t", 1, group=str(i)) for i in range(8)]
     >>> choose_score(single).alias
     'embedding'
+    >>> one_each = [Pair(str(i), "q", f"s{i}", "t", i % 2, group=str(i)) for i in range(8)]
+    >>> choose_score(one_each).label
+    'fused, portable (list-free)'
+    >>> choose_score(one_each, deployed_lists=True).reason.startswith("8 of 8 queries have a single")
+    True
     """
     pairs = list(pairs)
     sizes = Counter(p.query_id for p in pairs)
     n_queries = len(sizes)
     topics = {p.group for p in pairs}
     labels = {p.relevant for p in pairs}
-    lists = sum(1 for n in sizes.values() if n >= 2)
-    if not n_queries or lists < MIN_LIST_SHARE * n_queries:
-        return ScoreChoice("embedding", f"{n_queries - lists} of {n_queries} queries have a single "
-                           "snippet; the fused score needs whole retrieved lists")
+    if not n_queries:
+        return ScoreChoice("embedding", "no calibration pairs; a fused score is fitted on them")
     if labels != {0, 1}:
         kind = "irrelevant" if 1 in labels else "relevant"
-        return ScoreChoice("embedding", f"no {kind} snippet in the calibration pairs; the fused "
+        return ScoreChoice("embedding", f"no {kind} snippet in the calibration pairs; a fused "
                            "score is fitted on both")
     if len(topics) < MIN_FUSION_TOPICS:
-        return ScoreChoice("embedding", f"{len(topics)} topic(s); the fused score needs >= "
+        return ScoreChoice("embedding", f"{len(topics)} topic(s); a fused score needs >= "
                            f"{MIN_FUSION_TOPICS} (a quarter fit it, the rest calibrate)")
+    counts = f"{n_queries} queries, {len(topics)} topics"
+    if not deployed_lists:
+        return ScoreChoice("best", f"{_NOT_DEPLOYED} ({counts})", "portable")
+    lists = sum(1 for n in sizes.values() if n >= 2)
+    if lists < MIN_LIST_SHARE * n_queries:
+        return ScoreChoice("best", f"{n_queries - lists} of {n_queries} queries have a single "
+                           "snippet; the list-aware fused score needs whole retrieved lists: "
+                           f"the list-free portable score ({counts})", "portable")
     lo, hi = min(sizes.values()), max(sizes.values())
     span = str(lo) if lo == hi else f"{lo}-{hi}"
-    return ScoreChoice("best", f"whole lists of {span} snippets per query ({n_queries} queries, "
-                       f"{len(topics)} topics)")
+    return ScoreChoice("best", f"whole lists of {span} snippets per query from the deployed "
+                       f"retriever ({counts})", "fast")
 
 
 @dataclass(frozen=True)
@@ -250,8 +292,8 @@ def choose_language(pairs: Sequence[Pair], language: str | None, *,
 class AutoScorer(Scorer):
     """Stands for the default score until :meth:`resolve` sees the calibration pairs.
 
-    ``ConformalFilter("auto").calibrate(pairs)`` resolves it: the fused score or ``1 - cos``
-    (:func:`choose_score`) over the embedding model of the given or detected languages of
+    ``ConformalFilter("auto").calibrate(pairs)`` resolves it: the list-aware or the list-free
+    fused score or ``1 - cos`` (:func:`choose_score`) over the embedding model of the given or detected languages of
     the snippets and the queries (:func:`choose_languages`; a model trained on both,
     :func:`~ragsieve.embeddings.languages.choose_model`). Scoring with it before then raises
     ``ScorerError``.
@@ -297,29 +339,34 @@ class AutoScorer(Scorer):
                                 query_language=self.query_language)
 
     def resolve(self, pairs: Sequence[Pair], *, language: str | None = None,
-                languages: LanguageChoice | None = None,
+                languages: LanguageChoice | None = None, deployed_lists: bool = False,
                 ) -> tuple[Scorer, ScoreChoice, tuple[str, str]]:
         """The scorer the pairs call for, the score choice, and ``(language, source)`` (of
         the snippets; :meth:`languages` gives both sides).
 
         ``language`` (when not None) overrides the one given at construction; ``languages``
-        (from :meth:`languages`) is taken as it is, without detecting again.
+        (from :meth:`languages`) is taken as it is, without detecting again;
+        ``deployed_lists`` says whether the pairs' lists are the deployed retriever's
+        (:func:`choose_score`).
         """
         from ..embeddings.languages import choose_model
         from . import resolve_scorer
 
         pairs = list(pairs)
         found = languages or self.languages(pairs, language=language)
-        choice = choose_score(pairs)
+        choice = choose_score(pairs, deployed_lists=deployed_lists)
         if choice.alias != "best":
-            logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
+            logger.warning("score: 1 - cos (embedding), not a fused score: %s", choice.reason)
+        else:
+            logger.info("score: %s: %s", choice.label, choice.reason)
         options = dict(self.options)
         if options["model"] is None and found.cross:  # a model trained on both languages
             options["model"] = choose_model(str(found.code), found.query_code)
         base = resolve_scorer("embedding", language=found.code, **options)
         # across languages the preset's signals are those for queries in another language
         cross = {"query_language": found.query_code} if found.cross else {}
-        scorer = resolve_scorer("best", base=base, **cross) if choice.alias == "best" else base
+        scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross)
+                  if choice.alias == "best" else base)
         return scorer, choice, (str(found.code), found.source)
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:

@@ -1,35 +1,54 @@
-"""Fused score: a learned combination of signals and their query-relative variants.
+"""Fused score: a learned combination of signals and (list-aware presets) their list-relative variants.
 
 ``FusedScorer`` computes, for every snippet, the scores of its *signals* -- its base score
 (``1 - cos`` of the language's embedder by default) and those its preset adds
-(:mod:`ragsieve.scoring.signals`: the in-list BM25, the other embedders of the language,
-the best sentence's cosine) -- and for each the query-relative scores of
-:mod:`ragsieve.scoring.relative` (gap to the best snippet, z-score in the list, log rank,
-gap ratio). A learner maps these features to ``A = -logit P(relevant)``: logistic
-regression (:func:`fit_logistic`) or monotone gradient-boosted trees
-(:mod:`ragsieve.scoring.boosting`). Lower = more relevant, as every nonconformity score.
+(:mod:`ragsieve.scoring.signals`) -- and, unless ``list_features=False``, for each the
+query-relative scores of :mod:`ragsieve.scoring.relative` (gap to the best snippet, z-score
+in the list, log rank with ties sharing a rank, gap ratio). A learner maps these features
+to ``A = -logit P(relevant)``: logistic regression (:func:`fit_logistic`) or monotone
+gradient-boosted trees (:mod:`ragsieve.scoring.boosting`). Lower = more relevant, as every
+nonconformity score.
 
-The guarantee survives because the learner is fitted on a *separate* fold: the
-calibration topics are divided in two by :func:`fusion_fit_mask`, the learner is fitted on
-one part and the conformal threshold calibrated on the other, so the score is fixed before
-the calibration data it is calibrated on is seen; every signal is a fixed function of the
-query and its list, never of labels. :func:`fit_fused` is that one fit:
-``ConformalFilter.calibrate`` and every split of ``evaluate`` call it, on the features
-:meth:`FusedScorer.features_of_pairs` computes, so the filter a user deploys is the one a
+The presets (:data:`~ragsieve.scoring.signals.PRESETS`):
+
+* ``fast`` (the ``"best"`` alias's default), ``base`` and ``quality`` are *list-aware*: the
+  list features (and the in-list BM25, whose IDF is the list's) make a snippet's score
+  depend on the rest of its list, so the conformal threshold holds for lists like the
+  calibration lists -- the same retriever, the same k. Deployed behind another retriever
+  they keep less evidence than promised.
+* ``portable`` is *list-free* (``list_features=False``): the base cosine, the frozen-corpus
+  BM25 (:mod:`ragsieve.scoring.corpus_bm25`) and the best sentence's cosine, each signal's
+  own score only. A snippet's score depends on the query and the snippet alone, so the
+  threshold holds for lists of any retriever. :attr:`FusedScorer.list_dependent` says which
+  a fused score is (per instance).
+
+The guarantee survives because the score is fitted on a *separate* fold: the calibration
+topics are divided in two by :func:`fusion_fit_mask`, the learner -- and every signal that
+is fitted on texts (the frozen-corpus BM25's statistics) -- is fitted on the texts and
+labels of one part, and the conformal threshold calibrated on the other, so the score is
+fixed before the calibration data it is calibrated on is seen; every other signal is a fixed
+function of the query and its list, never of labels. :func:`fit_fused_scorer` (on a
+:class:`FusedScorer`) and :func:`fit_fusion` (on the :class:`FusionFeatures` that
+:meth:`FusedScorer.features_for_evaluation` computes once) are that one fit:
+``ConformalFilter.calibrate`` calls the first, every split of ``evaluate`` the second, and
+the first is the second on the calibration pairs, so the filter a user deploys is the one a
 split measures (``calibrate(seed=s)`` on a split's calibration pairs is split 0 of
-``evaluate(seed=s)``). The fitted parameters are part of the scorer's ``spec()`` and hence
-of the saved filter artifact (JSON; the trees as node arrays, never a pickle).
+``evaluate(seed=s)``). The fitted parameters (and the text-fitted signals' statistics) are
+part of the scorer's ``spec()`` and hence of the saved filter artifact (JSON; the trees as
+node arrays, never a pickle).
 
 A fused score of its base alone with the logistic learner is the fused score of earlier
 ragsieve versions: its spec has their format (``features`` = :data:`FEATURES`, ``weights``,
-``bias``, ``mean``, ``scale``), so their artifacts load and score as before.
+``bias``, ``mean``, ``scale``), so their artifacts load and score as before; a spec records
+``list_features`` only when it is False, so the specs of the list-aware presets are
+unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -38,11 +57,13 @@ from ..errors import CalibrationError, ScorerError
 from ..types import Pair
 from .base import ListTransform, Scorer, check_score_array
 from .boosting import BoostedTrees
-from .embedding import EMBEDDING_OPTIONS
+from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .options import ScorerOption
 from .relative import query_index_of, relative_scores
+from .sentence_cosine import SentenceCosineScorer
 from .signals import (
     DEFAULT_PRESET,
+    LIST_FREE_PRESETS,
     PRESET_LEARNERS,
     PRESETS,
     check_preset,
@@ -51,14 +72,18 @@ from .signals import (
 )
 
 __all__ = [
-    "FEATURES", "FUSION_FIT_FRACTION", "LEARNERS", "FittedFusion", "FusedScorer", "FusionFeatures",
-    "FusionWeights", "as_fusion_features", "feature_matrix", "fit_fused", "fit_learner",
-    "fit_logistic", "fit_topic_count", "fusion_fit_mask", "pair_features", "signals_feature_matrix",
+    "FEATURES", "FUSION_FIT_FRACTION", "LEARNERS", "FittedFusion", "FusedScoreFit", "FusedScorer",
+    "FusionFeatures", "FusionFit", "FusionWeights", "TextFitted", "TextFittedSignals",
+    "as_fusion_features", "feature_matrix", "fit_fused", "fit_fused_scorer", "fit_fusion",
+    "fit_learner", "fit_logistic", "fit_topic_count", "fusion_fit_mask", "pair_features",
+    "signals_feature_matrix",
 ]
 
 #: The features of one signal (its score and its four list-relative transforms); the
 #: feature names of a fused score of its base alone.
 FEATURES = ("score", "gap", "z", "log_rank", "ratio")
+#: The feature of one signal without list features (``list_features=False``): its score.
+OWN_FEATURES = ("score",)
 #: The learners of the fused score: logistic regression, monotone boosted trees.
 LEARNERS = ("logistic", "boosted")
 #: Share of the calibration topics that fit the fusion weights; the rest calibrate the
@@ -95,8 +120,12 @@ def pair_features(base: np.ndarray, pairs: Sequence[Pair]) -> np.ndarray:
     return feature_matrix(base, query_index_of(pairs))
 
 
-def signals_feature_matrix(signal_scores: Sequence[np.ndarray], query_index: np.ndarray) -> np.ndarray:
-    """The :func:`feature_matrix` of each signal's scores side by side (``5 x signals`` columns)."""
+def signals_feature_matrix(signal_scores: Sequence[np.ndarray], query_index: np.ndarray, *,
+                           list_features: bool = True) -> np.ndarray:
+    """The :func:`feature_matrix` of each signal's scores side by side (``5 x signals``
+    columns); with ``list_features=False`` each signal's scores alone (one column each)."""
+    if not list_features:
+        return np.column_stack([np.asarray(s, dtype=float) for s in signal_scores])
     return np.column_stack([feature_matrix(s, query_index) for s in signal_scores])
 
 
@@ -234,6 +263,75 @@ def fit_learner(learner: str, x: np.ndarray, y: np.ndarray) -> FittedFusion:
     return _LEARNER_TYPES[check_learner(learner)].fit(x, y)
 
 
+class TextShareFit(Protocol):
+    """Pairs prepared for fitting a text-fitted signal on any share of them (e.g.
+    :class:`~ragsieve.scoring.corpus_bm25.CorpusFit`)."""
+
+    def fitted(self, fit: np.ndarray) -> tuple[Scorer, np.ndarray]:
+        """The signal fitted on the texts of the pairs ``fit`` (a mask), and its scores of
+        every pair."""
+        ...
+
+
+@runtime_checkable
+class TextFitted(Protocol):
+    """A signal whose statistics are fitted on texts, never on labels (the frozen-corpus
+    BM25, :class:`~ragsieve.scoring.corpus_bm25.CorpusBM25Scorer`). Unfitted in an unfitted
+    fused score, it is fitted on the texts of the fused score's fit share."""
+
+    is_fitted: bool
+
+    def fit_share(self, pairs: Sequence[Pair]) -> TextShareFit:
+        """The pairs prepared for fitting on any share of them."""
+        ...
+
+    def fitted_on_texts(self, texts: Sequence[str]) -> Scorer:
+        """A fitted copy with the statistics of ``texts``."""
+        ...
+
+
+def _signal_columns(scores: np.ndarray, query_index: np.ndarray, list_features: bool) -> np.ndarray:
+    """The feature columns of one signal's scores."""
+    return feature_matrix(scores, query_index) if list_features else \
+        np.asarray(scores, dtype=float)[:, None]
+
+
+@dataclass(frozen=True, eq=False)  # a numpy field
+class TextFittedSignals:
+    """The signals of an unfitted fused score that are fitted on texts, ready to be fitted
+    on any share of the pairs (the pairs tokenized once; per share, only the statistics and
+    the scores are computed).
+
+    Attributes
+    ----------
+    positions : tuple of int
+        Each signal's place among the fused score's signals (0 is the base).
+    fits : tuple of TextShareFit
+        Each signal's prepared pairs (:meth:`TextFitted.fit_share`).
+    query_index : numpy.ndarray
+        Query of every pair (for the list features).
+    list_features : bool
+        Whether each signal's columns hold its list features too.
+    """
+
+    positions: tuple[int, ...]
+    fits: tuple[TextShareFit, ...]
+    query_index: np.ndarray
+    list_features: bool
+
+    def fitted(self, matrix: np.ndarray, fit: np.ndarray) -> tuple[np.ndarray, dict[int, Scorer]]:
+        """``matrix`` with these signals' columns from the signals fitted on the texts of the
+        pairs ``fit`` (a mask over every pair), and the fitted signals by position."""
+        width = len(FEATURES) if self.list_features else len(OWN_FEATURES)
+        out = np.array(matrix, dtype=float, copy=True)
+        signals: dict[int, Scorer] = {}
+        for position, share in zip(self.positions, self.fits, strict=True):
+            signals[position], scores = share.fitted(fit)
+            out[:, position * width:(position + 1) * width] = _signal_columns(
+                scores, self.query_index, self.list_features)
+        return out, signals
+
+
 @dataclass(frozen=True, eq=False)  # a numpy field
 class FusionFeatures:
     """The features of labelled pairs and the learner to fit on them (what ``evaluate``
@@ -242,14 +340,25 @@ class FusionFeatures:
     Attributes
     ----------
     matrix : numpy.ndarray
-        One row per pair, one column per name in ``names``.
+        One row per pair, one column per name in ``names`` (the columns of the signals in
+        ``text_fitted`` are placeholders until :meth:`fitted_on` fills them).
     learner : {"logistic", "boosted"}
     names : tuple of str
+    text_fitted : TextFittedSignals or None
+        The signals still to be fitted on the texts of each split's fit share.
     """
 
     matrix: np.ndarray
     learner: str = "logistic"
     names: tuple[str, ...] = FEATURES
+    text_fitted: TextFittedSignals | None = None
+
+    def fitted_on(self, fit: np.ndarray) -> tuple[np.ndarray, dict[int, Scorer]]:
+        """The matrix with the text-fitted signals fitted on the texts of the pairs ``fit``
+        (a mask over every pair), and those signals by position (none: the matrix as it is)."""
+        if self.text_fitted is None:
+            return self.matrix, {}
+        return self.text_fitted.fitted(self.matrix, fit)
 
 
 def as_fusion_features(features: np.ndarray | FusionFeatures) -> FusionFeatures:
@@ -265,10 +374,88 @@ def as_fusion_features(features: np.ndarray | FusionFeatures) -> FusionFeatures:
     return FusionFeatures(matrix, "logistic", names)
 
 
-def fit_fused(features: np.ndarray, relevant: Any, topics: Any, *, seed: int = 0, split: int = 0,
-              fraction: float = FUSION_FIT_FRACTION, learner: str = "logistic",
+class FusionFit(NamedTuple):
+    """What :func:`fit_fusion` fitted.
+
+    Attributes
+    ----------
+    fitted : FusionWeights or BoostedTrees
+        The learner, fitted on the fit share.
+    fit : numpy.ndarray of bool
+        Over the calibration pairs (``rows``): True for the fit share; the others calibrate
+        the threshold.
+    matrix : numpy.ndarray
+        The features of every pair, the text-fitted signals fitted on the fit share's texts.
+    signals : dict of int to Scorer
+        The text-fitted signals, fitted, by position among the signals (0 is the base).
+    """
+
+    fitted: FittedFusion
+    fit: np.ndarray
+    matrix: np.ndarray
+    signals: dict[int, Scorer]
+
+    @property
+    def scores(self) -> np.ndarray:
+        """The fused scores of every pair."""
+        return self.fitted.scores(self.matrix)
+
+
+def fit_fusion(features: np.ndarray | FusionFeatures, relevant: Any, topics: Any, *,
+               rows: np.ndarray | None = None, seed: int = 0, split: int = 0,
+               fraction: float = FUSION_FIT_FRACTION) -> FusionFit:
+    """The one fit of the fused score, shared by ``calibrate`` and every split of ``evaluate``.
+
+    :func:`fusion_fit_mask` draws the fit share of the calibration topics; the text-fitted
+    signals (:attr:`FusionFeatures.text_fitted`) are fitted on the texts of its pairs, then
+    the learner on its features and labels.
+
+    Parameters
+    ----------
+    features : FusionFeatures or numpy.ndarray
+        The features of every pair (:meth:`FusedScorer.features_for_evaluation`); a bare
+        matrix is fitted by logistic regression.
+    relevant : array-like of bool or 0/1
+        The labels of every pair.
+    topics : array-like
+        The topic of every pair.
+    rows : numpy.ndarray of int, optional
+        The calibration pairs, among which the fit share is drawn (a split's calibration
+        side); default: every pair. The others (a split's test side) are only scored.
+    seed, split, fraction
+        As :func:`fusion_fit_mask` takes them.
+
+    Returns
+    -------
+    FusionFit
+
+    Raises
+    ------
+    ValueError
+        ``relevant`` or ``topics`` not one per pair.
+    CalibrationError
+        Fewer than two topics, the fit share holds one class only, or its texts no token.
+    """
+    given = as_fusion_features(features)
+    n = given.matrix.shape[0]
+    relevant = np.asarray(relevant, dtype=float)
+    topics = np.asarray(topics)
+    if relevant.shape != (n,) or topics.shape != (n,):
+        raise ValueError(f"relevant has shape {relevant.shape} and topics {topics.shape}; "
+                         f"expected one per pair ({n}).")
+    rows = np.arange(n) if rows is None else np.asarray(rows, dtype=np.int64)
+    fit = fusion_fit_mask(topics[rows], seed=seed, split=split, fraction=fraction)
+    chosen = np.zeros(n, dtype=bool)
+    chosen[rows[fit]] = True
+    matrix, signals = given.fitted_on(chosen)
+    fitted = fit_learner(given.learner, matrix[rows[fit]], relevant[rows[fit]])
+    return FusionFit(fitted, fit, matrix, signals)
+
+
+def fit_fused(features: np.ndarray | FusionFeatures, relevant: Any, topics: Any, *, seed: int = 0,
+              split: int = 0, fraction: float = FUSION_FIT_FRACTION, learner: str = "logistic",
               ) -> tuple[FittedFusion, np.ndarray]:
-    """The one fit of the fused score, shared by ``calibrate`` and ``evaluate``.
+    """:func:`fit_fusion` of a feature matrix of signals that need no fitting on texts.
 
     Parameters
     ----------
@@ -292,17 +479,87 @@ def fit_fused(features: np.ndarray, relevant: Any, topics: Any, *, seed: int = 0
 
     Raises
     ------
+    ValueError
+        ``features`` hold signals still to be fitted on texts (use :func:`fit_fusion`).
     CalibrationError
         Fewer than two topics, or the fitting pairs hold one class only.
     """
-    check_learner(learner)
-    fit = fusion_fit_mask(topics, seed=seed, split=split, fraction=fraction)
-    features = np.asarray(features, dtype=float)
-    return fit_learner(learner, features[fit], np.asarray(relevant, dtype=float)[fit]), fit
+    given = as_fusion_features(features)
+    if given.text_fitted is not None:
+        raise ValueError("these features hold signals still to be fitted on texts; fit them "
+                         "with fit_fusion, which fits those signals too.")
+    matrix = given.matrix
+    done = fit_fusion(FusionFeatures(matrix, check_learner(learner), tuple(
+        f"x{i}" for i in range(matrix.shape[1]))), relevant, topics, seed=seed, split=split,
+        fraction=fraction)
+    return done.fitted, done.fit
+
+
+class FusedScoreFit(NamedTuple):
+    """What :func:`fit_fused_scorer` gives.
+
+    Attributes
+    ----------
+    scorer : FusedScorer
+        Fitted: its text-fitted signals on the fit share's texts, its learner on the fit
+        share's features and labels.
+    fit : numpy.ndarray of bool
+        True for the pairs of the fit share; the others calibrate the threshold.
+    scores : numpy.ndarray
+        The fitted score of every pair.
+    """
+
+    scorer: FusedScorer
+    fit: np.ndarray
+    scores: np.ndarray
+
+
+def fit_fused_scorer(scorer: FusedScorer, pairs: Sequence[Pair], topics: Any, *, seed: int = 0,
+                     split: int = 0, fraction: float = FUSION_FIT_FRACTION,
+                     progress: bool = False) -> FusedScoreFit:
+    """Fit an unfitted fused score on the fit share of labelled pairs (``calibrate``'s fit).
+
+    The features of every pair (:meth:`FusedScorer.features_for_evaluation`), then
+    :func:`fit_fusion`: the same draw, the same statistics and the same learner as the
+    split ``split`` of ``evaluate(seed=seed)`` fits on these pairs.
+
+    Parameters
+    ----------
+    scorer : FusedScorer
+        Unfitted (its learner; its text-fitted signals may be unfitted too).
+    pairs : sequence of Pair
+        Labelled calibration pairs.
+    topics : array-like
+        The topic of every pair (``CalibrationInputs.group_index``: codes numbered by first
+        appearance, in the order ``evaluate`` numbers them).
+    seed, split, fraction
+        As :func:`fusion_fit_mask` takes them.
+    progress : bool
+        Progress bars while the signals score.
+
+    Returns
+    -------
+    FusedScoreFit
+        The fitted scorer, the fit mask and the scores of every pair.
+
+    Raises
+    ------
+    CalibrationError
+        Fewer than two topics, or the fit share holds one class only (or no token).
+    """
+    pairs = list(pairs)
+    features = scorer.features_for_evaluation(pairs, progress=progress)
+    relevant = np.array([p.relevant == 1 for p in pairs], dtype=float)
+    done = fit_fusion(features, relevant, topics, seed=seed, split=split, fraction=fraction)
+    fitted = scorer.with_signals_fitted(done.signals).with_weights(done.fitted)
+    return FusedScoreFit(fitted, done.fit, done.scores)
 
 
 class FusedScorer(ListTransform):
     """``A = -logit P(relevant | features)``: a fitted learner on the features of the signals.
+
+    List-aware (``list_dependent``) when it has list features or a list-dependent signal
+    (the ``base``, ``fast`` and ``quality`` presets); list-free otherwise (``portable``).
 
     Parameters
     ----------
@@ -312,11 +569,16 @@ class FusedScorer(ListTransform):
     signals : sequence of Scorer or spec Mapping, optional
         The signals besides the base (a saved spec records them); default: those of
         ``preset`` (:func:`~ragsieve.scoring.signals.preset_signals`), none without one.
-    preset : {"base", "fast", "quality"} or None
-        Which signals and learner (see :mod:`ragsieve.scoring.signals`); None or ``"base"``:
-        the base alone, fitted by logistic regression (the fused score of earlier versions).
+    preset : {"base", "fast", "quality", "portable"} or None
+        Which signals, features and learner (see :mod:`ragsieve.scoring.signals`); None or
+        ``"base"``: the base alone, fitted by logistic regression (the fused score of
+        earlier versions).
     learner : {"logistic", "boosted"} or None
         The learner; default: the preset's (logistic without a preset).
+    list_features : bool or None
+        Whether each signal brings its four list-relative transforms besides its score;
+        default: the preset's (False for ``portable``, else True). A spec records it only
+        when False.
     query_language : str or None
         The queries' language when they are asked in another language than the snippets
         are written in (the base's language): the preset's signals are then those for
@@ -325,7 +587,9 @@ class FusedScorer(ListTransform):
         both languages (:func:`~ragsieve.embeddings.choose_model`). A saved spec records the
         signals themselves, so it needs no language to rebuild.
     weights, bias, mean, scale
-        Fitted logistic parameters (one per feature); use :meth:`fit` to get them.
+        Fitted logistic parameters (one per feature); use :meth:`fit` to get them. A fitted
+        score needs fitted signals (an unfitted text-fitted signal, the frozen-corpus BM25,
+        is fitted with the learner: :func:`fit_fused_scorer`).
     trees : Mapping, optional
         Fitted boosted trees (:meth:`BoostedTrees.to_dict
         <ragsieve.scoring.boosting.BoostedTrees.to_dict>`).
@@ -338,11 +602,10 @@ class FusedScorer(ListTransform):
 
     name: ClassVar[str] = "fusion"
     score_label: ClassVar[str] = "fused score"
-    list_dependent: ClassVar[bool] = True
 
     def __init__(self, base: Any = "embedding", *, signals: Sequence[Any] | None = None,
                  preset: str | None = None, learner: str | None = None,
-                 query_language: str | None = None,
+                 query_language: str | None = None, list_features: bool | None = None,
                  weights: Sequence[float] | np.ndarray | None = None, bias: float = 0.0,
                  mean: Sequence[float] | np.ndarray | None = None,
                  scale: Sequence[float] | np.ndarray | None = None,
@@ -364,15 +627,43 @@ class FusedScorer(ListTransform):
         elif isinstance(signals, (str, bytes, Mapping, Scorer)):
             raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
                             "or scorer specs.")
-        self.signals: tuple[Scorer, ...] = tuple(_signal(s, base_options) for s in signals)
+        self.signals: tuple[Scorer, ...] = tuple(_signal(s, base_options, self.base) for s in signals)
+        self._check_signals()
         self.learner = check_learner(
             learner if learner is not None else PRESET_LEARNERS[self.preset] if self.preset else "logistic")
+        if list_features is not None and not isinstance(list_features, bool):
+            raise TypeError(f"list_features is {type(list_features).__name__}, expected a bool.")
+        self.list_features = (self.preset not in LIST_FREE_PRESETS if list_features is None
+                              else list_features)
+        # per instance: list-aware with list features or a signal that reads the list
+        self.list_dependent = self.list_features or any(  # type: ignore[misc]
+            s.list_dependent for s in self.signal_scorers)
         names = self.feature_names
         if features is not None and tuple(features) != names:
             raise ValueError(f"features == {list(features)!r}; this ragsieve computes {list(names)} "
                              "for these signals.")
         self._fitted = self._read_fitted(weights, bias, mean, scale, trees)
+        if self._fitted is not None and self.unfitted_signals:
+            raise ValueError(
+                f"the fused score has fitted weights but unfitted signal(s) "
+                f"{[self.signal_scorers[i].spec()['scorer'] for i in self.unfitted_signals]}; a "
+                "fitted spec records its signals fitted (fit_fused_scorer fits both).")
         self.is_fitted = self._fitted is not None
+
+    def _check_signals(self) -> None:
+        """The base is fitted; an unfitted signal is one fitted on texts (:class:`TextFitted`)."""
+        if not self.base.is_fitted:
+            raise ValueError(f"the base {self.base.spec()['scorer']!r} is not fitted; the base "
+                             "must score as it is (give a score fitted on texts as a signal).")
+        for signal in self.signals:
+            if not signal.is_fitted and not isinstance(signal, TextFitted):
+                raise TypeError(f"the signal {signal.spec()['scorer']!r} is not fitted and cannot "
+                                "be fitted on texts; give it fitted.")
+
+    @property
+    def unfitted_signals(self) -> tuple[int, ...]:
+        """The positions (0 is the base) of the signals still to be fitted on texts."""
+        return tuple(i for i, s in enumerate(self.signal_scorers) if not s.is_fitted)
 
     def _read_fitted(self, weights: Any, bias: float, mean: Any, scale: Any,
                      trees: Mapping[str, Any] | None) -> FittedFusion | None:
@@ -399,13 +690,13 @@ class FusedScorer(ListTransform):
     @classmethod
     def unfitted(cls, base: Any = "embedding", *, preset: str | None = DEFAULT_PRESET,
                  query_language: str | None = None, **options: Any) -> FusedScorer:
-        """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals
-        and learner (:mod:`ragsieve.scoring.signals`), those for queries in
+        """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals,
+        features and learner (:mod:`ragsieve.scoring.signals`), those for queries in
         ``query_language`` when it is not the snippets' language.
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
-        the rest; scoring with it before then raises ``ScorerError``.
+        the rest (:func:`fit_fused_scorer`); scoring with it before then raises ``ScorerError``.
         """
         return cls(base, preset=preset, query_language=query_language, **options)
 
@@ -417,15 +708,21 @@ class FusedScorer(ListTransform):
 
     @property
     def feature_names(self) -> tuple[str, ...]:
-        """One name per feature: :data:`FEATURES` for the base alone, else
-        ``"<signal>.<feature>"`` for every signal (``"bm25-list.gap"``)."""
-        if not self.signals:
+        """One name per feature: :data:`FEATURES` for the base alone with list features,
+        else ``"<signal>.<feature>"`` for every signal (``"bm25-list.gap"``; without list
+        features only ``"<signal>.score"``)."""
+        if not self.signals and self.list_features:
             return FEATURES
         labels = [signal_label(s.spec()) for s in self.signal_scorers]
         twice = sorted({x for x in labels if labels.count(x) > 1})
         if twice:
             raise ValueError(f"the fused score has the signal(s) {twice} twice; give each once.")
-        return tuple(f"{label}.{f}" for label in labels for f in FEATURES)
+        per = FEATURES if self.list_features else OWN_FEATURES
+        return tuple(f"{label}.{f}" for label in labels for f in per)
+
+    def _matrix(self, scores: Sequence[np.ndarray], query_index: np.ndarray) -> np.ndarray:
+        """The feature matrix of the signals' scores (with or without list features)."""
+        return signals_feature_matrix(scores, query_index, list_features=self.list_features)
 
     def features_of_pairs(self, pairs: Sequence[Pair], *, base_scores: np.ndarray | None = None,
                           progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -443,20 +740,36 @@ class FusedScorer(ListTransform):
         base = (self.base.score_pairs(pairs, progress=progress) if base_scores is None
                 else check_score_array(base_scores, len(pairs)))
         scores = [base, *(s.score_pairs(pairs, progress=progress) for s in self.signals)]
-        return signals_feature_matrix(scores, query_index_of(pairs)), base
+        return self._matrix(scores, query_index_of(pairs)), base
 
     def features_of_list(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """The feature matrix of one query's whole list."""
         texts = list(snippets)
         scores = [check_score_array(s.score_batch(query, texts), len(texts))
                   for s in self.signal_scorers]
-        return signals_feature_matrix(scores, np.zeros(len(texts), dtype=int))
+        return self._matrix(scores, np.zeros(len(texts), dtype=int))
 
     def features_for_evaluation(self, pairs: Sequence[Pair], *, base_scores: np.ndarray | None = None,
                                 progress: bool = False) -> FusionFeatures:
-        """:meth:`features_of_pairs` with this score's learner, as ``evaluate`` fits it per split."""
-        x, _ = self.features_of_pairs(pairs, base_scores=base_scores, progress=progress)
-        return FusionFeatures(x, self.learner, self.feature_names)
+        """:meth:`features_of_pairs` with this score's learner, as ``evaluate`` fits it per
+        split; a signal still to be fitted on texts is prepared instead of scored
+        (:attr:`FusionFeatures.text_fitted`: fitted on each split's fit share)."""
+        pairs = list(pairs)
+        base = (self.base.score_pairs(pairs, progress=progress) if base_scores is None
+                else check_score_array(base_scores, len(pairs)))
+        query_index = query_index_of(pairs)
+        scores, fits = [base], []
+        for signal in self.signals:
+            if signal.is_fitted:
+                scores.append(signal.score_pairs(pairs, progress=progress))
+            else:  # fitted per share: a placeholder until then
+                scores.append(np.zeros(len(pairs)))
+                fits.append(cast(TextFitted, signal).fit_share(pairs))
+        unfitted = self.unfitted_signals
+        text = (TextFittedSignals(unfitted, tuple(fits), query_index, self.list_features)
+                if unfitted else None)
+        return FusionFeatures(self._matrix(scores, query_index), self.learner,
+                              self.feature_names, text)
 
     def prepare(self, query: str, snippets: Sequence[str]) -> None:
         """Every signal's model work for ``snippets`` (the features come later)."""
@@ -465,10 +778,36 @@ class FusedScorer(ListTransform):
 
     # ------------------------------------------------------------------ fitting
     def unfitted_copy(self) -> FusedScorer:
-        """The fused score on the same signals without its fitted learner (refitted where it is used)."""
+        """The fused score on the same signals without its fitted learner nor the statistics
+        of its text-fitted signals (both refitted where it is used)."""
         if not self.is_fitted:
             return self
-        return type(self)(self.base, signals=self.signals, preset=self.preset, learner=self.learner)
+        return self._like(signals=[s.unfitted_copy() for s in self.signals])
+
+    def _like(self, *, signals: Sequence[Scorer] | None = None, base: Scorer | None = None,
+              **fitted: Any) -> FusedScorer:
+        """A fused score of this preset, learner and features; these signals (default: its
+        own) and fitted parameters (default: none)."""
+        return type(self)(self.base if base is None else base,
+                          signals=self.signals if signals is None else signals,
+                          preset=self.preset, learner=self.learner,
+                          list_features=self.list_features, **fitted)
+
+    def with_signals_fitted(self, fitted: Mapping[int, Scorer]) -> FusedScorer:
+        """The unfitted fused score with the signals at these positions (0 is the base)
+        replaced by their fitted copies (:attr:`FusionFit.signals`).
+
+        Raises
+        ------
+        ValueError
+            A position names the base or no signal.
+        """
+        if not fitted:
+            return self
+        if not set(fitted) <= set(range(1, len(self.signal_scorers))):
+            raise ValueError(f"fitted signals at positions {sorted(fitted)}; this fused score has "
+                             f"signals at 1..{len(self.signals)} (0 is the base).")
+        return self._like(signals=[fitted.get(i, s) for i, s in enumerate(self.signals, start=1)])
 
     @classmethod
     def fit(cls, pairs: Sequence[Pair], base: Any = "embedding", *, base_scores: np.ndarray | None = None,
@@ -478,11 +817,16 @@ class FusedScorer(ListTransform):
         return cls(base, **options).fitted_on(pairs, base_scores=base_scores)
 
     def fitted_on(self, pairs: Sequence[Pair], *, base_scores: np.ndarray | None = None) -> FusedScorer:
-        """A fitted copy sharing this scorer's signals (and their loaded models)."""
+        """A fitted copy sharing this scorer's signals (and their loaded models); a signal
+        still to be fitted on texts is fitted on the texts of ``pairs``."""
         pairs = list(pairs)
-        x, _ = self.features_of_pairs(pairs, base_scores=base_scores)
+        texts = [p.text for p in pairs]
+        scorer = self.with_signals_fitted({
+            i: cast(TextFitted, self.signal_scorers[i]).fitted_on_texts(texts)
+            for i in self.unfitted_signals})
+        x, _ = scorer.features_of_pairs(pairs, base_scores=base_scores)
         y = np.array([p.relevant == 1 for p in pairs], dtype=float)
-        return self.fitted_on_features(x, y)
+        return scorer.fitted_on_features(x, y)
 
     def fitted_on_features(self, x: np.ndarray, y: np.ndarray) -> FusedScorer:
         """A fitted copy from a feature matrix (:meth:`features_of_pairs`) and 0/1 labels."""
@@ -502,8 +846,7 @@ class FusedScorer(ListTransform):
         params: dict[str, Any] = (
             {"trees": fitted.to_dict()} if isinstance(fitted, BoostedTrees) else
             {"weights": fitted.weights, "bias": fitted.bias, "mean": fitted.mean, "scale": fitted.scale})
-        return type(self)(self.base, signals=self.signals, preset=self.preset,
-                          learner=self.learner, **params)
+        return self._like(**params)
 
     def map_signals(self, wrap: Callable[[Scorer], Scorer]) -> FusedScorer:
         """The same fused score (same spec, same fitted learner) with every signal replaced
@@ -514,11 +857,12 @@ class FusedScorer(ListTransform):
         ValueError
             A wrapped signal has another spec.
         """
-        wrapped = [wrap(s) for s in self.signal_scorers]
+        # a signal still to be fitted on texts is fitted here, per share: it stays as it is
+        wrapped = [wrap(s) if s.is_fitted else s for s in self.signal_scorers]
         for old, new in zip(self.signal_scorers, wrapped, strict=True):
             if new.spec() != old.spec():
                 raise ValueError(f"wrap changed the signal {old.spec()!r} into {new.spec()!r}.")
-        out = type(self)(wrapped[0], signals=wrapped[1:], preset=self.preset, learner=self.learner)
+        out = self._like(base=wrapped[0], signals=wrapped[1:])
         return out.with_weights(self._fitted) if self._fitted is not None else out
 
     @property
@@ -543,16 +887,19 @@ class FusedScorer(ListTransform):
     def spec(self) -> dict[str, Any]:
         """The signals, the learner and (once fitted) its parameters.
 
-        The base alone with logistic regression and no preset gives the format of earlier
-        versions: ``{"scorer": "fusion", "base", "features", "weights", "bias", "mean",
-        "scale"}``. Unfitted, the spec is the ``"best"`` alias's and records the preset
-        (None for the base alone) so that it rebuilds the same score.
+        The base alone with logistic regression, list features and no preset gives the format
+        of earlier versions: ``{"scorer": "fusion", "base", "features", "weights", "bias",
+        "mean", "scale"}``. Unfitted, the spec is the ``"best"`` alias's and records the
+        preset (None for the base alone) so that it rebuilds the same score. ``list_features``
+        is recorded only when False (``portable``).
         """
         base = self.base.spec()
-        legacy = self.preset is None and not self.signals and self.learner == "logistic"
+        legacy = (self.preset is None and not self.signals and self.learner == "logistic"
+                  and self.list_features)
         about: dict[str, Any] = {} if legacy else {
             **({"preset": self.preset} if self.preset else {}),
-            "signals": [s.spec() for s in self.signals], "learner": self.learner}
+            "signals": [s.spec() for s in self.signals], "learner": self.learner,
+            **({} if self.list_features else {"list_features": False})}
         if not self.is_fitted:
             return {"scorer": "best", "base": base, **about, "preset": self.preset}
         fitted = self.fusion_weights
@@ -581,7 +928,7 @@ class FusedScorer(ListTransform):
         if self.signals:
             raise self._several("be computed from its base's scores alone")
         base = np.asarray(base, dtype=float)
-        return self.scores_from_features(feature_matrix(base, np.zeros(len(base), dtype=int)))
+        return self.scores_from_features(self._matrix([base], np.zeros(len(base), dtype=int)))
 
     def scores_from_vectors(self, query_vector: Any, snippet_vectors: Any) -> np.ndarray:
         """Fused scores from the caller's vectors (the base alone; see :meth:`scores_from_base`).
@@ -617,7 +964,8 @@ class FusedScorer(ListTransform):
         return super().with_base(base)
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
-        """Score one query's whole retrieved list (the features need the list)."""
+        """Score one query's whole retrieved list (a list-aware score's features need the
+        list; a list-free one scores each snippet on its own)."""
         self._check_fitted()
         return self.scores_from_features(self.features_of_list(query, snippets))
 
@@ -634,7 +982,9 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
                  "learns from (fast: the embedder and in-list BM25, and across languages "
                  "every other embedder trained on both; quality: every bundled embedder of "
                  "the language(s), BM25 and the best sentence's cosine; base: the embedder "
-                 "alone, which scores from vectors)", "--preset", choices=PRESETS),
+                 "alone, which scores from vectors; portable: list-free, the embedder, a "
+                 "BM25 of frozen corpus statistics and the best sentence's cosine, valid "
+                 "behind any retriever)", "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
     ScorerOption("query_language", str, None, "scorer best: language of the queries, when "
                  "not the texts' (the model and the preset's embedders are then ones trained "
@@ -642,8 +992,10 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
 )
 
 
-def _signal(signal: Any, base_options: Mapping[str, Any]) -> Scorer:
-    """A signal from a scorer or a spec; a spec gets the ``runtime`` options it declares."""
+def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Scorer:
+    """A signal from a scorer or a spec; a spec gets the ``runtime`` options it declares. The
+    best-sentence cosine of the base's own model shares the base's loaded model and cache
+    (as the presets build it), so a saved filter loads that model once."""
     from . import resolve_scorer, scorer_options
 
     if isinstance(signal, Scorer):
@@ -651,5 +1003,9 @@ def _signal(signal: Any, base_options: Mapping[str, Any]) -> Scorer:
     if not isinstance(signal, Mapping) or not isinstance(signal.get("scorer"), str):
         raise TypeError(f"a signal is {signal!r}; expected a Scorer or a spec mapping with a "
                         "'scorer' key.")
+    if signal["scorer"] == SentenceCosineScorer.name and isinstance(base, EmbeddingScorer):
+        shared = SentenceCosineScorer.sharing(base)
+        if shared.spec() == dict(signal):
+            return shared
     runtime = {o.name for o in scorer_options(signal["scorer"]) if o.runtime}
     return resolve_scorer(signal, **{k: v for k, v in base_options.items() if k in runtime})

@@ -10,7 +10,9 @@ to the other snippets retrieved for the same query:
 ``z``
     ``-(cos - mean) / sd`` over the list (sd floored at 1e-6; a list of one gives 0).
 ``rank``
-    0-based rank in the list by decreasing cosine (ties by position); discrete.
+    0-based rank in the list by decreasing cosine, equal cosines sharing the lowest rank
+    (competition ranking: the number of snippets with a strictly higher cosine); discrete.
+    Two copies of one text in a list therefore get one rank, as they get one cosine.
 ``ratio``
     ``(max_cos - cos) / max(max_cos, 1e-3)``: the gap relative to the best cosine.
 
@@ -42,6 +44,7 @@ __all__ = [
     "RelativeScorer",
     "query_index_of",
     "relative_scores",
+    "within_query_min_rank",
     "within_query_rank",
 ]
 
@@ -66,6 +69,38 @@ def within_query_rank(scores: np.ndarray, query_index: np.ndarray) -> np.ndarray
     starts = np.r_[0, np.flatnonzero(sorted_q[1:] != sorted_q[:-1]) + 1]
     first = np.repeat(starts, np.diff(np.r_[starts, s.size]))
     ranks[order] = np.arange(s.size) - first
+    return ranks
+
+
+def within_query_min_rank(scores: np.ndarray, query_index: np.ndarray) -> np.ndarray:
+    """0-based competition ("min") rank of each snippet within its query's list by increasing
+    score: the number of snippets of its list with a strictly lower score.
+
+    Equal scores (to 12 decimals, as :func:`relative_scores` rounds its gaps) share the
+    lowest rank, so two copies of one text in a list get the same rank and whatever is
+    computed from it. The top-k baselines, which need exactly k per query, use
+    :func:`within_query_rank` instead.
+
+    Examples
+    --------
+    >>> within_query_min_rank(np.array([0.3, 0.1, 0.3, 0.5, 0.5]), np.array([0, 0, 0, 1, 1]))
+    array([1, 0, 1, 0, 0])
+    """
+    s = np.round(np.asarray(scores, dtype=float), 12)
+    q = np.asarray(query_index)
+    if s.shape != q.shape:
+        raise ValueError(f"scores has shape {s.shape} and query_index {q.shape}; expected one "
+                         "query per score.")
+    order = np.lexsort((s, q))  # by query, then score (stable: then position)
+    sq, ss = q[order], s[order]
+    n = s.size
+    new_query = np.r_[True, sq[1:] != sq[:-1]] if n else np.zeros(0, dtype=bool)
+    new_value = new_query | np.r_[True, ss[1:] != ss[:-1]] if n else new_query
+    positions = np.arange(n)
+    query_start = np.maximum.accumulate(np.where(new_query, positions, 0))
+    value_start = np.maximum.accumulate(np.where(new_value, positions, 0))
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[order] = value_start - query_start
     return ranks
 
 
@@ -96,8 +131,8 @@ def relative_scores(base: np.ndarray, query_index: np.ndarray, kind: str) -> np.
     q = np.asarray(query_index)
     _, inv = np.unique(q, return_inverse=True)
     sim = 1.0 - s
-    if kind == "rank":
-        return within_query_rank(s, inv).astype(float)
+    if kind == "rank":  # equal scores share a rank (a copy of a text scores as the text)
+        return within_query_min_rank(s, inv).astype(float)
     best = np.full(inv.max() + 1 if inv.size else 0, -np.inf)
     np.maximum.at(best, inv, sim)
     gap = best[inv] - sim

@@ -158,12 +158,17 @@ class SentenceContextScorer(Scorer):
     >>> ctx = SentenceContextScorer("embedding", weights=[1.0, 1.0], mean=[0.5, 0.5],
     ...                             scale=[0.1, 0.1])
     >>> ctx.spec()["scorer"], ctx.list_dependent
-    ('sentence_context', True)
+    ('sentence_context', False)
+    >>> SentenceContextScorer("relative").list_dependent
+    True
+
+    ``list_dependent`` follows the stages: a sentence's score depends on its list when
+    either stage's does (the sentence stage over the sentence list, the snippet stage over
+    the snippet list).
     """
 
     name: ClassVar[str] = "sentence_context"
     score_label: ClassVar[str] = "sentence-in-context score"
-    list_dependent: ClassVar[bool] = True
     declared_options = EMBEDDING_OPTIONS
 
     def __init__(self, sentence: Any = "best", snippet: Any = None, *,
@@ -180,6 +185,8 @@ class SentenceContextScorer(Scorer):
         self.sentence = build(sentence)
         self.snippet = self.sentence if snippet is None else _share_base(self.sentence,
                                                                          build(snippet))
+        self.list_dependent = (  # type: ignore[misc]  # per instance: the stages'
+            self.sentence.list_dependent or self.snippet.list_dependent)
         if weights is None and (mean is not None or scale is not None):
             raise ValueError("mean and scale are fitted with the weights: give all three or none.")
         self.weights = _stage_array("weights", weights, 0.0)

@@ -131,6 +131,12 @@ class ServiceMetrics:
             "ragsieve_empty_results",
             "Answered /filter and /query requests that kept no snippet (of at least one).",
             ["endpoint"], registry=reg)
+        self.unlike_lists = prom.Counter(
+            "ragsieve_unlike_lists",
+            "Answered /filter and /query requests whose list was unlike the filter's calibration "
+            "lists (a score that reads the whole list: its length outside the calibration "
+            "lengths, or the lists' sequential test fired; see docs/deploy.md).",
+            ["endpoint"], registry=reg)
         self.kept_share = prom.Histogram(
             "ragsieve_kept_share", "Share of a request's snippets kept, per answered request.",
             ["endpoint"], buckets=SHARE_BUCKETS, registry=reg)
@@ -177,9 +183,13 @@ class ServiceMetrics:
         self.alarm.set(0)
 
     # ------------------------------------------------------------------ updates
-    def served(self, endpoint: str, scores: Iterable[float], n_kept: int, threshold: float) -> None:
-        """Count one answered ``/filter`` or ``/query`` request's snippets and scores."""
+    def served(self, endpoint: str, scores: Iterable[float], n_kept: int, threshold: float,
+               *, lists_unlike: bool = False) -> None:
+        """Count one answered ``/filter`` or ``/query`` request's snippets and scores (and
+        whether its list was unlike the calibration lists)."""
         values = [float(s) for s in scores]
+        if lists_unlike:
+            self.unlike_lists.labels(endpoint).inc()
         self.scored.labels(endpoint).inc(len(values))
         self.kept.labels(endpoint).inc(n_kept)
         if values:

@@ -60,6 +60,11 @@ _QUERY_ID_IN = (
     "Your identifier of this request, echoed back and recorded with the served scores so "
     "POST /feedback can refer to it; a fresh one is generated when omitted."
 )
+_LISTS_UNLIKE = ("True when this list is unlike the filter's calibration lists, for a score that "
+                 "reads the whole list: its length is outside the calibration lengths, or the "
+                 "sequential test over the lists served so far fired (the guarantee then "
+                 "assumes lists it was not calibrated on; see docs/deploy.md).")
+_LISTS_NOTE = "What differs, in numbers (null when nothing is known to differ)."
 _QUERY_ID_OUT = "The request's query_id (yours, or generated): use it in POST /feedback."
 #: Longest ``query_id`` / ``snippet_id`` accepted in a request.
 MAX_ID_CHARS = 256
@@ -218,6 +223,8 @@ class FilterResponse(BaseModel):
         "snippets then carry their kept sentences' spans and pruned_text).",
     )
     query_id: str = Field(description=_QUERY_ID_OUT)
+    lists_unlike: bool = Field(default=False, description=_LISTS_UNLIKE)
+    lists_note: str | None = Field(default=None, description=_LISTS_NOTE)
 
 
 class ArtifactInfo(BaseModel):
@@ -286,6 +293,10 @@ class QueryResponse(BaseModel):
     note: str | None
     guarantee: dict[str, Any]
     query_id: str = Field(description=_QUERY_ID_OUT)
+    lists_unlike: bool = Field(default=False, description=_LISTS_UNLIKE)
+    lists_note: str | None = Field(
+        default=None, description=_LISTS_NOTE + " /query also says when the served index's top "
+        "k are not the retriever the filter was calibrated through.")
 
 
 class IndexInfo(BaseModel):
@@ -350,6 +361,24 @@ class StatusResponse(BaseModel):
     recent_capacity: int = Field(description="How many requests the list holds at most.")
 
 
+class ListsInfo(BaseModel):
+    """The calibration lists and this process's check of the served lists against them."""
+
+    calibration: str = Field(description="Where the calibration lists came from and their "
+                             "lengths, in words.")
+    source: str = Field(description="'retriever', 'deployed' or 'data' (see docs/deploy.md).")
+    list_dependent: bool = Field(description="Whether the score reads the whole list (only then "
+                                 "are the served lists checked).")
+    n_seen: int = Field(description="Lists checked by this process.")
+    n_outside: int = Field(description="Of them, lists whose length was outside the "
+                           "calibration lengths.")
+    alarm: bool = Field(description="True once the sequential test fired (stays on).")
+    fired_at: int | None = None
+    mean_length: float | None = Field(description="Mean length of the lists checked.")
+    calibration_mean_length: float
+    delta: float = Field(description="False-alarm bound of the sequential test.")
+
+
 class Health(BaseModel):
     """``GET /healthz``: status, versions, the artifact, the index and the monitors."""
 
@@ -376,6 +405,9 @@ class Health(BaseModel):
     adaptive: AdaptiveInfo | None = Field(
         default=None, description="The threshold followed from feedback (serve --adaptive)."
     )
+    lists: ListsInfo | None = Field(
+        default=None, description="The calibration lists and the check of the served lists "
+        "against them (this process's); null for an artifact written before it was recorded.")
 
 
 class FeedbackItem(BaseModel):

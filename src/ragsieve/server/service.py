@@ -71,6 +71,7 @@ from .schemas import (
     IndexInfo,
     KeepRuleInfo,
     KeptSnippet,
+    ListsInfo,
     MonitorInfo,
     QueryRequest,
     QueryResponse,
@@ -357,6 +358,7 @@ class Service:
         self._cache_lock = threading.Lock()
         self._adaptive_version: int | None = None
         self._filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
+        self._retriever_notes: dict[int, str | None] = {}
         # warns once if the first requests' queries are in another language than the artifact's
         # (the queries' language: an English-over-German filter expects English queries)
         query_language = (flt.calibration_info or {}).get("query_language") or flt.language
@@ -476,6 +478,8 @@ class Service:
             n_cut=getattr(res, "n_cut", 0),
             unit=res.unit,
             query_id=query_id,
+            lists_unlike=res.lists_unlike,
+            lists_note=res.lists_note,
         )
 
     def run_query(self, request: QueryRequest) -> QueryResponse:
@@ -533,7 +537,39 @@ class Service:
             note=res.note,
             guarantee=self.guarantee,
             query_id=query_id,
+            lists_unlike=res.lists_unlike,
+            lists_note=self._query_lists_note(res, request.k),
         )
+
+    def _query_lists_note(self, res: FilterResult, k: int) -> str | None:
+        """``/query``'s lists note: the list check's, and (once per ``k``, then cached) why the
+        served index's top ``k`` are not the calibration lists' retriever, when they are not."""
+        with self._cache_lock:
+            if k not in self._retriever_notes and len(self._retriever_notes) < 64:
+                self._retriever_notes[k] = self._retriever_note(k)
+            reason = self._retriever_notes.get(k)
+        notes = [n for n in (reason, res.lists_note) if n]
+        return "; ".join(notes) or None
+
+    def _retriever_note(self, k: int) -> str | None:
+        """Why the served index's top ``k`` are not the calibration lists' retriever (logged
+        once per ``k``); None when nothing known differs."""
+        from ..lists import DOCS, compare_retriever
+
+        index = self.runtime.index
+        if index is None:
+            return None
+        try:
+            reason = compare_retriever(self.flt.lists, index.retriever_identity(k))
+        except Exception:  # the note must not fail a request; the index errors are /query's
+            logger.exception("comparing the served index with the artifact's calibration lists "
+                             "failed")
+            return None
+        if reason:
+            logger.warning("%s; the filter's score reads the whole list, so its guarantee holds "
+                           "for lists like its calibration lists: calibrate through this index "
+                           "(`ragsieve retrieve --index ... -k %d`); see %s", reason, k, DOCS)
+        return reason
 
     def _served(self, endpoint: str, query_id: str, snippet_ids: Sequence[str],
                 groups: Sequence[Any], res: FilterResult) -> None:
@@ -557,7 +593,8 @@ class Service:
                 raise _state_unavailable(rt.store, exc) from exc
         rt.recent.add(endpoint, kept=len(kept), total=len(res.scores))
         try:
-            rt.metrics.served(endpoint, res.scores, len(kept), res.threshold)
+            rt.metrics.served(endpoint, res.scores, len(kept), res.threshold,
+                              lists_unlike=res.lists_unlike)
         except Exception:  # pragma: no cover - prometheus-client does not raise here
             logger.exception("metrics update failed")
         scores = _unit_scores(res)  # the monitor ranks what was calibrated: sentences or snippets
@@ -624,7 +661,20 @@ class Service:
         return Health(status="ok", library_version=__version__, artifact=info,
                       index=rt.index_info, generation=self.generation, monitor=monitor,
                       adaptive=adaptive, published_generation=rt.published_generation,
-                      degraded=rt.degraded)
+                      degraded=rt.degraded, lists=self.lists_info())
+
+    def lists_info(self) -> ListsInfo | None:
+        """The calibration lists and this process's list check (None without a record)."""
+        flt = self.flt
+        if flt.lists is None or flt.list_watch is None:
+            return None
+        state = flt.list_watch.state()
+        return ListsInfo(calibration=flt.lists.describe(), source=flt.lists.source["kind"],
+                         list_dependent=flt.lists.list_dependent, n_seen=state["n_seen"],
+                         n_outside=state["n_outside"], alarm=state["alarm"],
+                         fired_at=state["fired_at"], mean_length=state["mean_length"],
+                         calibration_mean_length=state["calibration_mean_length"],
+                         delta=state["delta"])
 
     def status(self) -> StatusResponse:
         """``GET /status``: the guarantee, keep rule, drift state and last requests (the
