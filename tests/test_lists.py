@@ -395,3 +395,35 @@ def test_the_default_keeps_an_obvious_answer_in_any_list(xquad_en: list[Pair],
         res = flt.filter("Who won Super Bowl 50?", [answer, *filler[:n], answer])
         assert res.kept_ids[0] == "0" and res.kept_ids[-1] == str(n + 1), (n, res.kept_ids)
         assert res.scores[0] == res.scores[-1] and not res.lists_unlike
+
+
+def test_export_writes_documents_and_labelled_queries(tmp_path: Path, xquad_en: list[Pair],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from ragsieve.cli import main
+    from ragsieve.data import read_queries, write_pairs
+
+    data = tmp_path / "pairs.jsonl"
+    some = [p for p in xquad_en if p.group == xquad_en[0].group]
+    write_pairs(some, data)
+    assert main(["export", "--data", str(data), "--docs", str(tmp_path / "docs"),
+                 "--queries", str(tmp_path / "q.jsonl")]) == 0
+    docs = {d["id"]: d["text"] for d in map(json.loads, (tmp_path / "docs" / "documents.jsonl")
+                                            .read_text(encoding="utf-8").splitlines())}
+    for p in some:  # every snippet is its document's text at its offsets
+        assert docs[p.meta["doc_id"]][p.meta["start"]:p.meta["end"]] == p.text
+    queries = read_queries(tmp_path / "q.jsonl")
+    assert len(queries) == len({p.query_id for p in some})
+    first = queries[0]
+    relevant = [p for p in some if p.query_id == first.query_id and p.relevant]
+    assert first.relevant_doc_ids == tuple(dict.fromkeys(p.meta["doc_id"] for p in relevant))
+    assert first.answers == tuple(relevant[0].meta["answers"])
+    # the labels of the queries give back the data set's labels on its own snippets
+    assert all(first.label([p.meta["doc_id"]], p.text) == p.relevant
+               for p in some if p.query_id == first.query_id)
+    capsys.readouterr()
+    assert main(["export", "--data", str(data)]) == 2
+    assert "export writes nothing" in capsys.readouterr().err
+    bare = tmp_path / "bare.jsonl"
+    write_pairs([Pair("q", "Q?", "s", "text", 1)], bare)
+    assert main(["export", "--data", str(bare), "--queries", str(tmp_path / "q2.jsonl")]) == 2
+    assert "carries no doc_id, start and end" in capsys.readouterr().err

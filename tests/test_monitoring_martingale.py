@@ -268,7 +268,7 @@ def test_calibrate_records_the_reference_from_every_snippet(mode: str) -> None:
     assert block["reference"] == pytest.approx([separation(v) for v in lengths.values()])
     payload = flt.to_dict()
     assert payload["monitor"] == block
-    assert payload["checksum"]["covers"] == ["scorer", "calibration", "policy", "monitor"]
+    assert payload["checksum"]["covers"] == ["scorer", "calibration", "policy", "monitor", "lists"]
     again = ConformalFilter.from_dict(json.loads(json.dumps(payload)), scorer=_Length())
     assert again.monitor_reference == block and again.threshold == flt.threshold
     m = ExchangeabilityMonitor.from_artifact(payload)
@@ -281,7 +281,7 @@ def test_artifact_without_monitor_still_loads(tmp_path: Path) -> None:
     path = flt.save(tmp_path / "f.json")
     payload = read_artifact(path)
     assert "monitor" not in payload and payload["checksum"]["covers"] == ["scorer", "calibration",
-                                                                          "policy"]
+                                                                          "policy", "lists"]
     assert ConformalFilter.load(path, scorer=_Length()).monitor_reference is None
     assert ExchangeabilityMonitor.from_artifact(payload) is None
 

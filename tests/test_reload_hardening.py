@@ -109,7 +109,7 @@ def _padded(path: Path, out: Path, size: int) -> Path:
     ("format_version", "2", "format_version == '2'"),
     ("padding", "x" * 10, "unknown field"),
     ("checksum", {"algorithm": "sha256", "covers": ["scorer", "calibration", "policy",
-                                                    "monitor"], "value": "0" * 64},
+                                                    "monitor", "lists"], "value": "0" * 64},
      "checksum mismatch"),
 ])
 def test_every_field_is_type_checked_by_the_one_reader(artifacts: dict[str, Path],

@@ -20,7 +20,8 @@ def test_relative_scores_hand_made() -> None:
     base = np.array([0.3, 0.1, 0.6, 0.5, 0.5])  # query 0: first three, query 1: last two
     q = np.array([0, 0, 0, 1, 1])
     np.testing.assert_allclose(relative_scores(base, q, "gap"), [0.2, 0.0, 0.5, 0.0, 0.0])
-    np.testing.assert_allclose(relative_scores(base, q, "rank"), [1, 0, 2, 0, 1])
+    # equal scores share the lower rank (equal texts of one list get one score)
+    np.testing.assert_allclose(relative_scores(base, q, "rank"), [1, 0, 2, 0, 0])
     z = relative_scores(base, q, "z")
     assert z[1] < z[0] < z[2] and z[3] == z[4] == 0.0
     np.testing.assert_allclose(relative_scores(base, q, "ratio")[:3], np.array([0.2, 0.0, 0.5]) / 0.9)

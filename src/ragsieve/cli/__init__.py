@@ -62,7 +62,7 @@ PATH_ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "filter": (("data", "filter"), ("out",)),
     "label": (("data",), ("out",)),
     "recalibrate": (("feedback", "filter"), ("out",)),
-    "export": (("data",), ("out",)),
+    "export": (("data",), ("out", "docs", "queries")),
     "index": (("docs_dir",), ("index",)),
     "retrieve": (("index", "queries"), ("out",)),
     "demo": (("data_dir",), ("out",)),
@@ -512,9 +512,16 @@ def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparser(sub, "export", "write a dataset in the generic JSONL format")
+    p = subparser(sub, "export", "write a dataset in the generic JSONL format, or as documents "
+                                 "and labelled queries to index and retrieve")
     add_data_options(p)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", default=None, help="the pairs, as JSONL")
+    p.add_argument("--docs", default=None, metavar="DIR",
+                   help="the documents, rebuilt from the snippets, as DIR/documents.jsonl "
+                        "(one {id, text} per line: what `ragsieve index DIR` indexes)")
+    p.add_argument("--queries", default=None, metavar="FILE",
+                   help="the labelled queries (relevant_doc_ids, answers) for `ragsieve "
+                        "retrieve --queries`")
     p.set_defaults(func=commands.cmd_export)
 
 

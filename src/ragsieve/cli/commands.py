@@ -822,9 +822,34 @@ def _warn_other_retriever(flt: Any, index: Any, k: int) -> str | None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """``ragsieve export``: write a dataset in the generic JSONL format."""
-    from ..data import write_pairs
+    """``ragsieve export``: write a dataset in the generic JSONL format (``--out``), or as the
+    documents and labelled queries of the retrieve-then-calibrate path (``--docs``,
+    ``--queries``)."""
+    import json
 
-    n = write_pairs(load_pairs(args), args.out)
-    eprint(f"wrote {n} pairs to {args.out}")
+    from .._io import atomic_write_text
+    from ..data import write_pairs
+    from ..data.queries import documents_and_queries
+
+    if args.out is None and args.docs is None and args.queries is None:
+        raise ValueError("export writes nothing: give --out (the pairs), --docs DIR (the "
+                         "documents) and/or --queries FILE (the labelled queries).")
+    pairs = load_pairs(args)
+    if args.out is not None:
+        n = write_pairs(pairs, args.out)
+        eprint(f"wrote {n} pairs to {args.out}")
+    if args.docs is None and args.queries is None:
+        return 0
+    documents, queries = documents_and_queries(pairs)
+    if args.docs is not None:
+        path = Path(args.docs) / "documents.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, "".join(json.dumps({"id": d, "text": t}, ensure_ascii=False)
+                                        + "\n" for d, t in documents.items()))
+        eprint(f"wrote {len(documents)} documents to {path} (ragsieve index {args.docs} ...)")
+    if args.queries is not None:
+        atomic_write_text(args.queries, "".join(json.dumps(q.to_record(), ensure_ascii=False)
+                                                + "\n" for q in queries))
+        eprint(f"wrote {len(queries)} labelled queries to {args.queries} (ragsieve retrieve "
+               f"--queries {args.queries} ...)")
     return 0

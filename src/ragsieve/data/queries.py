@@ -51,7 +51,7 @@ from ragsieve.errors import DataError
 from ragsieve.types import RETRIEVER_KEY, Pair
 
 __all__ = ["QUERY_KEYS", "RETRIEVER_KEY", "LabelledQuery", "ListSummary", "describe_lists",
-           "list_pairs", "read_queries"]
+           "documents_and_queries", "list_pairs", "read_queries"]
 
 #: The keys a labelled query line may carry besides free ones (kept in ``meta``).
 QUERY_KEYS = ("query_id", "query", "group", "relevant_doc_ids", "answers")
@@ -416,3 +416,56 @@ def describe_lists(queries: Sequence[LabelledQuery], pairs: Iterable[Pair],
         no_relevant=tuple(q.query_id for q in queries
                           if q.labelled and not relevant[q.query_id]),
         short=tuple(q.query_id for q in queries if hits[q.query_id] < k))
+
+
+def documents_and_queries(pairs: Iterable[Pair]) -> tuple[dict[str, str], list[LabelledQuery]]:
+    """A labelled data set as the documents to index and the labelled queries to retrieve for
+    (``ragsieve export --docs DIR --queries FILE``): what you need to try the
+    retrieve-then-calibrate path on a built-in data set.
+
+    A document is rebuilt from its snippets (``meta["doc_id"]``, ``meta["start"]``,
+    ``meta["end"]``: what the built-in loaders record); a query is labelled with the
+    documents of its relevant snippets (``relevant_doc_ids``) and its ``answers`` when the
+    pairs carry them.
+
+    Returns
+    -------
+    documents : dict
+        ``doc_id -> text``, in order of first appearance.
+    queries : list of LabelledQuery
+        In order of first appearance.
+
+    Raises
+    ------
+    DataError
+        A pair without ``doc_id`` / ``start`` / ``end`` in its meta, or two snippets of one
+        document that disagree on a character.
+    """
+    texts: dict[str, list[str | None]] = {}
+    queries: dict[str, dict[str, Any]] = {}
+    for pair in pairs:
+        doc_id, start, end = (pair.meta.get(k) for k in ("doc_id", "start", "end"))
+        if not isinstance(doc_id, str) or not isinstance(start, int) or not isinstance(end, int) \
+                or end - start != len(pair.text):
+            raise DataError(f"pair {pair.query_id!r}/{pair.snippet_id!r} carries no doc_id, start "
+                            "and end matching its text in its meta; documents are rebuilt from "
+                            "them (the built-in data sets record them).")
+        chars = texts.setdefault(doc_id, [])
+        chars.extend([None] * (end - len(chars)))
+        for offset, ch in enumerate(pair.text, start):
+            if chars[offset] not in (None, ch):
+                raise DataError(f"document {doc_id!r}: two snippets disagree at character "
+                                f"{offset}; they are not windows of one text.")
+            chars[offset] = ch
+        query = queries.setdefault(pair.query_id, {"query_id": pair.query_id, "query": pair.query,
+                                                   "group": pair.group, "relevant_doc_ids": []})
+        if pair.meta.get("answers"):
+            query["answers"] = list(pair.meta["answers"])
+        if pair.relevant == 1 and doc_id not in query["relevant_doc_ids"]:
+            query["relevant_doc_ids"].append(doc_id)
+    documents = {d: "".join(c if c is not None else " " for c in chars)
+                 for d, chars in texts.items()}
+    labelled = [LabelledQuery.from_record({k: v for k, v in q.items()
+                                           if k != "relevant_doc_ids" or v}, "pairs")
+                for q in queries.values()]
+    return documents, labelled

@@ -90,9 +90,9 @@ class ScoreChoice:
 
 
 #: Why the list-free score, when the lists are the data set's own.
-_NOT_DEPLOYED = ("the calibration lists are the data set's own, not the deployed retriever's: "
-                 "the list-free portable score (calibrate through your retriever with "
-                 "`ragsieve retrieve`, or pass --lists deployed, for the list-aware fused score)")
+_NOT_DEPLOYED = ("the calibration lists are the data set's own, not the deployed retriever's, "
+                 "so the list-free score; calibrate through your retriever (`ragsieve "
+                 "retrieve`, or --lists deployed) for the list-aware fused score")
 
 
 def choose_score(pairs: Sequence[Pair], *, deployed_lists: bool = False) -> ScoreChoice:
@@ -140,12 +140,12 @@ def choose_score(pairs: Sequence[Pair], *, deployed_lists: bool = False) -> Scor
                            f"{MIN_FUSION_TOPICS} (a quarter fit it, the rest calibrate)")
     counts = f"{n_queries} queries, {len(topics)} topics"
     if not deployed_lists:
-        return ScoreChoice("best", f"{_NOT_DEPLOYED} ({counts})", "portable")
+        return ScoreChoice("best", f"{counts}; {_NOT_DEPLOYED}", "portable")
     lists = sum(1 for n in sizes.values() if n >= 2)
     if lists < MIN_LIST_SHARE * n_queries:
         return ScoreChoice("best", f"{n_queries - lists} of {n_queries} queries have a single "
-                           "snippet; the list-aware fused score needs whole retrieved lists: "
-                           f"the list-free portable score ({counts})", "portable")
+                           "snippet; the list-aware fused score needs whole retrieved lists, "
+                           f"so the list-free score ({counts})", "portable")
     lo, hi = min(sizes.values()), max(sizes.values())
     span = str(lo) if lo == hi else f"{lo}-{hi}"
     return ScoreChoice("best", f"whole lists of {span} snippets per query from the deployed "
@@ -339,7 +339,7 @@ class AutoScorer(Scorer):
                                 query_language=self.query_language)
 
     def resolve(self, pairs: Sequence[Pair], *, language: str | None = None,
-                languages: LanguageChoice | None = None, deployed_lists: bool = False,
+                languages: LanguageChoice | None = None, deployed_lists: bool | None = None,
                 ) -> tuple[Scorer, ScoreChoice, tuple[str, str]]:
         """The scorer the pairs call for, the score choice, and ``(language, source)`` (of
         the snippets; :meth:`languages` gives both sides).
@@ -347,13 +347,18 @@ class AutoScorer(Scorer):
         ``language`` (when not None) overrides the one given at construction; ``languages``
         (from :meth:`languages`) is taken as it is, without detecting again;
         ``deployed_lists`` says whether the pairs' lists are the deployed retriever's
-        (:func:`choose_score`).
+        (:func:`choose_score`); None reads it from the pairs: lists that all carry one
+        retriever identity (``ragsieve retrieve``, a component's ``calibrate``:
+        :func:`ragsieve.lists.retriever_of`) are.
         """
         from ..embeddings.languages import choose_model
+        from ..lists import retriever_of
         from . import resolve_scorer
 
         pairs = list(pairs)
         found = languages or self.languages(pairs, language=language)
+        if deployed_lists is None:
+            deployed_lists = retriever_of(pairs) is not None
         choice = choose_score(pairs, deployed_lists=deployed_lists)
         if choice.alias != "best":
             logger.warning("score: 1 - cos (embedding), not a fused score: %s", choice.reason)
