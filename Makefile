@@ -63,6 +63,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_server.py --warm
 	$(PY) benchmarks/bench_drift.py
+	$(PY) benchmarks/bench_retriever_shift.py
+	$(PY) benchmarks/bench_list_watch.py
 
 # the docs site (MkDocs Material + mkdocstrings) into site/; the tests build it too
 docs: $(STAMP)

@@ -244,7 +244,8 @@ class ConformalFilter:
     scorer : Scorer or str, default="auto"
         The nonconformity score (an alias such as ``"embedding"`` or ``"best"`` is
         resolved; ``"best"`` is fitted by :meth:`calibrate`). ``"auto"`` is chosen by
-        :meth:`calibrate`: the fused score where the pairs give whole lists, else
+        :meth:`calibrate`: the list-aware fused score where the pairs are the deployed
+        retriever's lists (see ``calibrate(lists=...)``), else the portable fused score, else
         ``1 - cos`` (:func:`~ragsieve.scoring.auto.choose_score`), over the embedding model
         of the detected language.
     calibrator : BaseCalibrator or str, optional

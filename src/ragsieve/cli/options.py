@@ -476,13 +476,15 @@ def add_scorer_options(p: argparse.ArgumentParser, *, default: str = "auto") -> 
     """Everything that builds a scorer: ``--scorer`` and its options, the embedding
     model, the cache and the LLM endpoint.
 
-    ``default`` is ``"auto"`` for the commands that fit a filter (the fused score where the
-    labelled pairs give whole lists, else ``1 - cos``); ``score`` keeps ``"embedding"``, as
+    ``default`` is ``"auto"`` for the commands that fit a filter (the list-aware fused score on
+    the deployed retriever's lists, else the portable one, else ``1 - cos``); ``score`` keeps
+    ``"embedding"``, as
     its pairs need no labels and the fused score is fitted on labels.
     """
     g = p.add_argument_group("score")
     g.add_argument("--scorer", default=default,
-                   help="auto (the fused score where the calibration pairs give whole lists, "
+                   help="auto (the list-aware fused score on your deployed retriever's lists: "
+                        "ragsieve retrieve, --lists deployed; else the portable fused score, "
                         "else 1 - cos), embedding (1 - cos), relative (query-relative, see "
                         "--relative-kind), best (fused score, fitted on part of the calibration "
                         "data), llm, or field (an outside score read from --score-field) "

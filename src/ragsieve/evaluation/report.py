@@ -548,7 +548,8 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, Filte
 def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult],
                keep: np.ndarray, sentences: _Sentences | None, data_name: str,
                filter_name: str) -> list[tuple[str, Any]]:
-    """The page's facts: keep rule, mode, alpha, score, model, files, what was kept."""
+    """The page's facts: keep rule, mode, alpha, score, model, files, what was kept, the
+    calibration lists and how many of these lists are unlike them."""
     direction = "higher" if rule.keep_if == ">=" else "lower"
     n_kept = int(keep.sum())
     data = f"{data_name or '-'}: {len(results)} queries, {len(pairs)} snippets"
@@ -571,7 +572,21 @@ def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str,
         ("filter", filter_name or "-"),
         ("data", data),
         ("kept on this data", kept),
+        *_lists_rows(flt, results),
     ]
+
+
+def _lists_rows(flt: Any, results: Mapping[str, FilterResult]) -> list[tuple[str, Any]]:
+    """The calibration lists and, for a list-aware score, how many of these lists are unlike
+    them (docs/deploy.md); nothing for an artifact without the record."""
+    if flt.lists is None:
+        return []
+    rows: list[tuple[str, Any]] = [("calibration lists", flt.lists.describe())]
+    if flt.lists.list_dependent:
+        unlike = [r for r in results.values() if r.lists_unlike]
+        note = f": {unlike[0].lists_note}" if unlike else ""
+        rows.append(("lists unlike them", f"{len(unlike)} of {len(results)}{note}"))
+    return rows
 
 
 def _threshold_line(flt: Any, rule: Any) -> str:
