@@ -2,8 +2,8 @@
 
 For every language, ``ragsieve evaluate --data xquad-XX --alpha 0.1 --mode marginal`` runs
 twice on the same topic-disjoint splits (same seed) and the default model of the language:
-once with no ``--scorer`` (``auto``: the fused score wherever the data gives whole lists) and
-once with ``--scorer embedding``. Printed: a markdown table of the marginal mode's coverage
+once with no ``--scorer`` (``auto``: on the data sets' own lists the list-free portable fused
+score) and once with ``--scorer embedding``. Printed: a markdown table of the marginal mode's coverage
 and removal side by side (means over the splits), and which score ``auto`` chose.
 
 Usage: ``python benchmarks/bench_defaults.py [--languages en,de,es,zh,el,ro] [--splits 20]
@@ -57,7 +57,7 @@ def main() -> None:
         cos = _evaluate(language, "embedding", args.splits, args.seed)
         choice = auto["choice"] or {}
         row = {"language": language, "model": choice.get("model"),
-               "auto_score": (choice.get("score") or {}).get("scorer"),
+               "auto_score": (choice.get("score") or {}).get("label"),
                "coverage_auto": auto["coverage"], "coverage_cos": cos["coverage"],
                "removal_auto": auto["removal"], "removal_cos": cos["removal"],
                "seconds": auto["seconds"] + cos["seconds"]}
