@@ -234,8 +234,12 @@ class FusionWeights:
         return cls(weights=w, bias=b, mean=mean, scale=scale)
 
     def scores(self, x: np.ndarray) -> np.ndarray:
-        """Fused nonconformity scores of a feature matrix (lower = more relevant)."""
-        return -(((np.asarray(x, dtype=float) - self.mean) / self.scale) @ self.weights + self.bias)
+        """Fused nonconformity scores of a feature matrix (lower = more relevant), rounded to
+        12 decimals: a matrix product may give two equal rows results a last bit apart
+        (its vectorised loops differ by the row's memory alignment), and equal texts of one
+        list must get one score."""
+        return np.round(-(((np.asarray(x, dtype=float) - self.mean) / self.scale)
+                          @ self.weights + self.bias), 12)
 
 
 FittedFusion = FusionWeights | BoostedTrees
