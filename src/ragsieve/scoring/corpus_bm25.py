@@ -33,6 +33,7 @@ and fits any share of them cheaply (one ``bincount`` per split of ``evaluate``).
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,10 +41,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._validation import check_int, check_real
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
 from .base import Scorer, check_score_array, group_pairs
-from .lexical import tokenize
+from .lexical import check_bm25_params, tokenize
 from .options import ScorerOption
 
 __all__ = ["MAX_VOCABULARY", "CorpusBM25Scorer", "CorpusFit", "CorpusStatistics", "PairTerms",
@@ -263,22 +265,6 @@ class CorpusFit:
         return fitted, self.terms.scores(stats, k1=fitted.k1, b=fitted.b)
 
 
-def _check_number(name: str, value: Any, ok: Any, rule: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} is {type(value).__name__}, expected a number.")
-    if not np.isfinite(value) or not ok(value):
-        raise ValueError(f"{name} == {value!r}, must be {rule}.")
-    return float(value)
-
-
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} is {type(value).__name__}, expected an int.")
-    if value < low:
-        raise ValueError(f"{name} == {value!r}, must be >= {low}.")
-    return int(value)
-
-
 class CorpusBM25Scorer(Scorer):
     """``1 - BM25(query, snippet) / M`` with statistics frozen from a corpus of texts.
 
@@ -319,9 +305,8 @@ class CorpusBM25Scorer(Scorer):
     def __init__(self, *, k1: float = 1.5, b: float = 0.75, max_vocabulary: int = MAX_VOCABULARY,
                  n_docs: int | None = None, avgdl: float | None = None,
                  df: Mapping[str, int] | None = None) -> None:
-        self.k1 = _check_number("k1", k1, lambda v: v > 0, "> 0")
-        self.b = _check_number("b", b, lambda v: 0 <= v <= 1, "in [0, 1]")
-        self.max_vocabulary = _check_int("max_vocabulary", max_vocabulary, 1)
+        self.k1, self.b = check_bm25_params(k1, b)
+        self.max_vocabulary = check_int(max_vocabulary, "max_vocabulary", min_value=1)
         given = [x is not None for x in (n_docs, avgdl, df)]
         if any(given) and not all(given):
             raise ValueError("n_docs, avgdl and df are the fitted statistics: give all three or "
@@ -330,8 +315,9 @@ class CorpusBM25Scorer(Scorer):
         self.is_fitted = self.statistics is not None
 
     def _read_statistics(self, n_docs: Any, avgdl: Any, df: Any) -> CorpusStatistics:
-        n = _check_int("n_docs", n_docs, 1)
-        mean = _check_number("avgdl", avgdl, lambda v: v > 0, "> 0")
+        n = check_int(n_docs, "n_docs", min_value=1)
+        mean = check_real(avgdl, "avgdl", min_value=0.0, max_value=math.inf,
+                          include_boundaries="neither")
         if not isinstance(df, Mapping):
             raise TypeError(f"df is {type(df).__name__}, expected a mapping of token to "
                             "document frequency.")

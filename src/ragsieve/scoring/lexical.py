@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import re
 import unicodedata
 from collections import Counter
@@ -38,10 +39,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .._validation import check_real
 from .base import Scorer
 from .options import ScorerOption
 
-__all__ = ["ListBM25Scorer", "bm25_scores", "tokenize"]
+__all__ = ["ListBM25Scorer", "bm25_scores", "check_bm25_params", "tokenize"]
 
 #: Scripts written without spaces between words: their runs become character n-grams.
 _UNSPACED = (
@@ -115,6 +117,19 @@ def tokenize(text: str) -> list[str]:
     return tokens
 
 
+def check_bm25_params(k1: Any, b: Any) -> tuple[float, float]:
+    """``(k1, b)`` checked: ``k1 > 0`` finite, ``0 <= b <= 1`` (``TypeError`` / ``ValueError``
+    otherwise); every BM25 of ragsieve takes them.
+
+    Examples
+    --------
+    >>> check_bm25_params(1.5, 0.75)
+    (1.5, 0.75)
+    """
+    return (check_real(k1, "k1", min_value=0.0, max_value=math.inf, include_boundaries="neither"),
+            check_real(b, "b", min_value=0.0, max_value=1.0))
+
+
 def bm25_scores(query_tokens: Sequence[str], docs: Sequence[Sequence[str]], *,
                 k1: float = 1.5, b: float = 0.75) -> tuple[np.ndarray, float]:
     """Okapi BM25 (Lucene's variant) of each token list in ``docs``, with ``docs`` the corpus.
@@ -181,13 +196,7 @@ class ListBM25Scorer(Scorer):
     )
 
     def __init__(self, *, k1: float = 1.5, b: float = 0.75) -> None:
-        for name, value, ok, rule in (("k1", k1, lambda v: v > 0, "> 0"),
-                                      ("b", b, lambda v: 0 <= v <= 1, "in [0, 1]")):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"{name} is {type(value).__name__}, expected a float.")
-            if not np.isfinite(value) or not ok(value):
-                raise ValueError(f"{name} == {value!r}, must be {rule}.")
-        self.k1, self.b = float(k1), float(b)
+        self.k1, self.b = check_bm25_params(k1, b)
 
     def spec(self) -> dict[str, Any]:
         """``{"scorer": "bm25-list", "k1": k1, "b": b}``."""
