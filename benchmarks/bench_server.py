@@ -31,18 +31,29 @@ numbers behind ``DEFAULT_MAX_PIECES``), then serves the filter with ``run_server
 child process, once per source tree given (``--before-src DIR``, e.g. a worktree of the
 code before the fair queue, run with ``PYTHONPATH=DIR``; then this tree), and in each:
 one client sends cached 3-snippet ``/filter`` requests back to back (alone, then while
-``--fair-rounds`` large requests of ``--large-snippets`` fresh 550-character snippets
-(within the default budget) are in flight one after the other, then while one request of
+``--fair-rounds`` large requests of ``--large-snippets`` (100) fresh 550-character
+snippets (111 pieces of work, within the default budget of 128; the 2026-12-01 runs sent
+120, then counted as 120 pieces) are in flight one after the other, then while one request of
 ``--huge-snippets`` fresh snippets (above it: 413 on the budgeted service) is sent).
 Reported per phase: the small requests' count, p50, p99 and max latency, and the large
 requests' status and latency.
+
+``--fairness --unit sentence`` does the same for a *sentence-unit* artifact (the
+sentence-in-context score over MiniLM, calibrated on eight XQuAD-en articles, as
+``tests/test_sentence_serve.py`` makes one): the small client's requests (3 cached
+snippets) alone, then while ``--hostile`` (4) concurrent hostile requests are in flight,
+each one *sentence* of ``--hostile-chars`` (990,000) characters (``"a. "`` repeated, a
+fresh tag every 50 repeats: no sentence end, nothing cached), sent together once per
+round (``--fair-rounds``). ``--max-pieces N`` serves with that budget instead of the
+default (e.g. one large enough to serve the hostile requests in steps).
 
 Usage: ``python benchmarks/bench_server.py [--requests 200] [--clients 4] [--snippets 10]
 [--k 20] [--endpoints filter,query] [--warm] [--json]``, ``python
 benchmarks/bench_server.py --long [--long-chars 1000000] [--long-clients 4]
 [--long-rounds 2] [--json]`` or ``python benchmarks/bench_server.py --fairness
-[--before-src /work/orig/src] [--large-snippets 120] [--huge-snippets 1000]
-[--fair-rounds 3] [--json]``
+[--before-src /work/orig/src] [--large-snippets 100] [--huge-snippets 1000]
+[--fair-rounds 3] [--json]`` or ``python benchmarks/bench_server.py --fairness --unit sentence
+[--before-src DIR] [--hostile 4] [--hostile-chars 990000] [--max-pieces N] [--json]``
 """
 
 from __future__ import annotations
@@ -302,20 +313,24 @@ def _fresh_snippets(contexts: list[str], n: int, tag: str) -> list[str]:
     return [text[600 * i : 600 * i + 550] for i in range(n)]
 
 
-def _small_while(base: str, small: dict[str, Any], large: list[dict[str, Any]]
-                 ) -> dict[str, Any]:
-    """Small requests back to back from one client while ``large`` are sent one by one."""
+def _small_while(base: str, small: dict[str, Any], large: list[dict[str, Any]], *,
+                 together: int = 1) -> dict[str, Any]:
+    """Small requests back to back from one client while ``large`` are sent, ``together``
+    at a time (1: one after the other)."""
     import httpx
 
     done = threading.Event()
     big: list[tuple[int, float]] = []
 
+    def post(body: dict[str, Any]) -> tuple[int, float]:
+        t0 = time.perf_counter()
+        r = httpx.post(base + "/filter", json=body, timeout=3600)
+        return r.status_code, round(time.perf_counter() - t0, 2)
+
     def send_large() -> None:
         try:
-            for body in large:
-                t0 = time.perf_counter()
-                r = httpx.post(base + "/filter", json=body, timeout=3600)
-                big.append((r.status_code, round(time.perf_counter() - t0, 2)))
+            with ThreadPoolExecutor(max_workers=together) as pool:
+                big.extend(pool.map(post, large))
         finally:
             done.set()
 
@@ -335,6 +350,15 @@ def _small_while(base: str, small: dict[str, Any], large: list[dict[str, Any]]
             "large_status": [c for c, _ in big], "large_s": [t for _, t in big]}
 
 
+def _hostile_sentence(n_chars: int, tag: str) -> str:
+    """One *sentence* of about ``n_chars`` characters: ``"a. "`` repeated (no sentence end
+    to the splitter: a full stop followed by a lowercase letter), a fresh ``t<tag>n<k>.``
+    every 50 repeats so that no ~500-character piece of it is in any cache."""
+    block = 3 * 49 + 16
+    return "".join(f"t{tag}n{k}. " + "a. " * 49 for k in range(n_chars // block + 1)
+                   )[:n_chars].rstrip()
+
+
 def _fair_server(src: str | None, path: Path, cache_dir: str, pairs: list[Any],
                  contexts: list[str], args: argparse.Namespace, label: str,
                  tag: str) -> dict[str, Any]:
@@ -345,7 +369,10 @@ def _fair_server(src: str | None, path: Path, cache_dir: str, pairs: list[Any],
     if src:
         env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     port = _free_port()
-    options = {"max_body_bytes": 16 * 2**20, "scorer_options": {"cache_dir": cache_dir}}
+    options: dict[str, Any] = {"max_body_bytes": 16 * 2**20,
+                               "scorer_options": {"cache_dir": cache_dir}}
+    if args.max_pieces is not None:
+        options["max_pieces"] = args.max_pieces
     child = subprocess.Popen([sys.executable, "-c", _FAIR_CHILD, str(path), str(port),
                               json.dumps(options)], env=env)
     base = f"http://127.0.0.1:{port}"
@@ -354,6 +381,12 @@ def _fair_server(src: str | None, path: Path, cache_dir: str, pairs: list[Any],
         _wait_healthy(base, child)
         httpx.post(base + "/filter", json=small, timeout=600).raise_for_status()  # cached now
         alone = load_test(base + "/filter", [small], 100, 1)
+        if args.unit == "sentence":
+            hostile = [{"query": pairs[350 + i].query,
+                        "snippets": [_hostile_sentence(args.hostile_chars, f"{tag}r{r}h{i}")]}
+                       for r in range(args.fair_rounds) for i in range(args.hostile)]
+            return {"code": label, "alone": alone,
+                    "hostile": _small_while(base, small, hostile, together=args.hostile)}
         within = [{"query": pairs[300 + r].query,
                    "snippets": _fresh_snippets(contexts, args.large_snippets, f"{tag}w{r}")}
                   for r in range(args.fair_rounds)]
@@ -364,6 +397,20 @@ def _fair_server(src: str | None, path: Path, cache_dir: str, pairs: list[Any],
     finally:
         child.terminate()
         child.wait(timeout=60)
+
+
+def _fair_artifact(path: Path, pairs: list[Any], unit: str, cache_dir: str) -> Path:
+    """The served filter: MiniLM 1 - cos on 300 pairs (unit snippet), or the
+    sentence-in-context score calibrated on eight articles (unit sentence)."""
+    from ragsieve import ConformalFilter
+    from ragsieve.scoring import EmbeddingScorer, resolve_scorer
+
+    scorer = EmbeddingScorer(cache_dir=cache_dir)
+    if unit == "snippet":
+        return ConformalFilter(scorer, alpha=0.2).calibrate(pairs[:300]).save(path)
+    chosen = set(sorted({p.group for p in pairs})[:8])
+    flt = ConformalFilter(resolve_scorer("best", base=scorer), alpha=0.2, unit="sentence")
+    return flt.calibrate([p for p in pairs if p.group in chosen], seed=0).save(path)
 
 
 def _wait_healthy(base: str, child: subprocess.Popen[bytes]) -> None:
@@ -383,25 +430,24 @@ def _wait_healthy(base: str, child: subprocess.Popen[bytes]) -> None:
 
 def _run_fairness(args: argparse.Namespace) -> dict[str, Any]:
     """Model throughput, then small-request latency beside large ones, before and after."""
-    from ragsieve import ConformalFilter
     from ragsieve.data import load_xquad
-    from ragsieve.scoring import EmbeddingScorer
 
     pairs = load_xquad("en")
     contexts = list(dict.fromkeys(p.text for p in pairs))
-    rate = _model_rate(pairs, args.cache_dir)
+    load_start = round(os.getloadavg()[0], 2)
+    rate = _model_rate(pairs, args.cache_dir) if args.unit == "snippet" else []
     servers = []
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "filter.json"
-        ConformalFilter(EmbeddingScorer(cache_dir=args.cache_dir), alpha=0.2).calibrate(
-            pairs[:300]).save(path)
+        path = _fair_artifact(Path(tmp) / "filter.json", pairs, args.unit, args.cache_dir)
         codes = ([("before", args.before_src)] if args.before_src else []) + [("after", None)]
         run = time.time_ns()  # in the snippets' tags: nothing is in the cache of earlier runs
         for label, src in codes:
             servers.append(_fair_server(src, path, args.cache_dir, pairs, contexts, args, label,
                                         f"{label}{run}"))
-    return {"model_rate": rate, "large_snippets": args.large_snippets,
+    return {"unit": args.unit, "model_rate": rate, "large_snippets": args.large_snippets,
             "huge_snippets": args.huge_snippets, "rounds": args.fair_rounds,
+            "hostile": args.hostile, "hostile_chars": args.hostile_chars,
+            "max_pieces": args.max_pieces, "load_avg_1m_start": load_start,
             "load_avg_1m_end": round(os.getloadavg()[0], 2), "servers": servers}
 
 
@@ -409,16 +455,25 @@ def _print_fairness(out: dict[str, Any]) -> None:
     for r in out["model_rate"]:
         print(f"model: {r['scorer']:<9} {r['pieces']} fresh pieces of ~{r['mean_chars']} "
               f"chars: {r['pieces_per_s']} pieces/s")
-    print(f"small = cached 3-snippet /filter from one client; within = {out['rounds']} x "
-          f"{out['large_snippets']} fresh snippets; above = 1 x {out['huge_snippets']}; "
-          f"load average at end {out['load_avg_1m_end']}")
+    load = f"load average {out['load_avg_1m_start']} -> {out['load_avg_1m_end']}"
+    budget = "default" if out["max_pieces"] is None else out["max_pieces"]
+    if out["unit"] == "sentence":
+        print(f"unit sentence; small = cached 3-snippet /filter from one client; hostile = "
+              f"{out['rounds']} round(s) of {out['hostile']} concurrent one-sentence requests "
+              f"of {out['hostile_chars']:,} characters; max_pieces {budget}; {load}")
+        phases: tuple[str, ...] = ("hostile",)
+    else:
+        print(f"small = cached 3-snippet /filter from one client; within = {out['rounds']} x "
+              f"{out['large_snippets']} fresh snippets; above = 1 x {out['huge_snippets']}; "
+              f"max_pieces {budget}; {load}")
+        phases = ("within_budget", "above_budget")
     print("{:<7} {:<7} {:>7} {:>9} {:>9} {:>9}  {}".format(
         "code", "phase", "n", "p50 ms", "p99 ms", "max ms", "large requests (status, s)"))
     for srv in out["servers"]:
         a = srv["alone"]
         print(f"{srv['code']:<7} {'alone':<7} {100:>7} {a['p50_ms']:>9} {a['p99_ms']:>9} "
               f"{'':>9}")
-        for phase in ("within_budget", "above_budget"):
+        for phase in phases:
             r = srv[phase]
             print(f"{srv['code']:<7} {phase.split('_')[0]:<7} {r['n_small']:>7} {r['p50_ms']:>9} "
                   f"{r['p99_ms']:>9} {r['max_ms']:>9}  "
@@ -463,13 +518,25 @@ def main() -> None:
                     help="small-request latency beside large requests (before/after)")
     ap.add_argument("--before-src", default=None, metavar="DIR",
                     help="--fairness: also serve the code in DIR (put first on PYTHONPATH)")
-    ap.add_argument("--large-snippets", type=int, default=120,
+    ap.add_argument("--large-snippets", type=int, default=100,
                     help="--fairness: fresh snippets per large request within the budget")
     ap.add_argument("--huge-snippets", type=int, default=1000,
                     help="--fairness: fresh snippets of the request above the budget")
-    ap.add_argument("--fair-rounds", type=int, default=3,
-                    help="--fairness: large requests within the budget, one after the other")
+    ap.add_argument("--fair-rounds", type=int, default=None,
+                    help="--fairness: large requests within the budget, one after the other "
+                         "(--unit sentence: rounds of --hostile requests; default 1)")
+    ap.add_argument("--unit", choices=("snippet", "sentence"), default="snippet",
+                    help="--fairness: the served artifact's unit; sentence: small requests "
+                         "beside hostile long-sentence requests")
+    ap.add_argument("--hostile", type=int, default=4,
+                    help="--fairness --unit sentence: hostile requests in flight together")
+    ap.add_argument("--hostile-chars", type=int, default=990_000,
+                    help="--fairness --unit sentence: characters of each hostile sentence")
+    ap.add_argument("--max-pieces", type=int, default=None,
+                    help="--fairness: serve with this budget (default: the service's)")
     args = ap.parse_args()
+    if args.fair_rounds is None:
+        args.fair_rounds = 3 if args.unit == "snippet" else 1
     if args.fairness:
         out_fair = _run_fairness(args)
         if args.json:

@@ -328,8 +328,8 @@ def test_write_rejects_non_pairs_and_bad_destination(tmp_path: Path) -> None:
 _ids = st.text(st.characters(codec="utf-8"), min_size=1, max_size=8).filter(
     lambda s: bool(s.strip())
 )
-_printable_ids = st.text(  # ids hold no control characters (the reader refuses them)
-    st.characters(codec="utf-8", exclude_categories=("Cc", "Cs", "Zl", "Zp")),
+_printable_ids = st.text(  # ids hold no control, bidi or zero-width characters (refused)
+    st.characters(codec="utf-8", exclude_categories=("Cc", "Cf", "Cs", "Zl", "Zp")),
     min_size=1, max_size=8,
 ).filter(lambda s: bool(s.strip()))
 _json_values = st.recursive(

@@ -22,6 +22,8 @@ from ragsieve.scoring import EmbeddingScorer
 
 KEY = "monitor-key"
 AUTH = {"X-API-Key": KEY}
+#: What a program sends to a bodiless admin route without a key (no JSON body).
+CLIENT = {"X-Ragsieve": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def test_hostile_requests_and_the_authenticated_reset(artifact: Path,
             if _monitor(srv.url)["alarm"]:
                 break
         assert _monitor(srv.url)["alarm"]  # sustained junk does fire it
-        refused = httpx.post(srv.url + "/admin/monitor/reset")
+        refused = httpx.post(srv.url + "/admin/monitor/reset", headers=CLIENT)
         assert refused.status_code == 401
         r = httpx.post(srv.url + "/admin/monitor/reset", headers=AUTH)
         assert r.status_code == 200, r.text
@@ -83,11 +85,11 @@ def test_reset_without_a_key_is_for_loopback_and_needs_a_monitor(
         artifact: Path, tmp_path: Path, xquad_en: list[Pair], embedding_cache_dir: Path) -> None:
     options = {"scorer_options": {"cache_dir": embedding_cache_dir}}
     with serving(artifact, **options) as srv:  # no key: loopback clients may reset
-        r = httpx.post(srv.url + "/admin/monitor/reset")
+        r = httpx.post(srv.url + "/admin/monitor/reset", headers=CLIENT)
         assert r.status_code == 200 and r.json()["n_observed"] == 0
     bare = tmp_path / "bare.json"
     ConformalFilter(EmbeddingScorer(cache_dir=embedding_cache_dir), alpha=0.2).calibrate(
         xquad_en[:300], monitor=False).save(bare)
     with serving(bare, **options) as srv:
-        r = httpx.post(srv.url + "/admin/monitor/reset")
+        r = httpx.post(srv.url + "/admin/monitor/reset", headers=CLIENT)
         assert r.status_code == 404 and "no monitor reference" in r.json()["detail"]

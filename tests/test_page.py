@@ -181,7 +181,7 @@ def test_page_works_on_the_browsers_own_basic_credentials(keyed: str, browser: A
 
 def test_page_is_behind_the_key(keyed: str) -> None:
     """No key: 401 with the Basic challenge; the key as Basic password or API header: the
-    page, with its security headers; HEAD and other methods 405; the API docs unchanged."""
+    page, with its security headers; HEAD and other methods 405; the schema behind the key."""
     r = httpx.get(keyed + "/")
     assert r.status_code == 401 and r.headers["www-authenticate"] == 'Basic realm="ragsieve"'
     wrong = "Basic " + base64.b64encode(b"any-user:not-the-key").decode()
@@ -202,9 +202,9 @@ def test_page_is_behind_the_key(keyed: str) -> None:
     assert again != csp  # a fresh nonce per answer
     assert httpx.head(keyed + "/", headers={"X-API-Key": KEY}).status_code == 405
     assert httpx.put(keyed + "/", headers={"X-API-Key": KEY}).status_code == 405
-    schema = httpx.get(keyed + "/openapi.json").json()
+    schema = httpx.get(keyed + "/openapi.json", headers={"X-API-Key": KEY}).json()
     assert "/" not in schema["paths"] and "/status" in schema["paths"]
-    assert httpx.get(keyed + "/docs").status_code == 200
+    assert httpx.get(keyed + "/docs", headers={"X-API-Key": KEY}).status_code == 404  # no CDN UI
 
 
 def test_basic_credentials_work_from_the_page_only(keyed: str) -> None:
@@ -220,8 +220,12 @@ def test_basic_credentials_work_from_the_page_only(keyed: str) -> None:
     assert post(Authorization=BASIC).status_code == 403  # no proof of origin: use the headers
     assert post(Authorization=BASIC, **{"Sec-Fetch-Site": "same-origin"}).status_code == 200
     assert post(Authorization=BASIC, Origin=keyed).status_code == 200
-    # the API's own headers are never sent by a browser on its own: accepted from anywhere
-    assert post(**{"X-API-Key": KEY, "Sec-Fetch-Site": "cross-site"}).status_code == 200
+    # the API's own headers are never sent by a browser on its own: a read is answered from
+    # anywhere; a state change from another site is refused even with the key
+    assert httpx.get(keyed + "/status", headers={"X-API-Key": KEY,
+                                                 "Sec-Fetch-Site": "cross-site"}).status_code == 200
+    assert post(**{"X-API-Key": KEY, "Sec-Fetch-Site": "cross-site"}).status_code == 403
+    assert post(**{"X-API-Key": KEY}).status_code == 200
     r = httpx.get(keyed + "/status", headers={"Authorization": BASIC,
                                               "Sec-Fetch-Site": "cross-site"})
     assert r.status_code == 403 and "same-origin" in r.json()["detail"]

@@ -151,7 +151,7 @@ def _resolve(schema: dict[str, Any], ref_or_schema: dict[str, Any]) -> dict[str,
 def test_openapi_lists_errors_and_security(base_url: str, index_url: str) -> None:
     """Every status the routes answer is in the schema with a JSON error model, and the
     API key's two schemes are declared and required on the protected routes."""
-    schema = httpx.get(base_url + "/openapi.json").json()
+    schema = httpx.get(base_url + "/openapi.json", headers={"X-API-Key": API_KEY}).json()
     schemes = schema["components"]["securitySchemes"]
     bearer = [v for v in schemes.values() if v["type"] == "http"]
     header = [v for v in schemes.values() if v["type"] == "apiKey"]
@@ -176,7 +176,8 @@ def test_openapi_lists_errors_and_security(base_url: str, index_url: str) -> Non
     assert r.status_code == 401 and isinstance(r.json()["detail"], str)
     r = httpx.post(base_url + "/query", json={"query": "q"}, headers={"X-API-Key": API_KEY})
     assert r.status_code == 404 and isinstance(r.json()["detail"], str)
-    assert httpx.get(index_url + "/openapi.json").json()["paths"].keys() == schema["paths"].keys()
+    assert httpx.get(index_url + "/openapi.json", headers={"X-API-Key": API_KEY}).json()[
+        "paths"].keys() == schema["paths"].keys()
 
 
 def test_openapi_without_key_has_no_security(field_url: str) -> None:

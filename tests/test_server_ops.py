@@ -45,6 +45,8 @@ from ragsieve.server.options import ServeOptions
 
 KEY = "ops-key"
 AUTH = {"X-API-Key": KEY}
+#: What a program sends to a bodiless admin route without a key (no JSON body).
+CLIENT = {"X-Ragsieve": "1"}
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -388,7 +390,7 @@ def test_admin_reload_swaps_refuses_and_needs_the_key(artifacts: dict[str, Path]
     with serving(served, **options) as srv:
         for _ in range(3):
             httpx.post(srv.url + "/filter", json=_payload(xquad_en, 300), headers=AUTH)
-        assert httpx.post(srv.url + "/admin/reload").status_code == 401
+        assert httpx.post(srv.url + "/admin/reload", headers=CLIENT).status_code == 401
         same = httpx.post(srv.url + "/admin/reload", headers=AUTH).json()
         assert same["generation"] == 2 and not same["changed"] and not same["monitor_reset"]
         assert httpx.get(srv.url + "/healthz").json()["monitor"]["n_observed"] == 3  # kept
@@ -430,7 +432,7 @@ def _tampered(path: Path) -> str:
 def test_admin_reload_without_a_key_from_loopback(artifacts: dict[str, Path],
                                                   embedding_cache_dir: Path) -> None:
     with serving(artifacts["a"], scorer_options={"cache_dir": embedding_cache_dir}) as srv:
-        r = httpx.post(srv.url + "/admin/reload")
+        r = httpx.post(srv.url + "/admin/reload", headers=CLIENT)
         assert r.status_code == 200 and r.json()["generation"] == 2
         assert httpx.get(srv.url + "/metrics").status_code == 200  # no key set: open
 
@@ -595,7 +597,7 @@ def test_state_dir_is_locked_and_options_checked(artifacts: dict[str, Path],
 def test_openapi_lists_the_operation_routes(artifacts: dict[str, Path],
                                             options: dict[str, Any]) -> None:
     with serving(artifacts["a"], **options) as srv:
-        schema = httpx.get(srv.url + "/openapi.json").json()
+        schema = httpx.get(srv.url + "/openapi.json", headers=AUTH).json()
     paths = schema["paths"]
     assert {"401", "413", "422"} <= set(paths["/feedback"]["post"]["responses"])
     assert {"401", "403", "422"} <= set(paths["/admin/reload"]["post"]["responses"])

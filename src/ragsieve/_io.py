@@ -1,10 +1,12 @@
 """File writes: a finished file or none, never half of one; special files left in place.
 
-A regular output is written to a temporary file beside it and renamed over it
-(:func:`atomic_write_text`, and every other writer through :func:`create_temp`). A rename
-would replace a *special* file (a character device such as ``/dev/null``, a FIFO) by a
-regular one, so :func:`direct_target` tells the writers which outputs to open and write
-in place instead, and refuses those no write makes sense for (a block device, a socket).
+A regular output is written to a temporary file beside it and renamed over it: artifacts,
+HTML pages, figures and small JSON / JSONL outputs through the one writer
+:func:`atomic_write_bytes` (:func:`atomic_write_text` for text), the streaming writers
+through :func:`create_temp`. A rename would replace a *special* file (a character device
+such as ``/dev/null``, a FIFO) by a regular one, so :func:`direct_target` tells the
+writers which outputs to open and write in place instead, and refuses those no write
+makes sense for (a block device, a socket).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "create_temp", "direct_target", "special_kind"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "create_temp", "direct_target",
+           "special_kind"]
 
 _KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISFIFO, "FIFO"),
           (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
@@ -84,13 +87,18 @@ def create_temp(directory: Path, name: str) -> tuple[int, Path]:
     raise FileExistsError(f"could not create a temporary file in {directory}")  # pragma: no cover
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` through a temporary file and a rename.
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
 
-    Parent directories are created. On any error the temporary file is removed and an
-    existing ``path`` is left untouched. A character device or a FIFO is written to
-    directly (it stays what it is); a block device or a socket is refused
-    (:func:`direct_target`).
+    The one writer of finished files: parent directories are created; on any error the
+    temporary file is removed and an existing ``path`` is left untouched. A character
+    device or a FIFO is written to directly (it stays what it is); a block device or a
+    socket is refused (:func:`direct_target`).
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
 
     Raises
     ------
@@ -101,17 +109,30 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """
     path = Path(path)
     if direct_target(path):
-        with open(path, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        with open(path, "wb") as handle:
+            handle.write(data)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = create_temp(path.parent, path.name)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` as UTF-8 (newlines as given) with :func:`atomic_write_bytes`.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is a block device or a socket.
+    OSError
+        The write failed (e.g. ``ENOSPC`` from ``/dev/full``).
+    """
+    return atomic_write_bytes(path, text.encode("utf-8"))

@@ -15,13 +15,23 @@ The checks share their parameters' meaning:
 ``hint``
     Appended to the messages in parentheses (what the value means, its unit, an example,
     the fix).
+
+JSON input and ids have one set of checks too, shared by the HTTP service and the data
+readers, so a request and a data line are refused alike: :func:`loads_json` (strict JSON:
+no ``NaN``, no duplicate key, at most :data:`MAX_JSON_DEPTH` levels, every number a finite
+double, no lone surrogate), :func:`check_json_value` (the last two, for a value already
+parsed) and :func:`check_id` (no control, bidirectional-control or zero-width character).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import os
+import re
+import sys
+import unicodedata
 from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, Literal, overload
 
@@ -30,13 +40,16 @@ import numpy as np
 from .errors import DataError
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "check_aligned",
     "check_alpha",
     "check_bool",
     "check_codes",
     "check_finite_real",
+    "check_id",
     "check_instance",
     "check_int",
+    "check_json_value",
     "check_lengths",
     "check_path",
     "check_positive_int",
@@ -47,10 +60,15 @@ __all__ = [
     "check_str",
     "check_str_sequence",
     "check_unit_interval",
+    "is_finite_number",
+    "loads_json",
+    "show_number",
 ]
 
 #: ``include_boundaries`` of :func:`check_real`: which ends of the range are allowed.
 BOUNDARIES = ("both", "left", "right", "neither")
+#: Longest integer a message prints in full (digits); a longer one is described.
+_MAX_SHOWN_DIGITS = 20
 
 
 def _rule(text: str, allow_none: bool, hint: str | None) -> str:
@@ -80,6 +98,33 @@ def _wrong_type(name: str, rule: str, value: Any, *, clip: bool = True) -> TypeE
 def _not_real(value: Any) -> bool:
     """True unless ``value`` is a real number (bools are no numbers here)."""
     return isinstance(value, bool) or not isinstance(value, numbers.Real)
+
+
+def _as_float(value: Any) -> float:
+    """``float(value)``; an integer beyond the range of a double is +-inf, not an
+    ``OverflowError``."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def show_number(value: Any) -> str:
+    """``repr(value)`` for a message, or ``an integer of N digits`` for one too long to print.
+
+    Examples
+    --------
+    >>> show_number(0.5), show_number(10**400)
+    ('0.5', 'an integer of 401 digits')
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = abs(int(value))
+        if number >= 10**_MAX_SHOWN_DIGITS:
+            try:
+                return f"an integer of {len(str(number))} digits"
+            except ValueError:  # beyond int's digit limit for str()
+                return f"an integer of about {int(number.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
 
 
 @overload
@@ -200,9 +245,9 @@ def check_alpha(alpha: Any, *, name: str = "alpha") -> float:
     """
     if _not_real(alpha):
         raise _wrong_type(name, "a real number", alpha, clip=False)
-    value = float(alpha)
+    value = _as_float(alpha)
     if math.isnan(value) or not 0.0 < value < 1.0:
-        raise ValueError(f"{name} == {alpha!r}, must be in (0, 1).")
+        raise ValueError(f"{name} == {show_number(alpha)}, must be in (0, 1).")
     return value
 
 
@@ -216,9 +261,9 @@ def check_finite_real(value: Any, name: str) -> float:
     """
     if _not_real(value):
         raise _wrong_type(name, "a real number", value, clip=False)
-    out = float(value)
+    out = _as_float(value)
     if not math.isfinite(out):
-        raise ValueError(f"{name} == {value!r}, must be a finite number.")
+        raise ValueError(f"{name} == {show_number(value)}, must be a finite number.")
     return out
 
 
@@ -226,10 +271,11 @@ def check_unit_interval(value: Any, name: str, *, closed_right: bool) -> float:
     """Validate a number in (0, 1) or (0, 1]."""
     if _not_real(value):
         raise _wrong_type(name, "a real number", value, clip=False)
-    v = float(value)
+    v = _as_float(value)
     ok = 0.0 < v <= 1.0 if closed_right else 0.0 < v < 1.0
     if not ok:
-        raise ValueError(f"{name} == {value!r}, must be in {'(0, 1]' if closed_right else '(0, 1)'}.")
+        raise ValueError(f"{name} == {show_number(value)}, must be in "
+                         f"{'(0, 1]' if closed_right else '(0, 1)'}.")
     return v
 
 
@@ -280,7 +326,7 @@ def check_int(value: Any, name: str, *, min_value: int | None = None,
         raise _wrong_type(name, rule, value)
     out = int(value)
     if (min_value is not None and out < min_value) or (max_value is not None and out > max_value):
-        raise ValueError(f"{name} == {value!r}, must be {rule}.")
+        raise ValueError(f"{name} == {show_number(value)}, must be {rule}.")
     return out
 
 
@@ -348,11 +394,11 @@ def check_real(value: Any, name: str, *, min_value: float | None = None,
                  allow_none, hint)
     if _not_real(value):
         raise _wrong_type(name, rule, value)
-    out = float(value)
+    out = _as_float(value)
     low_ok = min_value is None or (out >= min_value if left else out > min_value)
     high_ok = max_value is None or (out <= max_value if right else out < max_value)
     if math.isnan(out) or not (low_ok and high_ok):
-        raise ValueError(f"{name} == {value!r}, must be {rule}.")
+        raise ValueError(f"{name} == {show_number(value)}, must be {rule}.")
     return out
 
 
@@ -459,6 +505,9 @@ def check_scores(scores: Any, *, name: str = "scores") -> np.ndarray:
     """
     try:
         arr = np.asarray(scores, dtype=np.float64)
+    except OverflowError:
+        raise ValueError(f"{name} holds an integer beyond the range of a double (+-1.8e308); "
+                         "every score must be a finite number.") from None
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{name} must be an array of real numbers: {exc}") from exc
     if arr.ndim != 1:
@@ -556,3 +605,329 @@ def check_lengths(lengths: Any, n: int, name: str = "lengths", *, mode: str | No
     if neg.size:
         raise ValueError(f"{name}[{int(neg[0])}] == {int(arr[neg[0]])}, lengths must be >= 0.")
     return arr
+
+
+# --------------------------------------------------------------------------- JSON input, ids
+
+#: Deepest nesting of arrays and objects accepted in JSON input (a request body, a data
+#: line, a Parquet ``meta`` cell): far beyond what valid input needs (a request nests 4
+#: levels), far below where a parser or a later ``json.dumps`` would hit Python's recursion
+#: limit.
+MAX_JSON_DEPTH = 64
+#: The largest integer that is a finite double; JSON numbers beyond it are refused.
+_MAX_FINITE_INT = int(sys.float_info.max)
+#: Characters no id may hold, by kind: C0 / C1 controls (NUL, newline, escape, ...) and the
+#: line / paragraph separators, which corrupt logs, terminals, paths and joins; the
+#: bidirectional controls, which make an id read differently from what it is (U+202E shows
+#: ``abc\u202Edef`` as ``abcfed``); zero-width characters, which make two different ids look
+#: alike; lone surrogates, which cannot be encoded (UTF-8) at all.
+_ID_FORBIDDEN: tuple[tuple[str, str], ...] = (
+    ("control character", "\x00-\x1f\x7f-\x9f\u2028\u2029"),
+    ("bidirectional control character", "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"),
+    ("zero-width character", "\u200b-\u200d\u2060\ufeff"),
+    ("lone UTF-16 surrogate", "\ud800-\udfff"),
+)
+_ID_BAD = re.compile("[" + "".join(chars for _, chars in _ID_FORBIDDEN) + "]")
+_ID_KIND = [(re.compile(f"[{chars}]"), kind) for kind, chars in _ID_FORBIDDEN]
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: A \uD800-\uDFFF escape in JSON text: only then can a parsed string hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+#: A JSON string (with its escapes), then the structural characters the depth scan reads.
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: ``bytes.translate`` deletes every byte but the brackets.
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]', re.DOTALL)
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_\-]+")
+#: The rule of every JSON number, as the messages give it.
+_FINITE_RULE = "a JSON number must be finite and within +-1.8e308 (a double)"
+#: Most keys / indices of a path shown in a message.
+_PATH_PARTS = 8
+
+
+def _char_name(char: str) -> str:
+    """``U+202E (RIGHT-TO-LEFT OVERRIDE)``; only the code point for a nameless one."""
+    name = unicodedata.name(char, "")
+    return f"U+{ord(char):04X}" + (f" ({name})" if name else "")
+
+
+def _clip(value: str, limit: int = 60) -> str:
+    """``repr(value)`` of its first ``limit`` characters (escapes make it printable)."""
+    return repr(value[:limit]) + ("..." if len(value) > limit else "")
+
+
+def check_id(value: str, name: str) -> str:
+    """``value`` unchanged if it is printable text fit for an id.
+
+    An id (``query_id``, ``snippet_id``, ``group``, ``doc_id``) is refused when it holds a
+    control character (NUL, newline, escape, C1, U+2028 / U+2029), a bidirectional control
+    (U+202A-U+202E, U+2066-U+2069, U+200E / U+200F, U+061C), a zero-width character
+    (U+200B-U+200D, U+2060, U+FEFF) or a lone surrogate: the one definition of the HTTP
+    service and the data readers.
+
+    Raises
+    ------
+    ValueError
+        Naming the character, its kind and its position (0-based).
+
+    Examples
+    --------
+    >>> check_id("doc-3/0:0-120", "snippet_id")
+    'doc-3/0:0-120'
+    >>> check_id("abc\\u202edef", "query_id")
+    Traceback (most recent call last):
+    ...
+    ValueError: query_id == 'abc\\u202edef' holds the bidirectional control character U+202E (RIGHT-TO-LEFT OVERRIDE) at position 3; an id must be printable text (no control, bidirectional-control or zero-width characters).
+    """
+    bad = _ID_BAD.search(value)
+    if bad is None:
+        return value
+    char = bad.group()
+    kind = next(k for pattern, k in _ID_KIND if pattern.match(char))
+    raise ValueError(f"{name} == {_clip(value)} holds the {kind} {_char_name(char)} at position "
+                     f"{bad.start()}; an id must be printable text (no control, "
+                     "bidirectional-control or zero-width characters).")
+
+
+def is_finite_number(value: Any) -> bool:
+    """True for an int or float that is a finite double (bools are no numbers here).
+
+    Unlike ``math.isfinite``, an integer beyond the range of a double is False, not an
+    ``OverflowError``.
+
+    Examples
+    --------
+    >>> is_finite_number(3), is_finite_number(10**400), is_finite_number(float("nan"))
+    (True, False, False)
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    if isinstance(value, numbers.Integral):
+        return abs(int(value)) <= _MAX_FINITE_INT
+    return math.isfinite(_as_float(value))
+
+
+def _path(parts: Sequence[str | int], root: str) -> str:
+    """``snippets[0].text`` of the keys and indices ``parts`` (``root`` when empty, or
+    first when ``parts`` starts with an index); more than 8 parts end in ``...``."""
+    out = root if parts and isinstance(parts[0], int) else ""
+    for part in parts[:_PATH_PARTS]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{_clip(part, 40)}]"
+    return (out + ("..." if len(parts) > _PATH_PARTS else "")) or root
+
+
+def _value_problem(value: Any) -> str | None:
+    """What is wrong with one scalar of parsed JSON, or None."""
+    if isinstance(value, str):
+        bad = _SURROGATE.search(value)
+        if bad is None:
+            return None
+        return (f"holds a lone UTF-16 surrogate U+{ord(bad.group()):04X} at position "
+                f"{bad.start()}: strings must be valid Unicode (a \\uD800-\\uDFFF escape "
+                "needs its pair)")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and not is_finite_number(value):
+        shown = show_number(value) if isinstance(value, int) else \
+            f"{value} (a number beyond the range of a double)"
+        return f"== {shown}: {_FINITE_RULE}"
+    return None
+
+
+def _json_ok(value: Any, strings: bool) -> bool:
+    """True when every number in parsed JSON ``value`` is a finite double (and, with
+    ``strings``, no string or key holds a lone surrogate): the fast check, without paths."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            if strings and any(_SURROGATE.search(key) for key in item):
+                return False
+            stack.extend(item.values())
+        elif kind is list:
+            try:  # a list of numbers (a vector) in one C call
+                if math.isfinite(math.fsum(item)):
+                    continue
+            except (TypeError, OverflowError):
+                pass
+            stack.extend(item)
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind is int:
+            if not -_MAX_FINITE_INT <= item <= _MAX_FINITE_INT:
+                return False
+        elif kind is str and strings and _SURROGATE.search(item) is not None:
+            return False
+    return True
+
+
+def check_json_value(value: Any, root: str = "value") -> Any:
+    """``value`` unchanged if every string and key in it is valid Unicode and every number
+    a finite double.
+
+    Parameters
+    ----------
+    value : object
+        Parsed JSON (dicts, lists, str, int, float, bool, None; other objects pass).
+    root : str
+        What ``value`` is, named in the message when the problem is ``value`` itself.
+
+    Raises
+    ------
+    ValueError
+        One line naming the first bad place by its path (``snippets[0].text``), the
+        problem (a lone surrogate and its position; a number beyond a double) and the rule.
+
+    Examples
+    --------
+    >>> check_json_value({"evidence": [[0, 10**400]]})
+    Traceback (most recent call last):
+    ...
+    ValueError: evidence[0][1] == an integer of 401 digits: a JSON number must be finite and within +-1.8e308 (a double).
+    """
+    if _json_ok(value, strings=True):
+        return value
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    while stack:
+        item, parts = stack.pop()
+        if isinstance(item, dict):
+            for key in item:
+                if isinstance(key, str) and _SURROGATE.search(key) is not None:
+                    where = f"a key ({_clip(key, 40)}) of {_path(parts, root)}"
+                    raise ValueError(f"{where} {_value_problem(key)}.")
+            stack.extend((v, (*parts, str(k))) for k, v in reversed(item.items()))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((v, (*parts, i)) for i, v in reversed(list(enumerate(item))))
+        else:
+            problem = _value_problem(item)
+            if problem is not None:
+                raise ValueError(f"{_path(parts, root)} {problem}.")
+    return value
+
+
+def _too_deep(text: str, limit: int) -> tuple[str, int] | None:
+    """Where ``text`` nests arrays / objects more than ``limit`` deep: the path of the
+    innermost named field and the character (1-based); None if it does not.
+
+    Runs in C for any text without many brackets; never recurses.
+    """
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    outside = _JSON_STRING.sub("", text).encode("utf-8", "surrogatepass")
+    depth = 0
+    for byte in outside.translate(None, _NOT_BRACKETS):
+        depth += 1 if byte in b"[{" else -1
+        if depth > limit:
+            break
+    else:
+        return None
+    return _deep_place(text, limit)
+
+
+def _deep_place(text: str, limit: int) -> tuple[str, int]:
+    """The path and character at which ``text`` first nests deeper than ``limit``."""
+    frames: list[list[Any]] = []  # [kind, key or index, expecting a key]
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            frames.append(["array", 0, False] if token == "[" else ["object", None, True])
+            if len(frames) > limit:
+                parts = [f[1] for f in frames[:-1] if f[1] is not None]
+                named = max((i for i, p in enumerate(parts) if isinstance(p, str)), default=-1)
+                return _path(parts[:named + 1], ""), match.start() + 1
+        elif token in "]}":
+            if frames:
+                frames.pop()
+        elif not frames:
+            continue
+        elif token == ",":
+            frame = frames[-1]
+            if frame[0] == "array":
+                frame[1] += 1
+            else:
+                frame[2] = True
+        elif frames[-1][0] == "object" and frames[-1][2]:
+            try:
+                frames[-1][1] = json.loads(token)
+            except ValueError:
+                frames[-1][1] = token[1:-1]
+            frames[-1][2] = False
+    return "", len(text)  # pragma: no cover - _too_deep saw the depth
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON: numbers must be finite (no NaN, Infinity or "
+                     "-Infinity)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {_clip(key, 40)} in one object; give each key "
+                                 "once")
+            seen.add(key)
+    return obj
+
+
+def loads_json(text: str, root: str = "value") -> Any:
+    """Parse ``text`` as strict JSON (RFC 8259): the one parser of request bodies and data lines.
+
+    Refused: ``NaN`` / ``Infinity`` literals, a duplicate key, nesting deeper than
+    :data:`MAX_JSON_DEPTH` (found before the parser recurses), an integer of more than
+    4300 digits, a number beyond the range of a double and a string or key holding a lone
+    surrogate (``"\\ud800"``).
+
+    Parameters
+    ----------
+    text : str
+        The JSON text.
+    root : str
+        What the text is (``"body"``, ``"line"``), named when the problem is the whole value.
+
+    Raises
+    ------
+    json.JSONDecodeError
+        The text is not JSON (its ``msg``, ``lineno`` and ``colno`` say where).
+    ValueError
+        Any other refusal, one line naming the field by its path and the rule.
+
+    Examples
+    --------
+    >>> loads_json('{"text": "a", "bm25": 0.5}')
+    {'text': 'a', 'bm25': 0.5}
+    >>> loads_json('{"snippets": [{"text": "a\\\\ud800"}]}')
+    Traceback (most recent call last):
+    ...
+    ValueError: snippets[0].text holds a lone UTF-16 surrogate U+D800 at position 1: strings must be valid Unicode (a \\uD800-\\uDFFF escape needs its pair).
+    >>> loads_json('{"x": ' + "[" * 100000 + "]" * 100000 + '}')
+    Traceback (most recent call last):
+    ...
+    ValueError: x nests arrays and objects more than 64 deep (at character 70); JSON input may nest at most 64 levels.
+    """
+    deep = _too_deep(text, MAX_JSON_DEPTH)
+    if deep is not None:
+        raise ValueError(f"{deep[0] or root} nests arrays and objects more than "
+                         f"{MAX_JSON_DEPTH} deep (at character {deep[1]}); JSON input may nest "
+                         f"at most {MAX_JSON_DEPTH} levels.")
+    try:
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:  # pragma: no cover - the depth scan refuses such text first
+        raise ValueError(f"{root} is nested too deeply to parse.") from None
+    except ValueError as exc:  # NaN, a duplicate key, or an integer beyond int's digit limit
+        message = str(exc)
+        if "integer string conversion" in message or "digits" in message:
+            message = f"{root} holds an integer of more than 4300 digits: {_FINITE_RULE}"
+        raise ValueError(message + ".") from None
+    if not _json_ok(value, strings=_SURROGATE_ESCAPE.search(text) is not None):
+        check_json_value(value, root)  # says where
+    return value

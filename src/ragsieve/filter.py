@@ -17,11 +17,13 @@ caller's own embeddings instead of texts.
 Units
 -----
 ``unit="snippet"`` (the default) scores and keeps whole snippets. ``unit="sentence"``
-scores and keeps each snippet's sentences (:func:`ragsieve.units.split_sentences`) and
-calibrates on evidence sentences (:func:`ragsieve.units.sentence_pairs`); a kept snippet's
-``Scored.spans`` are its kept sentences and ``Scored.pruned_text`` their text, and
-``FilterResult.sentences`` records every sentence's score and decision. The unit is part of
-the artifact's policy.
+scores and keeps each snippet's sentences (:func:`ragsieve.units.sentence_pieces`: a
+sentence longer than ``max_chars`` is cut into pieces of at most 500 characters, each
+scored and kept like a sentence) and calibrates on evidence sentences, cut the same way
+(:func:`ragsieve.units.sentence_pairs`); a kept snippet's ``Scored.spans`` are its kept
+sentences (and pieces) and ``Scored.pruned_text`` their text, and
+``FilterResult.sentences`` records every sentence's (and piece's) score and decision. The
+unit is part of the artifact's policy.
 
 Empty-result policy
 -------------------
@@ -101,7 +103,7 @@ from .scoring.sentence_context import (
     with_parent_text,
 )
 from .types import FilterResult, Pair, Scored, Snippet, fingerprint_pairs
-from .units import check_unit, sentence_pairs, split_sentences
+from .units import check_unit, sentence_pairs, sentence_pieces
 
 __all__ = [
     "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "MAX_ARTIFACT_BYTES", "MAX_CHARS",
@@ -213,10 +215,17 @@ class _Pieces:
     owner: np.ndarray  # item of each piece
     spans: list[tuple[int, int] | None]  # span of each piece in its item (None: whole)
     merge: bool = True  # merge overlapping kept spans (windows); False: one per piece (sentences)
+    cut: tuple[bool, ...] = ()  # per piece: cut from a text longer than the window ((): none)
 
     @classmethod
     def whole(cls, items: list[dict[str, Any]]) -> _Pieces:
         return cls(items, items, np.arange(len(items)), [None] * len(items))
+
+    def cut_summary(self) -> tuple[int, int]:
+        """How many items hold a cut text (a snippet, or a sentence, longer than the
+        window), and how many pieces were cut from them."""
+        owners = {int(o) for o, c in zip(self.owner, self.cut, strict=False) if c}
+        return len(owners), sum(self.cut)
 
     def kept_spans(self, keep_piece: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
         """Per item, the spans of its kept pieces, merged where they overlap unless
@@ -458,7 +467,8 @@ class ConformalFilter:
         pairs = snippets = list(pairs)
         _check_labels(pairs)
         if self.unit == "sentence":
-            pairs = with_parent_text(sentence_pairs(snippets), snippets)
+            pairs = with_parent_text(sentence_pairs(snippets, max_chars=self.max_chars),
+                                     snippets)
             _check_labels(pairs)
         self.group_by = group_by or self.group_by
         if self.calibrator.group_kind == "attribute" and self.group_by is None:
@@ -650,7 +660,7 @@ class ConformalFilter:
 
     def _cut(self, items: Sequence[dict[str, Any]]) -> _Pieces:
         """Cut the texts longer than ``max_chars`` into calibration-sized pieces (unit
-        ``"sentence"``: every text into its sentences)."""
+        ``"sentence"``: every text into its sentences, the long ones into pieces)."""
         if self.unit == "sentence":
             return self._sentences(items)
         pieces: list[dict[str, Any]] = []
@@ -670,44 +680,57 @@ class ConformalFilter:
                 owner.append(i)
                 spans.append(None)
         return _Pieces(items=list(items), pieces=pieces, owner=np.asarray(owner, dtype=int),
-                       spans=spans)
+                       spans=spans, cut=tuple(sp is not None for sp in spans))
 
-    @staticmethod
-    def _sentences(items: Sequence[dict[str, Any]]) -> _Pieces:
-        """Every snippet's sentences as pieces, each knowing its snippet (its text and
-        position, for a score that reads the snippet as context); a snippet without a
-        sentence (blank text) has no piece."""
+    def _sentences(self, items: Sequence[dict[str, Any]]) -> _Pieces:
+        """Every snippet's sentences as pieces, a sentence longer than ``max_chars`` cut
+        into pieces of at most 500 characters (:func:`~ragsieve.units.sentence_pieces`, the
+        cut calibration makes), each knowing its snippet (its text and position, for a
+        score that reads the snippet as context); a snippet without a sentence (blank
+        text) has no piece."""
         pieces: list[dict[str, Any]] = []
         owner: list[int] = []
         spans: list[tuple[int, int] | None] = []
+        cut: list[bool] = []
         for i, item in enumerate(items):
             text = item.get("text")
             if not isinstance(text, str):
                 raise DataError(f"snippet {i} has no text (got {type(text).__name__}); a filter "
                                 "of unit 'sentence' scores the sentences of each snippet's text.")
-            for sentence in split_sentences(text):
+            for sentence in sentence_pieces(text, max_chars=self.max_chars):
                 pieces.append({**item, "text": sentence.text, PARENT_TEXT: text,
                                PARENT_POSITION: i})
                 owner.append(i)
                 spans.append((sentence.start, sentence.end))
+                cut.append(sentence.cut)
         return _Pieces(items=list(items), pieces=pieces, owner=np.asarray(owner, dtype=int),
-                       spans=spans, merge=False)
+                       spans=spans, merge=False, cut=tuple(cut))
 
     def piece_texts(self, snippets: Sequence[SnippetLike]) -> list[str]:
-        """The texts :meth:`filter` has the scorer score for ``snippets`` (no scoring).
+        """The texts a :meth:`filter` call hands its scorer for ``snippets`` (no scoring).
 
-        A snippet longer than ``max_chars`` counts as its pieces (unit ``"sentence"``: every
-        snippet as its sentences), so the length of the list is the model work a ``filter``
-        call costs; snippets without text (an outside score) are left out.
+        A snippet longer than ``max_chars`` counts as its pieces. Unit ``"sentence"``: every
+        snippet's sentences (a sentence longer than ``max_chars`` as its pieces), then each
+        snippet once more, whole, as its sentences' context (the sentence-in-context score
+        reads it). So these texts are the model work a ``filter`` call may cause (the
+        service's budget counts their characters); snippets without text (an outside
+        score) are left out.
 
         Examples
         --------
         >>> flt = ConformalFilter("embedding", alpha=0.2)
         >>> len(flt.piece_texts(["short", "Long sentence here. " * 100]))  # 1 + 7 pieces
         8
+        >>> sentences = ConformalFilter("embedding", alpha=0.2, unit="sentence")
+        >>> # 2 sentences, 2 pieces of the 1,000-character one, then each snippet whole
+        >>> [len(t) for t in sentences.piece_texts(["One. Two.", "x" * 1000])]
+        [4, 4, 500, 500, 9, 1000]
         """
         cut = self._cut([_as_item(s, i) for i, s in enumerate(_snippet_list(snippets))])
-        return [p["text"] for p in cut.pieces if isinstance(p.get("text"), str)]
+        texts = [p["text"] for p in cut.pieces if isinstance(p.get("text"), str)]
+        if self.unit == "sentence":  # each snippet with a sentence, whole, as the context
+            texts.extend(str(cut.items[o]["text"]) for o in dict.fromkeys(cut.owner.tolist()))
+        return texts
 
     def _apply(self, query: str, scores: Any, cut: _Pieces, group: Any,
                root: np.ndarray | None = None, check: ListCheck | None = None) -> FilterResult:
@@ -740,12 +763,15 @@ class ConformalFilter:
             notes.append(self._empty_policy(keep_piece, arr, tau, "sentence"))
         keep = np.zeros(n, dtype=bool)
         np.logical_or.at(keep, cut.owner, keep_piece)
-        n_cut = 0 if sentences else len(
-            {int(o) for o, sp in zip(cut.owner, cut.spans, strict=True) if sp is not None})
-        if n_cut:
+        n_cut, n_pieces = cut.cut_summary()
+        if n_cut and sentences:
+            notes.insert(0, f"{n_cut} snippet(s) held a sentence longer than {self.max_chars} "
+                         f"characters, cut into {n_pieces} pieces and scored piece by piece "
+                         "(each piece kept or removed like a sentence; see spans)")
+        elif n_cut:
             notes.insert(0, f"{n_cut} snippet(s) longer than {self.max_chars} characters were "
-                         f"cut into {sum(sp is not None for sp in cut.spans)} pieces and scored "
-                         "piece by piece (kept when any piece is kept; see spans)")
+                         f"cut into {n_pieces} pieces and scored piece by piece (kept when any "
+                         "piece is kept; see spans)")
         if rule_kept_none and not sentences:
             notes.append(self._empty_policy(keep, item_scores, tau, "snippet"))
         if rule_kept_none:

@@ -18,6 +18,17 @@ becomes a pair of its own (:func:`sentence_pairs`), labelled so that the guarant
   sentence can be marked (the answer only partly inside the snippet, spans in
   whitespace) keeps all its sentences as evidence (logged with a count), so the
   guarantee there is on the whole snippet, as at the snippet unit.
+
+A sentence longer than the filter's window (:data:`MAX_SENTENCE_CHARS`, 600 characters, the
+snippet unit's ``ConformalFilter.max_chars``) is cut into *pieces* of at most 500
+characters (:func:`sentence_pieces`: the chunker's cut of an over-long sentence, at word
+boundaries, between characters in scripts without spaces, no overlap), as the snippet unit
+cuts a long snippet. Each piece is then a unit of its own, labelled, scored and kept like a
+sentence: an embedding model reads only its first few hundred tokens, so evidence at the
+end of a 3,700-character sentence would otherwise be scored by its beginning, and a short
+relevant clause would carry 19,000 characters after it into the kept context. Calibration
+(:func:`sentence_pairs`) and filtering cut with the same function, so the calibrated and
+the served units are the same.
 """
 
 from __future__ import annotations
@@ -29,17 +40,19 @@ from typing import Any
 
 from ragsieve._spans import check_spans
 from ragsieve._text import contains_run, language_key, normalized_tokens
-from ragsieve._validation import check_str
-from ragsieve.chunking import sentence_spans
+from ragsieve._validation import check_int, check_str
+from ragsieve.chunking import DEFAULT_SIZE, chunk_text, sentence_spans
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
 __all__ = [
+    "MAX_SENTENCE_CHARS",
     "SENTENCE_META_KEYS",
     "UNITS",
     "Sentence",
     "check_unit",
     "sentence_pairs",
+    "sentence_pieces",
     "split_sentences",
 ]
 
@@ -47,6 +60,10 @@ logger = logging.getLogger(__name__)
 
 UNITS: tuple[str, ...] = ("snippet", "sentence")
 """The units a filter can score and keep."""
+
+#: A sentence longer than this many characters is cut into pieces of at most
+#: ``DEFAULT_SIZE`` (500): the filter's window (``ragsieve.filter.MAX_CHARS``).
+MAX_SENTENCE_CHARS = int(1.2 * DEFAULT_SIZE)
 
 #: Keys :func:`sentence_pairs` adds to each sentence pair's ``meta``.
 SENTENCE_META_KEYS: tuple[str, ...] = (
@@ -90,11 +107,14 @@ class Sentence:
         Character offsets in the text it was split from.
     text : str
         The sentence, without edge whitespace.
+    cut : bool
+        True for a piece of a sentence longer than the window (:func:`sentence_pieces`).
     """
 
     start: int
     end: int
     text: str
+    cut: bool = False
 
 
 def split_sentences(text: str) -> list[Sentence]:
@@ -126,6 +146,55 @@ def split_sentences(text: str) -> list[Sentence]:
     [(0, 10, 'It rained.'), (11, 27, 'Then it stopped.')]
     """
     return [Sentence(s, e, text[s:e]) for s, e in sentence_spans(text)]
+
+
+def sentence_pieces(text: str, *, max_chars: int = MAX_SENTENCE_CHARS) -> list[Sentence]:
+    """The units the sentence unit scores: the sentences of ``text``, each one longer than
+    ``max_chars`` cut into pieces.
+
+    A long sentence is cut as the chunker cuts a sentence longer than its window
+    (:func:`ragsieve.chunking.chunk_text` with ``overlap=0``): pieces of at most
+    ``DEFAULT_SIZE`` (500) characters at word boundaries (between characters where the
+    script has no spaces), in order, without overlap, so the pieces of a text still cover
+    every non-whitespace character once, like its sentences. A piece is marked
+    ``cut=True``.
+
+    Parameters
+    ----------
+    text : str
+        A snippet's text.
+    max_chars : int, default=MAX_SENTENCE_CHARS
+        Longest sentence kept whole (600; the filter's ``max_chars``); at least 500.
+
+    Returns
+    -------
+    list of Sentence
+        In text order; empty for a blank text.
+
+    Raises
+    ------
+    TypeError
+        If ``text`` is not a str (or ``max_chars`` not an int).
+    ValueError
+        If ``max_chars`` is below 500.
+
+    Examples
+    --------
+    >>> long = "A clause that matters, " + "and then words without a full stop " * 30
+    >>> [(s.start, s.end, s.cut) for s in sentence_pieces("Short one. " + long)]
+    [(0, 10, False), (11, 511, True), (512, 1008, True), (1009, 1083, True)]
+    """
+    max_chars = check_int(max_chars, "max_chars", min_value=DEFAULT_SIZE,
+                          hint="the longest sentence kept whole")
+    out: list[Sentence] = []
+    for sentence in split_sentences(text):
+        if len(sentence.text) <= max_chars:
+            out.append(sentence)
+            continue
+        for piece in chunk_text(sentence.text, "sentence", overlap=0):
+            out.append(Sentence(sentence.start + piece.start, sentence.start + piece.end,
+                                piece.text, cut=True))
+    return out
 
 
 def _check_pairs(pairs: Any) -> Sequence[Pair]:
@@ -216,8 +285,12 @@ def _labels(pair: Pair, sentences: list[Sentence], spans: list[tuple[int, int]] 
     return _evidence_by_answers(pair.text, sentences, golds, key)
 
 
-def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None) -> list[Pair]:
+def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
+                   max_chars: int = MAX_SENTENCE_CHARS) -> list[Pair]:
     """One pair per sentence of every snippet pair, labelled on evidence sentences.
+
+    A sentence longer than ``max_chars`` gives one pair per piece (:func:`sentence_pieces`,
+    the cut the filter makes), each labelled like a sentence.
 
     Parameters
     ----------
@@ -228,6 +301,8 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None) -> lis
     language : str or None
         Language of the answer normalisation for pairs without ``meta["language"]``
         (``None``: English, the SQuAD script).
+    max_chars : int, default=MAX_SENTENCE_CHARS
+        Longest sentence kept whole (the filter's ``max_chars``).
 
     Returns
     -------
@@ -264,7 +339,7 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None) -> lis
     for pair in pairs:
         position = positions.get(pair.query_id, 0)
         positions[pair.query_id] = position + 1
-        sentences = split_sentences(pair.text)
+        sentences = sentence_pieces(pair.text, max_chars=max_chars)
         if not sentences and pair.relevant:
             raise DataError(f"{_where(pair)} is relevant but its text {pair.text!r:.40} has no "
                             "sentence; expected some text.")

@@ -443,8 +443,18 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--port", type=port, default=None, help="port to listen on (default 8000)")
     p.add_argument("--api-key-env", default=None,
                    help="env var holding the API key (required to bind a non-loopback host)")
+    p.add_argument("--allowed-hosts", default=None, metavar="HOSTS",
+                   help="comma-separated Host names the service answers to besides the "
+                        "address it listens on (and localhost for a loopback one), e.g. "
+                        "ragsieve.example,10.0.0.5:8000; any other Host gets 400 (DNS "
+                        "rebinding). '*' answers to any Host: unsafe")
     p.add_argument("--max-body-bytes", type=positive_int, default=None,
                    help="larger request bodies get 413 (default 1000000)")
+    p.add_argument("--max-receiving-bytes", type=positive_int, default=None, metavar="N",
+                   help="most bytes of request bodies being received at once over all "
+                        "connections (of one process); a request that would pass it gets 503 "
+                        "with Retry-After before its body is read (default 4 x "
+                        "--max-body-bytes)")
     p.add_argument("--max-snippets", type=positive_int, default=None,
                    help="requests with more snippets or labels get 413 (default 1000)")
     add_cache_options(p)
@@ -477,8 +487,9 @@ def _add_serve_operations(p: argparse.ArgumentParser) -> None:
                         "(default 64 MiB)")
     g = p.add_argument_group("fairness and feedback limits")
     g.add_argument("--max-pieces", type=positive_int, default=None, metavar="N",
-                   help="most snippet pieces one request may have scored (413 beyond; default "
-                        "128, about 2 s of model time on 2 cores)")
+                   help="most pieces of model work one request may cause, a piece being about "
+                        "500 characters of text to embed: snippets, sentences and the query "
+                        "alike (413 beyond; default 128, about 2 s of model time on 2 cores)")
     g.add_argument("--max-queue", type=positive_int, default=None, metavar="N",
                    help="most requests waiting for the model at once (429 with Retry-After "
                         "beyond; default 64)")

@@ -411,7 +411,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                         confidence=args.confidence, seed=args.seed, progress=not args.quiet)
     written = write_report(page, args.out)
     if args.json:
-        print(dumps({"out": str(written), "bytes": written.stat().st_size}))
+        # the page's size (a FIFO or a device given as --out has none of its own)
+        print(dumps({"out": str(written), "bytes": len(page.encode("utf-8"))}))
     else:
         print(f"report written to {written}")
     return 0

@@ -3,10 +3,13 @@
 A line is a JSON object with the keys ``query_id``, ``query``, ``snippet_id``,
 ``text`` (required, non-empty), ``relevant`` (0, 1, ``true``, ``false``, ``null`` or
 absent = unlabelled) and ``group`` (the topic for disjoint splits; defaults to
-``query_id``). Ids (``query_id``, ``snippet_id``, ``group``, ``doc_id``) hold no control
-characters (NUL, newline, ...). An optional ``evidence`` holds the character spans of
-the snippet text that are evidence (``[[start, end], ...]``, what the sentence unit labels
-its sentences by). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
+``query_id``). Ids (``query_id``, ``snippet_id``, ``group``, ``doc_id``) hold no control,
+bidirectional-control or zero-width characters (NUL, newline, U+202E, U+200B, ...). A line
+is strict JSON (:func:`ragsieve._validation.loads_json`, the parser of the HTTP service
+too): no ``NaN``, no duplicate key, at most 64 levels of nesting, every number a finite
+double, no lone surrogate (``"\\ud800"``) in any string. An optional ``evidence`` holds
+the character spans of the snippet text that are evidence (``[[start, end], ...]``, what
+the sentence unit labels its sentences by). Any further keys are kept in :attr:`ragsieve.types.Pair.meta` and
 written back, so a read/write round trip loses nothing. See ``docs/data-format.md``.
 """
 
@@ -14,9 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,14 @@ from typing import IO, Any
 
 from ragsieve._io import create_temp, direct_target
 from ragsieve._spans import check_spans
+from ragsieve._validation import (
+    MAX_JSON_DEPTH,
+    check_id,
+    check_json_value,
+    is_finite_number,
+    loads_json,
+    show_number,
+)
 from ragsieve.errors import DataError
 from ragsieve.types import Pair, fingerprint_pairs
 
@@ -36,6 +45,7 @@ __all__ = [
     "fingerprint_pairs",
     "group_by_query",
     "iter_pairs",
+    "load_line",
     "pair_from_record",
     "pair_to_record",
     "parse_line",
@@ -65,9 +75,6 @@ snippet's sentences that overlap a span as its evidence sentences."""
 _STANDARD_KEYS = frozenset(REQUIRED_KEYS + OPTIONAL_KEYS)
 _ID_KEYS = frozenset({"query_id", "snippet_id"})
 _META_ID_KEYS = ("doc_id",)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-"""Characters no id may hold: C0/C1 controls (NUL, newline, escape, ...) and the Unicode
-line and paragraph separators; they corrupt logs, terminals, paths and joins."""
 
 PathOrFile = str | os.PathLike[str] | IO[Any]
 
@@ -80,13 +87,13 @@ def _type_name(value: Any) -> str:
 
 
 def _check_id(value: str, key: str, where: str) -> str:
-    """Return an id unchanged, or raise ``DataError`` when it holds a control character."""
-    bad = _CONTROL.search(value)
-    if bad is not None:
-        raise DataError(
-            f"{where}: {key} == {value[:60]!r} holds the control character {bad.group()!r} "
-            f"at position {bad.start()}; ids must be printable text.")
-    return value
+    """Return an id unchanged, or raise ``DataError`` when it holds a control,
+    bidirectional-control or zero-width character (:func:`ragsieve._validation.check_id`,
+    the HTTP service's definition too)."""
+    try:
+        return check_id(value, key)
+    except ValueError as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _string_field(record: Mapping[str, Any], key: str, where: str) -> str:
@@ -120,8 +127,9 @@ def _label_field(record: Mapping[str, Any], where: str, require_labels: bool) ->
         return int(value)
     if isinstance(value, int) and value in (0, 1):
         return value
+    shown = show_number(value) if isinstance(value, (int, float)) else f"{value!r:.80}"
     raise DataError(
-        f"{where}: relevant == {value!r} ({_type_name(value)}), must be one of 0, 1, true, "
+        f"{where}: relevant == {shown} ({_type_name(value)}), must be one of 0, 1, true, "
         "false or null."
     )
 
@@ -150,17 +158,22 @@ def _string_list_field(record: Mapping[str, Any], key: str, where: str) -> None:
     if (not isinstance(value, list) or not value
             or not all(isinstance(v, str) and v.strip() for v in value)):
         raise DataError(
-            f"{where}: {key} == {json.dumps(value, ensure_ascii=False)[:80]} "
+            f"{where}: {key} == {_shown_json(value, 80)} "
             f"({_type_name(value)}), must be a non-empty list of non-empty strings or null."
         )
 
 
-def _pair_from_record(record: Any, where: str, require_labels: bool) -> Pair:
+def _pair_from_record(record: Any, where: str, require_labels: bool, *,
+                      values_checked: bool = False) -> Pair:
+    """The pair of one record; ``values_checked``: its strings and numbers are known to be
+    valid already (parsed by :func:`loads_json`, or typed Parquet columns)."""
     if not isinstance(record, dict):
         raise DataError(
             f"{where}: expected a JSON object per line, got {_type_name(record)} "
-            f"({json.dumps(record, ensure_ascii=False)[:60]})."
+            f"({_shown_json(record)})."
         )
+    if not values_checked:
+        _check_values(record, where)
     query_id, query, snippet_id, text = (_string_field(record, k, where) for k in REQUIRED_KEYS)
     for key in QUERY_LIST_KEYS:
         _string_list_field(record, key, where)
@@ -251,25 +264,49 @@ def _binary_lines(source: PathOrFile, name: str) -> Iterator[bytes]:
             raise DataError(f"{name}: read failed ({exc.strerror or exc}).") from exc
 
 
-def _reject_duplicate_keys(items: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in items:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r} in one object")
-        out[key] = value
-    return out
+def _shown_json(value: Any, limit: int = 60) -> str:
+    """The start of ``value`` as JSON, for a message (always printable)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
+    return text[:limit].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+def _check_values(record: Any, where: str) -> None:
+    """``DataError`` unless every string of ``record`` is valid Unicode and every number a
+    finite double (what :func:`loads_json` refuses in a line)."""
+    try:
+        check_json_value(record, "record")
+    except ValueError as exc:
+        raise DataError(f"{where}: {exc}") from None
+
+
+def load_line(line: str, where: str) -> Any:
+    """Parse one line as strict JSON (:func:`ragsieve._validation.loads_json`).
+
+    Raises
+    ------
+    DataError
+        ``where: malformed JSON (...)`` for text that is not JSON; otherwise one line naming
+        the field and the rule (``NaN``, a duplicate key, nesting deeper than 64, a number
+        beyond a double, a lone surrogate).
+    """
+    try:
+        return loads_json(line, "line")
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: malformed JSON ({exc}).") from None
+    except ValueError as exc:
+        raise DataError(f"{where}: {exc}") from None
 
 
 def _check_score_field(pair: Pair, field: str, where: str) -> None:
     value = pair.meta.get(field, ...)
     if value is ...:
         raise DataError(f"{where}: no {field!r} field; every line needs the outside score {field!r}.")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise DataError(f"{where}: {field!r} == {value!r}, expected a finite number (the outside score).")
+    if not is_finite_number(value):
+        shown = show_number(value) if isinstance(value, (int, float)) else repr(value)[:60]
+        raise DataError(f"{where}: {field!r} == {shown}, expected a finite number (the outside score).")
 
 
 def parse_line(
@@ -293,8 +330,9 @@ def parse_line(
     Raises
     ------
     DataError
-        For bytes that are not UTF-8, malformed JSON or an invalid record. Cross-line
-        checks (duplicates, one text per query_id) are the caller's.
+        For bytes that are not UTF-8, malformed JSON (or JSON :func:`load_line` refuses)
+        or an invalid record. Cross-line checks (duplicates, one text per query_id) are
+        the caller's.
     """
     try:
         line = raw.decode("utf-8")
@@ -305,13 +343,8 @@ def parse_line(
         ) from None
     if not line.strip():
         return None
-    try:
-        record = json.loads(
-            line, object_pairs_hook=_reject_duplicate_keys, parse_constant=_reject_constant
-        )
-    except ValueError as exc:
-        raise DataError(f"{where}: malformed JSON ({exc}).") from None
-    pair = _pair_from_record(record, where, require_labels)
+    record = load_line(line, where)
+    pair = _pair_from_record(record, where, require_labels, values_checked=True)
     if score_field is not None:
         _check_score_field(pair, score_field, where)
     return pair
@@ -341,10 +374,12 @@ def iter_pairs(
     ------
     DataError
         With ``file:line`` for: unreadable file, bytes that are not UTF-8, malformed
-        JSON, a line that is not an object, a missing/empty/mistyped required key, an id
-        (``query_id``, ``snippet_id``, ``group``, ``doc_id``) holding a control
-        character (NUL, newline, ...), a
-        label outside {0, 1, true, false, null}, ``evidence`` that is not a list of
+        JSON, ``NaN``, a duplicate key, nesting deeper than 64 levels, a number beyond the
+        range of a double (a 400-digit integer), a lone surrogate in any string, a line
+        that is not an object, a missing/empty/mistyped required key, an id
+        (``query_id``, ``snippet_id``, ``group``, ``doc_id``) holding a control,
+        bidirectional-control or zero-width character (NUL, newline, U+202E, U+200B,
+        ...), a label outside {0, 1, true, false, null}, ``evidence`` that is not a list of
         ``[start, end]`` spans inside the text, a duplicate (query_id, snippet_id),
         two query texts for one query_id, or a file without any pair.
     """
@@ -405,6 +440,9 @@ def read_pairs(
 def pair_from_record(record: Any, where: str, *, require_labels: bool = False) -> Pair:
     """Validate one decoded record (a JSON object of the generic format) into a Pair.
 
+    Its strings and numbers are checked as a line's are (no lone surrogate, every number
+    a finite double).
+
     Raises
     ------
     DataError
@@ -447,12 +485,17 @@ def _serialise(pairs: Iterable[Pair], out: IO[str]) -> int:
         record = _pair_to_record(pair)
         where = f"pair #{n}"
         # Validate exactly as the reader will, so a written file is always readable.
-        _pair_from_record(record, where, require_labels=False)
+        _pair_from_record(record, where, require_labels=False, values_checked=True)
         consistency.check(pair, where)
         try:
             line = json.dumps(record, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise DataError(f"{where}: meta is not JSON-serialisable ({exc}).") from exc
+        except RecursionError:
+            raise DataError(f"{where}: meta is nested too deeply to be written as JSON.") from None
+        _check_values(record, where)  # a lone surrogate, a number beyond a double
+        if line.count("[") + line.count("{") > MAX_JSON_DEPTH:
+            load_line(line, where)  # nesting the reader refuses
         out.write(line + "\n")
     return n
 

@@ -30,22 +30,22 @@ A retrieved snippet is labelled by :meth:`LabelledQuery.label`:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from ragsieve._text import answer_tokens, contains_run
 from ragsieve.data.jsonl import (
     PathOrFile,
     _binary_lines,
     _check_id,
-    _reject_constant,
-    _reject_duplicate_keys,
+    _check_values,
+    _shown_json,
     _source_name,
     _type_name,
+    load_line,
 )
 from ragsieve.errors import DataError
 from ragsieve.types import RETRIEVER_KEY, Pair
@@ -55,6 +55,8 @@ __all__ = ["QUERY_KEYS", "RETRIEVER_KEY", "LabelledQuery", "ListSummary", "descr
 
 #: The keys a labelled query line may carry besides free ones (kept in ``meta``).
 QUERY_KEYS = ("query_id", "query", "group", "relevant_doc_ids", "answers")
+#: Longest document :func:`documents_and_queries` rebuilds from snippet offsets (characters).
+MAX_DOCUMENT_CHARS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -145,13 +147,15 @@ class LabelledQuery:
         ------
         DataError
             Naming ``where`` and the field: not an object, a missing or empty
-            ``query_id`` / ``query``, an id holding a control character, or
-            ``relevant_doc_ids`` / ``answers`` that are not non-empty lists of non-empty
-            strings (ids may be integers).
+            ``query_id`` / ``query``, an id holding a control, bidirectional-control or
+            zero-width character, a string holding a lone surrogate, a number beyond the
+            range of a double, or ``relevant_doc_ids`` / ``answers`` that are not non-empty
+            lists of non-empty strings (ids may be integers).
         """
         if not isinstance(record, Mapping):
             raise DataError(f"{where}: expected a JSON object (a query), got {_type_name(record)} "
-                            f"({json.dumps(record, ensure_ascii=False, default=str)[:60]}).")
+                            f"({_shown_json(record)}).")
+        _check_values(dict(record), where)
         query_id = _id(record.get("query_id"), "query_id", where)
         query = record.get("query")
         if not isinstance(query, str) or not query.strip():
@@ -182,7 +186,7 @@ def _string_list(record: Mapping[str, Any], key: str, where: str, *,
     what, example = (("document ids (strings or integers)", '["doc-3"]') if ids
                      else ("non-empty strings", '["Leonardo da Vinci"]'))
     if isinstance(value, (str, bytes)) or not isinstance(value, list) or not value:
-        raise DataError(f"{where}: {key} == {json.dumps(value, ensure_ascii=False)[:80]} "
+        raise DataError(f"{where}: {key} == {_shown_json(value, 80)} "
                         f"({_type_name(value)}), must be a non-empty list of {what}, e.g. "
                         f"{example}.")
     out = []
@@ -268,12 +272,7 @@ def _from_lines(lines: Iterable[bytes], name: str) -> list[tuple[str, LabelledQu
                             "save the file as UTF-8.") from None
         if not line.strip():
             continue
-        try:
-            record = json.loads(line, object_pairs_hook=_reject_duplicate_keys,
-                                parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as exc:
-            raise DataError(f"{where}: malformed JSON ({exc}).") from None
-        out.append((where, LabelledQuery.from_record(record, where)))
+        out.append((where, LabelledQuery.from_record(load_line(line, where), where)))
     return out
 
 
@@ -418,6 +417,10 @@ def describe_lists(queries: Sequence[LabelledQuery], pairs: Iterable[Pair],
         short=tuple(q.query_id for q in queries if hits[q.query_id] < k))
 
 
+def _is_offset(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def documents_and_queries(pairs: Iterable[Pair]) -> tuple[dict[str, str], list[LabelledQuery]]:
     """A labelled data set as the documents to index and the labelled queries to retrieve for
     (``ragsieve export --docs DIR --queries FILE``): what you need to try the
@@ -438,18 +441,23 @@ def documents_and_queries(pairs: Iterable[Pair]) -> tuple[dict[str, str], list[L
     Raises
     ------
     DataError
-        A pair without ``doc_id`` / ``start`` / ``end`` in its meta, or two snippets of one
-        document that disagree on a character.
+        A pair without ``doc_id`` / ``start`` / ``end`` (offsets >= 0) in its meta, an
+        ``end`` beyond :data:`MAX_DOCUMENT_CHARS`, or two snippets of one document that
+        disagree on a character.
     """
     texts: dict[str, list[str | None]] = {}
     queries: dict[str, dict[str, Any]] = {}
     for pair in pairs:
         doc_id, start, end = (pair.meta.get(k) for k in ("doc_id", "start", "end"))
-        if not isinstance(doc_id, str) or not isinstance(start, int) or not isinstance(end, int) \
+        if not isinstance(doc_id, str) or not _is_offset(start) or not _is_offset(end) \
                 or end - start != len(pair.text):
             raise DataError(f"pair {pair.query_id!r}/{pair.snippet_id!r} carries no doc_id, start "
                             "and end matching its text in its meta; documents are rebuilt from "
                             "them (the built-in data sets record them).")
+        if end > MAX_DOCUMENT_CHARS:
+            raise DataError(f"pair {pair.query_id!r}/{pair.snippet_id!r}: end == {end}, beyond "
+                            f"the longest document rebuilt ({MAX_DOCUMENT_CHARS} characters); "
+                            "its offsets cannot be character offsets of a document.")
         chars = texts.setdefault(doc_id, [])
         chars.extend([None] * (end - len(chars)))
         for offset, ch in enumerate(pair.text, start):

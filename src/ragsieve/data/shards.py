@@ -10,6 +10,11 @@ boundaries are — provided the lines of one query are together in the file (as
 ``ragsieve export`` and every ragsieve output write them). A query whose lines are not
 together is an error, reported where it is found (within a shard).
 
+Finding a shard's edges is linear in the input however long its lines are: a shard reads
+forwards at most to its end for its first line start, backwards once, a chunk at a time,
+for the line before it, and that line only up to its ``query_id`` (a small JSON walker
+that never holds the line). Only the lines a shard owns are held whole (it parses them).
+
 Examples
 --------
 >>> import os, tempfile
@@ -29,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -59,7 +65,12 @@ DEFAULT_SHARD_BYTES = 16 * 1024 * 1024
 """Bytes of input per shard: a unit of work and of resumption (one output part each)."""
 
 _SUFFIXES = {".jsonl": "jsonl", ".parquet": "parquet"}
-_BACK_CHUNK = 1 << 16
+_CHUNK = 1 << 16
+"""Bytes read at a time where a shard's edges are found (memory held there: one chunk)."""
+_KEY_BYTES = 64  # a longer key is not "query_id", however it is escaped
+_NOT_SPACE = re.compile(rb"[^ \t\r]")  # a newline ends the line: it is a token here
+_DEPTH = {0x7B: 1, 0x5B: 1, 0x7D: -1, 0x5D: -1}  # { [ } ]
+_SCALAR_END = re.compile(rb"[,}\]\s]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,57 +251,227 @@ def plan_shards(inputs: Sequence[str | os.PathLike[str]], *,
 # ----------------------------------------------------------------------------- reading
 
 
-def _query_id_of(raw: bytes) -> str | None:
-    """The query_id of a raw line, leniently (None when it cannot be told)."""
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(record, dict):
-        return None
-    qid = record.get("query_id")
-    return str(qid) if isinstance(qid, (str, int)) and not isinstance(qid, bool) else None
+def _first_line_start(handle: Any, start: int, end: int) -> int | None:
+    """Where the first line starting at or after ``start`` (> 0) starts, when that is before
+    ``end``; None when no line starts in ``[start, end)`` (the shard owns nothing).
 
-
-def _line_before(handle: Any, offset: int) -> bytes | None:
-    """The last non-blank line that ends before ``offset`` (a line start), or None."""
-    end = offset
-    while end > 0:
-        begin = end
-        chunk = b""
-        while True:  # grow backwards until the chunk holds a full line
-            begin = max(0, begin - _BACK_CHUNK)
-            handle.seek(begin)
-            chunk = handle.read(end - begin)
-            body = chunk.rstrip(b"\r\n")
-            cut = body.rfind(b"\n")
-            if cut >= 0 or begin == 0:
-                break
-        line = body[cut + 1:]
-        if line.strip():
-            return line
-        end = begin + cut + 1 if cut >= 0 else 0
+    Only ``[start - 1, end - 1)`` is read, a chunk at a time: a line crossing the whole
+    shard is never read to its end here.
+    """
+    pos = start - 1
+    handle.seek(pos)
+    while pos < end - 1:
+        chunk = handle.read(min(_CHUNK, end - 1 - pos))
+        if not chunk:
+            return None
+        cut = chunk.find(b"\n")
+        if cut >= 0:
+            return pos + cut + 1
+        pos += len(chunk)
     return None
 
 
-def _jsonl_lines(path: str, start: int) -> Iterator[tuple[int, bytes, str | None]]:
+def _previous_line(handle: Any, offset: int) -> int | None:
+    """Where the last non-blank line ending before ``offset`` (a line start) starts, or None.
+
+    Scans backwards once, a chunk at a time: every byte between that line's start and
+    ``offset`` is read once (plus less than a chunk before it), and one chunk is held.
+    """
+    pos = offset
+    blank = True  # what has been seen of the current line is whitespace
+    while pos > 0:
+        begin = max(0, pos - _CHUNK)
+        handle.seek(begin)
+        chunk = handle.read(pos - begin)
+        stop = len(chunk)
+        while True:
+            cut = chunk.rfind(b"\n", 0, stop)
+            if blank and chunk[cut + 1:stop].strip():
+                blank = False
+            if cut < 0:
+                break
+            if not blank:
+                return begin + cut + 1
+            stop = cut
+        pos = begin
+    return None if blank else 0
+
+
+class _LineReader:
+    """The bytes of one line from an offset on, a chunk at a time (the line ends at a
+    newline): enough of a JSON reader to find a top-level key's value without holding
+    the line."""
+
+    def __init__(self, handle: Any, start: int) -> None:
+        self.handle = handle
+        handle.seek(start)
+        self.buf = handle.read(_CHUNK)
+        self.i = 3 if start == 0 and self.buf.startswith(b"\xef\xbb\xbf") else 0
+
+    def _more(self) -> bool:
+        self.buf, self.i = self.handle.read(_CHUNK), 0
+        return bool(self.buf)
+
+    def token(self) -> int | None:
+        """The next byte that is not JSON whitespace (consumed); None where the line ends."""
+        while True:
+            found = _NOT_SPACE.search(self.buf, self.i)
+            if found is not None:
+                self.i = found.end()
+                byte = self.buf[found.start()]
+                return None if byte == 0x0A else byte
+            if not self._more():
+                return None
+
+    def _segment(self) -> tuple[int, int]:
+        """``(quote, stop)``: the next double quote from ``self.i`` in the chunk (-1: none)
+        and where the bytes before it end (the chunk's end when there is none)."""
+        quote = self.buf.find(b'"', self.i)
+        return quote, len(self.buf) if quote < 0 else quote
+
+    def string(self, keep: int | None) -> bytes | None:
+        """The raw text of a string whose opening quote was read, up to its closing quote
+        (consumed); only its first ``keep`` + 1 bytes are kept (``None``: all). None when
+        the line ends first."""
+        parts: list[bytes] = []
+        kept = 0
+        run = 0  # backslashes right before self.i (carried over a chunk's end)
+        while True:
+            quote, stop = self._segment()
+            if self.buf.find(b"\n", self.i, stop) >= 0:
+                return None
+            back = stop
+            while back > self.i and self.buf[back - 1] == 0x5C:  # backslash
+                back -= 1
+            run = stop - back + (run if back == self.i else 0)
+            if keep is None or kept <= keep:
+                parts.append(self.buf[self.i:stop])
+                kept += stop - self.i
+            if quote < 0:
+                if not self._more():
+                    return None
+                continue
+            self.i = quote + 1
+            if run % 2 == 0:  # an unescaped quote: the end
+                return b"".join(parts)
+            if keep is None or kept <= keep:
+                parts.append(b'"')
+                kept += 1
+            run = 0
+
+    def nested(self) -> bool:
+        """Skip an object or an array whose opening bracket was read (False: the line ends
+        first). Between two strings the brackets are counted; in valid JSON the value can
+        only close in the stretch where the count comes to 0, looked at byte by byte."""
+        depth = 1
+        while True:
+            quote, stop = self._segment()
+            if self.buf.find(b"\n", self.i, stop) >= 0:
+                return False
+            change = sum(self.buf.count(b, self.i, stop) for b in (b"{", b"[")) - sum(
+                self.buf.count(b, self.i, stop) for b in (b"}", b"]"))
+            if depth + change <= 0:
+                for at in range(self.i, stop):
+                    depth += _DEPTH.get(self.buf[at], 0)
+                    if depth == 0:
+                        self.i = at + 1
+                        return True
+            depth += change
+            if quote < 0:
+                if not self._more():
+                    return False
+                continue
+            self.i = quote + 1
+            if self.string(0) is None:
+                return False
+
+    def value(self, first: int, keep: bool) -> bytes | None:
+        """Read a value whose first byte was read; its raw text when ``keep`` (a string's
+        or a number's; b"" otherwise), None when the line ends first."""
+        if first == 0x22:  # a string
+            text = self.string(None if keep else 0)
+            if text is None:
+                return None
+            return b'"' + text + b'"' if keep else b""
+        if first in (0x7B, 0x5B):  # an object or an array: skipped
+            return b"" if self.nested() else None
+        parts = [bytes([first])]  # a number or a literal: up to the next delimiter
+        while True:
+            found = _SCALAR_END.search(self.buf, self.i)
+            stop = len(self.buf) if found is None else found.start()
+            parts.append(self.buf[self.i:stop])
+            self.i = stop
+            if found is not None or not self._more():
+                return b"".join(parts) if keep else b""
+
+
+def _query_id_at(handle: Any, start: int) -> str | None:
+    """The query_id of the line starting at ``start``, read up to the end of that value
+    (None when it cannot be told: no JSON object, no string or integer ``query_id``).
+
+    A line's first top-level ``query_id`` is taken: a line with two is refused by its
+    own shard (:func:`~ragsieve.data.jsonl.parse_line`), and so is a line that is not
+    JSON past the value read here. Memory: a chunk and the value.
+    """
+    line = _LineReader(handle, start)
+    if line.token() != 0x7B:  # {
+        return None
+    byte = line.token()
+    while byte == 0x22:  # a key
+        key = line.string(_KEY_BYTES)
+        if key is None or line.token() != 0x3A:  # :
+            return None
+        first = line.token()
+        if first is None:
+            return None
+        if _is_query_id(key):
+            raw = line.value(first, keep=True)
+            return None if raw is None else _query_id_of(raw)
+        if line.value(first, keep=False) is None or line.token() != 0x2C:  # ,
+            return None
+        byte = line.token()
+    return None
+
+
+def _is_query_id(key: bytes) -> bool:
+    if key == b"query_id":
+        return True
+    if b"\\" not in key or len(key) > _KEY_BYTES:
+        return False
+    try:
+        return bool(json.loads(b'"' + key + b'"') == "query_id")
+    except ValueError:
+        return False
+
+
+def _query_id_of(raw: bytes) -> str | None:
+    """A query_id from its raw JSON value (a string or an integer), else None."""
+    try:
+        qid = json.loads(raw)
+    except ValueError:
+        return None
+    return str(qid) if isinstance(qid, (str, int)) and not isinstance(qid, bool) else None
+
+
+def _jsonl_lines(path: str, start: int, end: int) -> Iterator[tuple[int, bytes, str | None]]:
     """``(offset, raw line, query_id before the first line)`` from the first line that
-    starts at or after ``start``; the third item is set on the first yield only."""
+    starts at or after ``start``, if it starts before ``end``; the third item is set on
+    the first yield only."""
     try:
         handle = open(path, "rb")  # noqa: SIM115 - closed below
     except OSError as exc:
         raise DataError(f"{path}: cannot be read ({exc.strerror or exc}).") from exc
     with handle:
         previous: str | None = None
+        offset = 0
         if start > 0:
-            handle.seek(start - 1)
-            handle.readline()  # the rest of the line holding byte start-1 belongs before
-            offset = handle.tell()
-            before = _line_before(handle, offset)
-            previous = _query_id_of(before) if before is not None else None
+            first_line = _first_line_start(handle, start, end)
+            if first_line is None:
+                return  # no line starts in the shard: it owns nothing
+            offset = first_line
+            before = _previous_line(handle, offset)
+            previous = None if before is None else _query_id_at(handle, before)
             handle.seek(offset)
-        else:
-            offset = 0
         first = True
         for raw in handle:
             size = len(raw)
@@ -306,7 +487,7 @@ def _owned_jsonl(shard: Shard, require_labels: bool,
     previous: str | None = None
     current: str | None = None
     skipping = True
-    for offset, raw, before in _jsonl_lines(shard.path, shard.start):
+    for offset, raw, before in _jsonl_lines(shard.path, shard.start, shard.end):
         if before is not None:
             previous = before
         where = f"{shard.path}:byte {offset}"

@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .._io import atomic_write_text
+
 __all__ = ["esc", "figure", "fmt", "page", "png_figure", "table", "write_page"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
@@ -118,24 +120,13 @@ def figure(png: bytes, alt: str, caption: str = "") -> str:
 
 
 def write_page(text: str, path: str | os.PathLike[str]) -> Path:
-    """Write a page atomically (a temporary file in the same directory, then renamed).
+    """Write a page with the one writer of finished files
+    (:func:`ragsieve._io.atomic_write_text`: a regular file is replaced atomically, a
+    character device or a FIFO written in place, a block device or a socket refused).
 
     Returns
     -------
     pathlib.Path
         The written file.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a page is for reading
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_text(path, text)

@@ -201,9 +201,14 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, title: str | None = N
 
     Returns the file written, :func:`ragsieve._paths.figure_path` of ``path``: a path
     without a suffix gets ``.png``; a character device or a FIFO is written in place as
-    PNG; otherwise the suffix names the format. Matplotlib opens the file itself, so a
-    special file is never replaced.
+    PNG; otherwise the suffix names the format. The figure is rendered in memory and
+    written by the one writer of finished files (:func:`ragsieve._io.atomic_write_bytes`):
+    a regular file is replaced whole or not at all, a special file is never replaced, a
+    block device or a socket is refused.
     """
+    import io
+
+    from .._io import atomic_write_bytes
     from .._paths import figure_path
 
     plt = require("matplotlib.pyplot", "plot")
@@ -211,9 +216,9 @@ def save_figure(fig: Any, path: str | os.PathLike[str], *, title: str | None = N
         fig.suptitle(title)
     fig.tight_layout()
     target = figure_path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
     try:
-        fig.savefig(target, dpi=110, format=None if target.suffix else "png")
+        fig.savefig(buffer, dpi=110, format=target.suffix[1:].lower() or "png")
     finally:
         plt.close(fig)
-    return target
+    return atomic_write_bytes(target, buffer.getvalue())

@@ -33,12 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from .._io import atomic_write_text
 from .._validation import check_int
 from ..artifact import spec_model
 from ..errors import DataError
 from ..types import FilterResult, Pair, Scored
 from ..units import sentence_pairs
-from ._html import esc, figure, fmt, page, png_figure, table, write_page
+from ._html import esc, figure, fmt, page, png_figure, table
 
 __all__ = [
     "DEFAULT_MAX_QUERIES",
@@ -337,21 +338,23 @@ class _Sentences:
         return self.label == 1
 
 
-def _sentence_labels(pairs: Sequence[Pair]) -> tuple[dict[tuple[str, int, int], int | None],
-                                                       str | None]:
-    """Evidence labels of every sentence (:func:`ragsieve.units.sentence_pairs`), or none and
-    the reason when the data cannot give them."""
+def _sentence_labels(pairs: Sequence[Pair], max_chars: int
+                     ) -> tuple[dict[tuple[str, int, int], int | None], str | None]:
+    """Evidence labels of every sentence (:func:`ragsieve.units.sentence_pairs`, cut at the
+    filter's ``max_chars`` as the filter cuts), or none and the reason when the data cannot
+    give them."""
     try:
-        found = sentence_pairs(pairs)
+        found = sentence_pairs(pairs, max_chars=max_chars)
     except DataError as exc:
         return {}, str(exc)
     return {(p.query_id, p.meta["parent_position"], p.meta["sentence_start"]): p.relevant
             for p in found}, None
 
 
-def _sentences(pairs: Sequence[Pair], results: Mapping[str, FilterResult]) -> _Sentences:
+def _sentences(pairs: Sequence[Pair], results: Mapping[str, FilterResult],
+               max_chars: int) -> _Sentences:
     """The sentences of ``results`` (unit ``"sentence"``) aligned with ``pairs``."""
-    labels, error = _sentence_labels(pairs)
+    labels, error = _sentence_labels(pairs, max_chars)
     index = {(p.query_id, k): i for i, (p, k) in enumerate(zip(pairs, _positions(pairs),
                                                               strict=True))}
 
@@ -686,7 +689,7 @@ def build_report(
         results = flt.filter_pairs(pairs, progress=progress)
     rule = flt.scorer.keep_rule(flt.threshold)
     keep = _kept_mask(pairs, results)
-    sentences = _sentences(pairs, results) if flt.unit == "sentence" else None
+    sentences = _sentences(pairs, results, flt.max_chars) if flt.unit == "sentence" else None
     resampling = _Resampling(confidence, n_resamples, seed)
     body = [
         _guarantee_block(flt),
@@ -702,8 +705,18 @@ def build_report(
 
 
 def write_report(text: str, path: str | os.PathLike[str]) -> Path:
-    """Write a page (atomically: a temporary file, then renamed); returns the path."""
-    return write_page(text, path)
+    """Write a page with the one writer of finished files
+    (:func:`ragsieve._io.atomic_write_text`); returns the path.
+
+    A regular file is replaced atomically (a temporary file, then renamed); a character
+    device (``/dev/null``) or a FIFO is written in place and stays what it is.
+
+    Raises
+    ------
+    ValueError
+        ``path`` is a block device or a socket.
+    """
+    return atomic_write_text(path, text)
 
 
 def _evaluation_rows(report: Any) -> tuple[list[str], list[list[Any]]]:

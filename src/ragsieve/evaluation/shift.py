@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io import atomic_write_text
 from .._optional import require
 from .._validation import check_alpha, check_int, check_scores
 from ..calibration import AdaptiveCalibrator, SplitConformalCalibrator
@@ -306,8 +307,8 @@ def run_shift_demo(
     summary["runtime_s"] = round(time.perf_counter() - t0, 2)
     summary["png"] = str(png)
     summary["json"] = str(out / "shift.json")
-    (out / "shift.json").write_text(json.dumps({**summary, "series": result["series"]}, indent=1,
-                                               default=_json_default) + "\n")
+    atomic_write_text(out / "shift.json", json.dumps({**summary, "series": result["series"]},
+                                                     indent=1, default=_json_default) + "\n")
     return summary
 
 

@@ -9,14 +9,13 @@ negated, so that lower means more relevant, as for every nonconformity score.
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import check_bool, check_str
+from .._validation import check_bool, check_str, is_finite_number, show_number
 from ..errors import DataError, ScorerError
 from ..types import Pair
 from .base import KeepRule, Scorer
@@ -81,9 +80,10 @@ class FieldScorer(Scorer):
             raise DataError(
                 f"{where}: field {self.field!r} == {value!r}, expected a number (the outside score)."
             )
+        if not is_finite_number(value):  # an int beyond a double too, never OverflowError
+            raise DataError(f"{where}: field {self.field!r} == {show_number(value)}, expected a "
+                            "finite number (within +-1.8e308).")
         x = float(value)
-        if not math.isfinite(x):
-            raise DataError(f"{where}: field {self.field!r} == {value!r}, expected a finite number.")
         return -x if self.higher_is_better else x
 
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import fastapi
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._version import __version__
@@ -32,6 +32,7 @@ from .options import ServeOptions, check_delta, serve_options
 from .page import page_key_check, page_response
 from .parsing import (
     StrictJSONRoute,
+    UnexpectedErrorMiddleware,
     http_error_handler,
     printable,
     unexpected_error_handler,
@@ -51,7 +52,15 @@ from .schemas import (
     ReloadResponse,
     StatusResponse,
 )
-from .security import BodyLimitMiddleware, api_key_check, is_loopback_host
+from .security import (
+    CLIENT_HEADER,
+    BodyLimitMiddleware,
+    CrossSiteGuard,
+    HostCheckMiddleware,
+    HostPolicy,
+    api_key_check,
+    is_loopback_host,
+)
 from .service import NO_MONITOR, Runtime, http_error, monitor_info
 from .state import StateLock
 
@@ -69,9 +78,19 @@ def _error(description: str) -> dict[str, Any]:
     return {"model": ErrorResponse, "description": description}
 
 
+#: The error answers of every route that changes state (the guards of security.py).
+_GUARD_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: _error("Host header not one the service answers to (--allowed-hosts), or a "
+                "malformed Content-Length header."),
+    403: _error("Cross-site request: Sec-Fetch-Site other than same-origin, or an Origin "
+                "that is not the service's own (scheme, host and port)."),
+    415: _error(f"Neither Content-Type: application/json nor a program's header "
+                f"({CLIENT_HEADER}, X-API-Key or Authorization: Bearer)."),
+}
+
 #: The error answers of a route that reads a JSON body (``/filter``, ``/query``).
 _BODY_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: _error("Malformed Content-Length header."),
+    **_GUARD_ERRORS,
     408: _error("The body did not arrive within the service's body timeout."),
     413: _error("Body larger than the service's max_body_bytes."),
     415: _error("Content-Type is not application/json."),
@@ -79,6 +98,8 @@ _BODY_ERRORS: dict[int | str, dict[str, Any]] = {
         "Body is not strict JSON (UTF-8, finite numbers, unique keys, valid Unicode), does "
         "not match the schema, or holds values the filter refuses (detail says which)."
     ),
+    503: _error("The bodies being received at once would pass max_receiving_bytes; "
+                "Retry-After says when to retry."),
 }
 
 
@@ -104,8 +125,10 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         413: _error("Body larger than max_body_bytes, or more labels than max_snippets."),
     }
     reload_errors = {
+        **_GUARD_ERRORS,
         **key_errors,
-        403: _error("No API key is configured and the client is not on a loopback address."),
+        403: _error("Cross-site request (Sec-Fetch-Site, Origin), or no API key is "
+                    "configured and the client is not on a loopback address."),
         413: _error("The artifact file is larger than max_artifact_bytes (refused unread); "
                     "the previous one keeps serving."),
         422: _error("The artifact at the served path was refused (detail says why); the "
@@ -115,6 +138,10 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
         return runtime.current.health()
+
+    @app.get("/openapi.json", dependencies=protected, include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     _add_page(app, runtime, api_key, protected, key_errors)
 
@@ -203,7 +230,9 @@ def _add_monitor_reset(app: fastapi.FastAPI, runtime: Runtime, api_key: str | No
     """``POST /admin/monitor/reset``: restart the exchangeability alarm (all workers)."""
     protected = [fastapi.Depends(api_key_check(api_key))] if api_key is not None else []
     responses: dict[int | str, dict[str, Any]] = {
-        403: _error("No API key is configured and the client is not on a loopback address."),
+        **_GUARD_ERRORS,
+        403: _error("Cross-site request (Sec-Fetch-Site, Origin), or no API key is "
+                    "configured and the client is not on a loopback address."),
         404: _error("The served artifact has no monitor reference."),
     }
     if api_key is not None:
@@ -263,7 +292,16 @@ def create_app(filter_path: str | Path, options: ServeOptions | None = None,
     /feedback``, ``GET /metrics``, ``GET /status`` and ``POST /admin/reload`` (key required
     when one is set; without a key ``/admin/reload`` answers loopback clients only), and
     the page ``GET /`` (:mod:`ragsieve.server.page`; behind the key, which it also takes
-    as a Basic password).
+    as a Basic password), and ``GET /openapi.json`` (behind the key; no ``/docs`` or
+    ``/redoc``, whose scripts FastAPI takes from a CDN).
+
+    Every request passes the guards of :mod:`ragsieve.server.security` first: a ``Host``
+    that does not name the service (``options.host``, the address the connection arrived
+    on, loopback names for a loopback one, ``options.allowed_hosts``) gets 400; a request
+    that changes state (every route but GET) from another origin gets 403 and one with
+    neither a JSON body nor a program's header (``X-Ragsieve: 1``, ``X-API-Key``,
+    ``Authorization: Bearer``) 415, with or without a key; a body that would take the
+    bytes being received over ``options.max_receiving_bytes`` gets 503.
 
     Parameters
     ----------
@@ -331,6 +369,9 @@ def _create_app(filter_path: str | Path, options: ServeOptions, *, role: Role,
         version=__version__,
         description="Conformal context filter: keeps the snippets the calibrated filter keeps.",
         lifespan=_lifespan(trigger, runtime, state),
+        # no Swagger UI / ReDoc: FastAPI loads them from a CDN into the service's origin
+        # (and they fail offline); /openapi.json is served by _add_routes, behind the key
+        docs_url=None, redoc_url=None, openapi_url=None,
     )
     _wire(app, runtime, publisher, options)
     app.state.filter = runtime.current.flt
@@ -452,9 +493,20 @@ def _wire(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         app.add_exception_handler(exc_class, handler)
     _add_routes(app, runtime, publisher, options.api_key)
     _add_monitor_reset(app, runtime, options.api_key)
+    # the last added runs first: metrics, Host, cross-site, body limits, unexpected
+    # errors, then the routes
+    app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes,
-                       body_timeout=options.body_timeout)
-    # outermost: counts 413 and 408 too
+                       body_timeout=options.body_timeout,
+                       max_receiving_bytes=options.receiving_limit)
+    app.add_middleware(CrossSiteGuard, routes=app.router.routes)
+    if "*" in options.allowed_hosts:
+        logger.warning("allowed_hosts '*': the Host check is off; a page of any site can "
+                       "reach this service through a name rebound to its address (DNS "
+                       "rebinding)")
+    app.add_middleware(HostCheckMiddleware,
+                       policy=HostPolicy.of(options.host, options.allowed_hosts))
+    # outermost: counts 400, 403, 413, 408 and 503 too
     app.add_middleware(_MetricsMiddleware, metrics=runtime.metrics)
 
 

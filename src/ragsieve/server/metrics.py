@@ -25,7 +25,7 @@ Exposed (text format 0.0.4):
   the artifact has no monitor reference);
 * ``ragsieve_feedback_labels_total{relevant}`` and ``ragsieve_reloads_total{outcome}``;
 * ``ragsieve_model_queue_requests`` and ``ragsieve_model_queue_pieces`` (requests queued
-  for model work, the one running included, and the snippet pieces they still need;
+  for model work, the one running included, and the pieces of model work they still need;
   summed over the workers) and ``ragsieve_refused_requests_total{reason}`` (refused before
   any model work: ``max_pieces`` with 413, ``max_queue`` with 429).
 """
@@ -172,7 +172,8 @@ class ServiceMetrics:
             "Requests queued for model work (the one running included).",
             registry=reg, multiprocess_mode="livesum")
         self.queue_pieces = prom.Gauge(
-            "ragsieve_model_queue_pieces", "Snippet pieces of model work still queued.",
+            "ragsieve_model_queue_pieces",
+            "Pieces of model work (about 500 characters of text each) still queued.",
             registry=reg, multiprocess_mode="livesum")
         self.refused = prom.Counter(
             "ragsieve_refused_requests",

@@ -34,6 +34,7 @@ from .feedback import (
     DEFAULT_MAX_SERVED_ROWS,
 )
 from .reload import DEFAULT_MAX_ARTIFACT_BYTES
+from .security import RECEIVING_FACTOR, check_allowed_hosts
 
 __all__ = [
     "DEFAULT_MAX_PIECES",
@@ -43,13 +44,14 @@ __all__ = [
     "serve_options",
 ]
 
-#: Most snippet pieces one request may have scored by the model (413 beyond). Sized to
-#: ~2 s of model time on 2 cores: ``benchmarks/bench_server.py --fairness`` measured, on
-#: fresh ~410-character pieces, 42-65 pieces/s for the default MiniLM ``EmbeddingScorer``
-#: and 73-78 for the fused ``best`` score with the 2 cores at load ~1.6 (128 pieces: 2.0-3.0
-#: s and 1.7 s), and 16-40 pieces/s for both at load 3-8 (other jobs on the cores). A
-#: snippet of up to 600 characters is one piece; a longer one is cut into pieces of ~500
-#: (see ``ConformalFilter.piece_texts``).
+#: Most model work one request may cause (413 beyond), in pieces of 500 characters the
+#: model reads (``ragsieve.server.scheduling.work_pieces``: the query, every snippet piece,
+#: sentence or piece of a long sentence, and for a sentence filter each snippet read whole;
+#: see ``ConformalFilter.piece_texts``). Sized to ~2 s of model time on 2 cores:
+#: ``benchmarks/bench_server.py --fairness`` measured, on fresh ~410-character pieces, 42-65
+#: pieces/s for the default MiniLM ``EmbeddingScorer`` and 73-78 for the fused ``best``
+#: score with the 2 cores at load ~1.6 (128 pieces: 2.0-3.0 s and 1.7 s), and 16-40
+#: pieces/s for both at load 3-8 (other jobs on the cores).
 DEFAULT_MAX_PIECES = 128
 #: Most requests waiting for model work at once (429 beyond).
 DEFAULT_MAX_QUEUE = 64
@@ -98,8 +100,20 @@ class ServeOptions:
     timeout_request_header : float, default=10.0
         Seconds a connection has to deliver a complete request head after it opens or
         after its previous response; then it is closed (idle and slowloris connections).
+    allowed_hosts : str or sequence of str, default=()
+        ``Host`` names the service answers to besides the address it listens on (``host``,
+        the address each connection arrived on, and ``localhost`` / ``127.0.0.1`` /
+        ``[::1]`` for a loopback one): ``"a.example,b.example:8443"`` or a sequence; an
+        entry without a port takes any port. Any other Host gets 400 (DNS rebinding).
+        ``"*"`` answers to any Host: unsafe, a page of any site can then reach the service
+        through a rebound name. Stored as a tuple.
     max_body_bytes : int, default=1_000_000
         Larger request bodies get 413.
+    max_receiving_bytes : int, optional
+        Most bytes of request bodies being received at once, over all connections of a
+        process (a request reserves its ``Content-Length`` before its body is read); one
+        that would pass it gets 503 with ``Retry-After``. Default (None):
+        ``4 * max_body_bytes``; at least ``max_body_bytes``.
     max_snippets : int, default=1000
         Requests with more snippets (or feedback labels) get 413.
     body_timeout : float, default=60.0
@@ -134,8 +148,9 @@ class ServeOptions:
     max_served_rows : int, default=1_000_000
         Served-score rows kept in the feedback database (oldest pruned).
     max_pieces : int, default=128
-        Most pieces of model work (snippet pieces scored) one request may cause; more
-        get 413 with the limit in the message.
+        Most model work one request may cause, in pieces of 500 characters the model reads
+        (the query, snippet pieces, sentences, and for a sentence filter each snippet read
+        whole); more get 413 with the work, the limit and the unit in the message.
     max_queue : int, default=64
         Most requests waiting for model work at once; more get 429 with ``Retry-After``.
     max_artifact_bytes : int, default=64 MiB
@@ -153,8 +168,9 @@ class ServeOptions:
     ------
     ValueError
         A count is not an int >= 1, a duration not a number of seconds > 0, ``api_key``
-        is empty, ``monitor_delta`` is not in (0, 1) or ``port`` not in [0, 65535]; the
-        message names the option, the value received and the rule.
+        is empty, ``monitor_delta`` is not in (0, 1), ``port`` not in [0, 65535], an
+        ``allowed_hosts`` entry no host name or ``max_receiving_bytes`` below
+        ``max_body_bytes``; the message names the option, the value received and the rule.
     TypeError
         A switch is not a bool, a path not a str / PathLike / None, ``scorer_options``
         not a mapping, or ``api_key`` / ``host`` / ``log_level`` not a string.
@@ -176,7 +192,9 @@ class ServeOptions:
     log_level: str = "info"
     timeout_keep_alive: int = 5
     timeout_request_header: float = 10.0
+    allowed_hosts: tuple[str, ...] = ()
     max_body_bytes: int = 1_000_000
+    max_receiving_bytes: int | None = None
     max_snippets: int = 1000
     body_timeout: float = 60.0
     scorer_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -216,6 +234,18 @@ class ServeOptions:
         check_str(self.log_level, "log_level", non_blank=True)
         port = check_int(self.port, "port", min_value=0, max_value=65535)
         object.__setattr__(self, "port", port)
+        object.__setattr__(self, "allowed_hosts", check_allowed_hosts(self.allowed_hosts))
+        receiving = check_int(self.max_receiving_bytes, "max_receiving_bytes",
+                              min_value=self.max_body_bytes, allow_none=True,
+                              hint="at least max_body_bytes")
+        object.__setattr__(self, "max_receiving_bytes", receiving)
+
+    @property
+    def receiving_limit(self) -> int:
+        """``max_receiving_bytes``, or its default ``4 * max_body_bytes``."""
+        if self.max_receiving_bytes is None:
+            return RECEIVING_FACTOR * self.max_body_bytes
+        return self.max_receiving_bytes
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

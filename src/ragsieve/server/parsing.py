@@ -1,12 +1,16 @@
 """Strict JSON request bodies and JSON error answers that can always be encoded.
 
-A request body is parsed once, here, as RFC 8259 JSON: UTF-8 only, no ``NaN`` /
-``Infinity`` literals, no duplicate keys, no lone surrogates (``"\\ud800"``), bounded
-nesting and number size. Anything else is refused with 422 and a one-line ``detail``
-saying what was received and what is expected, so no malformed string or number reaches
-the filter, the log or the response encoder. The error handlers echo request values only
+A request body is parsed once, here, as RFC 8259 JSON by the parser the data readers use
+too (:func:`ragsieve._validation.loads_json`): UTF-8 only, no ``NaN`` / ``Infinity``
+literals, no duplicate keys, no lone surrogates (``"\\ud800"``), at most 64 levels of
+nesting (refused before the parser recurses), every number a finite double (no 400-digit
+integer). Anything else is refused with 422 and a one-line ``detail`` naming the field
+(``snippets[0].text``), what was received and what is expected, so no malformed string or
+number reaches the validation, the filter, the log or the response encoder. The error handlers echo request values only
 after making them printable (surrogates escaped, non-finite numbers as null, long values
-clipped), so an error answer itself can never fail to encode (never a 500).
+clipped), so an error answer itself can never fail to encode (never a 500). An error no
+handler expected is answered by :class:`UnexpectedErrorMiddleware` inside the app, so the
+connection it came on stays open for the next request.
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .._sqlite import is_busy
+from .._validation import loads_json
 
 __all__ = [
     "BodyError",
     "StrictJSONRoute",
+    "UnexpectedErrorMiddleware",
     "http_error_handler",
     "parse_json_body",
     "printable",
@@ -45,13 +51,14 @@ _ECHO_CHARS = 200
 #: which may hold a file path before the reason, so longer than an echo of client input
 #: (which the detail holds already clipped, by :func:`safe_echo`).
 _DETAIL_CHARS = 2000
+#: Longest message of one validation error (characters): a validator's own words, which
+#: hold the value they refuse clipped (an id to 60 characters) and the rule.
+_MESSAGE_CHARS = 500
 #: Most items of a list or object echoed back in an error.
 _ECHO_ITEMS = 20
 #: Deepest nesting echoed back in an error.
 _ECHO_DEPTH = 4
 _SURROGATE = re.compile("[\ud800-\udfff]")
-#: A ``\uD800``-``\uDFFF`` escape in JSON text (maybe preceded by an escaped backslash).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 class BodyError(ValueError):
@@ -71,41 +78,6 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _reject_constant(name: str) -> Any:
-    raise BodyError(
-        f"{name} is not a JSON number; send finite numbers only (no NaN, Infinity or -Infinity)."
-    )
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise BodyError(
-                    f"duplicate key {printable(key)!r} in a JSON object; send each key once."
-                )
-            seen.add(key)
-    return obj
-
-
-def _first_surrogate(value: Any) -> str | None:
-    """The first string (key or value) in ``value`` holding a lone surrogate, else None."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if _SURROGATE.search(item) is not None:
-                return item
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return None
-
-
 def parse_json_body(body: bytes) -> Any:
     """Parse a request body as strict JSON.
 
@@ -122,8 +94,9 @@ def parse_json_body(body: bytes) -> Any:
     Raises
     ------
     BodyError
-        The body is not UTF-8, not JSON, nested too deeply, has a number with too many
-        digits, a ``NaN`` / ``Infinity`` literal, a duplicate key or a lone surrogate.
+        The body is not UTF-8, not JSON, nested more than 64 deep, has a number beyond
+        the range of a double, a ``NaN`` / ``Infinity`` literal, a duplicate key or a
+        lone surrogate; the message names the field by its path.
 
     Examples
     --------
@@ -132,7 +105,11 @@ def parse_json_body(body: bytes) -> Any:
     >>> parse_json_body(b'{"k": NaN}')  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ragsieve.server.parsing.BodyError: NaN is not a JSON number; send finite numbers only ...
+    ragsieve.server.parsing.BodyError: NaN is not valid JSON: numbers must be finite ...
+    >>> parse_json_body(b'{"snippets": [{"text": "a", "bm25": 1' + b'0' * 400 + b'}]}')
+    Traceback (most recent call last):
+    ...
+    ragsieve.server.parsing.BodyError: snippets[0].bm25 == an integer of 401 digits: a JSON number must be finite and within +-1.8e308 (a double).
     """
     try:
         text = body.decode("utf-8")
@@ -143,25 +120,13 @@ def parse_json_body(body: bytes) -> Any:
         ) from None
     text = text.removeprefix("\ufeff")  # a byte order mark may be ignored (RFC 8259, 8.1)
     try:
-        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_object)
+        return loads_json(text, "body")
     except json.JSONDecodeError as exc:
         raise BodyError(
             f"body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}."
         ) from None
-    except RecursionError:
-        raise BodyError("body is not valid JSON here: it is nested too deeply.") from None
-    except BodyError:
-        raise
-    except ValueError as exc:  # an integer beyond int's digit limit
-        raise BodyError(f"body has a number that cannot be read ({exc}).") from None
-    if _SURROGATE_ESCAPE.search(text) is not None:
-        bad = _first_surrogate(value)
-        if bad is not None:
-            raise BodyError(
-                f"string {printable(bad[:_ECHO_CHARS])!r} holds a lone UTF-16 surrogate "
-                "(a \\uD800-\\uDFFF escape without its pair); send valid Unicode text."
-            )
-    return value
+    except ValueError as exc:
+        raise BodyError(printable(str(exc))) from None
 
 
 class _StrictJSONRequest(fastapi.Request):
@@ -265,6 +230,12 @@ def _json_response(status: int, detail: Any, headers: Mapping[str, str] | None =
         )
 
 
+def _message(msg: Any) -> Any:
+    """A validation message: the service's own words (its values already clipped), so
+    clipped at ``_MESSAGE_CHARS``, not at an echo's 200 characters."""
+    return _clipped(msg, _MESSAGE_CHARS) if isinstance(msg, str) else safe_echo(msg)
+
+
 async def validation_error_handler(
     request: fastapi.Request, exc: RequestValidationError
 ) -> JSONResponse:
@@ -274,7 +245,7 @@ async def validation_error_handler(
         out = {
             "type": safe_echo(err.get("type")),
             "loc": [safe_echo(part) for part in err.get("loc", ())],
-            "msg": safe_echo(err.get("msg")),
+            "msg": _message(err.get("msg")),
             "input": safe_echo(err.get("input")),
         }
         if err.get("ctx"):
@@ -312,3 +283,40 @@ async def unexpected_error_handler(request: fastapi.Request, exc: Exception) -> 
     return _json_response(  # type: ignore[no-any-return]
         500, "internal server error; the server log has the details."
     )
+
+
+class UnexpectedErrorMiddleware:
+    """ASGI middleware, innermost: an exception no route handled is answered here with
+    :func:`unexpected_error_handler` (500, or 503 for a busy state file) and logged, and
+    the keep-alive connection stays open.
+
+    Starlette's own last-resort handler sends the same answer and then re-raises, and
+    uvicorn closes a connection whose application raised: the client's next request on
+    it was reset. An exception raised after the answer has started is re-raised (the
+    answer cannot be replaced).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as exc:
+            if started:
+                raise
+            if not is_busy(exc):
+                logger.error("unexpected error answering %s %s", scope.get("method"),
+                             scope.get("path"), exc_info=exc)
+            response = await unexpected_error_handler(fastapi.Request(scope), exc)
+            await response(scope, receive, send)

@@ -41,7 +41,7 @@ from ..errors import ArtifactError, DataError
 from ..filter import ConformalFilter
 
 __all__ = ["DEFAULT_MAX_ARTIFACT_BYTES", "ArtifactCheck", "Generation", "Generations", "Publisher",
-           "check_artifact", "file_signature", "read_text"]
+           "check_artifact", "file_signature", "options_for_scorer", "read_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +185,38 @@ class ArtifactCheck:
         return self.artifact.to_dict()
 
 
+def options_for_scorer(spec: Mapping[str, Any],
+                       scorer_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The service's scorer options that the scorer of ``spec`` declares
+    (:func:`ragsieve.scoring.scorer_options`); the others are not passed to it.
+
+    A service keeps one set of scorer options (``ServeOptions.scorer_options``: e.g. the
+    embedding cache) for every artifact it serves, and a reload may bring a scorer of
+    another kind: ``cache_dir`` means nothing to an outside score. The options dropped are
+    logged. An alias that is not registered keeps them all (rebuilding it names the alias).
+
+    Examples
+    --------
+    >>> options_for_scorer({"scorer": "field", "field": "bm25"}, {"cache_dir": "/tmp/c"})
+    {}
+    >>> options_for_scorer({"scorer": "embedding", "model": "m"}, {"cache_dir": "/tmp/c"})
+    {'cache_dir': '/tmp/c'}
+    """
+    from ..scoring import scorer_options as declared_options
+
+    given = dict(scorer_options or {})
+    kind = str(spec.get("scorer"))
+    try:
+        declared = {option.name for option in declared_options(kind)}
+    except ValueError:  # not registered: from_artifact says so
+        return given
+    dropped = sorted(set(given) - declared)
+    if dropped:
+        logger.info("scorer options %s are not options of scorer %r: not passed to it",
+                    dropped, kind)
+    return {name: value for name, value in given.items() if name in declared}
+
+
 def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] | None = None,
                    index_path: str | Path | None = None, adaptive: bool = False,
                    monitor_check: Callable[[Artifact], object] | None = None,
@@ -192,7 +224,9 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
     """Check an artifact's text as the service would load it (no model is loaded).
 
     The text is read by :meth:`~ragsieve.artifact.Artifact.parse` (every field's type, the
-    seal), then the filter is built from the :class:`~ragsieve.artifact.Artifact`. :meth:`~ragsieve.server.service.Runtime.check` adds
+    seal), then the filter is built from the :class:`~ragsieve.artifact.Artifact`, its
+    scorer from the artifact's own spec with the ``scorer_options`` that scorer declares
+    (:func:`options_for_scorer`: a reload may bring another kind of scorer). :meth:`~ragsieve.server.service.Runtime.check` adds
     the ``/healthz`` view.
 
     Raises
@@ -206,8 +240,9 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
     """
     artifact = Artifact.parse(text, source)
     reuse = scorer if scorer is not None and scorer.spec() == artifact.scorer else None
+    options = options_for_scorer(artifact.scorer, scorer_options)
     try:
-        flt = ConformalFilter.from_artifact(artifact, scorer=reuse, scorer_options=scorer_options)
+        flt = ConformalFilter.from_artifact(artifact, scorer=reuse, scorer_options=options)
     except ArtifactError:
         raise
     except (TypeError, ValueError, KeyError, ImportError) as exc:

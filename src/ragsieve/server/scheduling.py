@@ -4,8 +4,19 @@ Every call that may run the model is a *job* of one or more steps (callables) ru
 service's single model thread (the reason for one thread is in
 :mod:`ragsieve.server.service`). The thread takes the job at the head of the queue, runs
 its next step and, when the job has steps left, puts it at the back. A request of 4,000
-snippet pieces is cut into steps of a few dozen pieces, so a small request that arrives
+snippet pieces is cut into steps of a few pieces, so a small request that arrives
 meanwhile waits for one step of each job ahead of it, never for the whole large job.
+
+Work is counted as the model pays for it: by the characters it reads, in *pieces* of
+:data:`PIECE_CHARS` (500) characters (:func:`work_pieces`), whatever the text is (a snippet
+piece, a sentence or a piece of a long one, a snippet read whole as a sentence's context, the
+query), and at least :data:`MIN_TEXT_CHARS` per text; a text denser in tokens than prose
+(``"a. a. a."``, Chinese) counts by its words and marks instead, :data:`PIECE_WORDS` a
+piece, when that is more. :func:`cost_steps` packs a request's
+texts into steps of at most a given cost (a text above it is a step of its own): that is
+what bounds a step, since a request's texts are at most ~600 characters each once long
+snippets and long sentences are cut, but for the query and the snippets a sentence filter
+reads whole, which the per-request budget bounds.
 
 A job's result is what its last step returns; an exception raised by any step ends the
 job and is re-raised to its caller. At most ``max_waiting`` jobs are queued at once
@@ -15,15 +26,134 @@ job and is re-raised to its caller. At most ``max_waiting`` jobs are queued at o
 from __future__ import annotations
 
 import logging
+import math
+import re
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["FairQueue", "QueueFull"]
+__all__ = ["MIN_TEXT_CHARS", "PIECE_CHARS", "PIECE_WORDS", "FairQueue", "QueueFull",
+           "cost_steps", "least_work", "text_cost", "work_pieces"]
 
 logger = logging.getLogger(__name__)
+
+#: Characters of model input that make one piece of model work: the chunker's window
+#: (``ragsieve.chunking.DEFAULT_SIZE``), the piece the budget's throughput was measured on.
+PIECE_CHARS = 500
+#: Least a text counts for, in characters: a short text still costs a tokenizer call and a
+#: row of the model's batch (MiniLM, fused score, 2 cores: a fresh 20-character text took
+#: 2.9 ms, a 100-character one 8.5 ms, a 500-character piece 33 ms).
+MIN_TEXT_CHARS = 50
+#: Words, numbers and punctuation marks (each CJK character one) that make one piece: a
+#: 500-character piece of XQuAD-en holds 92 (80-108 for 90 % of them), so prose counts by
+#: its characters. The model's cost follows its tokens: 500 characters of ``"a. "``
+#: repeated (329 of them) or of Chinese (421) took 1.9x and 1.8x the time of 500 of prose
+#: (MiniLM, 32 fresh texts), and count 3.3 and 4.2 pieces.
+PIECE_WORDS = 100
+_CJK = "\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff"
+_WORDS = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]")
+
+
+def text_cost(text: str) -> float:
+    """The model work of reading ``text``, in pieces of :data:`PIECE_CHARS` characters, or
+    of :data:`PIECE_WORDS` words and marks where that is more.
+
+    Examples
+    --------
+    >>> text_cost("x" * 1000), text_cost("short"), text_cost("a. " * 100)
+    (2.0, 0.1, 2.0)
+    """
+    chars = max(len(text), MIN_TEXT_CHARS) / PIECE_CHARS
+    return max(chars, len(_WORDS.findall(text)) / PIECE_WORDS)
+
+
+def work_pieces(texts: Iterable[str]) -> int:
+    """The model work of reading ``texts``: their :func:`text_cost` summed, rounded up.
+
+    Examples
+    --------
+    >>> work_pieces(["a question?", "x" * 600, "y" * 400])  # 0.1 + 1.2 + 0.8
+    3
+    >>> work_pieces(["word " * 198_000]), work_pieces(["a. " * 330_000])  # ~1 MB each
+    (1980, 6600)
+    """
+    return math.ceil(round(sum(text_cost(t) for t in texts), 9))
+
+
+def least_work(query: str, snippets: Iterable[str], *, whole_too: bool = False) -> int:
+    """A lower bound of a request's :func:`work_pieces`, from its texts as sent (no cutting).
+
+    However a filter cuts a snippet (into windows, sentences or pieces of a long sentence),
+    its pieces hold every character of it but whitespace at least once; with ``whole_too``
+    (a sentence filter) every snippet with a sentence is also read whole, as context. A
+    request whose bound is over the budget is refused before it is cut (cutting a 1 MB
+    sentence is itself about a second of CPU).
+
+    Parameters
+    ----------
+    query : str
+        The request's query (read whole).
+    snippets : iterable of str
+        The snippets' texts as sent.
+    whole_too : bool
+        Each non-blank snippet is read whole besides its pieces.
+
+    Returns
+    -------
+    int
+        Pieces of work, rounded up; at most :func:`work_pieces` of what the filter reads.
+
+    Examples
+    --------
+    >>> least_work("q", ["a. " * 1000]), least_work("q", ["a. " * 1000], whole_too=True)
+    (5, 11)
+    """
+    chars = max(len(query), MIN_TEXT_CHARS)
+    for text in snippets:
+        visible = len("".join(text.split()))  # the characters that are not whitespace
+        chars += visible + (len(text) if whole_too and visible else 0)
+    return math.ceil(round(chars / PIECE_CHARS, 9))
+
+
+def cost_steps(texts: Sequence[str], max_cost: float, *, first_cost: float = 0.0
+               ) -> list[tuple[list[str], int]]:
+    """``texts`` packed in order into steps of at most ``max_cost`` pieces of work each.
+
+    Parameters
+    ----------
+    texts : sequence of str
+        What the steps read, in order.
+    max_cost : float
+        Most work of one step (:func:`text_cost` summed); a text that costs more is a
+        step of its own.
+    first_cost : float
+        Work the first step does besides its texts (the query it embeds).
+
+    Returns
+    -------
+    list of (list of str, int)
+        Each step's texts and its cost rounded up (at least 1); one empty step when
+        ``texts`` is empty.
+
+    Examples
+    --------
+    >>> [(len(c), cost) for c, cost in cost_steps(["x" * 500] * 5 + ["y" * 3000], 2)]
+    [(2, 2), (2, 2), (1, 1), (1, 6)]
+    """
+    steps: list[tuple[list[str], int]] = []
+    chunk: list[str] = []
+    cost = first_cost
+    for text in texts:
+        more = text_cost(text)
+        if chunk and cost + more > max_cost:
+            steps.append((chunk, max(1, math.ceil(round(cost, 9)))))
+            chunk, cost = [], 0.0
+        chunk.append(text)
+        cost += more
+    steps.append((chunk, max(1, math.ceil(round(cost, 9)))))
+    return steps
 
 
 class QueueFull(RuntimeError):

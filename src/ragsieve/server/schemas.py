@@ -6,8 +6,6 @@ The per-request limits (``max_snippets``, ``max_k``) are options of
 
 from __future__ import annotations
 
-import math
-import unicodedata
 from typing import Annotated, Any
 
 from pydantic import (
@@ -22,9 +20,12 @@ from pydantic import (
     StrictInt,
     StrictStr,
     StringConstraints,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from .._validation import check_id, is_finite_number, show_number
 
 __all__ = [
     "AdaptiveInfo",
@@ -70,19 +71,18 @@ _QUERY_ID_OUT = "The request's query_id (yours, or generated): use it in POST /f
 MAX_ID_CHARS = 256
 
 
-def _no_control_characters(value: str) -> str:
-    """Refuse NUL and other control characters (Unicode category Cc) in an id."""
-    for i, char in enumerate(value):
-        if unicodedata.category(char) == "Cc":
-            raise ValueError(f"control character U+{ord(char):04X} at position {i}; an id must "
-                             "be printable text (no NUL, tab, newline or other control "
-                             "characters)")
-    return value
+def _printable_id(value: str, info: ValidationInfo) -> str:
+    """Refuse control, bidirectional-control and zero-width characters in an id: the data
+    readers' definition (:func:`ragsieve._validation.check_id`)."""
+    return check_id(value, info.field_name or "id")
 
 
-#: A ``query_id`` / ``snippet_id``: 1 to 256 characters, none of them a control character.
+#: A ``query_id`` / ``snippet_id``: 1 to 256 characters, none of them a control,
+#: bidirectional-control or zero-width character.
 QueryId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=MAX_ID_CHARS),
-                    AfterValidator(_no_control_characters)]
+                    AfterValidator(_printable_id)]
+#: A ``group``: a string holding no control, bidirectional-control or zero-width character.
+GroupName = Annotated[str, Strict(), AfterValidator(_printable_id)]
 
 
 class SnippetIn(BaseModel):
@@ -105,7 +105,7 @@ class SnippetIn(BaseModel):
     score: FiniteNumber | None = Field(
         default=None, description="Outside score, for filters calibrated on a score field."
     )
-    group: StrictStr | None = Field(
+    group: GroupName | None = Field(
         default=None, description="The snippet's group, for group-conditional filters."
     )
     vector: list[FiniteNumber] | None = Field(
@@ -123,9 +123,10 @@ class SnippetIn(BaseModel):
     @model_validator(mode="after")
     def _has_content(self) -> SnippetIn:
         for key, value in self.outside.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                    not math.isfinite(value):
-                raise ValueError(f"snippet key {key[:40]!r} == {str(value)[:40]!r}; keys other than "
+            if not is_finite_number(value):
+                shown = show_number(value) if isinstance(value, (int, float)) \
+                    else repr(str(value)[:40])
+                raise ValueError(f"snippet key {key[:40]!r} == {shown[:60]}; keys other than "
                                  "text, snippet_id, id, score, group and vector are outside "
                                  "scores: finite numbers.")
         if self.text is None and self.score is None and self.vector is None \
@@ -157,7 +158,7 @@ class FilterRequest(BaseModel):
         description="Snippets as strings or objects; at most the service's max_snippets."
     )
     min_keep: StrictInt | None = Field(default=None, ge=0, description=_MIN_KEEP)
-    group: StrictStr | None = Field(
+    group: GroupName | None = Field(
         default=None,
         description="The query's group, for group-conditional filters (snippets without one).",
     )
@@ -260,7 +261,7 @@ class QueryRequest(BaseModel):
         default=20, ge=1, description="Snippets to retrieve; at most the service's max_k."
     )
     min_keep: StrictInt | None = Field(default=None, ge=0, description=_MIN_KEEP)
-    group: StrictStr | None = Field(
+    group: GroupName | None = Field(
         default=None, description="The query's group, for a filter of the group mode."
     )
     query_id: QueryId | None = Field(default=None, description=_QUERY_ID_IN)
@@ -435,7 +436,7 @@ class FeedbackItem(BaseModel):
     @classmethod
     def _zero_or_one(cls, value: bool | int) -> bool:
         if not isinstance(value, bool) and value not in (0, 1):
-            raise ValueError(f"relevant == {value!r}, must be true, false, 1 or 0")
+            raise ValueError(f"relevant == {show_number(value)}, must be true, false, 1 or 0")
         return bool(value)
 
 

@@ -1,4 +1,13 @@
-"""Guards of the HTTP service: loopback check, API key, request-body limit and deadline."""
+"""Guards of the HTTP service: Host check, cross-site refusal, API key, body limits.
+
+Every request passes, outermost first: :class:`HostCheckMiddleware` (the ``Host`` header
+must name the service: no DNS rebinding), :class:`CrossSiteGuard` (a request that changes
+state must come from the service's own origin and carry JSON or the client header
+``X-Ragsieve``, which no cross-site form or ``no-cors`` fetch can send) and
+:class:`BodyLimitMiddleware` (the per-request body cap and deadline, and a cap on the bytes
+being received across all connections); then the routes' API-key check
+(:func:`api_key_check`).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +17,11 @@ import binascii
 import hmac
 import ipaddress
 import json
+import logging
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
+import re
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -20,13 +32,23 @@ __all__ = [
     "API_KEY_HEADER",
     "API_KEY_SCHEME",
     "BEARER_SCHEME",
+    "CLIENT_HEADER",
     "BodyLimitMiddleware",
+    "CrossSiteGuard",
+    "HostCheckMiddleware",
+    "HostPolicy",
     "api_key_check",
     "api_key_from_env",
     "basic_password",
+    "check_allowed_hosts",
+    "cross_site_refusal",
     "is_loopback_host",
     "is_same_origin",
+    "same_origin",
+    "split_host",
 ]
+
+logger = logging.getLogger(__name__)
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -48,6 +70,211 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+#: Host names every loopback service answers to (besides the address it is bound to).
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+#: Bind addresses that mean "every interface": no Host names anyone would use.
+_WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+#: A DNS name or IPv4 address (lower case), with the characters Docker / Kubernetes use.
+_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]*)(?:\.[a-z0-9_-]+)*\.?")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """``(name, port)`` of a ``Host`` header or a ``host[:port]`` (the name in lower case, an
+    IPv6 address without its brackets, port None when absent), or None when malformed.
+
+    Examples
+    --------
+    >>> split_host("LocalHost:8000"), split_host("[::1]"), split_host("a.example:x")
+    (('localhost', 8000), ('::1', None), None)
+    """
+    text = value.strip().lower()
+    if text.startswith("["):
+        name, bracket, rest = text[1:].partition("]")
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+        if not bracket:
+            return None
+    else:
+        name, colon, port_text = text.partition(":")
+        rest = colon + port_text
+        if len(name) > 253 or not _NAME.fullmatch(name):
+            return None
+    if not rest:
+        return name, None
+    if rest[0] != ":" or not _PORT.fullmatch(rest[1:]) or int(rest[1:]) > 65535:
+        return None
+    return name, int(rest[1:])
+
+
+def _shown(name: str, port: int | None = None) -> str:
+    """``name[:port]`` as in a Host header (an IPv6 address in brackets)."""
+    text = f"[{name}]" if ":" in name else name
+    return text if port is None else f"{text}:{port}"
+
+
+def check_allowed_hosts(value: Any) -> tuple[str, ...]:
+    """``--allowed-hosts`` as a tuple of ``host[:port]`` entries (or ``("*",)``).
+
+    Accepts a comma-separated string or a sequence of strings; entries are stripped and
+    lower-cased, empty ones dropped.
+
+    Raises
+    ------
+    TypeError
+        Not a string or a sequence of strings.
+    ValueError
+        An entry that is no host name, IP address or ``host:port`` (``*`` is the only
+        pattern).
+
+    Examples
+    --------
+    >>> check_allowed_hosts("A.example, b.example:8443")
+    ('a.example', 'b.example:8443')
+    """
+    if isinstance(value, str):
+        items: Sequence[Any] = value.split(",")
+    elif isinstance(value, Sequence) and all(isinstance(v, str) for v in value):
+        items = value
+    else:
+        raise TypeError("allowed_hosts must be a comma-separated str or a sequence of str "
+                        f"(e.g. 'a.example,b.example:8443'), got {type(value).__name__}.")
+    out: list[str] = []
+    for item in (v.strip().lower() for v in items):
+        if not item:
+            continue
+        if item != "*" and split_host(item) is None:
+            raise ValueError(f"allowed_hosts: {item[:200]!r} is not a host name, IP address or "
+                             "host:port (e.g. 'ragsieve.example', '10.0.0.5:8000', "
+                             "'[::1]'; '*' answers to any Host, unsafe).")
+        out.append(item)
+    return tuple(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """The ``Host`` values a service answers to (a guard against DNS rebinding).
+
+    The names of the address it is bound to (``bound``), and the address and port each
+    connection arrived on (from the server, never from the client); ``localhost``,
+    ``127.0.0.1`` and ``[::1]`` when either is a loopback address. A Host with a port must
+    name the port the connection arrived on. ``allowed`` adds names (``host`` with any
+    port, ``host:port`` that port only); ``*`` answers to any Host.
+
+    Examples
+    --------
+    >>> policy = HostPolicy.of("127.0.0.1", ())
+    >>> policy.accepts("localhost:8000", ("127.0.0.1", 8000))
+    True
+    >>> policy.accepts("attacker.example:8000", ("127.0.0.1", 8000))
+    False
+    """
+
+    bound: str
+    allowed: tuple[tuple[str, int | None], ...] = ()
+    any_host: bool = False
+
+    @classmethod
+    def of(cls, host: str, allowed_hosts: Iterable[str]) -> HostPolicy:
+        """The policy of a service bound to ``host`` with ``--allowed-hosts``."""
+        entries = check_allowed_hosts(tuple(allowed_hosts))
+        parsed = tuple(split_host(e) for e in entries if e != "*")
+        bound = host.strip().lower().strip("[]")
+        return cls(bound, tuple(p for p in parsed if p is not None), "*" in entries)
+
+    def names(self, server: tuple[str, int] | None) -> list[str]:
+        """The host names accepted on a connection that arrived at ``server``."""
+        names = [] if self.bound in _WILDCARD_BINDS else [self.bound]
+        local = (server[0] or "").lower() if server else ""
+        if local:
+            names.append(local)
+            mapped = _ipv4_mapped(local)  # a dual-stack socket's view of an IPv4 client
+            if mapped:
+                names.append(mapped)
+        if is_loopback_host(self.bound) or (local and is_loopback_host(local)):
+            names.extend(LOOPBACK_NAMES)
+        return list(dict.fromkeys(names))
+
+    def accepts(self, host: str | None, server: tuple[str, int] | None) -> bool:
+        """Whether a request with ``Host: host`` that arrived at ``server`` is answered."""
+        if self.any_host:
+            return True
+        parsed = split_host(host or "")
+        if parsed is None:
+            return False
+        name, port = parsed
+        if any(name == n and (p is None or p == port) for n, p in self.allowed):
+            return True
+        local_port = server[1] if server else None
+        return name in self.names(server) and (port is None or local_port is None
+                                               or port == local_port)
+
+    def refusal(self, host: str | None, server: tuple[str, int] | None) -> str:
+        """The one-line 400 detail for a Host this policy refuses."""
+        if host is None:
+            got = "no Host header"
+        else:
+            got = f"Host {host[:200]!r}"
+            if split_host(host) is None:
+                got += " (not a host[:port])"
+        names = [_shown(n) for n in self.names(server)] + [_shown(n, p) for n, p in self.allowed]
+        port = f" on port {server[1]}" if server else ""
+        return (f"{got} is not one this service answers to: it answers to "
+                f"{', '.join(names) or 'no name'}{port}; add the name it is reached by with "
+                "--allowed-hosts (ServeOptions.allowed_hosts).")
+
+
+def _ipv4_mapped(address: str) -> str | None:
+    """``10.0.0.5`` for ``::ffff:10.0.0.5``, else None."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+    return None if mapped is None else str(mapped)
+
+
+def _server(scope: _Scope) -> tuple[str, int] | None:
+    server = scope.get("server")
+    if not server or server[1] is None:
+        return None
+    return str(server[0]), int(server[1])
+
+
+def _header(scope: _Scope, name: bytes) -> str | None:
+    """The first ``name`` header of ``scope`` (latin-1 decoded, as Starlette does)."""
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class HostCheckMiddleware:
+    """ASGI middleware: 400 unless the ``Host`` header names the service (:class:`HostPolicy`).
+
+    A page of another site whose name was rebound to the service's address (DNS
+    rebinding) sends its own name as Host, and is refused before anything else runs.
+    """
+
+    def __init__(self, app: Any, policy: HostPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "http" and not self.policy.any_host:
+            host = _header(scope, b"host")
+            server = _server(scope)
+            if not self.policy.accepts(host, server):
+                detail = self.policy.refusal(host, server)
+                logger.info("request refused (400): %s", detail)
+                await _send_json(send, 400, {"detail": detail})
+                return
+        await self.app(scope, receive, send)
 
 
 def api_key_from_env(name: str) -> str:
@@ -106,21 +333,51 @@ def basic_password(authorization: str | None) -> str | None:
     return password if colon else None
 
 
+def same_origin(origin: str, scheme: str, host: str | None) -> bool:
+    """True when ``origin`` (an ``Origin`` header) is ``scheme://host``: scheme, host name
+    and port all equal (a missing port is the scheme's default: 80, 443).
+
+    Examples
+    --------
+    >>> same_origin("http://127.0.0.1:8000", "http", "127.0.0.1:8000")
+    True
+    >>> same_origin("https://127.0.0.1:8000", "http", "127.0.0.1:8000")  # another scheme
+    False
+    >>> same_origin("http://127.0.0.1", "http", "127.0.0.1:80"), same_origin("null", "http", "x")
+    (True, False)
+    """
+    own = split_host(host or "")
+    if own is None:
+        return False
+    try:
+        parts = urlsplit(origin.strip())
+        port = parts.port
+    except ValueError:  # a port that is no number
+        return False
+    name = (parts.hostname or "").lower()
+    if not name or parts.path or parts.query or parts.fragment or parts.username is not None:
+        return False
+    scheme = scheme.lower()
+    default = _DEFAULT_PORTS.get(scheme)
+    return (parts.scheme.lower() == scheme and name == own[0]
+            and (port or default) == (own[1] or default))
+
+
 def is_same_origin(request: fastapi.Request) -> bool:
     """True when a browser says the request comes from the service's own origin.
 
-    ``Sec-Fetch-Site: same-origin`` when the browser sends it; otherwise an ``Origin``
-    header whose host is the request's ``Host``. A request with neither (curl, a script)
-    is not same-origin.
+    ``Sec-Fetch-Site: same-origin`` when the browser sends it, and an ``Origin`` header, when
+    sent, equal to the service's own origin (scheme, host and port: :func:`same_origin`).
+    A request with neither header (curl, a script) is not same-origin.
     """
     site = request.headers.get("sec-fetch-site")
-    if site is not None:
-        return site.strip().lower() == "same-origin"
     origin = request.headers.get("origin")
-    host = request.headers.get("host")
-    if not origin or not host:
+    if site is None and origin is None:
         return False
-    return urlsplit(origin.strip()).netloc.lower() == host.strip().lower()
+    if site is not None and site.strip().lower() != "same-origin":
+        return False
+    return origin is None or same_origin(origin, request.scope.get("scheme", "http"),
+                                         request.headers.get("host"))
 
 
 def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
@@ -169,42 +426,179 @@ def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
     return check_api_key
 
 
-async def _send_json(send: _Send, status: int, payload: dict[str, Any]) -> None:
+async def _send_json(send: _Send, status: int, payload: dict[str, Any],
+                     headers: dict[str, str] | None = None) -> None:
     body = json.dumps(payload).encode()
-    headers = [
+    raw = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+    ] + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
+#: Methods that change nothing: never refused as cross-site.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: The header a program may send instead of a JSON body on a route without one (``POST
+#: /admin/reload``, ``/admin/monitor/reset``): a browser sends it only after a CORS
+#: preflight, which the service never grants, so no other site can.
+CLIENT_HEADER = "X-Ragsieve"
+#: ``Sec-Fetch-Site`` values of a request the service's own page (or the user) made.
+_OWN_SITES = frozenset({"same-origin", "none"})
+
+
+def _is_json(content_type: str | None) -> bool:
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/")
+                                            and media.endswith("+json"))
+
+
+def _clip(value: str) -> str:
+    return repr(value[:200])
+
+
+def cross_site_refusal(method: str, path: str, headers: Any,
+                       scheme: str) -> tuple[int, str] | None:
+    """Why a request that changes state is refused (status, one-line detail), or None.
+
+    Refused with 403: ``Sec-Fetch-Site`` other than ``same-origin`` (or ``none``), or an
+    ``Origin`` that is not the service's own (scheme, host and port,
+    :func:`same_origin`). Refused with 415: neither a JSON ``Content-Type`` nor a header
+    only a program can send (``X-Ragsieve``, ``X-API-Key``, ``Authorization: Bearer``):
+    what a cross-site ``<form>`` or ``fetch(..., {mode: "no-cors"})`` sends. ``headers``
+    is a case-insensitive mapping (Starlette's ``Headers``).
+    """
+    route = f"{method} {path}"
+    site = headers.get("sec-fetch-site")
+    if site is not None and site.strip().lower() not in _OWN_SITES:
+        return 403, (f"{route} refused: Sec-Fetch-Site == {_clip(site)}; a request that "
+                     "changes state is accepted from the service's own origin only "
+                     "(Sec-Fetch-Site: same-origin), never from another site or port.")
+    origin = headers.get("origin")
+    host = headers.get("host")
+    if origin is not None and not same_origin(origin, scheme, host):
+        own = f"{scheme}://{host}" if host else f"{scheme}://<no Host>"
+        return 403, (f"{route} refused: Origin == {_clip(origin)} is not the service's own "
+                     f"origin {_clip(own)} (scheme, host and port must all match); a request "
+                     "that changes state is accepted from the service's own origin only.")
+    content_type = headers.get("content-type")
+    bearer = (headers.get("authorization") or "").strip().lower().startswith("bearer ")
+    if _is_json(content_type) or bearer or headers.get(CLIENT_HEADER) is not None \
+            or headers.get(API_KEY_HEADER) is not None:
+        return None
+    got = "no Content-Type" if content_type is None else f"Content-Type == {_clip(content_type)}"
+    return 415, (f"{route} needs 'Content-Type: application/json' or the header "
+                 f"'{CLIENT_HEADER}: 1' (a program's request; a cross-site form or no-cors "
+                 f"fetch can send neither); got {got}.")
+
+
+class CrossSiteGuard:
+    """ASGI middleware: requests that change state are refused unless a program or the
+    service's own page sent them (:func:`cross_site_refusal`), before their body is read.
+
+    A request changes state when its method is not GET / HEAD / OPTIONS and a route of
+    ``routes`` takes that method at that path (``POST /filter``, ``/query``,
+    ``/feedback``, ``/admin/reload``, ``/admin/monitor/reset`` and any route added later);
+    other requests pass untouched (a ``PUT /`` still gets its 405).
+    """
+
+    def __init__(self, app: Any, routes: Sequence[Any]) -> None:
+        self.app = app
+        self.routes = routes  # the app's route list, read at each request
+
+    def _changes_state(self, method: str, path: str) -> bool:
+        if method in SAFE_METHODS:
+            return False
+        for route in self.routes:
+            methods = getattr(route, "methods", None)
+            regex = getattr(route, "path_regex", None)
+            if methods and method in methods and regex is not None and regex.match(path):
+                return True
+        return False
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "http" and self._changes_state(scope["method"], scope["path"]):
+            headers = fastapi.Request(scope).headers
+            refused = cross_site_refusal(scope["method"], scope["path"], headers,
+                                         scope.get("scheme", "http"))
+            if refused is not None:
+                status, detail = refused
+                logger.info("request refused (%d): %s", status, detail)
+                await _send_json(send, status, {"detail": detail})
+                return
+        await self.app(scope, receive, send)
+
+
+#: ``max_receiving_bytes`` when not given: this many times ``max_body_bytes``.
+RECEIVING_FACTOR = 4
+#: Seconds a request refused by the receiving cap is told to wait (``Retry-After``).
+RECEIVING_RETRY_AFTER = 2
+
+
+class _Held:
+    """Bytes one request holds of the receiving cap."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+
 class BodyLimitMiddleware:
-    """ASGI middleware: 413 for bodies over ``max_body_bytes``, 408 for slow bodies.
+    """ASGI middleware: 413 for bodies over ``max_body_bytes``, 408 for slow bodies, 503 when
+    the bodies being received at once would pass ``max_receiving_bytes``.
 
     The limit is checked on the ``Content-Length`` header and on the bytes actually
     received (chunked uploads have no header); the body is buffered once and replayed
     (the middleware keeps no copy of it while the request is served). A body that has
     not fully arrived ``body_timeout`` seconds after the request head gets 408 and the
     connection is closed.
+
+    The receiving cap holds across all connections of this process: a request reserves its
+    ``Content-Length`` before its first byte is read (a chunked one reserves each chunk as
+    it arrives) and gives it back once its body is read, refused or timed out. A request
+    that would take the reserved total over ``max_receiving_bytes`` gets 503 with
+    ``Retry-After`` before its body is read, so slow uploads hold at most that much memory.
     """
 
-    def __init__(self, app: Any, max_body_bytes: int, body_timeout: float = 60.0) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, body_timeout: float = 60.0,
+                 max_receiving_bytes: int | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.max_receiving_bytes = (RECEIVING_FACTOR * max_body_bytes
+                                    if max_receiving_bytes is None else max_receiving_bytes)
+        self.receiving = 0  # bytes reserved by the bodies being received (one event loop)
 
     def _too_large(self, size: str) -> dict[str, Any]:
         return {
             "detail": f"request body is {size} bytes; the limit is {self.max_body_bytes} bytes."
         }
 
+    async def _busy(self, send: _Send, size: str) -> None:
+        detail = (f"the service is receiving {self.receiving} bytes of request bodies at once; "
+                  f"this body ({size} bytes) would take that over the limit of "
+                  f"{self.max_receiving_bytes} (--max-receiving-bytes): retry after "
+                  f"{RECEIVING_RETRY_AFTER} s.")
+        logger.warning("request refused (503): %s", detail)
+        await _send_json(send, 503, {"detail": detail},
+                         {"Retry-After": str(RECEIVING_RETRY_AFTER)})
+
+    def _reserve(self, held: _Held, n: int) -> bool:
+        """Reserve ``n`` more bytes for one request; False when the cap would be passed."""
+        if n and self.receiving + n > self.max_receiving_bytes:
+            return False
+        self.receiving += n
+        held.n += n
+        return True
+
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
+        n_declared = 0
         if declared is not None:
             try:
                 n_declared = int(declared)
@@ -215,15 +609,23 @@ class BodyLimitMiddleware:
             if n_declared > self.max_body_bytes:
                 await _send_json(send, 413, self._too_large(str(n_declared)))
                 return
+        held = _Held()
         try:
-            body = await asyncio.wait_for(self._read_body(receive, send), self.body_timeout)
-        except TimeoutError:
-            detail = (
-                f"request body not complete {self.body_timeout:g} s after the request head; "
-                "send the head and the whole body at once."
-            )
-            await _send_json(send, 408, {"detail": detail})
-            return
+            if not self._reserve(held, max(n_declared, 0)):
+                await self._busy(send, str(n_declared))
+                return
+            try:
+                body = await asyncio.wait_for(self._read_body(receive, send, held),
+                                              self.body_timeout)
+            except TimeoutError:
+                detail = (
+                    f"request body not complete {self.body_timeout:g} s after the request head; "
+                    "send the head and the whole body at once."
+                )
+                await _send_json(send, 408, {"detail": detail})
+                return
+        finally:
+            self.receiving -= held.n
         if body is None:
             return
         pending: list[bytes] = [body]
@@ -236,8 +638,8 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _read_body(self, receive: _Receive, send: _Send) -> bytes | None:
-        """The whole body, or None after answering 413 (or on disconnect)."""
+    async def _read_body(self, receive: _Receive, send: _Send, held: _Held) -> bytes | None:
+        """The whole body, or None after answering 413 / 503 (or on disconnect)."""
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -248,6 +650,9 @@ class BodyLimitMiddleware:
             total += len(chunk)
             if total > self.max_body_bytes:
                 await _send_json(send, 413, self._too_large(f"more than {total - len(chunk)}"))
+                return None
+            if total > held.n and not self._reserve(held, total - held.n):
+                await self._busy(send, f"more than {total - len(chunk)}")
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):

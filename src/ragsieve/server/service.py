@@ -16,13 +16,18 @@ dedicated model thread: the embedding cache serialises model calls anyway, and d
 them all in one thread keeps the model's working memory in one allocator arena instead
 of one per pool thread (measured in ``benchmarks/bench_server.py --long``).
 
-Model work is fair (:class:`~ragsieve.server.scheduling.FairQueue`): a request's pieces
-are counted before any model work (413 beyond ``max_pieces``), then embedded into the
-scorer's cache ``PIECES_PER_STEP`` at a time, one step per waiting request in turn, and
-the request's final ``filter`` call (which a list-relative score needs whole) reads them
-back from the cache. A small request therefore waits for one step of each request ahead
-of it, not for a large request to finish; more than ``max_queue`` waiting requests get
-429 with ``Retry-After``. Requests with vectors or outside scores need no model and stay
+Model work is fair (:class:`~ragsieve.server.scheduling.FairQueue`): a request's model work
+is counted before any of it is done, by the characters the model reads in pieces of 500
+(:func:`~ragsieve.server.scheduling.work_pieces`: the query, every snippet piece, every
+sentence or piece of a long sentence, and for a sentence filter each snippet read whole as
+context; 413 beyond ``max_pieces``, first from a bound on the texts as sent, so that a
+request far over the budget is not even cut), then embedded into the scorer's cache in
+steps of at most ``PIECES_PER_STEP`` pieces of work
+(:func:`~ragsieve.server.scheduling.cost_steps`), one step per waiting request in turn,
+and the request's final ``filter`` call (which a list-relative score needs whole) reads
+them back from the cache. A small request therefore waits for one step of each request
+ahead of it, not for a large request to finish; more than ``max_queue`` waiting requests
+get 429 with ``Retry-After``. Requests with vectors or outside scores need no model and stay
 in the pool (vectors must have the dimension of the scorer's model). Index searches are
 serialised with a lock, and so are scorers not known to be thread-safe outside the model
 thread. A served index whose directory is removed answers 503 and logs an error.
@@ -58,7 +63,16 @@ from .options import DEFAULT_MAX_PIECES, DEFAULT_MAX_QUEUE, ServeOptions  # noqa
 from .page import RecentRequests
 from .parsing import BUSY_RETRY_AFTER, printable
 from .reload import ArtifactCheck, Generation, Generations, check_artifact
-from .scheduling import FairQueue, QueueFull
+from .scheduling import (
+    PIECE_CHARS,
+    PIECE_WORDS,
+    FairQueue,
+    QueueFull,
+    cost_steps,
+    least_work,
+    text_cost,
+    work_pieces,
+)
 from .schemas import (
     AdaptiveInfo,
     ArtifactInfo,
@@ -92,8 +106,10 @@ _THREAD_SAFE_SCORERS = frozenset({"embedding", "field"})
 _NO_MODEL_SCORERS = frozenset({"field"})
 #: How many filters with a request's own ``min_keep`` are kept for reuse.
 _MAX_CACHED_FILTERS = 64
-#: Pieces of one request embedded per turn of the fair model queue: about what a small
-#: request waits for beside a large one (p99 443 ms at load 4.5 in ``--fairness``).
+#: Most model work of one request per turn of the fair model queue, in pieces of 500
+#: characters: about what a small request waits for beside a large one (p99 443 ms at load
+#: 4.5 in ``--fairness``). Only a single text costing more (the query, or a snippet a
+#: sentence filter reads whole) makes a bigger step, bounded by ``max_pieces``.
 PIECES_PER_STEP = 8
 #: Measured model throughput (pieces/s, see ``options.DEFAULT_MAX_PIECES``), for ``Retry-After``.
 PIECES_PER_SECOND = 50
@@ -176,10 +192,6 @@ def _model_of(spec: Mapping[str, Any]) -> Any:
     """The embedding model named by a scorer spec (or by its base scorer's)."""
     base = spec.get("base")
     return spec.get("model") or (base.get("model") if isinstance(base, Mapping) else base)
-
-
-def _chunks(texts: Sequence[str], size: int) -> list[Sequence[str]]:
-    return [texts[i:i + size] for i in range(0, len(texts), size)]
 
 
 def _snippet_vectors(request: FilterRequest) -> np.ndarray | None:
@@ -434,17 +446,22 @@ class Service:
 
     def _filter_with_model(self, use: ConformalFilter, query: str, items: list[Any],
                            group: Any) -> FilterResult:
-        """Count the pieces (413 over budget), embed them in fair steps, then filter."""
+        """Count the model work (413 over budget: from below on the texts as sent, then
+        exactly on the cut), embed it in fair steps of bounded cost, then filter."""
         rt = self.runtime
+        sent = [t for t in (it if isinstance(it, str) else it.get("text") for it in items)
+                if isinstance(t, str)]
+        rt.check_budget([query, *sent], uncut=True, whole_too=use.unit == "sentence")
         texts = use.piece_texts(items)
-        rt.check_budget(len(texts))
-        chunks = _chunks(texts, PIECES_PER_STEP) or [[]]
-        # all chunks but the last go to the cache first; the last step embeds the last
-        # chunk and reads the others back (a request of one chunk is a single step)
+        rt.check_budget([query, *texts])
+        chunks = cost_steps(texts, PIECES_PER_STEP, first_cost=text_cost(query))
+        # all chunks but the last go to the cache first (the first with the query); the
+        # last step embeds the last chunk and reads the others back (a request of one
+        # chunk is a single step)
         steps: list[Callable[[], Any]] = [partial(use.scorer.prepare, query, c)
-                                          for c in chunks[:-1]]
+                                          for c, _ in chunks[:-1]]
         steps.append(lambda: use.filter(query, items, group=group))
-        return rt.run_model_work(steps, costs=[len(c) for c in chunks])
+        return rt.run_model_work(steps, costs=[cost for _, cost in chunks])
 
     def _filter_in_pool(self, use: ConformalFilter, request: FilterRequest, items: list[Any],
                         vectors: np.ndarray | None) -> FilterResult:
@@ -497,6 +514,7 @@ class Service:
             raise http_error(413, f"k == {_show_int(request.k)}; the limit is {rt.max_k}.")
         _check_min_keep(request.min_keep, rt.max_k, "hits (k)")
         use = self.filter_for(request.min_keep)
+        rt.check_budget([request.query])  # the question is embedded; the hits are stored
         from ..store import IndexMissingError
 
         try:
@@ -504,7 +522,7 @@ class Service:
                 hits, res = rt.run_model_work(  # embeds the question; hits use stored vectors
                     [lambda: rt.index.query_with_filter(
                         request.query, use, k=request.k, group=request.group)],
-                    costs=[1],
+                    costs=[max(1, work_pieces([request.query]))],
                 )
         except IndexMissingError as exc:
             logger.error("cannot answer /query: %s", exc)
@@ -756,18 +774,54 @@ class Runtime:
         result: _T = self._model_queue.run([fn], costs=[1], refuse_when_full=False)
         return result
 
-    def check_budget(self, n_pieces: int) -> None:
-        """413 when one request needs more than ``max_pieces`` pieces of model work."""
-        if n_pieces > self.max_pieces:
-            self.metrics.refused.labels("max_pieces").inc()
-            logger.info("request refused (413): %d pieces of model work, limit %d",
-                        n_pieces, self.max_pieces)
-            raise http_error(
-                413,
-                f"request needs {n_pieces} pieces of model work; the limit is "
-                f"{self.max_pieces} per request (--max-pieces). Send fewer or shorter "
-                "snippets (a snippet longer than the filter's window counts as its pieces).",
-            )
+    def check_budget(self, texts: Sequence[str], *, uncut: bool = False,
+                     whole_too: bool = False) -> None:
+        """413 when reading ``texts`` is more than ``max_pieces`` pieces of model work
+        (characters in pieces of 500, :mod:`ragsieve.server.scheduling`).
+
+        Parameters
+        ----------
+        texts : sequence of str
+            The query first, then what the filter hands the model
+            (``ConformalFilter.piece_texts``), counted exactly
+            (:func:`~ragsieve.server.scheduling.work_pieces`).
+        uncut : bool
+            ``texts`` are the query and the snippets as sent, counted from below before
+            the filter cuts them (:func:`~ragsieve.server.scheduling.least_work`), so a
+            request far over the budget costs no cutting either.
+        whole_too : bool
+            With ``uncut``: the filter also reads each snippet whole (unit sentence).
+
+        Raises
+        ------
+        fastapi.HTTPException
+            413 naming the work, the limit and the unit; counted in
+            ``ragsieve_refused_requests_total{reason="max_pieces"}``.
+        """
+        if uncut:
+            n_pieces = least_work(texts[0], texts[1:], whole_too=whole_too)
+        else:
+            n_pieces = work_pieces(texts)
+        if n_pieces <= self.max_pieces:
+            return
+        self.metrics.refused.labels("max_pieces").inc()
+        n_chars = sum(len(t) for t in texts)
+        logger.info("request refused (413): %d pieces of model work (%d characters), limit %d",
+                    n_pieces, n_chars, self.max_pieces)
+        counted = (f"this request's query and {len(texts) - 1:,} snippet(s) come to "
+                   f"{n_chars:,} characters, which the model reads at least {n_pieces} "
+                   "pieces of, however they are cut" if uncut else
+                   f"this request's query, snippets and sentences come to {n_chars:,} "
+                   f"characters in {len(texts):,} texts")
+        raise http_error(
+            413,
+            f"request needs {n_pieces} pieces of model work; the limit is "
+            f"{self.max_pieces} per request (--max-pieces). A piece is {PIECE_CHARS} "
+            f"characters the model reads, or {PIECE_WORDS} words and marks where a text is "
+            f"denser: {counted} (a snippet or sentence longer than the filter's window is "
+            "read as its pieces; a sentence filter also reads each snippet whole). Send "
+            "fewer or shorter snippets, or a shorter query.",
+        )
 
     def run_model_work(self, steps: Sequence[Callable[[], Any]], *,
                        costs: Sequence[int]) -> Any:
