@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_drift.py
 	$(PY) benchmarks/bench_retriever_shift.py
 	$(PY) benchmarks/bench_list_watch.py
+	$(PY) benchmarks/bench_shards.py --sizes 16,64 --cli
 
 # the docs site (MkDocs Material + mkdocstrings) into site/; the tests build it too
 docs: $(STAMP)
