@@ -105,6 +105,30 @@ def test_capabilities_are_asked_not_peeked_at(mode: str) -> None:
             assert tau == cal.threshold_
 
 
+def test_tags_say_what_the_mode_can_do(mode: str) -> None:
+    """The tags callers ask (serve --adaptive, the feedback store, make_calibrator) are bools
+    that hold: ``online`` modes learn from a labelled live snippet, ``alpha_as_target``
+    modes take a coverage target that make_calibrator reads from alpha."""
+    cls = CALIBRATORS[mode]
+    for tag in ("online", "alpha_as_target", "uses_irrelevant"):
+        assert isinstance(getattr(cls, tag), bool), f"{mode}: {tag}"
+    assert cls.online == (mode == "adaptive")
+    assert cls.alpha_as_target == (mode == "budget")
+    d = _data()
+    cal = make_calibrator(mode, **_params(mode)).fit(d["scores"], d["relevant"], **_inputs(d))
+    if cls.online:
+        before = cal.threshold_
+        for score in np.linspace(0.9, 1.5, 40):  # relevant snippets scored above tau: missed
+            cal.update(float(score), True)  # type: ignore[attr-defined]
+        assert cal.threshold_ > before  # it followed the feedback
+    else:
+        assert not callable(getattr(cal, "update", None))
+    takes_alpha = "alpha" in cls._param_names()
+    assert cls.alpha_as_target == ("alpha" in mode_params(mode) and not takes_alpha)
+    if cls.alpha_as_target:
+        assert cal.get_params()["target"] == pytest.approx(1 - PARAMS["alpha"])
+
+
 def test_params_round_trip(mode: str) -> None:
     cal = make_calibrator(mode, **_params(mode))
     params = cal.get_params()
@@ -203,7 +227,7 @@ def test_filter_of_every_mode_survives_the_artifact(mode: str, tmp_path) -> None
 
 
 def _resealed(payload: dict) -> dict:
-    from ragsieve.filter import _checksum
+    from ragsieve.artifact import seal_value as _checksum
 
     payload["checksum"]["value"] = _checksum(payload)
     return payload

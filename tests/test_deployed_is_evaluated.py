@@ -1,7 +1,7 @@
 """Deployed = evaluated, by construction: ``ConformalFilter.calibrate`` and a split of
 ``evaluate`` turn pairs into calibrator inputs with one translation
-(:class:`ragsieve.calibration.inputs.CalibrationInputs`) and fit the fused score with one
-function (:func:`ragsieve.scoring.fusion.fit_fused`).
+(:class:`ragsieve.calibration.inputs.CalibrationInputs`) and fit the fused score in one
+room (:mod:`ragsieve.fitting`, on :func:`ragsieve.scoring.fusion.fit_fusion`).
 
 For a fixed seed, the filter ``calibrate(seed=s)`` builds on the calibration pairs of
 ``evaluate(seed=s)``'s split 0 is the filter that split measures: the same fused weights,
@@ -14,6 +14,8 @@ A second copy of either path (a re-typed formula, another topic draw, other inpu
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_baseline_grid import with_bm25
@@ -22,7 +24,8 @@ from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import make_calibrator
 from ragsieve.data import group_splits
 from ragsieve.evaluation import EvaluationConfig, ScoredData, evaluate
-from ragsieve.evaluation.sweep import _calibrate_split, _fuse_split, score_for_evaluation
+from ragsieve.evaluation.sweep import _calibrate_split, score_for_evaluation
+from ragsieve.fitting import fit_split
 from ragsieve.scoring import CorpusBM25Scorer, FieldScorer, FusedScorer
 from ragsieve.scoring.fusion import FUSION_FIT_FRACTION
 from ragsieve.types import fingerprint_pairs
@@ -42,6 +45,15 @@ def _split0(pairs: list[Pair], seed: int) -> tuple[np.ndarray, np.ndarray]:
     return group_splits(topics, calibration_fraction=0.5, n_splits=1, seed=seed)[0]
 
 
+def _fit_split0(data: ScoredData, features: object, cal_idx: np.ndarray,
+                ) -> tuple[ScoredData, np.ndarray]:
+    """The sweep's fused fit of split 0 (:func:`ragsieve.fitting.fit_split`): the data
+    with fused scores and the calibration rows left for conformal."""
+    scores, conf_idx = fit_split(features, data.relevant, data.group_index, cal_idx, seed=SEED,
+                                 split=0, fraction=FUSION_FIT_FRACTION)
+    return dataclasses.replace(data, scores=scores), conf_idx
+
+
 def _one_split(pairs: list[Pair], scorer: object, mode: str, **config: object) -> dict:
     report = evaluate(pairs, scorer, modes=(mode,), alphas=(0.1,), n_splits=1, seed=SEED,
                       top_k=(), thetas=(), calibrated_baselines=False, **config)
@@ -57,7 +69,7 @@ def test_calibrate_is_split_zero_of_evaluate_for_the_fused_score(bm25_pairs: lis
     # the sweep's own fused fit of that split: the same weights, the same calibration half
     pairs, base, features, _, _ = score_for_evaluation(bm25_pairs, FusedScorer.unfitted(BM25))
     data = ScoredData.from_pairs(pairs, base)
-    fused, conf_idx = _fuse_split(data, features, cal_idx, SEED, 0, FUSION_FIT_FRACTION)
+    fused, conf_idx = _fit_split0(data, features, cal_idx)
     np.testing.assert_array_equal(flt.scorer.score_pairs(bm25_pairs), fused.scores)
     assert flt.calibration_info["fingerprint"] == fingerprint_pairs([bm25_pairs[i] for i in conf_idx])
     assert flt.calibration_info["fusion_fit_pairs"] == len(cal_idx) - len(conf_idx)
@@ -87,7 +99,7 @@ def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
     _, base, features, info, _ = score_for_evaluation(pairs, unfitted)
     assert features.learner == learner and info["features"] == list(flt.scorer.feature_names)
     data = ScoredData.from_pairs(pairs, base)
-    fused, conf_idx = _fuse_split(data, features, cal_idx, SEED, 0, FUSION_FIT_FRACTION)
+    fused, conf_idx = _fit_split0(data, features, cal_idx)
     np.testing.assert_array_equal(flt.scorer.score_pairs(pairs), fused.scores)
     assert flt.calibration_info["fingerprint"] == fingerprint_pairs([pairs[i] for i in conf_idx])
     assert flt.scorer.list_dependent == (preset == "fast")

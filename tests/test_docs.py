@@ -152,11 +152,11 @@ def test_python_examples_run(page: Path, placeholders: dict[str, Callable[[], An
                              embedding_cache_dir: Path) -> None:
     import builtins
 
-    from ragsieve import scoring
+    from ragsieve.scoring import registry
 
     # an example may register a scorer: it lasts for the page, not for the test session
-    monkeypatch.setattr(scoring, "_REGISTRY", dict(scoring._REGISTRY))
-    monkeypatch.setattr(scoring, "_OPTIONS", dict(scoring._OPTIONS))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_OPTIONS", dict(registry._OPTIONS))
     monkeypatch.chdir(tmp_path)
     shutil.copy(placeholders["filter.json"](), tmp_path / "filter.json")
     namespace: dict[str, Any] = {"__name__": f"docs_{page.stem}"}

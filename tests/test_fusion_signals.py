@@ -235,14 +235,14 @@ def test_preset_signals_follow_the_base_language(embedding_cache_dir: Path) -> N
 
 def test_the_preset_is_a_declared_option_with_a_flag() -> None:
     from ragsieve.cli import build_parser
-    from ragsieve.cli.options import make_scorer
+    from ragsieve.cli.scorers import ScorerRequest, make_scorer
 
     option = next(o for o in scorer_options("best") if o.name == "preset")
     assert option.flag == "--preset" and option.default == DEFAULT_PRESET
     args = build_parser().parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
                                       "--no-cache", "--language", "de", "--scorer", "best",
                                       "--preset", "quality"])
-    spec = make_scorer(args).spec()
+    spec = make_scorer(ScorerRequest.from_args(args)).spec()
     assert spec["scorer"] == "best" and spec["preset"] == "quality"
     assert spec["learner"] == PRESET_LEARNERS["quality"]
     assert [s["scorer"] for s in spec["signals"]] == ["embedding", "bm25-list", "sentence-cos"]
@@ -250,7 +250,7 @@ def test_the_preset_is_a_declared_option_with_a_flag() -> None:
     for given in (["--language", "de", "--query-language", "en"], ["--data", "xquad-en2de"]):
         args = build_parser().parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
                                           "--no-cache", "--scorer", "best", *given])
-        spec = make_scorer(args).spec()
+        spec = make_scorer(ScorerRequest.from_args(args)).spec()
         assert spec["base"]["model"] == "usem3-multilingual", given
         assert [s.get("model") for s in spec["signals"]] == ["multilingual-e5-small-q4", None]
 

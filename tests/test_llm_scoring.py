@@ -137,7 +137,7 @@ def test_artifact_round_trip_with_llm_scorer(local_llm, selqa_small, tmp_path: P
     texts = [p.text for p in selqa_small if p.query == q]
     assert loaded.filter(q, texts).kept_ids == flt.filter(q, texts).kept_ids
     payload["scorer"]["prompt_version"] = "judge-completion-v0"  # as an older ragsieve wrote it
-    from ragsieve.filter import _checksum
+    from ragsieve.artifact import seal_value as _checksum
 
     payload["checksum"]["value"] = _checksum(payload)  # a genuine, sealed older artifact
     path.write_text(json.dumps(payload))

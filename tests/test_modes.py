@@ -170,11 +170,11 @@ def test_calibrate_refuses_an_option_its_mode_does_not_take(
 
 def test_calibrate_passes_only_the_options_given() -> None:
     from ragsieve.cli import build_parser
-    from ragsieve.cli.options import calibrator_params
+    from ragsieve.cli.values import GuaranteeOptions, calibrator_params
 
     def params(*argv: str) -> dict[str, object]:
-        return calibrator_params(build_parser().parse_args(
-            ["calibrate", "--data", "d.jsonl", "--out", "f.json", *argv]))
+        return calibrator_params(GuaranteeOptions.from_args(build_parser().parse_args(
+            ["calibrate", "--data", "d.jsonl", "--out", "f.json", *argv])))
 
     assert params("--mode", "marginal") == {"alpha": 0.1}
     assert params("--mode", "pac") == {"alpha": 0.1, "delta": 0.1}
@@ -303,11 +303,11 @@ def test_evaluate_refuses_an_option_no_listed_mode_takes(argv: list[str],
 
 def test_evaluate_takes_delta_when_a_listed_mode_does() -> None:
     from ragsieve.cli import build_parser
-    from ragsieve.cli.options import check_mode_list_params
+    from ragsieve.cli.values import GuaranteeOptions, check_mode_list_params
 
     args = build_parser().parse_args(["evaluate", "--data", "x", "--mode", "marginal,pac",
                                       "--delta", "0.05"])
-    check_mode_list_params(args)  # pac takes it: no error
+    check_mode_list_params(GuaranteeOptions.from_args(args))  # pac takes it: no error
     args = build_parser().parse_args(["evaluate", "--data", "x", "--budget", "600",
                                       "--delta", "0.05"])
-    check_mode_list_params(args)  # --budget adds the budget rows, which take delta
+    check_mode_list_params(GuaranteeOptions.from_args(args))  # --budget adds the budget rows, which take delta

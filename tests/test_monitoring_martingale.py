@@ -23,8 +23,8 @@ import pytest
 from scipy import stats
 
 from ragsieve import ConformalFilter
+from ragsieve.artifact import Artifact
 from ragsieve.errors import ArtifactError
-from ragsieve.filter import read_artifact
 from ragsieve.monitoring import ExchangeabilityMonitor, MonitorState, reference_block, separation
 from ragsieve.scoring import Scorer
 from ragsieve.types import Pair
@@ -279,7 +279,7 @@ def test_artifact_without_monitor_still_loads(tmp_path: Path) -> None:
     flt = ConformalFilter(_Length(), alpha=0.2).calibrate(_toy_pairs(), monitor=False)
     assert flt.monitor_reference is None
     path = flt.save(tmp_path / "f.json")
-    payload = read_artifact(path)
+    payload = Artifact.read(path).to_dict()
     assert "monitor" not in payload and payload["checksum"]["covers"] == ["scorer", "calibration",
                                                                           "policy", "lists"]
     assert ConformalFilter.load(path, scorer=_Length()).monitor_reference is None
@@ -287,7 +287,7 @@ def test_artifact_without_monitor_still_loads(tmp_path: Path) -> None:
 
 
 def test_monitor_block_is_sealed_and_checked() -> None:
-    from ragsieve.filter import _checksum
+    from ragsieve.artifact import seal_value as _checksum
 
     flt = ConformalFilter(_Length(), alpha=0.2).calibrate(_toy_pairs())
     edited = flt.to_dict()
@@ -409,7 +409,7 @@ def drift_filter(xquad_split, minilm_scorer, xquad_en_scores, tmp_path_factory):
     """A filter calibrated on the calibration half, saved and read back as an artifact."""
     flt = ConformalFilter(minilm_scorer, alpha=0.1).calibrate(xquad_split[0])
     path = flt.save(tmp_path_factory.mktemp("drift") / "filter.json")
-    return flt, read_artifact(path)
+    return flt, Artifact.read(path).to_dict()
 
 
 def _served(flt: ConformalFilter, pairs: list[Pair]) -> list[np.ndarray]:

@@ -18,9 +18,9 @@ from scipy import stats
 
 from ragsieve import ConformalFilter
 from ragsieve._monitor_reference import read_monitor_block
+from ragsieve.artifact import Artifact
 from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.errors import ArtifactError
-from ragsieve.filter import read_artifact
 from ragsieve.monitoring import ExchangeabilityMonitor, reference_block
 
 
@@ -205,7 +205,7 @@ def test_read_monitor_block_checks_best(best: Any, message: str) -> None:
 
 def test_the_seal_covers_the_best_scores(served_artifact: Any, tmp_path: Path) -> None:
     path = served_artifact(SplitConformalCalibrator(alpha=0.2))
-    payload = read_artifact(path)
+    payload = Artifact.read(path).to_dict()
     assert len(payload["monitor"]["best"]) == payload["monitor"]["n_queries"]
     assert ExchangeabilityMonitor.from_artifact(payload) is not None
     payload["monitor"]["best"][0] += 0.01

@@ -37,10 +37,10 @@ httpx = pytest.importorskip("httpx")
 from servers import ThreadServer, serving
 
 from ragsieve import ConformalFilter
+from ragsieve.artifact import Artifact
 from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.cli import main as cli_main
 from ragsieve.errors import ArtifactError
-from ragsieve.filter import read_artifact
 from ragsieve.monitoring import ExchangeabilityMonitor
 from ragsieve.server import create_app
 from ragsieve.server.app import _create_app
@@ -116,11 +116,10 @@ def test_every_field_is_type_checked_by_the_one_reader(artifacts: dict[str, Path
                                                        field: str, value: Any,
                                                        match: str) -> None:
     """Defect 2 (and 9): unsealed fields were read unchecked and broke the service later."""
-    from ragsieve.filter import parse_artifact
 
     text = _edited(artifacts["a"], **{field: value})
     with pytest.raises(ArtifactError, match=match):
-        parse_artifact(text, "edited.json")
+        Artifact.parse(text, "edited.json").to_dict()
     with pytest.raises(ArtifactError, match=match):
         ConformalFilter.from_dict(json.loads(text))
 
@@ -147,7 +146,7 @@ def test_seal_checked_by_every_reader(artifacts: dict[str, Path], tmp_path: Path
         assert code == 2 and len(err) == 1 and "checksum mismatch" in err[0], err
         assert not out.exists()
         with pytest.raises(ArtifactError, match="checksum mismatch"):
-            read_artifact(path)
+            Artifact.read(path).to_dict()
         with pytest.raises(ArtifactError, match="checksum mismatch"):
             ExchangeabilityMonitor.from_artifact(bad)
 
@@ -158,9 +157,9 @@ def test_artifact_size_cap_in_the_reader(artifacts: dict[str, Path], tmp_path: P
     from ragsieve.errors import ArtifactTooLargeError
 
     padded = _padded(artifacts["a"], tmp_path / "padded.json", 300_000)
-    assert read_artifact(padded)["format"] == "ragsieve.filter"
+    assert Artifact.read(padded).to_dict()["format"] == "ragsieve.filter"
     with pytest.raises(ArtifactTooLargeError, match="300000 bytes, more than the limit of 200000"):
-        read_artifact(padded, max_bytes=200_000)
+        Artifact.read(padded, max_bytes=200_000).to_dict()
     sparse = tmp_path / "sparse.json"  # 65 MiB of holes: no disk used, never read
     with open(sparse, "wb") as fh:
         fh.truncate(65 * 2**20)

@@ -6,7 +6,8 @@ same spec, the same scores); ``score_batch`` / ``score_items`` give finite float
 snippet; the keep rule reads in the direction of the score; list-dependent scores change
 when the list changes and the others do not; ``outside_field`` / ``vector_dim`` /
 ``scores_from_vectors`` agree with each other; the declared options match the factory's
-keywords and defaults, and the CLI builds the scorer from them.
+keywords and defaults, and the CLI builds the scorer from them; the tags (``thread_safe``,
+``model_free``) are bools that hold, and the service calls a scorer as its tags say.
 
 The scorers that cannot score before calibration (``best``: unfitted, ``auto``: resolved
 by calibrate) are checked for what they promise instead: a ``ScorerError`` that says what
@@ -17,9 +18,12 @@ resolved. The LLM scorer runs on the real local model (Gemma 3 270M) on five sni
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -285,6 +289,86 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
     assert not scorer.resolved_at_calibration  # only the "auto" stand-in is
 
 
+#: The service's behaviour before scorers carried tags (its lists of scorer names): the
+#: tags reproduce it.
+THREAD_SAFE = {"embedding", "field"}
+MODEL_FREE = {"field"}
+
+
+def test_tags_are_typed_and_hold(scorer: Scorer) -> None:
+    for tag in ("thread_safe", "model_free"):
+        value = getattr(type(scorer), tag)
+        assert isinstance(value, bool), f"{tag} is {value!r}, expected a bool"
+        assert getattr(scorer, tag) is value  # a class tag: the same for every instance
+    alias = scorer.spec()["scorer"]
+    assert scorer.thread_safe == (alias in THREAD_SAFE)
+    assert scorer.model_free == (alias in MODEL_FREE)
+    if scorer.model_free:  # no model: no vectors of one, no embedding model to share
+        assert scorer.vector_dim() is None and scorer.embedding_model() is None
+    if scorer.thread_safe:  # several threads at once give the scores one thread gives
+        alone = _scores(scorer, _items())
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            together = list(pool.map(lambda _: _scores(scorer, _items()), range(16)))
+        for scores in together:
+            np.testing.assert_array_equal(scores, alone)
+
+
+class _Toy(Scorer):
+    """A score that calls no model: the word count of the snippet. Two requests score it
+    at once only when the service calls it without a lock (the barrier needs both)."""
+
+    name = "toy-tagged"
+    barrier: ClassVar[threading.Barrier | None] = None
+    calls: ClassVar[list[str]] = []
+
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        self.calls.append(query)
+        if query == "together" and self.barrier is not None:
+            self.barrier.wait()
+        return np.array([float(len(s.split())) for s in snippets])
+
+    def spec(self) -> dict[str, Any]:
+        return {"scorer": self.name}
+
+
+class _ThreadSafeToy(_Toy):
+    name = "toy-thread-safe"
+    thread_safe = True
+    model_free = True
+
+
+@pytest.mark.parametrize("cls", [_Toy, _ThreadSafeToy], ids=lambda c: c.name)
+def test_the_service_reads_the_tags(cls: type[_Toy], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new scorer's tags decide how the service calls it, with nothing edited in the
+    server: warmed up unless model-free, scored at once by two requests when thread-safe."""
+    from fastapi.testclient import TestClient
+
+    from ragsieve import ConformalFilter
+    from ragsieve.scoring import register_scorer, registry
+    from ragsieve.server import create_app
+    from ragsieve.server.schemas import FilterRequest
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_OPTIONS", dict(registry._OPTIONS))
+    register_scorer(cls.name, cls)
+    monkeypatch.setattr(cls, "calls", [])
+    path = tmp_path / "toy.json"
+    ConformalFilter(cls(), alpha=0.2).calibrate(TRAIN).save(path)
+    app = create_app(path, warmup=True, state_dir=tmp_path / "state")
+    with TestClient(app):
+        service = app.state.runtime.current
+        assert service.uses_model == (not cls.model_free)
+        assert ("warm-up" in cls.calls) == (not cls.model_free)
+        assert isinstance(service.lock, nullcontext) == cls.thread_safe
+        if cls.thread_safe:
+            monkeypatch.setattr(cls, "barrier", threading.Barrier(2, timeout=30))
+            request = FilterRequest(query="together", snippets=SNIPPETS)
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                answers = list(pool.map(lambda _: service.run_filter(request), range(2)))
+            assert answers[0].kept == answers[1].kept
+
+
 def test_unfitted_fused_score_asks_to_be_fitted(minilm_scorer: Scorer) -> None:
     best = resolve_scorer("best", base=minilm_scorer)
     assert not best.is_fitted and best.list_dependent
@@ -345,7 +429,7 @@ def test_declared_options_are_the_factory_keywords(alias: str) -> None:
 
 def test_the_cli_offers_every_declared_flag_and_builds_through_them() -> None:
     from ragsieve.cli import build_parser
-    from ragsieve.cli.options import make_scorer
+    from ragsieve.cli.scorers import ScorerRequest, make_scorer
 
     parser = build_parser()
     args = parser.parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json"])
@@ -363,5 +447,5 @@ def test_the_cli_offers_every_declared_flag_and_builds_through_them() -> None:
     for flags, expected in cases.items():
         args = parser.parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
                                   "--no-cache", "--language", "en", *flags])
-        spec = make_scorer(args).spec()
+        spec = make_scorer(ScorerRequest.from_args(args)).spec()
         assert {k: spec[k] for k in expected} == expected

@@ -225,9 +225,9 @@ def test_register_scorer_plugs_in_a_new_alias() -> None:
         with pytest.raises(ValueError, match="already registered"):
             register_scorer("nan-test", lambda: NaNScorer())
     finally:
-        from ragsieve import scoring
+        from ragsieve.scoring import registry
 
-        scoring._REGISTRY.pop("nan-test", None)
+        registry._REGISTRY.pop("nan-test", None)
 
 
 unit_rows = arrays(

@@ -170,12 +170,12 @@ def test_calibrate_takes_snippet_pairs_and_learns_from_evidence_sentences() -> N
 # ------------------------------------------------------------------ the artifact
 def test_unit_is_saved_in_the_policy_and_read_back(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from ragsieve import scoring
+    from ragsieve.scoring import registry
 
     # the toy score is registered for this test only (the scorer suite checks the registry)
-    monkeypatch.setattr(scoring, "_REGISTRY", dict(scoring._REGISTRY))
-    monkeypatch.setattr(scoring, "_OPTIONS", dict(scoring._OPTIONS))
-    scoring.register_scorer("overlap", Overlap)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_OPTIONS", dict(registry._OPTIONS))
+    registry.register_scorer("overlap", Overlap)
     path = _toy(0.3).save(tmp_path / "f.json")
     payload = json.loads(path.read_text())
     assert payload["policy"]["unit"] == "sentence"

@@ -10,13 +10,15 @@ chosen is explained in :mod:`ragsieve.monitoring`.
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .errors import ArtifactError
+from .types import Pair
 
 __all__ = [
     "MAX_REFERENCE",
@@ -24,10 +26,13 @@ __all__ = [
     "STATISTIC_VERSION",
     "TOP_K",
     "best_score",
+    "calibration_reference",
     "read_monitor_block",
     "reference_block",
     "separation",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Name and version of the per-request statistic written into artifacts.
 STATISTIC = "separation"
@@ -135,6 +140,29 @@ def reference_block(scores: Any, query_ids: Sequence[Any], *, seed: int = 0,
     return {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
             "reference": _subsample(stats, seed, max_size), "n_queries": len(by_query),
             "seed": seed, "best": _subsample(best, seed, max_size)}
+
+
+def calibration_reference(pairs: Sequence[Pair], used: Sequence[Pair], scores: np.ndarray,
+                          score: Callable[[list[Pair]], np.ndarray], *,
+                          seed: int = 0) -> dict[str, Any] | None:
+    """The monitor block of calibration pairs (:func:`reference_block`), from the scores of
+    every calibration snippet, per query.
+
+    ``scores`` are those of ``used``; when ``used`` is not ``pairs`` (only the relevant
+    pairs were scored) the others are scored with ``score`` too: served traffic is
+    unlabelled. None (and a warning) when no query has 2 or more snippets.
+    """
+    qids = [p.query_id for p in used]
+    if used is not pairs:  # only the relevant pairs were scored: score the others too
+        rest = [p for p in pairs if p.relevant != 1]
+        if rest:
+            scores = np.concatenate([scores, score(rest)])
+            qids += [p.query_id for p in rest]
+    block = reference_block(scores, qids, seed=seed)
+    if block is None:
+        logger.warning("no calibration query has 2 or more snippets: the artifact gets no "
+                       "exchangeability monitor reference")
+    return block
 
 
 def _count(block: Mapping[str, Any], key: str, low: int) -> int:

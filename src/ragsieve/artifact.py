@@ -37,7 +37,7 @@ import math
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,8 @@ from .units import UNITS
 
 __all__ = [
     "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "FIELDS", "MAX_ARTIFACT_BYTES",
-    "Artifact", "check_fields", "check_seal", "covers", "read_text", "seal_value",
+    "Artifact", "CalibrationBlock", "check_fields", "check_seal", "covers", "read_text",
+    "seal_value",
 ]
 
 ARTIFACT_FORMAT = "ragsieve.filter"
@@ -66,6 +67,75 @@ FIELDS = ("format", "format_version", "library_version", "created", "scorer", "c
           "policy", "data", "monitor", "lists", "checksum")
 #: Optional sealed blocks: the monitor's reference, the calibration lists' record.
 OPTIONAL_SEALED = ("monitor", "lists")
+
+
+# ----------------------------------------------------------------------------- the calibration
+@dataclass(frozen=True)
+class CalibrationBlock:
+    """The artifact's calibration block as one typed value: the fitted calibrator's mode,
+    parameters and learned state, and what the filter adds (its group field, the guarantee
+    it promises). Build it with :meth:`of`; :meth:`to_dict` is the stored layout (format
+    version 2), which :meth:`Artifact.calibrator` reads back and cross-checks.
+
+    Attributes
+    ----------
+    mode : str
+        The guarantee mode.
+    params : dict
+        The calibrator's parameters (``get_params``).
+    state : dict
+        Its learned state (``to_state``).
+    alpha : float or None
+        The miscoverage it calibrates to (None: a budget without a coverage target).
+    threshold : float
+        The calibrated threshold (``inf``: keep everything).
+    n_calibration : int
+        Calibration units the state was learned from.
+    group_by : str or None
+        The ``group`` mode's field.
+    guarantee : dict
+        What the filter promises (``ConformalFilter.guarantee()``).
+    """
+
+    mode: str
+    params: dict[str, Any]
+    state: dict[str, Any]
+    alpha: float | None
+    threshold: float
+    n_calibration: int
+    group_by: str | None = None
+    guarantee: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, calibrator: BaseCalibrator, *, group_by: str | None = None,
+           guarantee: Mapping[str, Any] | None = None) -> CalibrationBlock:
+        """The block of a fitted calibrator.
+
+        Raises
+        ------
+        ArtifactError
+            A budget with a custom tokenizer (parameters are stored as JSON).
+        """
+        tau = float(calibrator.threshold_)
+        params = calibrator.get_params()
+        if params.get("tokenizer") is not None:
+            raise ArtifactError("a budget with a custom tokenizer cannot be saved; the artifact "
+                                "stores parameters as JSON (use unit='tokens' without a tokenizer).")
+        return cls(mode=calibrator.mode,
+                   params={k: v for k, v in params.items() if k != "tokenizer"},
+                   state=calibrator.to_state(), alpha=calibrator.miscoverage(), threshold=tau,
+                   n_calibration=int(calibrator.n_calibration_),  # type: ignore[attr-defined]
+                   group_by=group_by,
+                   guarantee=dict(guarantee or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored layout: an infinite threshold is ``null`` with ``threshold_is_infinite``
+        (strict JSON has no infinity)."""
+        infinite = math.isinf(self.threshold)
+        return {"mode": self.mode, "params": dict(self.params), "state": dict(self.state),
+                "alpha": self.alpha, "threshold": None if infinite else self.threshold,
+                "threshold_is_infinite": infinite, "group_by": self.group_by,
+                "n_calibration": self.n_calibration, "guarantee": dict(self.guarantee)}
 
 
 # ----------------------------------------------------------------------------- the record
@@ -195,7 +265,7 @@ class Artifact:
                    library_version=own.get("library_version"), created=own.get("created"))
 
     @classmethod
-    def create(cls, *, scorer: Mapping[str, Any], calibration: Mapping[str, Any],
+    def create(cls, *, scorer: Mapping[str, Any], calibration: Mapping[str, Any] | CalibrationBlock,
                policy: Mapping[str, Any], data: Mapping[str, Any],
                monitor: Mapping[str, Any] | None = None, lists: Mapping[str, Any] | None = None,
                created: str | None = None) -> Artifact:
@@ -204,7 +274,7 @@ class Artifact:
         Parameters
         ----------
         scorer, calibration, policy, data : Mapping
-            The blocks (plain JSON values).
+            The blocks (plain JSON values; ``calibration`` may be a :class:`CalibrationBlock`).
         monitor : Mapping, optional
             The monitor reference block.
         lists : Mapping, optional
@@ -221,7 +291,9 @@ class Artifact:
             "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
             "library_version": __version__,
             "created": created or _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-            "scorer": dict(scorer), "calibration": dict(calibration), "policy": dict(policy),
+            "scorer": dict(scorer), "policy": dict(policy),
+            "calibration": calibration.to_dict() if isinstance(calibration, CalibrationBlock)
+            else dict(calibration),
             "data": dict(data),
         }
         if monitor is not None:

@@ -237,6 +237,49 @@ _FILE_KINDS = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
                (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"))
 
 
+def _scan_directory(root: Path, index_root: Path) -> tuple[list[Path], list[tuple[str, str]]]:
+    """The files below ``root`` to index (supported, readable, outside the index itself) and
+    the entries skipped with their reasons (relative path, reason)."""
+    skipped: list[tuple[str, str]] = []
+    paths = []
+    for p in sorted(root.rglob("*")):
+        supported = p.suffix.lower() in SUPPORTED_SUFFIXES
+        if not supported and not p.is_symlink():
+            continue
+        reason = _not_indexable(p)
+        if reason is None:
+            if supported and index_root not in p.resolve().parents:
+                paths.append(p)
+        elif reason and (supported or reason == _LINKED_DIR):
+            skipped.append((p.relative_to(root).as_posix(), reason))
+    return paths, skipped
+
+
+def _file_snippets(path: Path, rel: str, known_sha: str | None, size: int,
+                   overlap: int) -> tuple[str, list[Snippet] | None]:
+    """A file's SHA-256 and its snippets (None when the index holds it with that hash).
+
+    Raises
+    ------
+    DataError
+        The file cannot be read, or holds no text to index (the reason it is skipped).
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"unreadable: {exc.strerror or exc}") from exc
+    sha = hashlib.sha256(raw).hexdigest()
+    if known_sha == sha:
+        return sha, None
+    snippets: list[Snippet] = []
+    for doc_id, text in _read_docs(path, rel, raw):
+        if text.strip():
+            snippets.extend(chunk_text(text, doc_id, size=size, overlap=overlap))
+    if not snippets:
+        raise DataError("empty: no text to index")
+    return sha, snippets
+
+
 def _not_indexable(path: Path) -> str | None:
     """Why the directory entry ``path`` cannot be read as a document, without opening it.
 
@@ -608,19 +651,7 @@ class SnippetIndex:
     def _index_locked(self, root: Path, batch_size: int, progress: bool) -> IndexReport:
         """:meth:`index_directory` once the write lock is held."""
         n_duplicates = self._repair()
-        index_root = self.path.resolve()
-        skipped: list[tuple[str, str]] = []
-        paths = []
-        for p in sorted(root.rglob("*")):
-            supported = p.suffix.lower() in SUPPORTED_SUFFIXES
-            if not supported and not p.is_symlink():
-                continue
-            reason = _not_indexable(p)
-            if reason is None:
-                if supported and index_root not in p.resolve().parents:
-                    paths.append(p)
-            elif reason and (supported or reason == _LINKED_DIR):
-                skipped.append((p.relative_to(root).as_posix(), reason))
+        paths, skipped = _scan_directory(root, self.path.resolve())
         known = self.indexed_files()
         stored_paths = {r["path"] for r in self._column(_SNIPPETS, ["path"])}
         current = {p.relative_to(root).as_posix() for p in paths}
@@ -640,27 +671,14 @@ class SnippetIndex:
         for p in tqdm(paths, disable=not progress, unit="file", desc="indexing"):
             rel = p.relative_to(root).as_posix()
             try:
-                raw = p.read_bytes()
-            except OSError as exc:
-                skipped.append((rel, f"unreadable: {exc.strerror or exc}"))
-                if rel in known or rel in stored_paths:
-                    self._delete([rel])
-                continue
-            sha = hashlib.sha256(raw).hexdigest()
-            if known.get(rel) == sha:
-                unchanged += 1
-                continue
-            try:
-                snippets: list[Snippet] = []
-                for doc_id, text in _read_docs(p, rel, raw):
-                    if text.strip():
-                        snippets.extend(chunk_text(text, doc_id, size=size, overlap=overlap))
-                if not snippets:
-                    raise DataError("empty: no text to index")
+                sha, snippets = _file_snippets(p, rel, known.get(rel), size, overlap)
             except DataError as exc:
                 skipped.append((rel, str(exc)))
                 if rel in known or rel in stored_paths:
                     self._delete([rel])
+                continue
+            if snippets is None:
+                unchanged += 1
                 continue
             pending.append((rel, sha, snippets))
             n_pending += len(snippets)

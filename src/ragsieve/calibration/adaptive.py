@@ -138,6 +138,7 @@ class AdaptiveCalibrator(BaseCalibrator):
         self.keep_history = keep_history
 
     mode = "adaptive"
+    online = True
 
     def fit(self, scores: Any, relevant: Any = None, *, query_ids: Any = None,
             groups: Any = None, lengths: Any = None) -> AdaptiveCalibrator:

@@ -118,6 +118,14 @@ class BaseCalibrator(ABC):
     #: calibration, ``Pair.group``), ``"attribute"`` (a field the guarantee is conditional
     #: on, e.g. language) or None (groups unused)
     group_kind: ClassVar[str | None] = None
+    #: True when the fitted calibrator learns online from labelled live snippets
+    #: (``update(score, relevant)``, ``update_batch``): what ``serve --adaptive`` and the
+    #: feedback store ask for (the ``adaptive`` mode)
+    online: ClassVar[bool] = False
+    #: True when the mode takes no ``alpha`` but a coverage ``target`` (``budget``):
+    #: :func:`~ragsieve.calibration.modes.make_calibrator` then reads a given ``alpha`` as
+    #: ``target = 1 - alpha``
+    alpha_as_target: ClassVar[bool] = False
     #: The threshold learned by ``fit`` (every mode sets it; absent until then, which is
     #: what :attr:`is_fitted` asks).
     threshold_: float

@@ -391,6 +391,7 @@ class BudgetCalibrator(BaseCalibrator):
     fit_requires: ClassVar[frozenset[str]] = frozenset({"query_ids", "lengths"})
     predict_requires: ClassVar[frozenset[str]] = frozenset({"query_ids", "lengths"})
     uses_irrelevant: ClassVar[bool] = True
+    alpha_as_target: ClassVar[bool] = True
 
     def fit(
         self,

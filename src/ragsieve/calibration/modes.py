@@ -54,7 +54,8 @@ def _class_of(mode: Any) -> type[BaseCalibrator]:
 
 def mode_params(mode: str) -> tuple[str, ...]:
     """The parameters :func:`make_calibrator` takes for ``mode``: its calibrator's keyword
-    parameters (for ``budget`` also ``alpha``, read as ``target = 1 - alpha``).
+    parameters (for a mode that takes a coverage ``target`` instead, ``budget``, also
+    ``alpha``, read as ``target = 1 - alpha``: ``BaseCalibrator.alpha_as_target``).
 
     Raises
     ------
@@ -68,7 +69,7 @@ def mode_params(mode: str) -> tuple[str, ...]:
     """
     cls = _class_of(mode)
     names = tuple(cls._param_names())
-    return ("alpha", *names) if cls is BudgetCalibrator else names
+    return ("alpha", *names) if cls.alpha_as_target else names
 
 
 def make_calibrator(mode: str, **params: Any) -> BaseCalibrator:
@@ -109,10 +110,10 @@ def make_calibrator(mode: str, **params: Any) -> BaseCalibrator:
         raise TypeError(f"mode {mode!r} does not take {', '.join(refused)}; it takes: "
                         f"{', '.join(accepted)}.")
     taken = {k: v for k, v in params.items() if k in accepted}
-    alpha = taken.pop("alpha", None) if cls is BudgetCalibrator else None
+    alpha = taken.pop("alpha", None) if cls.alpha_as_target else None
     if alpha is not None:
         if taken.get("target") is not None:
-            raise ValueError(f"mode 'budget' got alpha == {alpha!r} and target == "
+            raise ValueError(f"mode {mode!r} got alpha == {alpha!r} and target == "
                              f"{taken['target']!r}; pass one (target = 1 - alpha).")
         taken["target"] = 1.0 - float(alpha)
     return cls(**taken)

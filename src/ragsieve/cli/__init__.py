@@ -2,10 +2,12 @@
 
 Library errors become one-line messages with exit code 2 (no traceback); a
 ``TypeError`` is a bug and keeps its traceback. ``--json`` gives machine-readable output
-next to the human tables. Options are declared once, in the groups of
-:mod:`~ragsieve.cli.options`; the commands are in :mod:`~ragsieve.cli.commands`, the
-demos in :mod:`~ragsieve.cli.demos`. No parser accepts abbreviated options; every count
-option has an upper bound (:data:`~ragsieve.cli.options.LIMITS`). Before a command that
+next to the human tables. Options are declared once, in :mod:`~ragsieve.cli.options`
+(their types in :mod:`~ragsieve.cli.argtypes`); the commands are in
+:mod:`~ragsieve.cli.commands`, each turning its parsed options into values once
+(:mod:`~ragsieve.cli.values`, :mod:`~ragsieve.cli.scorers`), the demos in
+:mod:`~ragsieve.cli.demos`. No parser accepts abbreviated options; every count option has
+an upper bound (:data:`~ragsieve.cli.argtypes.LIMITS`). Before a command that
 writes runs, :func:`check_paths` refuses an output that would overwrite, or write into,
 one of its inputs (:data:`PATH_ROLES`).
 """
@@ -20,32 +22,43 @@ from collections.abc import Sequence
 from .._version import __version__
 from ..errors import RagsieveError
 from . import commands, demos
-from .options import (
+from .argtypes import (
     LIMITS,
-    OneLineParser,
-    add_cache_options,
-    add_data_options,
-    add_embedding_options,
-    add_engine_options,
-    add_guarantee_options,
-    add_json_option,
-    add_llm_options,
-    add_scorer_options,
-    add_unit_option,
     at_most,
     bounded_ints,
     count,
-    finite_float,
     floats,
     fraction,
     nonnegative_float,
     nonnegative_int,
-    one_line,
     port,
     positive_float,
     positive_int,
+)
+from .options import (
+    OneLineParser,
+    add_alpha_option,
+    add_cache_options,
+    add_calibration_fraction_option,
+    add_confidence_option,
+    add_data_dir_option,
+    add_data_options,
+    add_embedding_options,
+    add_engine_options,
+    add_filter_option,
+    add_fit_options,
+    add_json_option,
+    add_limit_queries_option,
+    add_llm_options,
+    add_saved_scorer_options,
+    add_scorer_options,
+    add_seed_option,
+    add_splits_option,
+    add_top_k_option,
+    add_unit_option,
     subparser,
 )
+from .output import one_line
 
 __all__ = ["build_parser", "main"]
 
@@ -119,12 +132,9 @@ def check_paths(args: argparse.Namespace) -> None:
 
 def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "evaluate", "topic-disjoint coverage/removal sweep with baselines")
-    add_data_options(p)
-    add_scorer_options(p)
-    add_guarantee_options(p, several=True)
-    add_unit_option(p, what="what is scored and measured (default snippet)")
+    add_fit_options(p, several=True, unit="what is scored and measured (default snippet)")
     g = p.add_argument_group("sweep")
-    g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
+    add_alpha_option(g, [0.05, 0.1, 0.2, 0.3, 0.4])
     g.add_argument("--top-k", type=bounded_ints(LIMITS["top_k"]), default=[1, 2, 3, 5],
                    help=f"top-k baselines, comma-separated ({at_most('top_k')} each)")
     g.add_argument("--thresholds", type=floats, default=None,
@@ -134,12 +144,11 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     g.add_argument("--threshold-quantiles", type=floats, default=[0.1, 0.2, 0.3, 0.5, 0.7, 0.9],
                    help="quantiles of the score, on each split's calibration topics, that the "
                         "fixed cut-off baselines cut at (default 0.1,0.2,0.3,0.5,0.7,0.9)")
-    g.add_argument("--splits", type=count("splits"), default=20,
-                   help=f"topic-disjoint calibration/test splits (default 20, {at_most('splits')})")
-    g.add_argument("--calibration-fraction", type=fraction, default=0.5)
-    g.add_argument("--seed", type=nonnegative_int, default=0)
-    g.add_argument("--limit-queries", type=count("limit_queries"), default=None,
-                   help="evaluate on N queries drawn at random across topics (bounds LLM cost)")
+    add_splits_option(g, 20)
+    add_calibration_fraction_option(g)
+    add_seed_option(g)
+    add_limit_queries_option(g, help="evaluate on N queries drawn at random across topics "
+                                     "(bounds LLM cost)")
     g.add_argument("--on-error", choices=["raise", "drop"], default="raise",
                    help="pairs the scorer cannot score: fail (default) or drop them and report "
                         "how many")
@@ -155,10 +164,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "choose-alpha", "the alpha that reaches a removal (or coverage) target, "
                                        "measured on held-out topics")
-    add_data_options(p)
-    add_scorer_options(p)
-    add_guarantee_options(p, several=False)
-    add_unit_option(p, budget_alias=True, what="what is scored and measured (default snippet)")
+    add_fit_options(p, several=False, unit="what is scored and measured (default snippet)")
     g = p.add_argument_group("target (give one)")
     t = g.add_mutually_exclusive_group(required=True)
     t.add_argument("--removal", type=fraction, default=None,
@@ -169,9 +175,8 @@ def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                         "guarantee promises it")
     g.add_argument("--alphas", type=floats, default=None,
                    help="alphas to try (default 0.01,0.02,0.05,0.1,0.15,0.2,0.25,0.3,0.4,0.5)")
-    g.add_argument("--splits", type=count("splits"), default=10,
-                   help=f"topic-disjoint calibration/test splits (default 10, {at_most('splits')})")
-    g.add_argument("--seed", type=nonnegative_int, default=0)
+    add_splits_option(g, 10)
+    add_seed_option(g)
     add_json_option(p)
     p.set_defaults(func=commands.cmd_choose_alpha)
 
@@ -179,20 +184,17 @@ def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[
 def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "answers", "downstream answer quality of each method's kept context "
                                   "(answer in context, EM/F1, nugget F1, paired bootstrap CIs)")
-    add_data_options(p)
-    add_scorer_options(p)
-    add_guarantee_options(p, several=True)
-    add_unit_option(p, what="what the conformal filter scores and keeps (default snippet)")
+    add_fit_options(p, several=True,
+                    unit="what the conformal filter scores and keeps (default snippet)")
     g = p.add_argument_group("answers")
-    g.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2])
-    g.add_argument("--splits", type=count("splits"), default=1,
-                   help="topic-disjoint splits (default 1; each repeats the generation for its "
-                        f"test queries; {at_most('splits')})")
-    g.add_argument("--calibration-fraction", type=fraction, default=0.5)
-    g.add_argument("--seed", type=nonnegative_int, default=0)
-    g.add_argument("--limit-queries", type=count("limit_queries"), default=None,
-                   help="evaluate at most N test queries (a seeded sample; calibration keeps "
-                        "every calibration topic): bounds the LLM cost")
+    add_alpha_option(g, [0.05, 0.1, 0.2])
+    add_splits_option(g, 1, help="topic-disjoint splits (default 1; each repeats the generation "
+                                 f"for its test queries; {at_most('splits')})")
+    add_calibration_fraction_option(g)
+    add_seed_option(g)
+    add_limit_queries_option(g, help="evaluate at most N test queries (a seeded sample; "
+                                     "calibration keeps every calibration topic): bounds the "
+                                     "LLM cost")
     g.add_argument("--no-generate", action="store_true",
                    help="model-free metrics only (answer in context, context size): no LLM")
     judge = g.add_mutually_exclusive_group()
@@ -202,8 +204,7 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                        help="skip the nugget judge (default: judge with --base-url only)")
     g.add_argument("--max-tokens", type=count("max_tokens"), default=32,
                    help=f"length cap of a generated answer (default 32, {at_most('max_tokens')})")
-    g.add_argument("--confidence", type=fraction, default=0.95,
-                   help="level of the paired bootstrap intervals (default 0.95)")
+    add_confidence_option(g, help="level of the paired bootstrap intervals (default 0.95)")
     g.add_argument("--bootstrap-resamples", type=count("bootstrap_resamples"), default=2000,
                    help=f"paired bootstrap resamples (default 2000, "
                         f"{at_most('bootstrap_resamples')})")
@@ -219,13 +220,9 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "calibrate", "calibrate a filter of one guarantee mode and save it")
-    add_data_options(p)
-    add_scorer_options(p)
-    add_guarantee_options(p, several=False)
-    add_unit_option(p, budget_alias=True, what="what the filter scores and keeps, saved in "
-                                                 "the artifact (default snippet)")
-    p.add_argument("--alpha", type=finite_float, default=0.1,
-                   help="target miscoverage (default 0.1)")
+    add_fit_options(p, several=False, unit="what the filter scores and keeps, saved in the "
+                                            "artifact (default snippet)")
+    add_alpha_option(p, 0.1, help="target miscoverage (default 0.1)")
     p.add_argument("--min-keep", type=nonnegative_int, default=0,
                    help="empty-result policy (default 0)")
     p.add_argument("--out", required=True, help="artifact to write (JSON)")
@@ -245,15 +242,13 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query)")
-    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    add_filter_option(p)
     add_data_options(p)
     add_unit_option(p, what="must be the artifact's unit, or omitted")
     p.add_argument("--out", default=None,
                    help="write one JSON object per query here (a directory of parts, or a "
                         ".jsonl / .parquet file), streaming and resumable; default: print")
-    add_embedding_options(p, model=False)
-    add_cache_options(p)
-    add_llm_options(p)
+    add_saved_scorer_options(p)
     add_engine_options(p)
     add_json_option(p)
     p.add_argument("--show-removed", action="store_true",
@@ -265,20 +260,16 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 def _add_report(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "report", "one self-contained HTML page of what a saved filter does to "
                                  "data: guarantee, coverage and removal, trade-off, per query")
-    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    add_filter_option(p)
     add_data_options(p)
     p.add_argument("--out", required=True, metavar="PATH", help="the HTML page to write")
     p.add_argument("--max-queries", type=count("limit_queries"), default=50,
                    help="queries listed one by one (default 50; the measures use all)")
-    p.add_argument("--splits", type=count("splits"), default=10,
-                   help="topic-disjoint splits of the trade-off figure (default 10, "
-                        f"{at_most('splits')})")
-    p.add_argument("--confidence", type=fraction, default=0.95,
-                   help="level of the bootstrap intervals (default 0.95)")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
-    add_embedding_options(p, model=False)
-    add_cache_options(p)
-    add_llm_options(p)
+    add_splits_option(p, 10, help="topic-disjoint splits of the trade-off figure (default 10, "
+                                  f"{at_most('splits')})")
+    add_confidence_option(p, help="level of the bootstrap intervals (default 0.95)")
+    add_seed_option(p)
+    add_saved_scorer_options(p)
     add_json_option(p)
     p.set_defaults(func=commands.cmd_report)
 
@@ -289,9 +280,9 @@ def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_data_options(p)
     p.add_argument("--out", required=True,
                    help="a directory of parts with a manifest, or a .jsonl / .parquet file")
-    p.add_argument("--filter", default=None, metavar="ARTIFACT",
-                   help="score with this artifact's scorer (e.g. its fitted fused score); "
-                        "default: --scorer")
+    add_filter_option(p, required=False, metavar="ARTIFACT",
+                      help="score with this artifact's scorer (e.g. its fitted fused score); "
+                           "default: --scorer")
     p.add_argument("--score-name", default="score",
                    help="the key each pair's score is written under (default score)")
     # the pairs need no labels here, and the fused score is fitted on labels: 1 - cos
@@ -309,9 +300,9 @@ def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--method", choices=["auto", "logprob", "yes-no"], default="auto")
     p.add_argument("--threshold", type=fraction, default=0.5,
                    help="P(yes) threshold of --method logprob")
-    p.add_argument("--limit-queries", type=count("limit_queries"), default=None,
-                   help=f"label N queries drawn at random ({at_most('limit_queries')})")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
+    add_limit_queries_option(p, help=f"label N queries drawn at random "
+                                     f"({at_most('limit_queries')})")
+    add_seed_option(p)
     p.add_argument("--price-per-million-tokens", type=nonnegative_float, default=0.0,
                    help="for the cost estimate (0 for a local model)")
     add_cache_options(p, embeddings=False)
@@ -340,7 +331,7 @@ def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_data_options(q)
     q.add_argument("--n-pairs", type=count("n_pairs"), default=40,
                    help=f"non-relevant pairs to test (default 40, {at_most('n_pairs')})")
-    q.add_argument("--seed", type=nonnegative_int, default=0)
+    add_seed_option(q)
     add_llm_options(q)
     add_json_option(q)
     q.set_defaults(func=commands.cmd_llm_injection)
@@ -351,13 +342,13 @@ def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--out", default="ragsieve-shift", help="output folder (default ragsieve-shift)")
     p.add_argument("--phase1", default="xquad-en")
     p.add_argument("--phase2", default="xquad-de")
-    p.add_argument("--alpha", type=finite_float, default=0.1)
+    add_alpha_option(p, 0.1)
     p.add_argument("--gamma", type=positive_float, default=0.005, help="ACI step size")
     p.add_argument("--window", type=count("window"), default=None,
                    help="recent scores the adaptive filter keeps (default: the library's; "
                         f"{at_most('window')})")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
-    p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
+    add_seed_option(p)
+    add_data_dir_option(p)
     add_json_option(p)
     p.set_defaults(func=demos.cmd_shift_demo)
 
@@ -377,10 +368,10 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
     p.add_argument("query")
     p.add_argument("--index", required=True,
                    help="index directory built by `ragsieve index` (never created here)")
-    p.add_argument("--filter", default=None,
-                   help="filter artifact: embedding, relative or best scorer on the index's model")
-    p.add_argument("-k", type=count("top_k"), default=20,
-                   help=f"snippets to retrieve (default 20, {at_most('top_k')})")
+    add_filter_option(p, required=False,
+                      help="filter artifact: embedding, relative or best scorer on the index's "
+                           "model")
+    add_top_k_option(p)
     p.add_argument("--group", default=None,
                    help="the query's group, for a filter of the group mode (e.g. its language)")
     p.add_argument("--generate", action="store_true",
@@ -421,11 +412,10 @@ def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                    help="folder for the documents, the index and the filter (default ragsieve-rag)")
     p.add_argument("--question", default=None,
                    help="default: a question from the held-out articles")
-    p.add_argument("--alpha", type=finite_float, default=0.1)
-    p.add_argument("-k", type=count("top_k"), default=20,
-                   help=f"snippets to retrieve (default 20, {at_most('top_k')})")
-    p.add_argument("--seed", type=nonnegative_int, default=0)
-    p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
+    add_alpha_option(p, 0.1)
+    add_top_k_option(p)
+    add_seed_option(p)
+    add_data_dir_option(p)
     add_cache_options(p)
     p.set_defaults(func=demos.cmd_rag_demo)
 
@@ -433,7 +423,7 @@ def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparser(sub, "serve",
                   "HTTP service: POST /filter (and /query with --index) with a calibrated filter")
-    p.add_argument("--filter", required=True, help="filter artifact written by `calibrate`")
+    add_filter_option(p)
     p.add_argument("--index", default=None,
                    help="index directory served by POST /query (see `ragsieve index`)")
     # serve's defaults are ServeOptions' (server/options.py): None here means "not given"
@@ -508,7 +498,7 @@ def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                   "rebuild a filter artifact from the labels collected by `serve` (POST /feedback)")
     p.add_argument("--feedback", required=True, metavar="DB",
                    help="the service's feedback database (printed by `serve` at start)")
-    p.add_argument("--filter", required=True, help="the artifact the labels were collected with")
+    add_filter_option(p, help="the artifact the labels were collected with")
     p.add_argument("--out", required=True, help="the new artifact (JSON)")
     p.add_argument("--min-labels", type=positive_int, default=50,
                    help="fewest relevant labels of served snippets to recalibrate on (default 50)")
@@ -540,11 +530,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p = subparser(sub, "demo", "XQuAD end to end: 1 - cos vs the fused score, table, plot, "
                                "an example query")
     p.add_argument("--out", default="ragsieve-demo")
-    p.add_argument("--splits", type=count("splits"), default=20,
-                   help=f"topic-disjoint splits (default 20, {at_most('splits')})")
-    p.add_argument("--alpha", type=floats, default=[0.05, 0.1, 0.2, 0.3, 0.4])
-    p.add_argument("--seed", type=nonnegative_int, default=0)
-    p.add_argument("--data-dir", default=None, help="dataset directory (env RAGSIEVE_DATA)")
+    add_splits_option(p, 20, help=f"topic-disjoint splits (default 20, {at_most('splits')})")
+    add_alpha_option(p, [0.05, 0.1, 0.2, 0.3, 0.4])
+    add_seed_option(p)
+    add_data_dir_option(p)
     p.add_argument("--scorer", choices=["best", "relative", "embedding"], default="best",
                    help="the score compared with 1 - cos (default best, the fused score; "
                         "embedding shows 1 - cos alone)")

@@ -1,35 +1,40 @@
 """The ``ragsieve`` subcommands: each parses nothing, calls the library once, prints.
 
-Options come from :mod:`ragsieve.cli.options`; the demos live in
-:mod:`ragsieve.cli.demos`. Every ``cmd_*`` takes the parsed namespace and returns the
-exit code.
+Options are declared in :mod:`ragsieve.cli.options`; the demos live in
+:mod:`ragsieve.cli.demos`. Every ``cmd_*`` takes the parsed namespace, turns it into
+values there and nowhere else (:mod:`ragsieve.cli.values`,
+:class:`~ragsieve.cli.scorers.ScorerRequest`, :func:`serve_options`), and returns the
+exit code; the helpers below it take those values.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .options import (
+from .output import choice_lines, dumps, eprint
+from .scorers import (
+    ScorerChoice,
+    ScorerRequest,
     artifact_scorer_options,
-    calibrator_params,
     check_artifact_language,
-    check_mode_list_params,
     check_scorer_options,
-    choice_lines,
-    dumps,
-    engine_inputs,
-    eprint,
-    llm_options,
-    load_pairs,
-    make_engine,
     make_scorer,
-    pruning_unit,
     score_field_of,
     scorer_choice,
     warn_traffic_language,
+)
+from .values import (
+    DataSource,
+    EngineOptions,
+    GuaranteeOptions,
+    LLMEndpoint,
+    calibrator_params,
+    check_mode_list_params,
+    pruning_unit,
 )
 
 if TYPE_CHECKING:
@@ -60,14 +65,14 @@ def _tau(value: float) -> str:
     return f"{value:.4f}"
 
 
-def _unit_pairs(args: argparse.Namespace, pairs: list[Any]) -> list[Any]:
-    """The labelled pairs at ``--unit``: as loaded, or (``sentence``) one pair per sentence,
+def _unit_pairs(pairs: list[Any], unit: str | None, language: str | None) -> list[Any]:
+    """The labelled pairs at ``unit``: as loaded, or (``sentence``) one pair per sentence,
     labelled on evidence sentences (:func:`ragsieve.units.sentence_pairs`)."""
-    if pruning_unit(args) != "sentence":
+    if unit != "sentence":
         return pairs
     from ..units import sentence_pairs
 
-    out = sentence_pairs(pairs, language=getattr(args, "language", None))
+    out = sentence_pairs(pairs, language=language)
     eprint(f"unit sentence: {len(pairs)} snippet pairs -> {len(out)} sentence pairs "
            f"({sum(p.relevant == 1 for p in out)} evidence sentences)")
     return out
@@ -78,32 +83,31 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     With ``--engine ray`` the scores are computed on Ray; the sweep runs here.
     """
-    from ..evaluation import evaluate, format_table
+    from ..evaluation import evaluate
 
-    check_scorer_options(args)
-    check_mode_list_params(args)
-    engine = make_engine(args)
-    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
+    request = ScorerRequest.from_args(args)
+    check_scorer_options(request)
+    guarantee = GuaranteeOptions.from_args(args)
+    check_mode_list_params(guarantee)
+    engine_options = EngineOptions.from_args(args)
+    engine = engine_options.make()
+    pairs = DataSource(args.data, args.data_dir).load(require_labels=True,
+                                                      score_field=score_field_of(request))
     if args.limit_queries:
         from ..data import sample_queries
 
         pairs = sample_queries(pairs, args.limit_queries, seed=args.seed)
-    pairs = _unit_pairs(args, pairs)
-    chosen = _choice(args, pairs)
-    scorer = chosen.scorer
-    if engine.name == "ray":
-        from ..engines.scorer import on_engine
-
-        base = scorer.base_scorer() or scorer
-        scorer = on_engine(scorer, engine, shard_bytes=args.shard_bytes,
-                           scorer_options=artifact_scorer_options(args, base.spec()))
+    unit = pruning_unit(args.unit)
+    pairs = _unit_pairs(pairs, unit, args.language)
+    chosen = _choice(request, pairs)
+    scorer = _on_engine(chosen.scorer, engine, engine_options, request)
     t0 = time.perf_counter()
     try:
         report = evaluate(
             pairs, scorer, progress=not args.quiet, on_error=args.on_error,
-            group_by=args.group_by, modes=args.mode, delta=args.delta,
-            min_group_size=args.min_group_size, budgets=args.budget, alphas=args.alpha,
-            top_k=args.top_k, thetas=args.thresholds,
+            group_by=guarantee.group_by, modes=guarantee.mode, delta=guarantee.delta,
+            min_group_size=guarantee.min_group_size, budgets=guarantee.budget,
+            alphas=args.alpha, top_k=args.top_k, thetas=args.thresholds,
             threshold_quantiles=args.threshold_quantiles, n_splits=args.splits,
             calibration_fraction=args.calibration_fraction, seed=args.seed,
         )
@@ -111,50 +115,74 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         _close(engine)
     seconds = time.perf_counter() - t0
     report.info["dataset"] = str(args.data)
-    report.info["unit"] = pruning_unit(args) or "snippet"
-    report.info["choice"] = chosen.to_dict(args)
+    report.info["unit"] = unit or "snippet"
+    report.info["choice"] = chosen.to_dict()
     report.info["engine"] = engine.describe()
     report.info["scoring_seconds"] = round(seconds, 2)
     report.info["pairs_per_second"] = round(len(pairs) / max(seconds, 1e-9), 3)
     if args.limit_queries:
         report.info["limit_queries"] = args.limit_queries
+    _print_evaluation(report, chosen, data=str(args.data), as_json=args.json, plot=args.plot,
+                      html=args.html)
+    return 0
+
+
+def _on_engine(scorer: Any, engine: Any, options: EngineOptions,
+               request: ScorerRequest) -> Any:
+    """``scorer`` as it runs on ``engine``: itself locally, a Ray pool's proxy on Ray."""
+    if engine.name != "ray":
+        return scorer
+    from ..engines.scorer import on_engine
+
+    base = scorer.base_scorer() or scorer
+    return on_engine(scorer, engine, shard_bytes=options.shard_bytes,
+                     scorer_options=artifact_scorer_options(request, base.spec()))
+
+
+def _print_evaluation(report: Any, chosen: ScorerChoice, *, data: str, as_json: bool,
+                      plot: str | None, html: str | None) -> None:
+    """Print ``evaluate``'s report (table or JSON), then write the figure and the page."""
+    from ..evaluation import format_table
+
     # print the computed results before plotting, so a plotting failure loses nothing
-    if args.json:
+    if as_json:
         print(dumps(report.to_dict()), flush=True)
     else:
         print(format_table(report), flush=True)
-    if args.plot:
+    if plot:
         from ..evaluation.plots import plot_report
 
-        written = plot_report({_score_name(args, chosen): report}, args.plot,
-                              title=f"ragsieve evaluate: {args.data}")
+        written = plot_report({_score_name(chosen): report}, plot,
+                              title=f"ragsieve evaluate: {data}")
         eprint(f"plot written to {written}")
-    if args.html:
+    if html:
         from ..evaluation.report import evaluation_page, write_report
 
-        page = evaluation_page(report, title=f"ragsieve evaluate: {args.data}",
-                               label=_score_name(args, chosen), text_table=format_table(report))
-        eprint(f"report written to {write_report(page, args.html)}")
-    return 0
+        page = evaluation_page(report, title=f"ragsieve evaluate: {data}",
+                               label=_score_name(chosen), text_table=format_table(report))
+        eprint(f"report written to {write_report(page, html)}")
 
 
 def cmd_choose_alpha(args: argparse.Namespace) -> int:
     """``ragsieve choose-alpha``: the alpha that reaches a removal or coverage target."""
     from ..evaluation import DEFAULT_ALPHA_GRID, choose_alpha
 
-    check_scorer_options(args)
+    request = ScorerRequest.from_args(args)
+    check_scorer_options(request)
     if args.mode in ("budget", "adaptive"):
         raise ValueError(f"choose-alpha picks alpha for a fixed guarantee; mode {args.mode!r} "
                          "is not one (budget: choose the budget; adaptive: its alpha is a "
                          "long-run target). Use --mode marginal, query-recall, pac, ...")
-    check_mode_list_params(args)
-    pairs = _unit_pairs(args, load_pairs(args, require_labels=True,
-                                         score_field=score_field_of(args)))
+    guarantee = GuaranteeOptions.from_args(args)
+    check_mode_list_params(guarantee)
+    pairs = DataSource(args.data, args.data_dir).load(require_labels=True,
+                                                      score_field=score_field_of(request))
+    pairs = _unit_pairs(pairs, pruning_unit(args.unit), args.language)
     choice = choose_alpha(
-        pairs, _chosen_scorer(args, pairs), removal=args.removal, coverage=args.coverage,
-        mode=args.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
-        seed=args.seed, progress=not args.quiet, group_by=args.group_by, delta=args.delta,
-        min_group_size=args.min_group_size)
+        pairs, _choice(request, pairs).scorer, removal=args.removal, coverage=args.coverage,
+        mode=guarantee.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
+        seed=args.seed, progress=not args.quiet, group_by=guarantee.group_by,
+        delta=guarantee.delta, min_group_size=guarantee.min_group_size)
     if args.json:
         print(dumps(choice.to_dict()))
     else:
@@ -177,7 +205,8 @@ def cmd_answers(args: argparse.Namespace) -> int:
     from ..evaluation.answers import LOCAL_N_CTX, AnswerConfig, evaluate_answers
     from ..evaluation.table import format_answer_table
 
-    check_scorer_options(args)
+    request = ScorerRequest.from_args(args)
+    check_scorer_options(request)
     config = AnswerConfig(
         alphas=tuple(args.alpha), modes=tuple(args.mode), n_splits=args.splits,
         calibration_fraction=args.calibration_fraction, seed=args.seed, delta=args.delta,
@@ -185,21 +214,15 @@ def cmd_answers(args: argparse.Namespace) -> int:
         limit_queries=args.limit_queries, generate=not args.no_generate,
         judge=args.judge, max_tokens=args.max_tokens, confidence=args.confidence,
         n_resamples=args.bootstrap_resamples, language=args.language,
-        unit=pruning_unit(args) or "snippet",  # sentence: the sentence rows beside the snippet rows
+        unit=pruning_unit(args.unit) or "snippet",  # sentence: its rows beside the snippet rows
     )
-    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
-    scorer = _chosen_scorer(args, pairs)
+    pairs = DataSource(args.data, args.data_dir).load(require_labels=True,
+                                                      score_field=score_field_of(request))
+    scorer = _choice(request, pairs).scorer
     connection = None
     if config.generate:
-        from ..llm import connect
-
-        options = llm_options(args)
-        if args.no_cache:
-            options["cache"] = False
-        connection = connect(**options, n_ctx=LOCAL_N_CTX)
-        if connection.is_local:
-            eprint(f"no --base-url: started the local model {connection.model} at "
-                   f"{connection.base_url} for this command (generator and judge)")
+        connection = _answers_connection(LLMEndpoint.from_args(args), no_cache=args.no_cache,
+                                         n_ctx=LOCAL_N_CTX)
     try:
         report = evaluate_answers(pairs, scorer, config, connection=connection,
                                   group_by=args.group_by, progress=not args.quiet)
@@ -209,43 +232,63 @@ def cmd_answers(args: argparse.Namespace) -> int:
     report.info["dataset"] = str(args.data)
     # print the computed results before writing files, so a failure there loses nothing
     print(dumps(report.to_dict()) if args.json else format_answer_table(report), flush=True)
-    if args.per_query:
-        from ..evaluation.answers import write_per_query
-
-        n = write_per_query(report, args.per_query)
-        eprint(f"{n} per-query lines written to {args.per_query}")
-    if args.plot:
-        from ..evaluation.plots import plot_answers
-
-        written = plot_answers(report, args.plot, title=f"ragsieve answers: {args.data}")
-        eprint(f"plot written to {written}")
-    if args.html:
-        from ..evaluation.report import answers_page, write_report
-
-        page = answers_page(report, title=f"ragsieve answers: {args.data}",
-                            text_table=format_answer_table(report))
-        eprint(f"report written to {write_report(page, args.html)}")
+    _write_answers(report, data=str(args.data), per_query=args.per_query, plot=args.plot,
+                   html=args.html)
     return 0
 
 
-def _choice(args: argparse.Namespace, pairs: Any) -> Any:
+def _answers_connection(endpoint: LLMEndpoint, *, no_cache: bool, n_ctx: int) -> Any:
+    """The connection to the generator and judge of ``answers`` (the local model started
+    for this command without ``--base-url``: said on stderr)."""
+    from ..llm import connect
+
+    options = endpoint.connect_kwargs()
+    if no_cache:
+        options["cache"] = False
+    connection = connect(**options, n_ctx=n_ctx)
+    if connection.is_local:
+        eprint(f"no --base-url: started the local model {connection.model} at "
+               f"{connection.base_url} for this command (generator and judge)")
+    return connection
+
+
+def _write_answers(report: Any, *, data: str, per_query: str | None, plot: str | None,
+                   html: str | None) -> None:
+    """Write what ``answers`` was asked to write beside its table: the per-query lines,
+    the figure, the page."""
+    from ..evaluation.table import format_answer_table
+
+    if per_query:
+        from ..evaluation.answers import write_per_query
+
+        n = write_per_query(report, per_query)
+        eprint(f"{n} per-query lines written to {per_query}")
+    if plot:
+        from ..evaluation.plots import plot_answers
+
+        written = plot_answers(report, plot, title=f"ragsieve answers: {data}")
+        eprint(f"plot written to {written}")
+    if html:
+        from ..evaluation.report import answers_page, write_report
+
+        page = answers_page(report, title=f"ragsieve answers: {data}",
+                            text_table=format_answer_table(report))
+        eprint(f"report written to {write_report(page, html)}")
+
+
+def _choice(request: ScorerRequest, pairs: Any) -> ScorerChoice:
     """The scorer of ``--scorer`` for ``pairs`` (a ``ScorerChoice``); the choice of ``auto``
     goes to stderr."""
-    chosen = scorer_choice(args, pairs)
-    if args.scorer == "auto":
-        for line in choice_lines(chosen.to_dict(args)):
+    chosen = scorer_choice(request, pairs)
+    if request.scorer == "auto":
+        for line in choice_lines(chosen.to_dict()):
             eprint(line)
     return chosen
 
 
-def _score_name(args: argparse.Namespace, chosen: Any) -> str:
+def _score_name(chosen: ScorerChoice) -> str:
     """``--scorer``, or what ``auto`` resolved to (``best``, ``embedding``)."""
-    return str(chosen.score.alias if chosen.score is not None else args.scorer)
-
-
-def _chosen_scorer(args: argparse.Namespace, pairs: Any) -> Any:
-    """The scorer of ``--scorer`` for ``pairs`` (see :func:`_choice`)."""
-    return _choice(args, pairs).scorer
+    return str(chosen.score.alias if chosen.score is not None else chosen.alias)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -253,23 +296,42 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..calibration import make_calibrator
     from ..filter import ConformalFilter
 
-    check_scorer_options(args)
-    calibrator = make_calibrator(args.mode, **calibrator_params(args))
-    pairs = load_pairs(args, require_labels=True, score_field=score_field_of(args))
-    chosen = scorer_choice(args, pairs, resolve_auto=False)
+    request = ScorerRequest.from_args(args)
+    check_scorer_options(request)
+    guarantee = GuaranteeOptions.from_args(args)
+    params = calibrator_params(guarantee)
+    calibrator = make_calibrator(guarantee.mode, **params)
+    pairs = DataSource(args.data, args.data_dir).load(require_labels=True,
+                                                      score_field=score_field_of(request))
+    chosen = scorer_choice(request, pairs, resolve_auto=False)
+    unit = pruning_unit(args.unit)
     flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep,
-                          unit=pruning_unit(args) or "snippet")
-    flt.calibrate(pairs, group_by=args.group_by, progress=not args.quiet,
+                          unit=unit or "snippet")
+    flt.calibrate(pairs, group_by=guarantee.group_by, progress=not args.quiet,
                   language=chosen.language, lists=args.lists)
     chosen.record(flt.calibration_info)  # where the CLI took the languages from
     flt.save(args.out)
+
+    def expected() -> Any:  # cross-validation over the calibration topics
+        return _expected(pairs, flt.scorer, guarantee, params, unit=unit,
+                         progress=not args.quiet)
+
     info = flt.to_dict()
     rule = flt.scorer.keep_rule(flt.threshold)
-    choice = chosen.to_dict(args, flt.calibration_info, info["scorer"])
+    choice = chosen.to_dict(flt.calibration_info, info["scorer"])
     if args.json:  # the artifact, the keep rule in the score's own units, the choice made
-        expected = None if args.no_expected else _expected(args, pairs, flt.scorer).to_dict()
-        print(dumps({**info, **rule.to_dict(), "choice": choice, "expected": expected}))
+        found = None if args.no_expected else expected().to_dict()
+        print(dumps({**info, **rule.to_dict(), "choice": choice, "expected": found}))
         return 0
+    _print_calibration(flt, info, rule, choice, out=args.out,
+                       expected=None if args.no_expected else expected)
+    return 0
+
+
+def _print_calibration(flt: Any, info: dict[str, Any], rule: Any, choice: dict[str, Any], *,
+                       out: str, expected: Callable[[], Any] | None) -> None:
+    """``calibrate``'s text: the choice, the lists, the guarantee and threshold, what is
+    expected on new topics (``expected()``, unless None), the keep rule, a note."""
     for choice_line in choice_lines(choice):
         print(choice_line)
     print(_lists_line(flt))
@@ -287,15 +349,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         what = "evidence sentences" if flt.unit == "sentence" else "relevant snippets"
         line += (f"; calibrated on {data.get('n_relevant')} {what} "
                  f"({data.get('n_queries')} queries, {data.get('n_groups')} groups)")
-    print(f"{line} -> {args.out}")
-    if not args.no_expected:  # cross-validation over the calibration topics
-        print(_expected(args, pairs, flt.scorer))
+    print(f"{line} -> {out}")
+    if expected is not None:
+        print(expected())
     if not guarantee.get("infinite"):
         print(f"{rule} (each snippet's {rule.score} against the calibrated threshold)")
     note = (guarantee.get("details") or {}).get("note")
     if note:
         print(f"note: {note}")
-    return 0
 
 
 def _lists_line(flt: Any) -> str:
@@ -309,17 +370,20 @@ def _lists_line(flt: Any) -> str:
             "(checked wherever the filter is applied; see docs/deploy.md)")
 
 
-def _expected(args: argparse.Namespace, pairs: list[Any], scorer: Any) -> Any:
-    """What ``calibrate``'s mode and alpha are expected to do on new topics (topic folds)."""
+def _expected(pairs: list[Any], scorer: Any, guarantee: GuaranteeOptions,
+              params: dict[str, Any], *, unit: str | None, progress: bool) -> Any:
+    """What ``calibrate``'s mode and alpha (``params``: the calibrator's) are expected to do
+    on new topics (topic folds)."""
     from ..evaluation.expect import Expectation, expected_on_new_topics
 
-    if pruning_unit(args) == "sentence":  # its two fitted stages are not refitted per fold
-        return Expectation(args.mode, float(args.alpha), len({p.group for p in pairs}), reason=(
+    if unit == "sentence":  # its two fitted stages are not refitted per fold
+        return Expectation(guarantee.mode, float(guarantee.alpha), len({p.group for p in pairs}),
+                           reason=(
             "not estimated for --unit sentence (the sentence-in-context score is fitted in two "
             "stages on the calibration topics; `ragsieve evaluate --unit sentence` measures the "
             "sentence score on held-out topics)"))
-    return expected_on_new_topics(pairs, scorer, mode=args.mode, group_by=args.group_by,
-                                  progress=not args.quiet, **calibrator_params(args))
+    return expected_on_new_topics(pairs, scorer, mode=guarantee.mode, group_by=guarantee.group_by,
+                                  progress=progress, **params)
 
 
 def _spans(scored: Any) -> tuple[tuple[int, int], ...]:
@@ -328,15 +392,15 @@ def _spans(scored: Any) -> tuple[tuple[int, int], ...]:
     return tuple(getattr(scored, "spans", ()) or ())
 
 
-def check_artifact_unit(args: argparse.Namespace, artifact: Artifact) -> None:
-    """``--unit`` of ``filter`` must be the artifact's (or omitted): the unit is calibrated.
+def check_artifact_unit(given: str | None, artifact: Artifact) -> None:
+    """``--unit`` of ``filter`` (``given``) must be the artifact's (or omitted): the unit
+    is calibrated.
 
     Raises
     ------
     ValueError
         They differ.
     """
-    given = pruning_unit(args)
     if given is not None and given != artifact.unit:
         raise ValueError(f"--unit {given} disagrees with the artifact, calibrated on unit "
                          f"{artifact.unit!r}; omit --unit or recalibrate with --unit {given}.")
@@ -352,25 +416,36 @@ def cmd_filter(args: argparse.Namespace) -> int:
     from ..filter import ConformalFilter
 
     artifact = Artifact.read(args.filter)
-    check_artifact_unit(args, artifact)
-    check_artifact_language(args, artifact)
-    options = artifact_scorer_options(args, artifact.scorer)
+    check_artifact_unit(pruning_unit(args.unit), artifact)
+    check_artifact_language(artifact, args.filter, language=args.language,
+                            query_language=args.query_language)
+    options = artifact_scorer_options(ScorerRequest.from_args(args), artifact.scorer)
+    data = DataSource(args.data, args.data_dir)
     if args.out is not None:
-        return _run_filter_job(args, artifact, options)
+        return _run_filter_job(artifact, options, data, EngineOptions.from_args(args),
+                               out=args.out, progress=not args.quiet, as_json=args.json)
     if args.engine != "local":
         raise ValueError(f"--engine {args.engine} writes its results to files: add --out "
                          "PATH (a directory, or a .jsonl / .parquet file).")
-    from ..engines import filter_record
-
     flt = ConformalFilter.from_artifact(artifact, scorer_options=options)
-    pairs = load_pairs(args, score_field=artifact.score_field)
+    pairs = data.load(score_field=artifact.score_field)
     warn_traffic_language(artifact, pairs)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
+    _print_filtered(results, flt, as_json=args.json, show_removed=args.show_removed)
+    return 0
+
+
+def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
+                    show_removed: bool) -> None:
+    """``filter``'s results on stdout: a JSON object per query, or the kept (and with
+    ``show_removed`` the removed) snippets of each and a summary."""
+    from ..engines import filter_record
+
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
     shown: list[Any] = []  # results printed so far: the lists note is printed once
     for qid, r in results.items():
-        if args.json:
+        if as_json:
             print(dumps(filter_record(qid, r)))
             continue
         print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
@@ -378,7 +453,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
             spans = ", ".join(f"{a}-{b}" for a, b in _spans(s))
             what = "kept sentences" if r.unit == "sentence" else "cut; kept characters"
             print(f"    {s.score:.4f}  {s.snippet_id}" + (f"  ({what} {spans})" if spans else ""))
-        if args.show_removed:
+        if show_removed:
             for s in r.removed:
                 print(f"    removed {s.score:.4f} > {r.threshold:.4f}  {s.snippet_id}")
         if r.note:
@@ -386,14 +461,13 @@ def cmd_filter(args: argparse.Namespace) -> int:
         if r.lists_note and r.lists_unlike and not any(x.lists_unlike for x in shown):
             print(f"    lists: {r.lists_note}")
         shown.append(r)
-    if not args.json:
+    if not as_json:
         unlike = sum(r.lists_unlike for r in results.values())
         if unlike:
             print(f"lists: {unlike} of {len(results)} lists unlike the filter's calibration "
                   "lists (see the warning above and docs/deploy.md)")
         print(_filter_summary(len(results), total_kept, total_in, flt))
         print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
-    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -404,8 +478,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     artifact = Artifact.read(args.filter)
     flt = ConformalFilter.from_artifact(
-        artifact, scorer_options=artifact_scorer_options(args, artifact.scorer))
-    pairs = load_pairs(args, score_field=artifact.score_field)
+        artifact, scorer_options=artifact_scorer_options(ScorerRequest.from_args(args),
+                                                         artifact.scorer))
+    pairs = DataSource(args.data, args.data_dir).load(score_field=artifact.score_field)
     page = build_report(flt, pairs, data_name=str(args.data), filter_name=str(args.filter),
                         max_queries=args.max_queries, n_splits=args.splits,
                         confidence=args.confidence, seed=args.seed, progress=not args.quiet)
@@ -424,14 +499,14 @@ def _filter_summary(n_queries: int, kept: float, total: float, flt: Any) -> str:
             f"tau={_tau(flt.threshold)}, alpha={flt.alpha:g}")
 
 
-def _run_filter_job(args: argparse.Namespace, artifact: Artifact,
-                    options: dict[str, Any]) -> int:
+def _run_filter_job(artifact: Artifact, options: dict[str, Any], data: DataSource,
+                    engine: EngineOptions, *, out: str, progress: bool, as_json: bool) -> int:
     from ..engines import FilterTask
 
     task = FilterTask(artifact, scorer_options=options, score_field=artifact.score_field)
-    report = _run_job(args, task, engine_inputs(args))
+    report = _run_job(engine, task, data.shard_inputs(), out=out, progress=progress)
     stats = report.stats
-    if args.json:
+    if as_json:
         print(dumps(report.to_dict()))
         return 0
     flt = task.filter
@@ -442,15 +517,17 @@ def _run_filter_job(args: argparse.Namespace, artifact: Artifact,
     return 0
 
 
-def _run_job(args: argparse.Namespace, task: Any, inputs: list[Any]) -> Any:
-    """Run an engine job with the engine options; the engine is closed afterwards."""
+def _run_job(options: EngineOptions, task: Any, inputs: list[Any], *, out: str,
+             progress: bool) -> Any:
+    """Run an engine job with the engine ``options``, writing ``out``; the engine is
+    closed afterwards."""
     from ..engines import run_job
 
-    engine = make_engine(args)
+    engine = options.make()
     try:
-        return run_job(task, inputs, args.out, engine, fmt=args.format,
-                       shard_bytes=args.shard_bytes, overwrite=args.overwrite,
-                       progress=not args.quiet)
+        return run_job(task, inputs, out, engine, fmt=options.format,
+                       shard_bytes=options.shard_bytes, overwrite=options.overwrite,
+                       progress=progress)
     finally:
         _close(engine)
 
@@ -469,6 +546,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     """``ragsieve score``: write every pair's nonconformity score (JSONL or Parquet)."""
     from ..engines import ScoreTask
 
+    request = ScorerRequest.from_args(args)
     if args.filter:
         from ..artifact import Artifact
 
@@ -476,7 +554,7 @@ def cmd_score(args: argparse.Namespace) -> int:
             raise ValueError("--filter scores with the artifact's scorer; drop --scorer, "
                              "--score-field and --model.")
         artifact = Artifact.read(args.filter)  # the one reader: every field, the seal
-        spec, options = artifact.scorer, artifact_scorer_options(args, artifact.scorer)
+        spec, options = artifact.scorer, artifact_scorer_options(request, artifact.scorer)
         score_field = artifact.score_field
     else:
         if args.scorer in ("best", "auto"):
@@ -484,13 +562,15 @@ def cmd_score(args: argparse.Namespace) -> int:
             raise ValueError(f"--scorer {args.scorer} is {chosen}fitted when a filter is "
                              "calibrated: give the filter with --filter ARTIFACT to score with "
                              "its score, or name one (--scorer embedding, the default here).")
-        scorer = make_scorer(args)
+        scorer = make_scorer(request)
         spec = scorer.spec()
-        options = artifact_scorer_options(args, spec)
-        score_field = score_field_of(args)
+        options = artifact_scorer_options(request, spec)
+        score_field = score_field_of(request)
     task = ScoreTask(spec, scorer_options=options, score_name=args.score_name,
                      score_field=score_field)
-    report = _run_job(args, task, engine_inputs(args))
+    report = _run_job(EngineOptions.from_args(args), task,
+                      DataSource(args.data, args.data_dir).shard_inputs(), out=args.out,
+                      progress=not args.quiet)
     if args.json:
         print(dumps(report.to_dict()))
         return 0
@@ -509,15 +589,17 @@ def cmd_label(args: argparse.Namespace) -> int:
     from ..errors import LLMError
     from ..labeling import LabelTask
 
-    options = llm_options(args)
+    options = LLMEndpoint.from_args(args).connect_kwargs()
     if args.no_cache:
         options["cache"] = False
     task = LabelTask(method=args.method, threshold=args.threshold, **options)
-    inputs = engine_inputs(args, limit_queries=args.limit_queries, seed=args.seed)
+    inputs = DataSource(args.data, args.data_dir).shard_inputs(
+        limit_queries=args.limit_queries, seed=args.seed)
     if args.engine == "local" and not args.base_url:
         eprint("no --base-url: starting the local model for this command")
     try:
-        run = _run_job(args, task, inputs)
+        run = _run_job(EngineOptions.from_args(args), task, inputs, out=args.out,
+                       progress=not args.quiet)
     except LLMError as exc:  # the endpoint stopped answering: finished parts are kept
         from ..data.partitioned import parts_written
         from ..engines.base import output_directory
@@ -570,10 +652,11 @@ def cmd_llm_injection(args: argparse.Namespace) -> int:
     from ..llm.judge import RelevanceJudge
     from ..llm.local import DEFAULT_LOCAL_MODEL
 
-    pairs = [p for p in load_pairs(args, require_labels=True) if p.relevant == 0]
+    pairs = [p for p in DataSource(args.data, args.data_dir).load(require_labels=True)
+             if p.relevant == 0]
     random.Random(args.seed).shuffle(pairs)
     items = [(p.query, p.text) for p in pairs[: args.n_pairs]]
-    with connect(**llm_options(args)) as conn:
+    with connect(**LLMEndpoint.from_args(args).connect_kwargs()) as conn:
         if conn.is_local:
             eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")
         result = measure_injection(RelevanceJudge(conn.client, style=conn.style), items,
@@ -620,7 +703,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     options = serve_options(args)  # every option checked before the artifact is read
     artifact = Artifact.read(args.filter, max_bytes=options.max_artifact_bytes)
-    options = options.replace(scorer_options=artifact_scorer_options(args, artifact.scorer))
+    options = options.replace(scorer_options=artifact_scorer_options(
+        ScorerRequest.from_args(args), artifact.scorer))
     line = (f"ragsieve serve: state dir {options.state_dir}; feedback database "
             f"{options.feedback_db}"
             + (f"; {options.workers} workers" if options.workers > 1 else ""))
@@ -697,10 +781,10 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def _query_json(args: argparse.Namespace, hits: list[Any], res: Any,
+def _query_json(query: str, hits: list[Any], res: Any,
                 kept: set[int] | None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "query": args.query,
+        "query": query,
         "hits": [{"snippet_id": h.snippet_id, "path": str(h.path), "score": h.score,
                   "text": h.text, "filter_score": None if res is None else res.scores[i],
                   "kept": None if kept is None else i in kept} for i, h in enumerate(hits)],
@@ -737,7 +821,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     else:
         hits, res, kept = index.search(args.query, k=args.k), None, None
     if args.json:
-        print(dumps(_query_json(args, hits, res, kept)))
+        print(dumps(_query_json(args.query, hits, res, kept)))
         return 0
     for i, h in enumerate(hits):
         if kept is None or i in kept:
@@ -754,7 +838,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
         context = ([s.pruned_text if res.unit == "sentence" else s.text for s in res.kept]
                    if res is not None else [h.text for h in hits])
-        with connect(**llm_options(args)) as conn:
+        with connect(**LLMEndpoint.from_args(args).connect_kwargs()) as conn:
             if conn.is_local:
                 eprint(f"no --base-url: started the local model {conn.model} at {conn.base_url}")
             answer = answer_with_citations(conn, args.query, context)
@@ -835,7 +919,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.out is None and args.docs is None and args.queries is None:
         raise ValueError("export writes nothing: give --out (the pairs), --docs DIR (the "
                          "documents) and/or --queries FILE (the labelled queries).")
-    pairs = load_pairs(args)
+    pairs = DataSource(args.data, args.data_dir).load()
     if args.out is not None:
         n = write_pairs(pairs, args.out)
         eprint(f"wrote {n} pairs to {args.out}")

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .options import dumps, embedding_cache_dir, embedding_options, eprint
+from .output import dumps, eprint
+from .scorers import ScorerRequest, embedding_cache_dir, embedding_options
 
 __all__ = ["cmd_demo", "cmd_rag_demo", "cmd_shift_demo"]
 
@@ -22,10 +24,10 @@ EXAMPLE_ALPHA = 0.1
 _LABELS = {"embedding": "1 - cos", "best": "fused (best)", "relative": "relative"}
 
 
-def _demo_scorer(alias: str, args: argparse.Namespace) -> Any:
+def _demo_scorer(alias: str, request: ScorerRequest) -> Any:
     from ..scoring import resolve_scorer
 
-    options = embedding_options(args)
+    options = embedding_options(request)
     if alias == "relative":
         return resolve_scorer("relative", base=resolve_scorer("embedding", **options))
     return resolve_scorer(alias, **options)
@@ -72,33 +74,68 @@ def _print_result(label: str, res: Any, tau: float, relevant: set[str], *, texts
         print(f"    [{s.score:.3f}, {rel}] {s.text[:100]!r}...")
 
 
+@dataclass(frozen=True)
+class _Demo:
+    """What ``ragsieve demo`` compares, on which data, with which options."""
+
+    data: str
+    aliases: tuple[str, ...]
+    request: ScorerRequest
+    alphas: list[float]
+    n_splits: int
+    seed: int
+    progress: bool
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {a: _LABELS.get(a, a) for a in self.aliases}
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """``ragsieve demo`` (``make demo``): XQuAD end to end, ``1 - cos`` against the fused
     score on the same topic-disjoint splits, a plot, and one held-out query filtered."""
     from .._io import atomic_write_text
     from ..data import load_dataset
-    from ..data.splits import group_splits
-    from ..evaluation import evaluate, format_table
-    from ..evaluation.plots import plot_report
-    from ..filter import ConformalFilter
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    args.data = f"xquad-{args.language or 'en'}"
-    aliases = ["embedding"] if args.scorer == "embedding" else ["embedding", args.scorer]
-    labels = {a: _LABELS.get(a, a) for a in aliases}
-    eprint(f"[1/5] loading {args.data} (topic = Wikipedia article)")
-    pairs = load_dataset(args.data, **({"data_dir": args.data_dir} if args.data_dir else {}))
+    data = f"xquad-{args.language or 'en'}"
+    demo = _Demo(data, ("embedding",) if args.scorer == "embedding" else ("embedding", args.scorer),
+                 replace(ScorerRequest.from_args(args), data=data), args.alpha, args.splits,
+                 args.seed, not args.quiet)
+    labels, aliases = demo.labels, demo.aliases
+    eprint(f"[1/5] loading {data} (topic = Wikipedia article)")
+    pairs = load_dataset(data, **({"data_dir": args.data_dir} if args.data_dir else {}))
+    reports, plot = _demo_sweep(demo, pairs, out)
+    filters, results, relevant = _demo_filters(demo, pairs)
+    shown = aliases[-1]
+    filters[shown].save(out / "filter.json")
+    report_path = atomic_write_text(out / "report.json", dumps({
+        "dataset": data,
+        "reports": {a: r.to_dict() for a, r in reports.items()},
+        "held_out": {a: _summary(results[a], relevant) for a in aliases},
+    }, indent=2) + "\n")
+    eprint(f"[4/5] wrote {report_path}, {plot}, {out / 'filter.json'} ({labels[shown]})")
+    _print_example(demo, filters, results, relevant)
+    return 0
 
+
+def _demo_sweep(demo: _Demo, pairs: list[Any], out: Path) -> tuple[dict[str, Any], Any]:
+    """Steps 2 and 3 of the demo: every score evaluated on the same topic-disjoint splits,
+    the tables printed and the figure written (its path returned with the reports)."""
+    from ..evaluation import evaluate, format_table
+    from ..evaluation.plots import plot_report
+
+    labels = demo.labels
     reports = {}
-    for alias in aliases:
-        scorer = _demo_scorer(alias, args)
+    for alias in demo.aliases:
+        scorer = _demo_scorer(alias, demo.request)
         eprint(f"[2/5] {labels[alias]}: scoring {len(pairs)} (query, snippet) pairs with "
                f"{scorer.spec()} (embeddings are cached per text)")
         t0 = time.perf_counter()
-        report = evaluate(pairs, scorer, progress=not args.quiet, alphas=args.alpha,
-                          n_splits=args.splits, seed=args.seed)
-        report.info["dataset"] = args.data
+        report = evaluate(pairs, scorer, progress=demo.progress, alphas=demo.alphas,
+                          n_splits=demo.n_splits, seed=demo.seed)
+        report.info["dataset"] = demo.data
         report.info["seconds"] = round(time.perf_counter() - t0, 1)
         reports[alias] = report
     eprint(f"[3/5] {reports['embedding'].n_splits} topic-disjoint splits evaluated, the same "
@@ -107,29 +144,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\n== score: {labels[alias]} ==")
         print(format_table(report))
     plot = plot_report({labels[a]: r for a, r in reports.items()}, out / "coverage.png",
-                       title=f"ragsieve demo: {args.data}, " + " vs ".join(labels.values()))
+                       title=f"ragsieve demo: {demo.data}, " + " vs ".join(labels.values()))
+    return reports, plot
 
-    # filters calibrated on half of the topics, applied to the queries of the other half
-    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=args.seed)[0]
+
+def _demo_filters(demo: _Demo, pairs: list[Any],
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, set[str]]]:
+    """Filters calibrated on half of the topics, applied to the queries of the other half:
+    the filters, their results and the relevant snippets of each held-out query."""
+    from ..data.splits import group_splits
+    from ..filter import ConformalFilter
+
+    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=demo.seed)[0]
     cal, test = [pairs[i] for i in cal_idx], [pairs[i] for i in test_idx]
     relevant: dict[str, set[str]] = {}
     for p in test:
         if p.relevant:
             relevant.setdefault(p.query_id, set()).add(p.snippet_id)
     filters, results = {}, {}
-    for alias in aliases:
-        filters[alias] = ConformalFilter(_demo_scorer(alias, args), alpha=EXAMPLE_ALPHA)
+    for alias in demo.aliases:
+        filters[alias] = ConformalFilter(_demo_scorer(alias, demo.request), alpha=EXAMPLE_ALPHA)
         filters[alias].calibrate(cal)
         results[alias] = filters[alias].filter_pairs(test)
-    shown = aliases[-1]
-    filters[shown].save(out / "filter.json")
-    report_path = atomic_write_text(out / "report.json", dumps({
-        "dataset": args.data,
-        "reports": {a: r.to_dict() for a, r in reports.items()},
-        "held_out": {a: _summary(results[a], relevant) for a in aliases},
-    }, indent=2) + "\n")
-    eprint(f"[4/5] wrote {report_path}, {plot}, {out / 'filter.json'} ({labels[shown]})")
+    return filters, results, relevant
 
+
+def _print_example(demo: _Demo, filters: dict[str, Any], results: dict[str, Any],
+                   relevant: dict[str, set[str]]) -> None:
+    """Step 5 of the demo: removal and coverage of each filter on the held-out queries, and
+    one query filtered by each."""
+    labels, aliases = demo.labels, demo.aliases
+    shown = aliases[-1]
     qid = _pick_example(results[shown], relevant, results["embedding"])
     n_test = len(results[shown])
     n_all = len(_keeps_evidence(results[shown], relevant))
@@ -146,7 +191,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for alias in reversed(aliases):
         _print_result(labels[alias], results[alias][qid], filters[alias].threshold,
                       relevant.get(qid, set()), texts=alias == shown)
-    return 0
 
 
 def cmd_rag_demo(args: argparse.Namespace) -> int:
@@ -172,7 +216,8 @@ def cmd_rag_demo(args: argparse.Namespace) -> int:
     eprint(f"      {report.n_embedded} snippet(s) embedded, {index.count()} in the index")
     pairs = load_xquad("en", data_dir=args.data_dir)
     cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=args.seed)[0]
-    cache: dict[str, Any] = {} if args.no_cache else {"cache_dir": embedding_cache_dir(args)}
+    cache: dict[str, Any] = ({} if args.no_cache else
+                             {"cache_dir": embedding_cache_dir(args.cache_dir)})
     flt = ConformalFilter(resolve_scorer("embedding", **cache), alpha=args.alpha)
     flt.calibrate([pairs[i] for i in cal_idx])
     flt.save(out / "filter.json")

@@ -22,15 +22,15 @@ such a sentence are mostly answer text and are relevant.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ragsieve.chunking import Chunker
 from ragsieve.data.paths import resolve_dataset_file
+from ragsieve.data.question_pairs import SnippetFn, question_pairs, read_json
 from ragsieve.errors import DataError
 from ragsieve.types import Pair, Snippet
 
@@ -48,8 +48,6 @@ SELQA_SHA256: Mapping[str, str] = {
     "dev": "b4e6687e44a30b486e24d2b06aa3012ec07d61145f3521f35b7d49daae3e0ca4",
 }
 """Pinned SHA-256 of the SelQA files we have verified."""
-
-SnippetFn = Callable[[str, str], list[Snippet]]
 
 
 def selqa_file(
@@ -130,9 +128,10 @@ def load_selqa(
     data_dir : str or os.PathLike, optional
         Data directory holding ``selqa/selqa-ass-{split}.json``.
     chunker : Chunker or callable (text, doc_id) -> list of Snippet, optional
-        Defaults to ``Chunker()`` (500 characters, 100 overlap).
+        Cuts each section into snippets; defaults to ``Chunker()`` (500 characters, 100
+        overlap).
     download : bool, default True
-        Whether the file may be downloaded when not found locally.
+        Whether the file may be downloaded when it is not found locally.
 
     Returns
     -------
@@ -151,15 +150,10 @@ def load_selqa(
     """
     chunk: SnippetFn = Chunker() if chunker is None else chunker
     path = selqa_file(split, data_dir=data_dir, download=download)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            raw = json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise DataError(f"{path}: cannot be read as UTF-8 JSON ({exc}).") from exc
+    raw = read_json(path)
     if not isinstance(raw, list) or not raw:
         raise DataError(f"{path}: expected a non-empty JSON list of questions.")
-
-    cache: dict[str, tuple[str, list[Snippet]]] = {}
+    sections: dict[str, tuple[str, list[Snippet]]] = {}
     pairs: list[Pair] = []
     no_answer = no_relevant = 0
     for i, item in enumerate(raw):
@@ -167,42 +161,17 @@ def load_selqa(
         question, topic, article, section, candidates, answers = _question(item, where)
         doc_id = f"{article}/{section}"
         text, spans = _join(candidates)
-        if not text.strip():
-            raise DataError(f"{where}: all candidate sentences are empty.")
-        if doc_id in cache and cache[doc_id][0] != text:
-            raise DataError(
-                f"{where}: section {doc_id!r} has different sentences than an earlier "
-                "question; snippet ids would collide."
-            )
-        snippets = cache.setdefault(doc_id, (text, chunk(text, doc_id)))[1]
+        snippets = _section_snippets(sections, doc_id, text, chunk, where)
         answer_spans = [spans[j] for j in answers if spans[j][1] > spans[j][0]]
-        if not answer_spans:
-            no_answer += 1
-        query_id = f"selqa-{split}-{i}"
-        n_relevant = 0
-        for snip in snippets:
-            relevant = is_relevant(snip, answer_spans)
-            n_relevant += relevant
-            pairs.append(
-                Pair(
-                    query_id=query_id,
-                    query=question,
-                    snippet_id=snip.snippet_id,
-                    text=snip.text,
-                    relevant=int(relevant),
-                    group=topic,
-                    meta={
-                        "topic": topic,
-                        "article": article,
-                        "section": section,
-                        "doc_id": doc_id,
-                        "start": snip.start,
-                        "end": snip.end,
-                    },
-                )
-            )
-        if n_relevant == 0:
-            no_relevant += 1
+        no_answer += not answer_spans
+        head = {"topic": topic, "article": article, "section": section, "doc_id": doc_id}
+        listed = question_pairs(
+            f"selqa-{split}-{i}", question, topic, snippets,
+            relevant=lambda snip: is_relevant(snip, answer_spans),  # noqa: B023 (called here)
+            meta=lambda snip: {**head, "start": snip.start, "end": snip.end},  # noqa: B023
+        )
+        no_relevant += not any(p.relevant for p in listed)
+        pairs.extend(listed)
     if no_relevant:
         logger.warning(
             "SelQA %s: %d of %d questions have no relevant snippet (%d have no non-empty "
@@ -214,3 +183,25 @@ def load_selqa(
         )
     logger.debug("SelQA %s: %d pairs, %d questions", split, len(pairs), len(raw))
     return pairs
+
+
+def _section_snippets(
+    sections: dict[str, tuple[str, list[Snippet]]], doc_id: str, text: str, chunk: SnippetFn,
+    where: str,
+) -> list[Snippet]:
+    """The snippets of the section ``doc_id`` (joined as ``text``), cut once and kept in
+    ``sections`` for the section's later questions.
+
+    Raises
+    ------
+    DataError
+        The section is empty, or an earlier question gave it other sentences.
+    """
+    if not text.strip():
+        raise DataError(f"{where}: all candidate sentences are empty.")
+    if doc_id in sections and sections[doc_id][0] != text:
+        raise DataError(
+            f"{where}: section {doc_id!r} has different sentences than an earlier "
+            "question; snippet ids would collide."
+        )
+    return sections.setdefault(doc_id, (text, chunk(text, doc_id)))[1]

@@ -15,15 +15,16 @@ align.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ragsieve.chunking import Chunker
 from ragsieve.data.paths import resolve_dataset_file
+from ragsieve.data.question_pairs import SnippetFn, question_pairs, read_json
 from ragsieve.errors import DataError
 from ragsieve.types import Pair, Snippet
 
@@ -54,8 +55,6 @@ XQUAD_SHA256: Mapping[str, str] = {
 
 _CONTEXTS = ("article", "paragraph")
 
-SnippetFn = Callable[[str, str], list[Snippet]]
-
 
 def _check_language(language: str) -> str:
     if language not in XQUAD_LANGUAGES:
@@ -83,20 +82,12 @@ def xquad_file(
     )
 
 
-def _load_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise DataError(f"{path}: cannot be read as UTF-8 JSON ({exc}).") from exc
-
-
 def _read_squad(
     language: str, data_dir: str | os.PathLike[str] | None, download: bool
 ) -> tuple[Path, list[Any]]:
     """The path and the list of articles of ``xquad.{language}.json``."""
     path = xquad_file(language, data_dir=data_dir, download=download)
-    raw = _load_json(path)
+    raw = read_json(path)
     if not isinstance(raw, dict) or not isinstance(raw.get("data"), list):
         raise DataError(f"{path}: expected SQuAD v1.1 JSON with a 'data' list of articles.")
     return path, raw["data"]
@@ -252,80 +243,113 @@ def load_xquad(
     chunk: SnippetFn = Chunker() if chunker is None else chunker
     path, articles = _read_squad(language, data_dir, download)
     cross = query_language != language
-    name = f"{query_language}2{language}" if cross else language
-    query_meta = {"query_language": query_language} if cross else {}
+    run = _Run(path=path, language=language,
+               name=f"{query_language}2{language}" if cross else language,
+               query_meta={"query_language": query_language} if cross else {})
     titles: list[str] | None = None
-    questions: dict[str, str] = {}
     if cross:
         q_path, q_articles = _read_squad(query_language, data_dir, download)
-        titles, questions = _parallel_questions(q_path, q_articles, path, articles)
-    counts = {"fixed": 0, "dropped": 0, "unanswerable": 0, "no_relevant": 0}
+        titles, run.questions = _parallel_questions(q_path, q_articles, path, articles)
     pairs: list[Pair] = []
-    seen_ids: set[str] = set()
     for a_index, article in enumerate(articles):
         title, paragraphs = _article(path, a_index, article)
         group = title if titles is None else titles[a_index]
-        docs: list[tuple[str, str, list[Snippet], list[Any]]] = []
-        for p_index, paragraph in enumerate(paragraphs):
-            doc_id = f"{title}/{p_index}"
-            try:
-                text, qas = paragraph["context"], paragraph["qas"]
-            except (TypeError, KeyError):
-                raise DataError(f"{path}: paragraph {doc_id!r} lacks 'context' or 'qas'.") from None
-            docs.append((doc_id, text, chunk(text, doc_id), qas))
-        article_snippets = [s for _, _, snippets, _ in docs for s in snippets]
-
-        for doc_id, text, own_snippets, qas in docs:
-            for qa in qas:
-                where = f"{path}: question {qa.get('id')!r} in {doc_id!r}"
-                qa_id, question = qa.get("id"), qa.get("question")
-                if (
-                    not isinstance(qa_id, str)
-                    or not isinstance(question, str)
-                    or not question.strip()
-                ):
-                    raise DataError(f"{where}: needs a string 'id' and a non-empty 'question'.")
-                if qa_id in seen_ids:
-                    raise DataError(f"{where}: duplicate question id.")
-                seen_ids.add(qa_id)
-                question = questions.get(qa_id, question)
-                spans = _answer_spans(text, qa.get("answers"), where, counts)
-                if not spans:
-                    counts["unanswerable"] += 1
-                    continue
-                candidates = article_snippets if context == "article" else own_snippets
-                query_id = f"xquad-{name}-{qa_id}"
-                answers = [text[s:e] for s, e in spans]
-                n_relevant = 0
-                for snip in candidates:
-                    relevant = snip.doc_id == doc_id and any(
-                        snip.start < e and s < snip.end for s, e in spans
-                    )
-                    n_relevant += relevant
-                    pairs.append(
-                        Pair(
-                            query_id=query_id,
-                            query=question,
-                            snippet_id=snip.snippet_id,
-                            text=snip.text,
-                            relevant=int(relevant),
-                            group=group,
-                            meta={
-                                **query_meta,
-                                "language": language,
-                                "qa_id": qa_id,
-                                "doc_id": snip.doc_id,
-                                "start": snip.start,
-                                "end": snip.end,
-                                "answers": answers,
-                            },
-                        )
-                    )
-                if n_relevant == 0:
-                    counts["no_relevant"] += 1
-
+        chunked = _chunk_paragraphs(path, title, paragraphs, chunk)
+        article_snippets = [s for par in chunked for s in par.snippets]
+        for par in chunked:
+            candidates = article_snippets if context == "article" else par.snippets
+            for qa in par.qas:
+                pairs.extend(_question_pairs(run, qa, par, candidates, group))
     if not pairs:
         raise DataError(f"{path}: no answerable questions found.")
+    _log_counts(run, len(pairs))
+    return pairs
+
+
+@dataclass
+class _Run:
+    """What one :func:`load_xquad` call reads its questions with, and what it counts."""
+
+    path: Path
+    language: str
+    name: str
+    query_meta: dict[str, str]
+    questions: dict[str, str] = field(default_factory=dict)  # across languages: by id
+    counts: dict[str, int] = field(
+        default_factory=lambda: {"fixed": 0, "dropped": 0, "unanswerable": 0, "no_relevant": 0})
+    seen_ids: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Paragraph:
+    """A paragraph (the document ``doc_id``), its snippets and its questions."""
+
+    doc_id: str
+    text: str
+    snippets: list[Snippet]
+    qas: list[Any]
+
+
+def _chunk_paragraphs(
+    path: Path, title: str, paragraphs: list[Any], chunk: SnippetFn
+) -> list[_Paragraph]:
+    """An article's paragraphs, each cut into snippets."""
+    chunked = []
+    for p_index, paragraph in enumerate(paragraphs):
+        doc_id = f"{title}/{p_index}"
+        try:
+            text, qas = paragraph["context"], paragraph["qas"]
+        except (TypeError, KeyError):
+            raise DataError(f"{path}: paragraph {doc_id!r} lacks 'context' or 'qas'.") from None
+        chunked.append(_Paragraph(doc_id, text, chunk(text, doc_id), qas))
+    return chunked
+
+
+def _checked_question(run: _Run, qa: Any, doc_id: str) -> tuple[str, str, str]:
+    """Where the question is (for messages), its id and its text, checked; the id is
+    recorded as seen."""
+    where = f"{run.path}: question {qa.get('id')!r} in {doc_id!r}"
+    qa_id, question = qa.get("id"), qa.get("question")
+    if not isinstance(qa_id, str) or not isinstance(question, str) or not question.strip():
+        raise DataError(f"{where}: needs a string 'id' and a non-empty 'question'.")
+    if qa_id in run.seen_ids:
+        raise DataError(f"{where}: duplicate question id.")
+    run.seen_ids.add(qa_id)
+    return where, qa_id, question
+
+
+def _question_pairs(
+    run: _Run, qa: Any, par: _Paragraph, candidates: list[Snippet], group: str
+) -> list[Pair]:
+    """The pairs of one question over ``candidates``; none for a question without an
+    answer found in its paragraph.
+
+    A snippet is relevant iff it lies in the question's own paragraph and overlaps an
+    answer span.
+    """
+    where, qa_id, question = _checked_question(run, qa, par.doc_id)
+    spans = _answer_spans(par.text, qa.get("answers"), where, run.counts)
+    if not spans:
+        run.counts["unanswerable"] += 1
+        return []
+    answers = [par.text[s:e] for s, e in spans]
+    head = {**run.query_meta, "language": run.language, "qa_id": qa_id}
+    pairs = question_pairs(
+        f"xquad-{run.name}-{qa_id}", run.questions.get(qa_id, question), group, candidates,
+        relevant=lambda snip: snip.doc_id == par.doc_id
+        and any(snip.start < e and s < snip.end for s, e in spans),
+        meta=lambda snip: {**head, "doc_id": snip.doc_id, "start": snip.start, "end": snip.end,
+                           "answers": answers},
+    )
+    if not any(p.relevant for p in pairs):
+        run.counts["no_relevant"] += 1
+    return pairs
+
+
+def _log_counts(run: _Run, n_pairs: int) -> None:
+    """Log the answers re-located or dropped and the questions skipped or without a
+    relevant snippet."""
+    name, counts = run.name, run.counts
     if counts["fixed"]:
         logger.info(
             "XQuAD %s: %d answer spans re-located in the paragraph", name, counts["fixed"]
@@ -344,5 +368,4 @@ def load_xquad(
             name,
             counts["no_relevant"],
         )
-    logger.debug("XQuAD %s: %d pairs, %d questions", name, len(pairs), len(seen_ids))
-    return pairs
+    logger.debug("XQuAD %s: %d pairs, %d questions", name, n_pairs, len(run.seen_ids))

@@ -40,6 +40,7 @@ persistent reply cache, so a killed run resumes without asking twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from .._validation import check_alpha, check_int
 from ..calibration import CALIBRATORS
 from ..data.splits import group_splits
 from ..errors import DataError
+from ..fitting import fit_split
 from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures
 from ..types import Pair
 from ..units import check_unit
@@ -66,7 +68,6 @@ from .sweep import (
     EvaluationConfig,
     ScoredData,
     _calibrate_split,
-    _fuse_split,
     calibrated_k,
     score_for_evaluation,
 )
@@ -269,8 +270,10 @@ def _split_contexts(data: ScoredData, ranks: np.ndarray, features: np.ndarray | 
     sweep = config.sweep
     scored, conf_cal_idx = data, cal_idx
     if features is not None:
-        scored, conf_cal_idx = _fuse_split(data, features, cal_idx, config.seed, split_no,
-                                           config.fusion_fraction)
+        fused, conf_cal_idx = fit_split(features, data.relevant, data.group_index, cal_idx,
+                                        seed=config.seed, split=split_no,
+                                        fraction=config.fusion_fraction)
+        scored = dataclasses.replace(data, scores=fused)
     rng = np.random.default_rng([config.seed, split_no, 7])
     out: list[tuple[_Row, np.ndarray, float | None]] = [
         (_Row("all", "all", ()), np.ones(data.scores.size, dtype=bool), None)]
@@ -407,89 +410,29 @@ def evaluate_answers(
     DataError
         When no query carries gold answers, or no split has a test query with answers.
     """
-    if config is None:
-        config = AnswerConfig(**config_kwargs)
-    elif config_kwargs:
-        raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    config = _answer_config(config, config_kwargs)
     pairs = list(pairs)
     if not pairs:
         raise DataError("no pairs to evaluate: the dataset is empty.")
     pairs, scores, features, scorer_info, _ = score_for_evaluation(
         pairs, scorer, progress=progress, scorer_options=scorer_options,
         fusion_fraction=config.fusion_fraction)
-    if group_by is None and any(CALIBRATORS[m].group_kind == "attribute" for m in config.modes):
-        group_by = "language"
-        logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
-                       "(pairs without it form one group); pass group_by / --group-by FIELD")
+    group_by = _group_field(group_by, config)
     data = ScoredData.from_pairs(pairs, scores, group_by=group_by)
     queries = _queries(pairs, data, config.language)
-    answerable = np.array([bool(q.golds) for q in queries])
-    if not answerable.any():
-        raise DataError("no query carries gold answers: answer evaluation needs an 'answers' list "
-                        "(JSONL key 'answers', see docs/data-format.md) on the lines of some queries.")
-    if not answerable.all():
-        logger.warning("%d of %d queries have no gold answers (or only answers that normalise to "
-                       "nothing): they calibrate but are not evaluated",
-                       int((~answerable).sum()), answerable.size)
-
+    answerable = _answerable(queries)
     splits = group_splits(data.group_index.tolist(), calibration_fraction=config.calibration_fraction,
                           n_splits=config.n_splits, seed=config.seed)
-    ranks = within_query_rank(data.scores, data.query_index)
-    tests = []
-    for cal_idx, test_idx in splits:
-        tq = np.unique(data.query_index[test_idx])
-        tests.append((cal_idx, tq[answerable[tq]]))
-    chosen = np.unique(np.concatenate([t for _, t in tests]))
-    if chosen.size == 0:
-        raise DataError("no split has a test query with gold answers.")
-    if config.limit_queries is not None and config.limit_queries < chosen.size:
-        rng = np.random.default_rng([config.seed, 13])
-        chosen = np.sort(rng.choice(chosen, size=config.limit_queries, replace=False))
-
-    # every (row, query, split) -> its context; identical contexts are measured once
-    rows: dict[str, _Row] = {}
-    assignments: list[tuple[str, int, tuple[_Item, ...]]] = []
-    k_values: dict[str, list[float]] = {}
-    pruned: dict[_Item, str] = {}  # the text of every sentence-unit item (Scored.pruned_text)
-    evidence_spans = (_evidence_spans(pairs, queries, answerable, config.language)
-                      if config.unit == "sentence" else {})
-    for split_no, (cal_idx, tq) in enumerate(tests):
-        if not data.relevant[cal_idx].any():
-            logger.warning("split %d skipped: no relevant snippet among its calibration topics", split_no)
-            continue
-        tq = np.intersect1d(tq, chosen)
-        for row, mask, k in _split_contexts(data, ranks, features, config, cal_idx, tq, split_no):
-            rows.setdefault(row.label, row)
-            if k is not None:
-                k_values.setdefault(row.label, []).append(k)
-            for q in tq.tolist():
-                pos = queries[q].positions
-                assignments.append((row.label, q, tuple((i, ()) for i in pos[mask[pos]].tolist())))
-        if config.unit == "sentence":
-            for row, contexts_of in _sentence_contexts(pairs, queries, scorer, scorer_options,
-                                                       config, cal_idx, tq, split_no, group_by,
-                                                       pruned):
-                rows.setdefault(row.label, row)
-                assignments.extend((row.label, q, items) for q, items in contexts_of.items())
-            for row, contexts_of in _oracle_contexts(pairs, queries, tq, evidence_spans, pruned):
-                rows.setdefault(row.label, row)
-                assignments.extend((row.label, q, items) for q, items in contexts_of.items())
-    if not assignments:
-        raise DataError("no usable split: every split lacked relevant snippets on the calibration side.")
-
-    contexts = sorted({(q, ctx) for _, q, ctx in assignments})
-
-    def text_of(item: _Item) -> str:
-        return pruned[item] if item[1] else pairs[item[0]].text
+    tests, chosen = _test_queries(data, splits, answerable, config)
+    plan = _plan_contexts(pairs, data, features, queries, answerable, tests, chosen, config,
+                          scorer, scorer_options, group_by)
+    contexts = sorted({(q, ctx) for _, q, ctx in plan.assignments})
+    text_of = plan.text_reader(pairs)
 
     def texts_of(key: _Context) -> list[str]:
         return [text_of(item) for item in key[1]]
 
-    # a snippet is in many contexts (methods, splits): count its tokens once
-    tokens = {item: count_tokens(text_of(item))
-              for item in sorted({item for _, ctx in contexts for item in ctx})}
-    measured = {key: _model_free(queries[key[0]], texts_of(key),
-                                 sum(tokens[item] for item in key[1])) for key in contexts}
+    measured = _measure_contexts(queries, contexts, text_of)
     info: dict[str, Any] = {
         "n_queries_evaluated": int(chosen.size), "n_queries": len(queries),
         "n_queries_with_answers": int(answerable.sum()), "n_splits": len(splits),
@@ -500,11 +443,149 @@ def evaluate_answers(
     if config.generate:
         _generate_and_judge(config, connection, queries, texts_of, contexts, measured, info, progress)
 
-    per_query = _per_query(assignments, measured, queries)
-    results = _rows(rows, per_query, k_values, config, generated=info["generated"],
+    per_query = _per_query(plan.assignments, measured, queries)
+    results = _rows(plan.rows, per_query, plan.k_values, config, generated=info["generated"],
                     judged=info["judged"])
-    fields = {label: {"method": row.method, **dict(row.fields)} for label, row in rows.items()}
+    fields = {label: {"method": row.method, **dict(row.fields)} for label, row in plan.rows.items()}
     return AnswerReport(results=results, info=info, per_query=per_query, row_fields=fields)
+
+
+def _answer_config(config: AnswerConfig | None, config_kwargs: dict[str, Any]) -> AnswerConfig:
+    """``config``, or one built from its fields given as keywords (not both)."""
+    if config is None:
+        return AnswerConfig(**config_kwargs)
+    if config_kwargs:
+        raise TypeError(f"pass either config or its fields, not both (got {sorted(config_kwargs)}).")
+    return config
+
+
+def _group_field(group_by: str | None, config: AnswerConfig) -> str | None:
+    """The ``group`` mode's attribute: ``group_by``, or ``"language"`` (with a warning) when
+    a mode needs one and none is given."""
+    if group_by is None and any(CALIBRATORS[m].group_kind == "attribute" for m in config.modes):
+        group_by = "language"
+        logger.warning("mode 'group' without group_by: calibrating per meta field 'language' "
+                       "(pairs without it form one group); pass group_by / --group-by FIELD")
+    return group_by
+
+
+def _answerable(queries: list[_Query]) -> np.ndarray:
+    """Which queries carry gold answers (a warning names how many do not).
+
+    Raises
+    ------
+    DataError
+        No query carries gold answers.
+    """
+    answerable = np.array([bool(q.golds) for q in queries])
+    if not answerable.any():
+        raise DataError("no query carries gold answers: answer evaluation needs an 'answers' list "
+                        "(JSONL key 'answers', see docs/data-format.md) on the lines of some queries.")
+    if not answerable.all():
+        logger.warning("%d of %d queries have no gold answers (or only answers that normalise to "
+                       "nothing): they calibrate but are not evaluated",
+                       int((~answerable).sum()), answerable.size)
+    return answerable
+
+
+def _test_queries(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]],
+                  answerable: np.ndarray, config: AnswerConfig,
+                  ) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Each split's calibration rows with its answerable test queries, and the queries
+    evaluated (all of those, or a seeded sample of ``config.limit_queries``).
+
+    Raises
+    ------
+    DataError
+        No split has a test query with gold answers.
+    """
+    tests = []
+    for cal_idx, test_idx in splits:
+        tq = np.unique(data.query_index[test_idx])
+        tests.append((cal_idx, tq[answerable[tq]]))
+    chosen = np.unique(np.concatenate([t for _, t in tests]))
+    if chosen.size == 0:
+        raise DataError("no split has a test query with gold answers.")
+    if config.limit_queries is not None and config.limit_queries < chosen.size:
+        rng = np.random.default_rng([config.seed, 13])
+        chosen = np.sort(rng.choice(chosen, size=config.limit_queries, replace=False))
+    return tests, chosen
+
+
+@dataclass
+class _Plan:
+    """Every (row, query, split) and its context, before anything is measured."""
+
+    rows: dict[str, _Row] = field(default_factory=dict)
+    assignments: list[tuple[str, int, tuple[_Item, ...]]] = field(default_factory=list)
+    k_values: dict[str, list[float]] = field(default_factory=dict)
+    pruned: dict[_Item, str] = field(default_factory=dict)  # sentence-unit items' text
+
+    def add(self, row: _Row, contexts_of: dict[int, tuple[_Item, ...]]) -> None:
+        self.rows.setdefault(row.label, row)
+        self.assignments.extend((row.label, q, items) for q, items in contexts_of.items())
+
+    def text_reader(self, pairs: list[Pair]) -> Callable[[_Item], str]:
+        """An item's text: its pruned text (sentence unit), or its pair's whole text."""
+        pruned = self.pruned
+
+        def text_of(item: _Item) -> str:
+            return pruned[item] if item[1] else pairs[item[0]].text
+
+        return text_of
+
+
+def _plan_contexts(pairs: list[Pair], data: ScoredData, features: np.ndarray | FusionFeatures | None,
+                   queries: list[_Query], answerable: np.ndarray,
+                   tests: list[tuple[np.ndarray, np.ndarray]], chosen: np.ndarray,
+                   config: AnswerConfig, scorer: Any, scorer_options: dict[str, Any] | None,
+                   group_by: str | None) -> _Plan:
+    """Every method's context for every chosen test query of every usable split; identical
+    contexts are measured once later.
+
+    Raises
+    ------
+    DataError
+        No split has a relevant snippet on its calibration side.
+    """
+    ranks = within_query_rank(data.scores, data.query_index)
+    plan = _Plan()
+    evidence_spans = (_evidence_spans(pairs, queries, answerable, config.language)
+                      if config.unit == "sentence" else {})
+    for split_no, (cal_idx, tq) in enumerate(tests):
+        if not data.relevant[cal_idx].any():
+            logger.warning("split %d skipped: no relevant snippet among its calibration topics", split_no)
+            continue
+        tq = np.intersect1d(tq, chosen)
+        for row, mask, k in _split_contexts(data, ranks, features, config, cal_idx, tq, split_no):
+            plan.rows.setdefault(row.label, row)
+            if k is not None:
+                plan.k_values.setdefault(row.label, []).append(k)
+            for q in tq.tolist():
+                pos = queries[q].positions
+                plan.assignments.append(
+                    (row.label, q, tuple((i, ()) for i in pos[mask[pos]].tolist())))
+        if config.unit == "sentence":
+            for row, contexts_of in _sentence_contexts(pairs, queries, scorer, scorer_options,
+                                                       config, cal_idx, tq, split_no, group_by,
+                                                       plan.pruned):
+                plan.add(row, contexts_of)
+            for row, contexts_of in _oracle_contexts(pairs, queries, tq, evidence_spans,
+                                                     plan.pruned):
+                plan.add(row, contexts_of)
+    if not plan.assignments:
+        raise DataError("no usable split: every split lacked relevant snippets on the calibration side.")
+    return plan
+
+
+def _measure_contexts(queries: list[_Query], contexts: list[_Context],
+                      text_of: Callable[[_Item], str]) -> dict[_Context, dict[str, float]]:
+    """The model-free measures of every distinct context."""
+    # a snippet is in many contexts (methods, splits): count its tokens once
+    tokens = {item: count_tokens(text_of(item))
+              for item in sorted({item for _, ctx in contexts for item in ctx})}
+    return {key: _model_free(queries[key[0]], [text_of(item) for item in key[1]],
+                             sum(tokens[item] for item in key[1])) for key in contexts}
 
 
 def _model_free(query: _Query, texts: list[str], n_tokens: int) -> dict[str, float]:
@@ -524,9 +605,6 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
                         measured: dict[_Context, dict[str, float]],
                         info: dict[str, Any], progress: bool) -> None:
     """Generate an answer for every distinct context, score it, and judge it (in place)."""
-    from ..generation import short_answer
-    from .nuggets import NuggetJudge
-
     owned = connection is None
     if connection is None:
         from ..llm.connect import connect
@@ -536,50 +614,14 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
         client = connection.client
         before = dict(client.usage)
         t0 = time.perf_counter()
-
-        def generate(key: _Context) -> Any:
-            q = queries[key[0]]
-            return short_answer(connection, q.question, texts_of(key), max_tokens=config.max_tokens)
-
-        answers = _map(client, generate, contexts, progress, "generating answers")
-        n_errors = 0
-        for key, ans in zip(contexts, answers, strict=True):
-            q, m = queries[key[0]], measured[key]
-            if ans.error is not None:
-                n_errors += 1  # a failed request is missing, not a wrong answer
-                continue
-            m["em"] = exact_match(ans.text, q.golds, q.language)
-            m["f1"] = token_f1(ans.text, q.golds, q.language)
-            m["answer_chars"] = float(len(ans.text))
-            m["abstained"] = float(ans.abstained)
-            if ans.n_context:
-                m["prompt_tokens"] = float(ans.prompt_tokens)
-            if ans.latency_s is not None:
-                m["latency_s"] = float(ans.latency_s)
-        info.update(generated=True, generator={"model": connection.model, "base_url": connection.base_url,
-                                               "style": connection.style, "local": connection.is_local},
-                    generation_errors=n_errors)
+        answers = _generate(config, connection, queries, texts_of, contexts, measured, info,
+                            progress)
         judging = config.judge if config.judge is not None else not connection.is_local
         if config.judge is None and connection.is_local:
             logger.warning("nugget judge skipped: the local model's judgements carry no signal; "
                            "judge with a real model (--base-url) or force it (--judge)")
         if judging:
-            judge = NuggetJudge(client, style=connection.style)
-            answer_of = {key: ans.text for key, ans in zip(contexts, answers, strict=True)
-                         if ans.error is None}
-            todo = list(answer_of)
-
-            def ask(key: _Context) -> Any:
-                q = queries[key[0]]
-                return judge.judge(q.question, texts_of(key), answer_of[key], q.nuggets)
-
-            judgements = _map(client, ask, todo, progress, "judging answers")
-            n_unparsed = 0
-            for key, j in zip(todo, judgements, strict=True):
-                n_unparsed += j.n_unparsed
-                m = measured[key]
-                m["nugget_precision"], m["nugget_recall"], m["nugget_f1"] = j.precision, j.recall, j.f1
-            info.update(judged=True, judge_unparsed=n_unparsed)
+            _judge(connection, queries, texts_of, contexts, answers, measured, info, progress)
         after = client.usage
         info["llm_requests"] = int(after["n_requests"] - before.get("n_requests", 0))
         info["llm_cache_hits"] = int(after["n_cache_hits"] - before.get("n_cache_hits", 0))
@@ -587,6 +629,64 @@ def _generate_and_judge(config: AnswerConfig, connection: LLMConnection | None, 
     finally:
         if owned:
             connection.close()
+
+
+def _generate(config: AnswerConfig, connection: LLMConnection, queries: list[_Query],
+              texts_of: Callable[[_Context], list[str]], contexts: list[_Context],
+              measured: dict[_Context, dict[str, float]], info: dict[str, Any],
+              progress: bool) -> list[Any]:
+    """Generate an answer for every distinct context and score it (in place); the answers."""
+    from ..generation import short_answer
+
+    def generate(key: _Context) -> Any:
+        q = queries[key[0]]
+        return short_answer(connection, q.question, texts_of(key), max_tokens=config.max_tokens)
+
+    answers = _map(connection.client, generate, contexts, progress, "generating answers")
+    n_errors = 0
+    for key, ans in zip(contexts, answers, strict=True):
+        q, m = queries[key[0]], measured[key]
+        if ans.error is not None:
+            n_errors += 1  # a failed request is missing, not a wrong answer
+            continue
+        m["em"] = exact_match(ans.text, q.golds, q.language)
+        m["f1"] = token_f1(ans.text, q.golds, q.language)
+        m["answer_chars"] = float(len(ans.text))
+        m["abstained"] = float(ans.abstained)
+        if ans.n_context:
+            m["prompt_tokens"] = float(ans.prompt_tokens)
+        if ans.latency_s is not None:
+            m["latency_s"] = float(ans.latency_s)
+    info.update(generated=True, generator={"model": connection.model, "base_url": connection.base_url,
+                                           "style": connection.style, "local": connection.is_local},
+                generation_errors=n_errors)
+    return answers
+
+
+def _judge(connection: LLMConnection, queries: list[_Query],
+           texts_of: Callable[[_Context], list[str]], contexts: list[_Context], answers: list[Any],
+           measured: dict[_Context, dict[str, float]], info: dict[str, Any],
+           progress: bool) -> None:
+    """Judge every answer that was generated against the query's nuggets (in place)."""
+    from .nuggets import NuggetJudge
+
+    client = connection.client
+    judge = NuggetJudge(client, style=connection.style)
+    answer_of = {key: ans.text for key, ans in zip(contexts, answers, strict=True)
+                 if ans.error is None}
+    todo = list(answer_of)
+
+    def ask(key: _Context) -> Any:
+        q = queries[key[0]]
+        return judge.judge(q.question, texts_of(key), answer_of[key], q.nuggets)
+
+    judgements = _map(client, ask, todo, progress, "judging answers")
+    n_unparsed = 0
+    for key, j in zip(todo, judgements, strict=True):
+        n_unparsed += j.n_unparsed
+        m = measured[key]
+        m["nugget_precision"], m["nugget_recall"], m["nugget_f1"] = j.precision, j.recall, j.f1
+    info.update(judged=True, judge_unparsed=n_unparsed)
 
 
 def _map(client: Any, fn: Callable[[Any], Any], items: list[Any], progress: bool, desc: str) -> list[Any]:

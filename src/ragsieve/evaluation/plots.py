@@ -90,6 +90,14 @@ def plot_report(
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
     cov_ax, rm_ax, trade_ax = axes
+    _plot_conformal(cov_ax, rm_ax, trade_ax, series)
+    _plot_baselines(trade_ax, named)
+    return save_figure(fig, path, title=title)
+
+
+def _plot_conformal(cov_ax: Any, rm_ax: Any, trade_ax: Any,
+                    series: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Each conformal curve on the three panels; the coverage and removal panels' axes."""
     banded = False
     for j, (name, rows) in enumerate(series):
         colour = _COLOURS[j % len(_COLOURS)]
@@ -124,6 +132,10 @@ def plot_report(
     rm_ax.set_title("removal vs target")
     rm_ax.legend(fontsize=7)
 
+
+def _plot_baselines(trade_ax: Any, named: Mapping[str, EvaluationReport]) -> None:
+    """The first report's top-k and fixed-threshold baselines on the trade-off panel, and
+    its axes."""
     first_label, first = next(iter(named.items()))
     suffix = f" ({first_label})" if len(named) > 1 else ""
     for method, marker, colour in (("top-k", "^", "tab:gray"), ("threshold", "v", "tab:brown")):
@@ -139,7 +151,6 @@ def plot_report(
     trade_ax.set_ylabel("coverage")
     trade_ax.set_title("trade-off on the same test splits")
     trade_ax.legend(fontsize=7)
-    return save_figure(fig, path, title=title)
 
 
 def _baseline_label(row: dict[str, Any]) -> str:

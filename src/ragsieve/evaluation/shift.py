@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -92,14 +92,7 @@ def run_stream(
         plotting).
     """
     alpha = check_alpha(alpha)
-    cal = check_scores(calibration_scores, name="calibration_scores")
-    s = check_scores(scores)
-    rel = np.asarray(relevant).astype(bool)
-    ph = np.asarray(phase).astype(int)
-    if rel.shape != s.shape or ph.shape != s.shape:
-        raise ValueError(f"scores {s.shape}, relevant {rel.shape} and phase {ph.shape} must align.")
-    if not set(np.unique(ph).tolist()) <= {1, 2}:
-        raise ValueError(f"phase must hold only 1 and 2, got {sorted(set(ph.tolist()))}.")
+    cal, s, rel, ph = _checked_stream(calibration_scores, scores, relevant, phase)
     static = SplitConformalCalibrator(alpha=alpha).fit(cal)
     kept_static = s <= static.threshold_
     aci = AdaptiveCalibrator(alpha=alpha, gamma=gamma, window=window).fit(cal)
@@ -111,23 +104,8 @@ def run_stream(
         "static_threshold": static.threshold_,
     }
     for p in (1, 2):
-        m = ph == p
-        summary[f"phase{p}"] = {
-            "static": _phase_metrics(kept_static[m], rel[m]),
-            "adaptive": _phase_metrics(kept_aci[m], rel[m]),
-        }
-        live = s[m & rel]
-        if live.size:
-            d = drift_check(cal, live, alpha=drift_alpha)
-            summary[f"phase{p}"]["drift"] = d._asdict()
-        # second half of the phase (after the adaptive filter had time to react)
-        idx = np.flatnonzero(m)
-        late = np.zeros_like(m)
-        late[idx[idx.size // 2:]] = True
-        summary[f"phase{p}"]["late_half"] = {
-            "static": _phase_metrics(kept_static[late], rel[late]),
-            "adaptive": _phase_metrics(kept_aci[late], rel[late]),
-        }
+        summary[f"phase{p}"] = _phase_summary(ph == p, cal, s, rel, kept_static, kept_aci,
+                                              drift_alpha)
     err = np.asarray(aci.history_["err"])
     err = err[~np.isnan(err)]
     summary["adaptive_overall_miss_rate"] = float(err.mean()) if err.size else math.nan
@@ -143,6 +121,50 @@ def run_stream(
         "alpha_t": np.asarray(aci.history_["alpha_t"])[rel].tolist(),
     }
     return {"summary": summary, "series": series}
+
+
+def _checked_stream(calibration_scores: Any, scores: Any, relevant: Any,
+                    phase: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The calibration scores and the stream's scores, relevance and phases, checked.
+
+    Raises
+    ------
+    ValueError
+        The stream's arrays do not align, or a phase is neither 1 nor 2.
+    """
+    cal = check_scores(calibration_scores, name="calibration_scores")
+    s = check_scores(scores)
+    rel = np.asarray(relevant).astype(bool)
+    ph = np.asarray(phase).astype(int)
+    if rel.shape != s.shape or ph.shape != s.shape:
+        raise ValueError(f"scores {s.shape}, relevant {rel.shape} and phase {ph.shape} must align.")
+    if not set(np.unique(ph).tolist()) <= {1, 2}:
+        raise ValueError(f"phase must hold only 1 and 2, got {sorted(set(ph.tolist()))}.")
+    return cal, s, rel, ph
+
+
+def _phase_summary(m: np.ndarray, cal: np.ndarray, s: np.ndarray, rel: np.ndarray,
+                   kept_static: np.ndarray, kept_aci: np.ndarray,
+                   drift_alpha: float) -> dict[str, Any]:
+    """Both filters' metrics over the phase ``m`` and over its second half, and the drift
+    check of its relevant scores against the calibration scores."""
+    out: dict[str, Any] = {
+        "static": _phase_metrics(kept_static[m], rel[m]),
+        "adaptive": _phase_metrics(kept_aci[m], rel[m]),
+    }
+    live = s[m & rel]
+    if live.size:
+        d = drift_check(cal, live, alpha=drift_alpha)
+        out["drift"] = d._asdict()
+    # second half of the phase (after the adaptive filter had time to react)
+    idx = np.flatnonzero(m)
+    late = np.zeros_like(m)
+    late[idx[idx.size // 2:]] = True
+    out["late_half"] = {
+        "static": _phase_metrics(kept_static[late], rel[late]),
+        "adaptive": _phase_metrics(kept_aci[late], rel[late]),
+    }
+    return out
 
 
 def plot_shift(result: dict[str, Any], path: str | os.PathLike[str], *, title: str | None = None) -> Path:
@@ -277,7 +299,46 @@ def run_shift_demo(
     tgt_scores = scorer.score_pairs(tgt_pairs)
     t_scored = time.perf_counter()
 
-    rng = np.random.default_rng(seed)
+    stream = _build_stream(src_pairs, src_scores, tgt_pairs, tgt_scores, calibration_fraction,
+                           np.random.default_rng(seed))
+    result = run_stream(stream.calibration_scores, stream.scores, stream.relevant, stream.phase,
+                        alpha=alpha, gamma=c.gamma, window=c.window, rolling=c.rolling,
+                        drift_alpha=c.drift_alpha)
+    summary = result["summary"]
+    summary.update({
+        "phase1_dataset": phase1, "phase2_dataset": phase2, "scorer": scorer.spec(), "seed": seed,
+        "calibration_fraction": calibration_fraction,
+        "n_calibration_groups": stream.n_calibration_groups,
+        "n_stream_groups_phase1": stream.n_groups - stream.n_calibration_groups,
+        "scoring_s": round(t_scored - t0, 2),
+    })
+    png = plot_shift(result, out / "shift.png",
+                     title=f"{phase1} → {phase2} (stream scored by {model}), α = {alpha}")
+    summary["runtime_s"] = round(time.perf_counter() - t0, 2)
+    summary["png"] = str(png)
+    summary["json"] = str(out / "shift.json")
+    atomic_write_text(out / "shift.json", json.dumps({**summary, "series": result["series"]},
+                                                     indent=1, default=_json_default) + "\n")
+    return summary
+
+
+class _Stream(NamedTuple):
+    """The demo's stream and how its source topics were divided."""
+
+    calibration_scores: np.ndarray
+    scores: np.ndarray
+    relevant: np.ndarray
+    phase: np.ndarray
+    n_groups: int  # source topics
+    n_calibration_groups: int
+
+
+def _build_stream(src_pairs: list[Pair], src_scores: np.ndarray, tgt_pairs: list[Pair],
+                  tgt_scores: np.ndarray, calibration_fraction: float,
+                  rng: np.random.Generator) -> _Stream:
+    """The relevant calibration scores (a random ``calibration_fraction`` of the source
+    topics) and the stream: the other source topics' queries (phase 1), then every target
+    query (phase 2), each phase in random query order."""
     groups = sorted({p.group for p in src_pairs})
     perm = rng.permutation(len(groups))
     n_cal = max(1, min(len(groups) - 1, round(calibration_fraction * len(groups))))
@@ -292,24 +353,7 @@ def run_shift_demo(
     scores = np.concatenate([src_scores[idx1], tgt_scores[idx2]])
     relevant = np.concatenate([src_rel[idx1], np.array([tgt_pairs[i].relevant == 1 for i in idx2])])
     phase = np.r_[np.ones(len(idx1), dtype=int), np.full(len(idx2), 2)]
-
-    result = run_stream(cal_scores, scores, relevant, phase, alpha=alpha, gamma=c.gamma,
-                        window=c.window, rolling=c.rolling, drift_alpha=c.drift_alpha)
-    summary = result["summary"]
-    summary.update({
-        "phase1_dataset": phase1, "phase2_dataset": phase2, "scorer": scorer.spec(), "seed": seed,
-        "calibration_fraction": calibration_fraction,
-        "n_calibration_groups": len(cal_groups), "n_stream_groups_phase1": len(groups) - len(cal_groups),
-        "scoring_s": round(t_scored - t0, 2),
-    })
-    png = plot_shift(result, out / "shift.png",
-                     title=f"{phase1} → {phase2} (stream scored by {model}), α = {alpha}")
-    summary["runtime_s"] = round(time.perf_counter() - t0, 2)
-    summary["png"] = str(png)
-    summary["json"] = str(out / "shift.json")
-    atomic_write_text(out / "shift.json", json.dumps({**summary, "series": result["series"]},
-                                                     indent=1, default=_json_default) + "\n")
-    return summary
+    return _Stream(cal_scores, scores, relevant, phase, len(groups), len(cal_groups))
 
 
 def _json_default(obj: Any) -> Any:

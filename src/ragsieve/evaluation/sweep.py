@@ -26,8 +26,9 @@ from ..calibration import CALIBRATORS, MODES, BaseCalibrator, BudgetCalibrator, 
 from ..calibration.inputs import CalibrationInputs
 from ..data.splits import MAX_SPLITS, group_splits
 from ..errors import DataError, ScorerError
+from ..fitting import fit_split
 from ..scoring.base import KeepRule
-from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures, fit_fusion
+from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures
 from ..types import Pair
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 
@@ -253,21 +254,6 @@ def _split_metrics(data: ScoredData, kept: np.ndarray, test: np.ndarray) -> dict
         "removal": removal(kept[test]),
         "removal_chars": char_removal(kept[test], data.lengths[test]),
     }
-
-
-def _fuse_split(data: ScoredData, features: np.ndarray | FusionFeatures, cal_idx: np.ndarray,
-                seed: int, salt: int, fraction: float) -> tuple[ScoredData, np.ndarray]:
-    """Fit the fused score on a random ``fraction`` of the calibration topics; score every pair.
-
-    The fit is :func:`~ragsieve.scoring.fusion.fit_fusion`, the one ``calibrate`` makes
-    (split ``salt`` of ``seed``), with the learner ``features`` names (a bare matrix:
-    logistic regression); its text-fitted signals (the frozen-corpus BM25) take their
-    statistics from the texts of the fit share alone. Returns the data with fused scores and
-    the calibration indices left for conformal.
-    """
-    done = fit_fusion(features, data.relevant, data.group_index, rows=cal_idx, seed=seed,
-                      split=salt, fraction=fraction)
-    return dataclasses.replace(data, scores=done.scores), cal_idx[~done.fit]
 
 
 def calibrated_k(data: ScoredData, ranks: np.ndarray, cal_idx: np.ndarray, alpha: float) -> int:
@@ -604,8 +590,10 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
             continue
         scored, conf_cal_idx = data, cal_idx
         if fusion_features is not None:  # fit the fusion on some of the calibration topics
-            scored, conf_cal_idx = _fuse_split(data, fusion_features, cal_idx, config.seed, split_no,
-                                               config.fusion_fraction)
+            fused, conf_cal_idx = fit_split(fusion_features, data.relevant, data.group_index,
+                                            cal_idx, seed=config.seed, split=split_no,
+                                            fraction=config.fusion_fraction)
+            scored = dataclasses.replace(data, scores=fused)
         for a, rows in cal_topk.items():
             rows.append(_calibrated_topk(data, ranks, cal_idx, test, a))
             cal_thr[a].append(_calibrated_threshold(data, cal_idx, test, a))

@@ -71,7 +71,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ragsieve._validation import check_int
 from ragsieve.errors import DataError
@@ -863,36 +863,3 @@ def load_filter(path: str | os.PathLike[str], scorer_options: Mapping[str, Any],
         flt.min_keep, flt.max_chars = checked.min_keep, checked.max_chars
     return flt
 
-
-class FromFileMixin:
-    """``from_file`` for a framework component with a ``filter`` field."""
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **options: Any) -> Self:
-        """Load a saved filter artifact.
-
-        Parameters
-        ----------
-        path : path-like
-            JSON artifact written by ``ConformalFilter.save``.
-        **options
-            ``score_source="native"`` filters on the framework's own score (see the
-            component); policy keywords (``min_keep=1``, ``max_chars=...``) set the filter's
-            policy; the others rebuild the scorer without changing its scores
-            (``cache_dir=...``; see ``ConformalFilter.load(scorer_options=...)``).
-
-        Raises
-        ------
-        TypeError
-            An unknown keyword (the message lists the accepted ones).
-        """
-        score_source = options.pop("score_source", "filter")
-        scorer_options, policy = split_options(options)
-        return cls._from_loaded(load_filter(path, scorer_options, policy), scorer_options,
-                                score_source)
-
-    @classmethod
-    def _from_loaded(cls, flt: ConformalFilter, scorer_options: dict[str, Any],
-                     score_source: str = "filter") -> Self:
-        """The component around a loaded filter (``scorer_options`` as given to it)."""
-        return cls(filter=flt, score_source=score_source)  # type: ignore[call-arg]

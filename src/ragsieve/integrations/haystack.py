@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from ragsieve._optional import require
 from ragsieve._validation import check_instance, check_path, check_str
@@ -32,7 +32,6 @@ from ragsieve.integrations import (
     Retrieval,
     RetrievedDoc,
     calibrate_native,
-    calibrate_through,
     check_score_source,
     document_ids,
     filter_documents,
@@ -41,14 +40,9 @@ from ragsieve.integrations import (
     native_pairs,
     pruned_text,
     retrieval_run,
-    retrieve_pairs,
-    split_options,
 )
+from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.types import FilterResult, Pair
-
-if TYPE_CHECKING:
-    from ragsieve.integrations import Queries
-    from ragsieve.scoring import Scorer
 
 require("haystack", "haystack")
 from haystack import Document, component, default_from_dict, default_to_dict
@@ -100,15 +94,8 @@ def _run_documents(retriever: Any) -> Callable[[str], Any]:
     return run
 
 
-def _retrieval(retriever: Any, run: Callable[[str], Sequence[Document]] | None) -> Retrieval:
-    call = (_run_documents(retriever) if run is None
-            else retrieval_run(retriever, run, "run", _EXPECTED))
-    return Retrieval(run=call, read=_read_hit, doc_type=Document, framework="haystack",
-                     name=type(retriever).__name__)
-
-
 @component
-class ConformalRanker:
+class ConformalRanker(FrameworkAdapter):
     """Keep the documents a calibrated conformal filter keeps (a Haystack component).
 
     Parameters
@@ -221,29 +208,19 @@ class ConformalRanker:
                 if v is not None}
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], **options: Any) -> Self:
-        """Load a saved filter artifact.
-
-        Parameters
-        ----------
-        path : path-like
-            JSON artifact written by ``ConformalFilter.save``.
-        **options
-            ``score_source="native"`` filters on ``Document.score``; policy keywords
-            (``min_keep=1``, ``max_chars=...``) set the filter's policy; the others rebuild
-            the scorer without changing its scores (``cache_dir=...``; see
-            ``ConformalFilter.load(scorer_options=...)``).
-
-        Raises
-        ------
-        TypeError
-            An unknown keyword (the message lists the accepted ones).
-        ArtifactError
-            The file cannot be read or is not a valid filter artifact (the message names it).
-        """
-        score_source = options.pop("score_source", "filter")
-        scorer_options, policy = split_options(options)
+    def _from_file(cls, path: str | os.PathLike[str], scorer_options: dict[str, Any],
+                   policy: dict[str, Any], score_source: str) -> Self:
+        """A ranker that loads ``path`` itself, so that it serialises as that path."""
         return cls(path, scorer_options=scorer_options, score_source=score_source, **policy)
+
+    @classmethod
+    def _retrieval(cls, retriever: Any,
+                   run: Callable[[str], Sequence[Document]] | None) -> Retrieval:
+        """``retriever.run(query=...)["documents"]`` (or ``run``), read as hits."""
+        call = (_run_documents(retriever) if run is None
+                else retrieval_run(retriever, run, "run", _EXPECTED))
+        return Retrieval(run=call, read=_read_hit, doc_type=Document, framework="haystack",
+                         name=type(retriever).__name__)
 
     @classmethod
     def native_pairs(cls, examples: Iterable[Any], *, field: str = NATIVE_FIELD) -> list[Pair]:
@@ -279,92 +256,6 @@ class ConformalRanker:
         ``from_file(path, score_source="native")`` for a pipeline that serialises.
         """
         return calibrate_native(cls, examples, field, **filter_options)
-
-    @classmethod
-    def calibrate(
-        cls, retriever: Any, queries: "Queries", *, k: int | None = None,
-        language: str | None = None, scorer: "Scorer | str" = "auto",
-        run: Callable[[str], Sequence[Document]] | None = None, **filter_options: Any,
-    ) -> Self:
-        """A ranker calibrated on what ``retriever`` returns for labelled queries.
-
-        The default score reads each document against the others of its list, so the
-        guarantee holds on lists like the calibration lists: calibrate through the retriever
-        you deploy, with its ``top_k``, over its document store.
-
-        Parameters
-        ----------
-        retriever : component or Pipeline
-            The deployed retriever. Without ``run`` it is run as
-            ``retriever.run(query=query)["documents"]`` (``InMemoryBM25Retriever`` and the
-            other text-query retrievers). Its class name and ``k`` are recorded on every
-            calibration pair (``meta["retriever"]``); ``Document.score`` is kept as
-            ``meta["retrieval_score"]``.
-        queries : path, open file, or iterable of mapping or LabelledQuery
-            Labelled queries (:func:`ragsieve.data.queries.read_queries`): ``query_id``,
-            ``query``, optional ``group`` (the topic), and ``relevant_doc_ids`` and/or
-            ``answers`` on every query. A retrieved document is relevant when one of its ids
-            is in ``relevant_doc_ids`` and/or its text contains an answer
-            (:meth:`~ragsieve.data.queries.LabelledQuery.label`). Its ids are ``Document.id``
-            and the string or integer values of ``meta["doc_id"]``, ``meta["id"]`` and
-            ``meta["source"]`` (those present).
-        k : int, optional
-            The retriever's list size (its ``top_k``), recorded with it; defaults to the most
-            documents any query got (a list longer than ``k`` is a ``ValueError``).
-        language : str, optional
-            The texts' language: the answers' normalisation (None: English) and the model
-            of an ``"auto"`` score (None: detected).
-        scorer : Scorer or str, default="auto"
-            The filter's score (``"auto"``: the fused score over whole lists).
-        run : callable, optional
-            ``run(query) -> list of Document``: how to get the deployed lists when the
-            retriever needs more than the query text, so any pipeline can be the retriever.
-            An embedding retriever needs the query embedded by the same embedder as in
-            production: ``run=lambda q: retriever.run(query_embedding=embedder.run(text=q)
-            ["embedding"])["documents"]``, or a whole pipeline:
-            ``run=lambda q: pipe.run({"embedder": {"text": q}})["retriever"]["documents"]``.
-            ``retriever`` then only names the lists.
-        **filter_options
-            ``ConformalFilter`` keywords: ``alpha``, ``calibrator`` (a mode name),
-            ``min_keep``, ``group_by``, ``max_chars``, ``unit``.
-
-        Returns
-        -------
-        ConformalRanker
-            With an in-memory calibrated filter; save it (``ranker.filter.save(path)``) and
-            use ``from_file(path)`` for a pipeline that serialises.
-
-        Raises
-        ------
-        DataError
-            A query with neither ``relevant_doc_ids`` nor ``answers`` (label the pairs of
-            :meth:`retrieve_pairs` with ``ragsieve label`` instead), a malformed query, or
-            a document returned twice for one query.
-        CalibrationError
-            No retrieved document is relevant.
-        TypeError
-            ``retriever.run(query=...)`` cannot be called or returns no ``documents``
-            (pass ``run``), or the documents are not ``haystack.Document``.
-
-        Examples
-        --------
-        >>> ranker = ConformalRanker.calibrate(retriever, "queries.jsonl")  # doctest: +SKIP
-        >>> ranker.filter.save("filter.json")  # doctest: +SKIP
-        """
-        return calibrate_through(cls, _retrieval(retriever, run), queries, k=k,
-                                 language=language, scorer=scorer, **filter_options)
-
-    @classmethod
-    def retrieve_pairs(
-        cls, retriever: Any, queries: "Queries", *, k: int | None = None,
-        language: str | None = None, run: Callable[[str], Sequence[Document]] | None = None,
-    ) -> list[Pair]:
-        """What :meth:`calibrate` calibrates on, without calibrating: the retriever's lists
-        for the queries as pairs (:func:`ragsieve.integrations.retrieve_pairs`), labelled
-        from the queries' labels (``relevant`` None for a query without labels). Write
-        them with :func:`ragsieve.data.write_pairs` to label them with ``ragsieve label``
-        and calibrate with ``ragsieve calibrate``. Parameters as :meth:`calibrate`."""
-        return retrieve_pairs(_retrieval(retriever, run), queries, k=k, language=language)
 
     # ---------------------------------------------------------------- serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -22,16 +22,14 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
-    FromFileMixin,
     Retrieval,
     RetrievedDoc,
     calibrate_native,
-    calibrate_through,
     check_documents,
     document_ids,
     filter_documents,
@@ -39,18 +37,13 @@ from ragsieve.integrations import (
     native_pairs,
     pruned_text,
     retrieval_run,
-    retrieve_pairs,
 )
+from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.types import Pair
-
-if TYPE_CHECKING:
-    from ragsieve.integrations import Queries
-    from ragsieve.scoring import Scorer
 
 require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from langchain_core.runnables import Runnable
 from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field
 
@@ -109,14 +102,7 @@ def _read_hit(doc: Document) -> RetrievedDoc:
                         score=meta.get(NATIVE_KEY), metadata=meta)
 
 
-def _retrieval(retriever: Any, run: Callable[[str], Sequence[Document]] | None) -> Retrieval:
-    call = retrieval_run(retriever, run, "invoke", "a LangChain retriever (a BaseRetriever, or "
-                         "any Runnable whose invoke(query) returns a list of Documents)")
-    return Retrieval(run=call, read=_read_hit, doc_type=Document, framework="langchain",
-                     name=type(retriever).__name__)
-
-
-class ConformalCompressor(FromFileMixin, ScoreSourceCheck, BaseDocumentCompressor):
+class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompressor):
     """Keep the documents a calibrated conformal filter keeps.
 
     Parameters
@@ -184,86 +170,13 @@ class ConformalCompressor(FromFileMixin, ScoreSourceCheck, BaseDocumentCompresso
         return calibrate_native(cls, examples, field, **filter_options)
 
     @classmethod
-    def calibrate(
-        cls, retriever: Runnable[str, list[Document]], queries: Queries, *,
-        k: int | None = None, language: str | None = None, scorer: Scorer | str = "auto",
-        run: Callable[[str], Sequence[Document]] | None = None, **filter_options: Any,
-    ) -> Self:
-        """A compressor calibrated on what ``retriever`` returns for labelled queries.
-
-        The default score reads each document against the others of its list, so the
-        guarantee holds on lists like the calibration lists: calibrate through the retriever
-        you deploy, with its ``k``, over its corpus.
-
-        Parameters
-        ----------
-        retriever : BaseRetriever
-            The deployed retriever (any LangChain ``BaseRetriever``, or a ``Runnable`` whose
-            ``invoke(query)`` returns a list of ``Document``); run as
-            ``retriever.invoke(query)`` for every query. Its class name and ``k`` are
-            recorded on every calibration pair (``meta["retriever"]``).
-        queries : path, open file, or iterable of mapping or LabelledQuery
-            Labelled queries (:func:`ragsieve.data.queries.read_queries`): ``query_id``,
-            ``query``, optional ``group`` (the topic), and ``relevant_doc_ids`` and/or
-            ``answers`` on every query. A retrieved document is relevant when one of its ids
-            is in ``relevant_doc_ids`` and/or its text contains an answer
-            (:meth:`~ragsieve.data.queries.LabelledQuery.label`). Its ids are
-            ``Document.id`` and the string or integer values of ``metadata["doc_id"]``,
-            ``metadata["id"]`` and ``metadata["source"]`` (those present).
-        k : int, optional
-            The retriever's list size, recorded with it; defaults to the most documents any
-            query got (a list longer than ``k`` is a ``ValueError``).
-        language : str, optional
-            The texts' language: the answers' normalisation (None: English) and the model
-            of an ``"auto"`` score (None: detected).
-        scorer : Scorer or str, default="auto"
-            The filter's score (``"auto"``: the fused score over whole lists).
-        run : callable, optional
-            ``run(query) -> list of Document``, called instead of ``retriever.invoke``
-            (a chain, a retriever that needs more than the query); ``retriever`` then only
-            names the lists.
-        **filter_options
-            ``ConformalFilter`` keywords: ``alpha``, ``calibrator`` (a mode name),
-            ``min_keep``, ``group_by``, ``max_chars``, ``unit``.
-
-        Returns
-        -------
-        ConformalCompressor
-            With an in-memory calibrated filter; ``comp.filter.save(path)`` writes its
-            artifact (``from_file(path)`` loads it).
-
-        Raises
-        ------
-        DataError
-            A query with neither ``relevant_doc_ids`` nor ``answers`` (label the pairs of
-            :meth:`retrieve_pairs` with ``ragsieve label`` instead), a malformed query, or
-            a document returned twice for one query.
-        CalibrationError
-            No retrieved document is relevant.
-        TypeError
-            ``retriever`` has no ``invoke`` (and no ``run``), or it returned something other
-            than a list of ``Document``.
-
-        Examples
-        --------
-        >>> comp = ConformalCompressor.calibrate(retriever, "queries.jsonl")  # doctest: +SKIP
-        >>> comp.filter.save("filter.json")  # doctest: +SKIP
-        """
-        return calibrate_through(cls, _retrieval(retriever, run), queries, k=k,
-                                 language=language, scorer=scorer, **filter_options)
-
-    @classmethod
-    def retrieve_pairs(
-        cls, retriever: Runnable[str, list[Document]], queries: Queries, *,
-        k: int | None = None, language: str | None = None,
-        run: Callable[[str], Sequence[Document]] | None = None,
-    ) -> list[Pair]:
-        """What :meth:`calibrate` calibrates on, without calibrating: the retriever's lists
-        for the queries as pairs (:func:`ragsieve.integrations.retrieve_pairs`), labelled
-        from the queries' labels (``relevant`` None for a query without labels). Write
-        them with :func:`ragsieve.data.write_pairs` to label them with ``ragsieve label``
-        and calibrate with ``ragsieve calibrate``. Parameters as :meth:`calibrate`."""
-        return retrieve_pairs(_retrieval(retriever, run), queries, k=k, language=language)
+    def _retrieval(cls, retriever: Any,
+                   run: Callable[[str], Sequence[Document]] | None) -> Retrieval:
+        """``retriever.invoke(query)`` (or ``run``), its Documents read as hits."""
+        call = retrieval_run(retriever, run, "invoke", "a LangChain retriever (a BaseRetriever, "
+                             "or any Runnable whose invoke(query) returns a list of Documents)")
+        return Retrieval(run=call, read=_read_hit, doc_type=Document, framework="langchain",
+                         name=type(retriever).__name__)
 
     def compress_documents(
         self,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 from ragsieve._optional import require
 from ragsieve.artifact import Artifact
@@ -24,11 +24,9 @@ from ragsieve.integrations import (
     SCORE_KEY,
     SPANS_KEY,
     THRESHOLD_KEY,
-    FromFileMixin,
     Retrieval,
     RetrievedDoc,
     calibrate_native,
-    calibrate_through,
     check_documents,
     document_ids,
     filter_documents,
@@ -36,17 +34,12 @@ from ragsieve.integrations import (
     native_pairs,
     pruned_text,
     retrieval_run,
-    retrieve_pairs,
 )
+from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.types import Pair
-
-if TYPE_CHECKING:
-    from ragsieve.integrations import Queries
-    from ragsieve.scoring import Scorer
 
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 from pydantic import ConfigDict, Field, field_serializer, model_validator
 
@@ -76,14 +69,7 @@ def _read_hit(n: NodeWithScore) -> RetrievedDoc:
                         score=n.score, metadata=meta)
 
 
-def _retrieval(retriever: Any, run: Callable[[str], Sequence[NodeWithScore]] | None) -> Retrieval:
-    call = retrieval_run(retriever, run, "retrieve", "a LlamaIndex retriever (a BaseRetriever: "
-                         "retrieve(query) returns a list of NodeWithScore)")
-    return Retrieval(run=call, read=_read_hit, doc_type=NodeWithScore, framework="llamaindex",
-                     name=type(retriever).__name__, kind="nodes")
-
-
-class ConformalPostprocessor(FromFileMixin, ScoreSourceCheck, BaseNodePostprocessor):
+class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostprocessor):
     """Keep the nodes a calibrated conformal filter keeps.
 
     Parameters
@@ -162,86 +148,13 @@ class ConformalPostprocessor(FromFileMixin, ScoreSourceCheck, BaseNodePostproces
         return calibrate_native(cls, examples, field, **filter_options)
 
     @classmethod
-    def calibrate(
-        cls, retriever: BaseRetriever, queries: Queries, *, k: int | None = None,
-        language: str | None = None, scorer: Scorer | str = "auto",
-        run: Callable[[str], Sequence[NodeWithScore]] | None = None, **filter_options: Any,
-    ) -> Self:
-        """A postprocessor calibrated on what ``retriever`` returns for labelled queries.
-
-        The default score reads each node against the others of its list, so the guarantee
-        holds on lists like the calibration lists: calibrate through the retriever you
-        deploy, with its ``similarity_top_k``, over its index.
-
-        Parameters
-        ----------
-        retriever : BaseRetriever
-            The deployed retriever (``index.as_retriever(...)``, ``BM25Retriever``, any
-            LlamaIndex ``BaseRetriever``); run as ``retriever.retrieve(query)`` for every
-            query. Its class name and ``k`` are recorded on every calibration pair
-            (``meta["retriever"]``); ``NodeWithScore.score`` is kept as
-            ``meta["retrieval_score"]``.
-        queries : path, open file, or iterable of mapping or LabelledQuery
-            Labelled queries (:func:`ragsieve.data.queries.read_queries`): ``query_id``,
-            ``query``, optional ``group`` (the topic), and ``relevant_doc_ids`` and/or
-            ``answers`` on every query. A retrieved node is relevant when one of its ids is
-            in ``relevant_doc_ids`` and/or its text contains an answer
-            (:meth:`~ragsieve.data.queries.LabelledQuery.label`). Its ids are
-            ``node.node_id``, ``node.ref_doc_id`` (its source document) and the string or
-            integer values of ``metadata["doc_id"]``, ``metadata["id"]`` and
-            ``metadata["source"]`` (those present).
-        k : int, optional
-            The retriever's list size, recorded with it; defaults to the most nodes any
-            query got (a list longer than ``k`` is a ``ValueError``).
-        language : str, optional
-            The texts' language: the answers' normalisation (None: English) and the model
-            of an ``"auto"`` score (None: detected).
-        scorer : Scorer or str, default="auto"
-            The filter's score (``"auto"``: the fused score over whole lists).
-        run : callable, optional
-            ``run(query) -> list of NodeWithScore``, called instead of
-            ``retriever.retrieve``; ``retriever`` then only names the lists.
-        **filter_options
-            ``ConformalFilter`` keywords: ``alpha``, ``calibrator`` (a mode name),
-            ``min_keep``, ``group_by``, ``max_chars``, ``unit``.
-
-        Returns
-        -------
-        ConformalPostprocessor
-            With an in-memory calibrated filter (``to_json`` carries its artifact;
-            ``post.filter.save(path)`` writes it for ``from_file``).
-
-        Raises
-        ------
-        DataError
-            A query with neither ``relevant_doc_ids`` nor ``answers`` (label the pairs of
-            :meth:`retrieve_pairs` with ``ragsieve label`` instead), a malformed query, or
-            a node returned twice for one query.
-        CalibrationError
-            No retrieved node is relevant.
-        TypeError
-            ``retriever`` has no ``retrieve`` (and no ``run``), or it returned something
-            other than a list of ``NodeWithScore``.
-
-        Examples
-        --------
-        >>> post = ConformalPostprocessor.calibrate(retriever, "queries.jsonl")  # doctest: +SKIP
-        """
-        return calibrate_through(cls, _retrieval(retriever, run), queries, k=k,
-                                 language=language, scorer=scorer, **filter_options)
-
-    @classmethod
-    def retrieve_pairs(
-        cls, retriever: BaseRetriever, queries: Queries, *, k: int | None = None,
-        language: str | None = None,
-        run: Callable[[str], Sequence[NodeWithScore]] | None = None,
-    ) -> list[Pair]:
-        """What :meth:`calibrate` calibrates on, without calibrating: the retriever's lists
-        for the queries as pairs (:func:`ragsieve.integrations.retrieve_pairs`), labelled
-        from the queries' labels (``relevant`` None for a query without labels). Write
-        them with :func:`ragsieve.data.write_pairs` to label them with ``ragsieve label``
-        and calibrate with ``ragsieve calibrate``. Parameters as :meth:`calibrate`."""
-        return retrieve_pairs(_retrieval(retriever, run), queries, k=k, language=language)
+    def _retrieval(cls, retriever: Any,
+                   run: Callable[[str], Sequence[NodeWithScore]] | None) -> Retrieval:
+        """``retriever.retrieve(query)`` (or ``run``), its nodes read as hits."""
+        call = retrieval_run(retriever, run, "retrieve", "a LlamaIndex retriever (a "
+                             "BaseRetriever: retrieve(query) returns a list of NodeWithScore)")
+        return Retrieval(run=call, read=_read_hit, doc_type=NodeWithScore,
+                         framework="llamaindex", name=type(retriever).__name__, kind="nodes")
 
     @model_validator(mode="before")
     @classmethod

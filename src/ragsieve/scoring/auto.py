@@ -37,9 +37,10 @@ import numpy as np
 
 from ..errors import ScorerError
 from ..types import Pair
-from .base import Scorer
+from .base import Resolution, Scorer
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
+from .registry import resolve_scorer
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
            "choose_languages", "choose_score"]
@@ -353,7 +354,6 @@ class AutoScorer(Scorer):
         """
         from ..embeddings.languages import choose_model
         from ..lists import retriever_of
-        from . import resolve_scorer
 
         pairs = list(pairs)
         found = languages or self.languages(pairs, language=language)
@@ -373,6 +373,14 @@ class AutoScorer(Scorer):
         scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross)
                   if choice.alias == "best" else base)
         return scorer, choice, (str(found.code), found.source)
+
+    def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
+                    deployed_lists: bool = False) -> Resolution:
+        """:meth:`resolve` for ``ConformalFilter.calibrate``: the chosen score, and the
+        languages and the score choice the artifact records."""
+        found = self.languages(pairs, language=language)
+        scorer, choice, _ = self.resolve(pairs, languages=found, deployed_lists=deployed_lists)
+        return Resolution(scorer, {**found.info(), "score_choice": choice.to_dict()})
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         raise ScorerError("the 'auto' score is chosen when the filter is calibrated "

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -14,7 +14,8 @@ from ..errors import DataError, ScorerError
 from ..types import Pair
 from .options import ScorerOption
 
-__all__ = ["KeepRule", "ListTransform", "Scorer", "check_score_array", "group_pairs"]
+__all__ = ["KeepRule", "ListTransform", "Resolution", "ScoreFit", "Scorer", "StageFit",
+           "check_score_array", "group_pairs"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,68 @@ class Scorer(ABC):
     #: True for a stand-in that ``ConformalFilter.calibrate`` turns into a real score once
     #: it sees the calibration pairs (``"auto"``: see :meth:`resolve`).
     resolved_at_calibration: ClassVar[bool] = False
+
+    # ---- tags: what a caller (the service) asks instead of reading scorer names.
+    # False is the safe default: it claims nothing.
+    #: True when ``score_batch`` may be called from several threads at once (after a first
+    #: call has loaded what it needs): the service then scores without a lock.
+    thread_safe: ClassVar[bool] = False
+    #: True when scoring loads and calls no model (the score is handed in: ``field``): the
+    #: service then has nothing to warm up and scores outside its model thread.
+    model_free: ClassVar[bool] = False
+
+    # ---- fitting: scores that learn are fitted on some calibration topics, calibrated on
+    # the rest (ragsieve.fitting runs it; ask ``is_fitted``, then call ``fit_topics``).
+    #: True for a score of sentences that reads each sentence's snippet as its context
+    #: (``sentence_context``): it is used with unit ``"sentence"`` only.
+    sentence_in_context: ClassVar[bool] = False
+
+    def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
+                   snippets: Sequence[Pair] | None = None,
+                   fit_stage: StageFit | None = None) -> ScoreFit:
+        """Fit this unfitted score on a seeded share of the topics (``Pair.group``) of
+        labelled pairs; the fitted score and the pairs of the other topics, to calibrate on.
+
+        Scores that learn (the fused score, the sentence-in-context score) override it; the
+        draw is ``evaluate(seed=seed)``'s split 0, so calibrate fits what evaluate measures.
+
+        Parameters
+        ----------
+        pairs : sequence of Pair
+            Labelled calibration pairs (sentences, for a score of sentences).
+        seed : int
+            The draw of the fit share.
+        progress : bool
+            Progress bars while scoring.
+        snippets : sequence of Pair, optional
+            A score of sentences in context: the snippet pairs ``pairs`` were cut from.
+        fit_stage : callable, optional
+            A score made of stages: how to fit each unfitted stage,
+            ``fit_stage(stage, pairs) -> ScoreFit`` (default: the stage's own ``fit_topics``).
+
+        Raises
+        ------
+        ScorerError
+            This score has nothing to fit (the default).
+        CalibrationError
+            Fewer than two topics, or a fit share of one class only.
+        """
+        raise ScorerError(f"the {getattr(self, 'name', type(self).__name__)} score is not "
+                          "fitted on labelled pairs; give a fitted score or one that learns "
+                          "(e.g. 'best').")
+
+    def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
+                    deployed_lists: bool = False) -> Resolution:
+        """The real score a stand-in (``resolved_at_calibration``: ``"auto"``) stands for,
+        chosen from the calibration pairs.
+
+        Raises
+        ------
+        TypeError
+            This score is no stand-in (the default).
+        """
+        raise TypeError(f"the {getattr(self, 'name', type(self).__name__)} score is not "
+                        "resolved at calibration (resolved_at_calibration is False).")
 
     @abstractmethod
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
@@ -346,6 +409,46 @@ class Scorer(ABC):
         return f"{type(self).__name__}({self.spec()!r})"
 
 
+class ScoreFit(NamedTuple):
+    """What :meth:`Scorer.fit_topics` gives.
+
+    Attributes
+    ----------
+    scorer : Scorer
+        The fitted score (or, where a chosen score could not be fitted, its fallback).
+    pairs : list of Pair
+        The pairs of the topics nothing was fitted on: the calibration share.
+    scores : numpy.ndarray or None
+        Their scores under ``scorer`` when the fit computed them (None: score them).
+    n_fit : int
+        Pairs the score was fitted on (0: none).
+    """
+
+    scorer: Scorer
+    pairs: list[Pair]
+    scores: np.ndarray | None = None
+    n_fit: int = 0
+
+
+#: How a score made of stages has each unfitted stage fitted (see :meth:`Scorer.fit_topics`).
+StageFit = Callable[[Scorer, list[Pair]], ScoreFit]
+
+
+class Resolution(NamedTuple):
+    """What :meth:`Scorer.resolve_for` gives.
+
+    Attributes
+    ----------
+    scorer : Scorer
+        The chosen score (possibly still to be fitted).
+    info : dict
+        What the artifact's data block records of the choice (languages, the score choice).
+    """
+
+    scorer: Scorer
+    info: dict[str, Any]
+
+
 class ListTransform(Scorer):
     """A score computed from a base scorer's scores over each query's list (relative, fused).
 
@@ -391,7 +494,8 @@ class ListTransform(Scorer):
         return self.base
 
     def with_base(self, base: Scorer) -> Scorer:
-        """The same transform (its spec without ``"base"``) over ``base``."""
-        from . import resolve_scorer
-
-        return resolve_scorer({k: v for k, v in self.spec().items() if k != "base"}, base=base)
+        """The same transform (its spec's parameters, without ``"base"``) over ``base``:
+        ``type(self)(**params, base=base)``, as scikit-learn's ``clone`` rebuilds an estimator."""
+        params = {k: v for k, v in self.spec().items() if k not in ("scorer", "base")}
+        transform: Callable[..., Scorer] = type(self)  # every list transform takes ``base=``
+        return transform(**params, base=base)

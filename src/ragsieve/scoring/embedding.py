@@ -72,6 +72,7 @@ class EmbeddingScorer(Scorer):
     name = "embedding"
     score_label = "1 - cos"
     declared_options: ClassVar[tuple[ScorerOption, ...]] = EMBEDDING_OPTIONS
+    thread_safe: ClassVar[bool] = True  # after warm-up, once its model is loaded
 
     def __init__(
         self,

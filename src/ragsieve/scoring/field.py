@@ -44,6 +44,8 @@ class FieldScorer(Scorer):
 
     name: ClassVar[str] = "field"
     reads_text: ClassVar[bool] = False
+    thread_safe: ClassVar[bool] = True  # it reads a number from each item
+    model_free: ClassVar[bool] = True
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("field", str, "score", "scorer field: the JSONL key holding each pair's "
                      "score (e.g. a reranker's); every line must hold a finite number there",

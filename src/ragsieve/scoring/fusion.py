@@ -55,10 +55,11 @@ import numpy as np
 from .._validation import check_str
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
-from .base import ListTransform, Scorer, check_score_array
+from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
 from .boosting import BoostedTrees
 from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .options import ScorerOption
+from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
 from .sentence_cosine import SentenceCosineScorer
 from .signals import (
@@ -615,8 +616,6 @@ class FusedScorer(ListTransform):
                  scale: Sequence[float] | np.ndarray | None = None,
                  trees: Mapping[str, Any] | None = None, features: Sequence[str] | None = None,
                  **base_options: Any) -> None:
-        from . import resolve_scorer
-
         query_language = check_str(query_language, "query_language", non_blank=True, allow_none=True)
         if query_language is not None and base == "embedding" and base_options.get("model") is None:
             from ..embeddings.languages import choose_model
@@ -832,6 +831,19 @@ class FusedScorer(ListTransform):
         y = np.array([p.relevant == 1 for p in pairs], dtype=float)
         return scorer.fitted_on_features(x, y)
 
+    def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
+                   snippets: Sequence[Pair] | None = None,
+                   fit_stage: StageFit | None = None) -> ScoreFit:
+        """Fit on a seeded share of the topics (:func:`fit_fused_scorer`: the fit split 0 of
+        ``evaluate(seed=seed)`` makes); the calibration share of the pairs and their fused
+        scores (:meth:`Scorer.fit_topics <ragsieve.scoring.Scorer.fit_topics>`)."""
+        pairs = list(pairs)
+        seen: dict[Any, int] = {}  # the topics numbered by first appearance, as evaluate does
+        topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
+        done = fit_fused_scorer(self, pairs, topics, seed=seed, progress=progress)
+        cal = np.flatnonzero(~done.fit)
+        return ScoreFit(done.scorer, [pairs[i] for i in cal], done.scores[cal], int(done.fit.sum()))
+
     def fitted_on_features(self, x: np.ndarray, y: np.ndarray) -> FusedScorer:
         """A fitted copy from a feature matrix (:meth:`features_of_pairs`) and 0/1 labels."""
         return self.with_weights(fit_learner(self.learner, x, y))
@@ -1000,8 +1012,6 @@ def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Score
     """A signal from a scorer or a spec; a spec gets the ``runtime`` options it declares. The
     best-sentence cosine of the base's own model shares the base's loaded model and cache
     (as the presets build it), so a saved filter loads that model once."""
-    from . import resolve_scorer, scorer_options
-
     if isinstance(signal, Scorer):
         return signal
     if not isinstance(signal, Mapping) or not isinstance(signal.get("scorer"), str):

@@ -38,6 +38,7 @@ from ..types import Pair
 from .base import ListTransform, Scorer, group_pairs
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
+from .registry import resolve_scorer
 
 __all__ = [
     "RELATIVE_KINDS",
@@ -170,8 +171,6 @@ class RelativeScorer(ListTransform):
     )
 
     def __init__(self, base: Any = "embedding", *, kind: str = "gap", **base_options: Any) -> None:
-        from . import resolve_scorer
-
         if kind not in RELATIVE_KINDS:
             raise ValueError(f"kind == {kind!r}, must be one of {RELATIVE_KINDS}.")
         self.kind = kind

@@ -36,8 +36,9 @@ import numpy as np
 from .._optional import require
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
-from .base import Scorer, group_pairs
+from .base import ScoreFit, Scorer, StageFit, group_pairs
 from .embedding import EMBEDDING_OPTIONS
+from .registry import resolve_scorer
 
 __all__ = [
     "PARENT_POSITION", "PARENT_TEXT", "SentenceContextScorer", "fit_sentence_context",
@@ -169,14 +170,13 @@ class SentenceContextScorer(Scorer):
 
     name: ClassVar[str] = "sentence_context"
     score_label: ClassVar[str] = "sentence-in-context score"
+    sentence_in_context: ClassVar[bool] = True
     declared_options = EMBEDDING_OPTIONS
 
     def __init__(self, sentence: Any = "best", snippet: Any = None, *,
                  weights: Sequence[float] | None = None, bias: float = 0.0,
                  mean: Sequence[float] | None = None, scale: Sequence[float] | None = None,
                  **base_options: Any) -> None:
-        from . import resolve_scorer
-
         def build(spec: Any) -> Scorer:
             if isinstance(spec, Scorer) and not base_options:
                 return spec
@@ -259,6 +259,25 @@ class SentenceContextScorer(Scorer):
                           bias=float(model.intercept_[0]), mean=mean.tolist(),
                           scale=scale.tolist())
 
+    def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
+                   snippets: Sequence[Pair] | None = None,
+                   fit_stage: StageFit | None = None) -> ScoreFit:
+        """Fit the stages and their combination on one seeded share of the topics
+        (:func:`fit_sentence_context`); ``pairs`` are the sentences (with their snippets'
+        text), ``snippets`` the snippet pairs they were cut from, ``fit_stage`` fits each
+        unfitted stage (default: its own ``fit_topics`` with ``seed``)."""
+        if snippets is None:
+            raise ValueError("the sentence-in-context score is fitted on sentences and on the "
+                             "snippets they were cut from: pass snippets=.")
+
+        def stage_fit(stage: Scorer, stage_pairs: list[Pair]) -> tuple[Scorer, list[Pair]]:
+            done = (stage.fit_topics(stage_pairs, seed=seed, progress=progress)
+                    if fit_stage is None else fit_stage(stage, stage_pairs))
+            return done.scorer, done.pairs
+
+        fitted, cal = fit_sentence_context(self, snippets, pairs, stage_fit, progress=progress)
+        return ScoreFit(fitted, cal)
+
     # ------------------------------------------------------------------ scoring
     def _check_fitted(self) -> None:
         if not self.is_fitted:
@@ -323,7 +342,7 @@ def fit_sentence_context(
         Their :func:`~ragsieve.units.sentence_pairs`, with :func:`with_parent_text`.
     fit_stage : callable
         ``fit_stage(stage, pairs) -> (fitted stage, calibration share of pairs)``: the
-        filter's fit of an unfitted fused score (``ConformalFilter._fit_fused``), which
+        fit of an unfitted fused score (:meth:`~ragsieve.scoring.Scorer.fit_topics`), which
         fits on a seeded share of the topics and hands back the pairs of the others. A
         stage it could not fit comes back as another, fitted score (the fused score's
         fallback, ``1 - cos``) with every pair.
@@ -371,14 +390,3 @@ def _fit_one(stage: Scorer, pairs: list[Pair],
              fit_stage: Callable[[Scorer, list[Pair]], tuple[Scorer, list[Pair]]]
              ) -> tuple[Scorer, list[Pair]]:
     return (stage, pairs) if stage.is_fitted else fit_stage(stage, pairs)
-
-
-def _register() -> None:
-    from . import register_scorer, registered_scorers
-
-    if SentenceContextScorer.name not in registered_scorers():
-        register_scorer(SentenceContextScorer.name, SentenceContextScorer,
-                        options=EMBEDDING_OPTIONS)
-
-
-_register()

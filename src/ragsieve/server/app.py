@@ -103,37 +103,58 @@ _BODY_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class _RouteErrors:
+    """The error answers each route documents (OpenAPI ``responses``)."""
+
+    key: dict[int | str, dict[str, Any]]  # of a route that only checks the API key
+    filter: dict[int | str, dict[str, Any]]
+    query: dict[int | str, dict[str, Any]]
+    feedback: dict[int | str, dict[str, Any]]
+    reload: dict[int | str, dict[str, Any]]
+
+    @classmethod
+    def of(cls, api_key: str | None) -> _RouteErrors:
+        """The tables of a service with or without an API key."""
+        errors = dict(_BODY_ERRORS)
+        key_errors: dict[int | str, dict[str, Any]] = {}
+        if api_key is not None:
+            errors[401] = key_errors[401] = _error("Missing or invalid API key.")
+        return cls(
+            key=key_errors,
+            filter={
+                **errors,
+                413: _error("Body larger than max_body_bytes, or more snippets than "
+                            "max_snippets."),
+            },
+            query={
+                **errors,
+                404: _error("The service has no index (start it with --index)."),
+                413: _error("Body larger than max_body_bytes, or k larger than max_k."),
+            },
+            feedback={
+                **errors,
+                413: _error("Body larger than max_body_bytes, or more labels than max_snippets."),
+            },
+            reload={
+                **_GUARD_ERRORS,
+                **key_errors,
+                403: _error("Cross-site request (Sec-Fetch-Site, Origin), or no API key is "
+                            "configured and the client is not on a loopback address."),
+                413: _error("The artifact file is larger than max_artifact_bytes (refused "
+                            "unread); the previous one keeps serving."),
+                422: _error("The artifact at the served path was refused (detail says why); "
+                            "the previous one keeps serving."),
+            },
+        )
+
+
 def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
                 api_key: str | None) -> None:
     protected: list[Any] = []
-    errors = dict(_BODY_ERRORS)
-    key_errors: dict[int | str, dict[str, Any]] = {}
     if api_key is not None:
         protected = [fastapi.Depends(api_key_check(api_key))]
-        errors[401] = key_errors[401] = _error("Missing or invalid API key.")
-    filter_errors = {
-        **errors,
-        413: _error("Body larger than max_body_bytes, or more snippets than max_snippets."),
-    }
-    query_errors = {
-        **errors,
-        404: _error("The service has no index (start it with --index)."),
-        413: _error("Body larger than max_body_bytes, or k larger than max_k."),
-    }
-    feedback_errors = {
-        **errors,
-        413: _error("Body larger than max_body_bytes, or more labels than max_snippets."),
-    }
-    reload_errors = {
-        **_GUARD_ERRORS,
-        **key_errors,
-        403: _error("Cross-site request (Sec-Fetch-Site, Origin), or no API key is "
-                    "configured and the client is not on a loopback address."),
-        413: _error("The artifact file is larger than max_artifact_bytes (refused unread); "
-                    "the previous one keeps serving."),
-        422: _error("The artifact at the served path was refused (detail says why); the "
-                    "previous one keeps serving."),
-    }
+    errors = _RouteErrors.of(api_key)
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
@@ -143,30 +164,42 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
     def openapi() -> JSONResponse:
         return JSONResponse(app.openapi())
 
-    _add_page(app, runtime, api_key, protected, key_errors)
+    _add_page(app, runtime, api_key, protected, errors.key)
+    _add_filter_routes(app, runtime, protected, errors)
+    _add_admin_routes(app, runtime, publisher, api_key, protected, errors)
+
+
+def _add_filter_routes(app: fastapi.FastAPI, runtime: Runtime, protected: list[Any],
+                       errors: _RouteErrors) -> None:
+    """``POST /filter``, ``/query`` and ``/feedback``: the served filter's work."""
 
     @app.post(
-        "/filter", response_model=FilterResponse, dependencies=protected, responses=filter_errors
+        "/filter", response_model=FilterResponse, dependencies=protected, responses=errors.filter
     )
     def filter_snippets(request: FilterRequest) -> FilterResponse:
         return runtime.current.run_filter(request)
 
     @app.post(
-        "/query", response_model=QueryResponse, dependencies=protected, responses=query_errors
+        "/query", response_model=QueryResponse, dependencies=protected, responses=errors.query
     )
     def query_index(request: QueryRequest) -> QueryResponse:
         return runtime.current.run_query(request)
 
     @app.post(
         "/feedback", response_model=FeedbackResponse, dependencies=protected,
-        responses=feedback_errors,
+        responses=errors.feedback,
     )
     def feedback(request: FeedbackRequest, http: fastapi.Request) -> FeedbackResponse:
         client = http.client.host if http.client is not None else ""
         return runtime.current.run_feedback(request, client=client)
 
+
+def _add_admin_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
+                      api_key: str | None, protected: list[Any], errors: _RouteErrors) -> None:
+    """``GET /metrics`` and ``POST /admin/reload``: the operator's routes."""
+
     @app.get(
-        "/metrics", dependencies=protected, responses=key_errors, response_class=Response,
+        "/metrics", dependencies=protected, responses=errors.key, response_class=Response,
         summary="Prometheus metrics (text exposition format)",
     )
     def metrics() -> Response:
@@ -174,7 +207,7 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
 
     @app.post(
         "/admin/reload", response_model=ReloadResponse, dependencies=protected,
-        responses=reload_errors,
+        responses=errors.reload,
     )
     def admin_reload(request: fastapi.Request) -> ReloadResponse:
         _admin_client(request, api_key, "/admin/reload")

@@ -51,7 +51,7 @@ from typing import Any
 
 from .._sqlite import connect_shared, is_busy
 from .._validation import check_int
-from ..calibration import calibrator_from_state
+from ..calibration import BaseCalibrator, calibrator_from_state
 from ..errors import ArtifactError, DataError
 
 __all__ = [
@@ -505,17 +505,20 @@ class AdaptiveThreshold:
     store : FeedbackStore
     checksum : str
         The artifact's checksum (the state's key).
-    calibrator : AdaptiveCalibrator
-        The artifact's fitted calibrator: the starting state when the store has none.
+    calibrator : BaseCalibrator
+        The artifact's fitted calibrator, one that learns online (``online``: the
+        ``adaptive`` mode): the starting state when the store has none.
 
     Raises
     ------
+    TypeError
+        The calibrator does not learn online.
     ArtifactError
         The store holds a state for this artifact that is malformed or out of bounds.
     """
 
-    def __init__(self, store: FeedbackStore, checksum: str, calibrator: Any) -> None:
-        if not callable(getattr(calibrator, "update", None)):
+    def __init__(self, store: FeedbackStore, checksum: str, calibrator: BaseCalibrator) -> None:
+        if not calibrator.online:
             raise TypeError(f"mode {calibrator.mode!r} has no online update; --adaptive needs "
                             "an artifact of mode 'adaptive'.")
         self.store = store

@@ -85,6 +85,16 @@ def _label(value: Any) -> str:
     return str(value)
 
 
+def _check_multiprocess_dir() -> None:
+    """Raise unless ``$PROMETHEUS_MULTIPROC_DIR`` names an existing directory."""
+    path = os.environ.get(MULTIPROC_ENV, "")
+    if not path or not os.path.isdir(path):
+        raise ValueError(
+            f"{MULTIPROC_ENV} == {path!r}; multi-process metrics need an existing "
+            "directory (run_server creates one per serve)."
+        )
+
+
 class ServiceMetrics:
     """The metrics of one app, in its own registry (or the shared multi-process files).
 
@@ -103,15 +113,19 @@ class ServiceMetrics:
     def __init__(self, *, multiprocess_mode: bool | None = None) -> None:
         self.multiprocess = multiprocess_enabled() if multiprocess_mode is None else multiprocess_mode
         if self.multiprocess:
-            path = os.environ.get(MULTIPROC_ENV, "")
-            if not path or not os.path.isdir(path):
-                raise ValueError(
-                    f"{MULTIPROC_ENV} == {path!r}; multi-process metrics need an existing "
-                    "directory (run_server creates one per serve)."
-                )
+            _check_multiprocess_dir()
         # in multi-process mode the values live in files; a scrape builds a fresh registry
         self.registry = None if self.multiprocess else prom.CollectorRegistry(auto_describe=True)
-        reg = self.registry
+        self._add_request_metrics(self.registry)
+        self._add_filter_metrics(self.registry)
+        self._add_artifact_metrics(self.registry)
+        self._add_operation_metrics(self.registry)
+        self._artifact_labels: tuple[str, ...] | None = None
+        self.martingale.set(math.nan)
+        self.alarm.set(0)
+
+    def _add_request_metrics(self, reg: prom.CollectorRegistry | None) -> None:
+        """Requests, errors and latency by endpoint."""
         self.requests = prom.Counter(
             "ragsieve_requests", "HTTP requests answered, by endpoint and status.",
             ["endpoint", "status"], registry=reg)
@@ -121,6 +135,9 @@ class ServiceMetrics:
         self.latency = prom.Histogram(
             "ragsieve_request_duration_seconds", "Time to answer a request, by endpoint.",
             ["endpoint"], buckets=LATENCY_BUCKETS, registry=reg)
+
+    def _add_filter_metrics(self, reg: prom.CollectorRegistry | None) -> None:
+        """What /filter and /query scored and kept, and the threshold they kept it by."""
         self.scored = prom.Counter(
             "ragsieve_snippets_scored", "Snippets scored by /filter and /query.",
             ["endpoint"], registry=reg)
@@ -146,6 +163,9 @@ class ServiceMetrics:
         self.threshold = prom.Gauge(
             "ragsieve_threshold", "Threshold in force (+Inf keeps every snippet).",
             registry=reg, multiprocess_mode="livemostrecent")
+
+    def _add_artifact_metrics(self, reg: prom.CollectorRegistry | None) -> None:
+        """The served artifact, its generation and its drift monitor."""
         self.artifact = prom.Gauge(
             "ragsieve_artifact_info", "The served filter artifact (value 1).",
             ["format_version", "library_version", "mode", "alpha", "checksum"],
@@ -161,6 +181,9 @@ class ServiceMetrics:
             "ragsieve_exchangeability_martingale",
             "Conformal test martingale of the served scores (NaN without a monitor).",
             registry=reg, multiprocess_mode="livemostrecent")
+
+    def _add_operation_metrics(self, reg: prom.CollectorRegistry | None) -> None:
+        """Feedback labels, reloads, the model-work queue and the requests it refused."""
         self.feedback = prom.Counter(
             "ragsieve_feedback_labels", "Labels received by /feedback.", ["relevant"],
             registry=reg)
@@ -179,9 +202,6 @@ class ServiceMetrics:
             "ragsieve_refused_requests",
             "Requests refused before any model work: max_pieces (413), max_queue (429).",
             ["reason"], registry=reg)
-        self._artifact_labels: tuple[str, ...] | None = None
-        self.martingale.set(math.nan)
-        self.alarm.set(0)
 
     # ------------------------------------------------------------------ updates
     def served(self, endpoint: str, scores: Iterable[float], n_kept: int, threshold: float,

@@ -253,7 +253,7 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
             "threshold is over evidence sentences, /feedback labels name snippets, and a label "
             "does not say which sentence's score to learn from. Serve it without --adaptive "
             "(the monitor works per sentence), or calibrate --unit snippet --mode adaptive.")
-    if adaptive and not callable(getattr(flt.calibrator, "update", None)):
+    if adaptive and not flt.calibrator.online:
         raise ArtifactError(
             f"serve --adaptive needs an artifact of mode 'adaptive' (its calibrator follows "
             f"feedback); {source!r} has mode {flt.mode!r}. Calibrate with `ragsieve calibrate "

@@ -100,10 +100,6 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-#: Scorers known to be safe to call from several threads at once (after warm-up).
-_THREAD_SAFE_SCORERS = frozenset({"embedding", "field"})
-#: Scorers that load no model (nothing to warm up; they read an outside score).
-_NO_MODEL_SCORERS = frozenset({"field"})
 #: How many filters with a request's own ``min_keep`` are kept for reuse.
 _MAX_CACHED_FILTERS = 64
 #: Most model work of one request per turn of the fair model queue, in pieces of 500
@@ -361,11 +357,12 @@ class Service:
         self.info = _artifact_info(flt, checked.artifact, checked.checksum)
         self.guarantee = self.info.guarantee
         self.scorer_key = scorer_key(flt.scorer.spec())
-        thread_safe = flt.scorer.spec().get("scorer") in _THREAD_SAFE_SCORERS
-        # calls outside the model thread (vectors, outside scores); the model thread runs
-        # one call at a time anyway
-        self.lock: AbstractContextManager[Any] = nullcontext() if thread_safe else threading.Lock()
-        self.uses_model = flt.scorer.spec().get("scorer") not in _NO_MODEL_SCORERS
+        # the scorer's tags (Scorer.thread_safe, Scorer.model_free) say how it may be called;
+        # the lock guards calls outside the model thread (vectors, outside scores); the model
+        # thread runs one call at a time anyway
+        self.lock: AbstractContextManager[Any] = (nullcontext() if flt.scorer.thread_safe
+                                                  else threading.Lock())
+        self.uses_model = not flt.scorer.model_free
         self._vector_dim: tuple[int | None] | None = None
         self._cache_lock = threading.Lock()
         self._adaptive_version: int | None = None
@@ -897,7 +894,7 @@ class Runtime:
         if self.index is not None:
             self.index.list_scorer(flt)
         reused = current is not None and flt.scorer is current.flt.scorer
-        if self.warmup and not reused and flt.scorer.spec().get("scorer") not in _NO_MODEL_SCORERS:
+        if self.warmup and not reused and not flt.scorer.model_free:
             self.in_model_thread(lambda: flt.scorer.score_batch("warm-up", ["warm-up"]))
         if current is not None and current.checksum == checked.checksum:
             monitor = current.monitor  # the same artifact again: the martingale goes on

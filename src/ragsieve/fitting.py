@@ -1,0 +1,235 @@
+"""Fit the score on some topics, calibrate on the rest: the one step that ``calibrate``,
+``evaluate`` and the answer evaluation share.
+
+A score that learns (the fused score ``"best"``, the sentence-in-context score) is fitted
+on a seeded share of the calibration topics (``Pair.group``) and the threshold is
+calibrated on the other topics, so the score is fixed before the data it is calibrated on
+is seen. The draw is :func:`~ragsieve.scoring.fusion.fusion_fit_mask`'s: ``calibrate(seed=s)``
+fits what split 0 of ``evaluate(seed=s)`` fits.
+
+- :func:`fit_split`: one split of ``evaluate`` (or of the answer evaluation): the fused
+  score fitted on the features of a share of the split's calibration rows; the rows left
+  to calibrate on.
+- :func:`fit_and_calibrate`: what ``ConformalFilter.calibrate`` does with labelled pairs:
+  resolve an ``"auto"`` score (:meth:`Scorer.resolve_for
+  <ragsieve.scoring.Scorer.resolve_for>`), fit an unfitted one (:meth:`Scorer.fit_topics
+  <ragsieve.scoring.Scorer.fit_topics>`), score the calibration share, fit the calibrator
+  through :class:`~ragsieve.calibration.inputs.CalibrationInputs`, and record what the
+  artifact keeps beside the calibrator (the data's provenance, the monitor's reference,
+  the calibration lists).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._monitor_reference import calibration_reference
+from .calibration import BaseCalibrator
+from .calibration.inputs import CalibrationInputs
+from .errors import CalibrationError, DataError
+from .lists import ListRecord, lists_source, retriever_of
+from .pieces import MAX_CHARS
+from .scoring import Scorer
+from .scoring.auto import ScoreChoice, choose_languages
+from .scoring.base import ScoreFit
+from .scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures, fit_fusion
+from .scoring.sentence_context import SentenceContextScorer, with_parent_text
+from .types import Pair, fingerprint_pairs
+from .units import sentence_pairs
+
+__all__ = ["Calibration", "check_labels", "fit_and_calibrate", "fit_split"]
+
+logger = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- evaluate
+def fit_split(features: np.ndarray | FusionFeatures, relevant: Any, topics: Any,
+              rows: np.ndarray, *, seed: int, split: int,
+              fraction: float = FUSION_FIT_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+    """Fit the fused score on a random ``fraction`` of the topics of ``rows``; score every pair.
+
+    The fit is :func:`~ragsieve.scoring.fusion.fit_fusion`, the one ``calibrate`` makes
+    (split ``split`` of ``seed``), with the learner ``features`` names (a bare matrix:
+    logistic regression); its text-fitted signals (the frozen-corpus BM25) take their
+    statistics from the texts of the fit share alone.
+
+    Returns
+    -------
+    scores : numpy.ndarray
+        The fused score of every pair.
+    calibration_rows : numpy.ndarray of int
+        The rows of ``rows`` left for conformal calibration (not fitted on).
+    """
+    done = fit_fusion(features, relevant, topics, rows=rows, seed=seed, split=split,
+                      fraction=fraction)
+    return done.scores, rows[~done.fit]
+
+
+# ----------------------------------------------------------------------------- calibrate
+@dataclass(frozen=True)
+class Calibration:
+    """What :func:`fit_and_calibrate` gives besides the fitted calibrator.
+
+    Attributes
+    ----------
+    scorer : Scorer
+        The score calibrated (resolved and fitted where it had to be).
+    info : dict
+        The calibration data's provenance (the artifact's ``data`` block).
+    monitor : dict or None
+        The exchangeability monitor's reference block (None: not recorded).
+    lists : ListRecord
+        The calibration lists' record.
+    """
+
+    scorer: Scorer
+    info: dict[str, Any]
+    monitor: dict[str, Any] | None
+    lists: ListRecord
+
+
+def check_labels(pairs: Sequence[Pair]) -> None:
+    """``DataError`` for an unlabelled calibration pair, ``CalibrationError`` for no relevant one."""
+    unlabelled = [p for p in pairs if p.relevant is None]
+    if unlabelled:
+        raise DataError(
+            f"{len(unlabelled)} calibration pair(s) have no relevance label (first: "
+            f"query_id={unlabelled[0].query_id!r}, snippet_id={unlabelled[0].snippet_id!r}); "
+            "calibration needs relevant = 0 or 1 on every pair."
+        )
+    if not any(p.relevant == 1 for p in pairs):
+        raise CalibrationError(
+            f"no relevant calibration snippet among {len(pairs)} pairs; "
+            "need at least one pair with relevant == 1."
+        )
+
+
+def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequence[Pair], *,
+                      unit: str = "snippet", max_chars: int = MAX_CHARS,
+                      group_by: str | None = None, seed: int = 0, progress: bool = False,
+                      monitor: bool | None = None, language: str | None = None,
+                      lists: str | Mapping[str, Any] | None = None) -> Calibration:
+    """Resolve and fit the score, fit ``calibrator`` (in place) on the calibration share.
+
+    The steps and parameters of :meth:`ragsieve.filter.ConformalFilter.calibrate`, which
+    documents them; ``unit``, ``max_chars`` and ``group_by`` are the filter's.
+
+    Raises
+    ------
+    DataError
+        A pair is unlabelled (or, unit ``"sentence"``, a relevant snippet has no evidence).
+    CalibrationError
+        No relevant pair, or none left in the calibration share.
+    ValueError
+        The ``group`` mode without ``group_by``.
+    """
+    pairs = snippets = list(pairs)
+    check_labels(pairs)
+    if unit == "sentence":
+        pairs = with_parent_text(sentence_pairs(snippets, max_chars=max_chars), snippets)
+        check_labels(pairs)
+    if calibrator.group_kind == "attribute" and group_by is None:
+        raise ValueError(
+            "mode 'group' needs group_by: the Pair.meta field holding each snippet's group "
+            "(e.g. group_by='language'; CLI --group-by FIELD)."
+        )
+    source = lists_source(lists, retriever_of(snippets))
+    chosen = scorer.resolved_at_calibration
+    if chosen:
+        scorer, info = scorer.resolve_for(snippets, language=language,
+                                          deployed_lists=source["kind"] != "data")
+    else:
+        info = choose_languages(snippets, language, fallback=None).info()
+    fitted = _fit(scorer, pairs, snippets, unit=unit, seed=seed, progress=progress,
+                  info=info, fallback=chosen)
+    scorer, pairs = fitted.scorer, fitted.pairs
+    used, scores = _calibration_scores(scorer, calibrator, pairs, fitted.scores, progress)
+    if monitor is None:
+        monitor = used is pairs or not scorer.costly
+        if not monitor:
+            logger.info("no exchangeability monitor reference: it would send the %d "
+                        "irrelevant calibration pairs to the LLM score (calibrate(..., "
+                        "monitor=True) records it)", len(pairs) - len(used))
+    reference = calibration_reference(
+        pairs, used, scores, lambda rest: scorer.score_pairs(rest, progress=progress),
+        seed=seed) if monitor else None
+    attribute = group_by if calibrator.group_kind == "attribute" else None
+    CalibrationInputs.from_pairs(used, group_by=attribute).fit(calibrator, scores)
+    info = {"fingerprint": fingerprint_pairs(pairs), "n_pairs": len(pairs),
+            "n_queries": len({p.query_id for p in pairs}),
+            "n_relevant": sum(p.relevant == 1 for p in pairs),
+            "n_groups": len({p.group for p in pairs}), **info}
+    if unit == "sentence":
+        info["n_snippet_pairs"] = len(snippets)
+    record = _record_lists(scorer, unit, snippets, source, seed, progress)
+    return Calibration(scorer, info, reference, record)
+
+
+def _fit(scorer: Scorer, pairs: list[Pair], snippets: list[Pair], *, unit: str, seed: int,
+         progress: bool, info: dict[str, Any], fallback: bool) -> ScoreFit:
+    """Fit an unfitted score on a seeded share of the topics (a fitted one: every pair
+    calibrates). Unit ``"sentence"``: the score of sentences in their snippets, each
+    unfitted stage fitted on the same share, then their combination. ``fallback``: the
+    score was chosen by ``"auto"``, so a fused stage that cannot be fitted becomes
+    ``1 - cos``; ``info`` records the fit (and the fallback)."""
+    if scorer.is_fitted:
+        return ScoreFit(scorer, pairs)
+
+    def fit_stage(stage: Scorer, stage_pairs: list[Pair]) -> ScoreFit:
+        try:
+            done = stage.fit_topics(stage_pairs, seed=seed, progress=progress)
+        except CalibrationError as exc:
+            if not fallback:
+                raise
+            choice = ScoreChoice("embedding", f"the fused score could not be fitted ({exc})")
+            logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
+            info["score_choice"] = choice.to_dict()
+            return ScoreFit(stage.root_scorer(), stage_pairs)
+        logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
+                    "other %d", done.n_fit, len(done.pairs))
+        info["fusion_fit_pairs"] = done.n_fit
+        if not any(p.relevant == 1 for p in done.pairs):
+            raise CalibrationError("the calibration share of the topics has no relevant pair.")
+        return done
+
+    if unit != "sentence":
+        return fit_stage(scorer, pairs)
+    context = scorer if scorer.sentence_in_context else SentenceContextScorer(scorer)
+    return context.fit_topics(pairs, seed=seed, progress=progress, snippets=snippets,
+                              fit_stage=fit_stage)
+
+
+def _calibration_scores(scorer: Scorer, calibrator: BaseCalibrator, pairs: list[Pair],
+                        fitted: np.ndarray | None, progress: bool,
+                        ) -> tuple[list[Pair], np.ndarray]:
+    """The pairs the calibrator learns from and their scores.
+
+    Every pair in its query's whole list for a list-dependent score or a mode that uses
+    the irrelevant pairs; else the relevant pairs alone (the threshold depends on them
+    only). ``fitted``: the scores the fit gave every pair.
+    """
+    if fitted is not None:
+        return pairs, fitted
+    if scorer.list_dependent or calibrator.uses_irrelevant:
+        return pairs, scorer.score_pairs(pairs, progress=progress)
+    used = [p for p in pairs if p.relevant == 1]
+    return used, scorer.score_pairs(used, progress=progress)
+
+
+def _record_lists(scorer: Scorer, unit: str, snippets: list[Pair], source: Mapping[str, Any],
+                  seed: int, progress: bool) -> ListRecord:
+    """The calibration lists' record: their source, lengths and, for a list-aware score
+    of a snippet's own root score, its best and mean per list."""
+    root = scorer.root_scorer()
+    scored = scorer.list_dependent and unit == "snippet" and not root.costly
+    return ListRecord.from_lists(
+        [p.query_id for p in snippets],
+        root.score_pairs(snippets, progress=progress) if scored else None,
+        source=source, list_dependent=scorer.list_dependent,
+        score=root.keep_rule(0.0).score if scored else None,
+        topics=[p.group for p in snippets], seed=seed)
