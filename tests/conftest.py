@@ -82,6 +82,21 @@ def xquad_en(shared_data_dir: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def sentence_artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en,  # type: ignore[no-untyped-def]
+                      minilm_scorer) -> Path:
+    """A sentence-in-context filter (the fused ``best`` score over MiniLM, alpha 0.2, unit
+    ``sentence``) calibrated on the first eight XQuAD-en articles with seed 0; saved once
+    per session (never write to it: copy it to change it)."""
+    from ragsieve import ConformalFilter
+    from ragsieve.scoring import resolve_scorer
+
+    chosen = set(sorted({p.group for p in xquad_en})[:8])
+    flt = ConformalFilter(resolve_scorer("best", base=minilm_scorer), alpha=0.2, unit="sentence")
+    flt.calibrate([p for p in xquad_en if p.group in chosen], seed=0)
+    return flt.save(tmp_path_factory.mktemp("sentence-filter") / "sentences.json")
+
+
+@pytest.fixture(scope="session")
 def served_artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en,  # type: ignore[no-untyped-def]
                     embedding_cache_dir: Path):
     """Save real MiniLM filter artifacts calibrated on the first 300 XQuAD-en pairs.

@@ -182,6 +182,32 @@ def test_guarantee_describes_the_promise(mode: str) -> None:
     json.dumps(g.to_dict(), allow_nan=False)
 
 
+#: What the statement of a sentence-unit filter said of its units before each calibrator
+#: worded it itself (the filter replaced the snippet nouns in the snippet statement).
+_SENTENCE_WORDS = (("relevant live snippets", "live evidence sentences"),
+                   ("relevant snippets", "evidence sentences"),
+                   ("a relevant snippet", "an evidence sentence"),
+                   ("relevant snippet", "evidence sentence"), ("snippets", "sentences"))
+
+
+def test_guarantee_is_worded_for_the_unit(mode: str) -> None:
+    """``guarantee(unit=...)`` words the statement for what was calibrated on: sentences
+    and evidence sentences for unit ``"sentence"``, the same words as before for a
+    snippet; every other field is the same for both units; another unit is refused."""
+    d = _data()
+    cal = make_calibrator(mode, **_params(mode)).fit(d["scores"], d["relevant"], **_inputs(d))
+    snippet, sentence = cal.guarantee(unit="snippet"), cal.guarantee(unit="sentence")
+    assert snippet == cal.guarantee()
+    expected = snippet.statement
+    for old, new in _SENTENCE_WORDS:
+        expected = expected.replace(old, new)
+    assert sentence.statement == expected
+    assert "relevant snippet" not in sentence.statement
+    assert {**sentence.to_dict(), "statement": None} == {**snippet.to_dict(), "statement": None}
+    with pytest.raises(ValueError, match="unit == 'token'; expected one of snippet, sentence"):
+        cal.guarantee(unit="token")
+
+
 def test_too_little_data_keeps_everything_or_says_so(mode: str) -> None:
     cal = make_calibrator(mode, **_params(mode, alpha=0.01, delta=0.01))
     d = _data(n_queries=3)

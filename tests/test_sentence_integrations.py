@@ -17,7 +17,6 @@ import pytest
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.integrations import ORIGINAL_LENGTH_KEY, SPANS_KEY
-from ragsieve.scoring import resolve_scorer
 
 
 def _articles(xquad_en: list[Pair], first: int, last: int) -> list[Pair]:
@@ -26,12 +25,10 @@ def _articles(xquad_en: list[Pair], first: int, last: int) -> list[Pair]:
 
 
 @pytest.fixture(scope="module")
-def sentence_path(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],  # type: ignore[no-untyped-def]
-                  minilm_scorer) -> Path:
-    """A sentence-in-context filter (alpha 0.2) calibrated on eight XQuAD-en articles."""
-    flt = ConformalFilter(resolve_scorer("best", base=minilm_scorer), alpha=0.2, unit="sentence")
-    flt.calibrate(_articles(xquad_en, 0, 8), seed=0)
-    return flt.save(tmp_path_factory.mktemp("sentence-components") / "sentences.json")
+def sentence_path(sentence_artifact: Path) -> Path:
+    """The session's sentence-in-context filter (conftest ``sentence_artifact``: alpha 0.2,
+    eight XQuAD-en articles)."""
+    return sentence_artifact
 
 
 @pytest.fixture(scope="module")

@@ -24,22 +24,12 @@ from servers import ThreadServer
 
 from ragsieve import ArtifactError, ConformalFilter, Pair
 from ragsieve.calibration import make_calibrator
-from ragsieve.scoring import resolve_scorer
 from ragsieve.server import create_app
 
 
 def _articles(xquad_en: list[Pair], n: int) -> list[Pair]:
     chosen = set(sorted({p.group for p in xquad_en})[:n])
     return [p for p in xquad_en if p.group in chosen]
-
-
-@pytest.fixture(scope="module")
-def sentence_artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],  # type: ignore[no-untyped-def]
-                      minilm_scorer) -> Path:
-    """A sentence-in-context filter calibrated on eight XQuAD-en articles."""
-    flt = ConformalFilter(resolve_scorer("best", base=minilm_scorer), alpha=0.2, unit="sentence")
-    flt.calibrate(_articles(xquad_en, 8), seed=0)
-    return flt.save(tmp_path_factory.mktemp("sentence-serve") / "sentences.json")
 
 
 @pytest.fixture(scope="module")

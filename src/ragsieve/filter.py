@@ -91,24 +91,6 @@ __all__ = ["MAX_CHARS", "ConformalFilter", "SnippetLike"]
 logger = logging.getLogger(__name__)
 
 
-def _of_sentences(statement: str) -> str:
-    """A calibrator's statement about snippets, said of the sentences a filter of unit
-    ``"sentence"`` calibrated on.
-
-    Examples
-    --------
-    >>> _of_sentences("mean share of a new query's relevant snippets kept >= 0.9")
-    "mean share of a new query's evidence sentences kept >= 0.9"
-    """
-    for old, new in (("relevant live snippets", "live evidence sentences"),
-                     ("relevant snippets", "evidence sentences"),
-                     ("a relevant snippet", "an evidence sentence"),
-                     ("relevant snippet", "evidence sentence"), ("snippets", "sentences")):
-        statement = statement.replace(old, new)
-    return statement
-
-
-
 def _scorer_of(spec: dict[str, Any], scorer: Scorer | None,
                scorer_options: Mapping[str, Any] | None) -> Scorer:
     """The scorer an artifact's ``spec`` names: rebuilt (``scorer`` None) or the one given,
@@ -255,16 +237,16 @@ class ConformalFilter:
         """What the filter promises: the calibrator's :class:`~ragsieve.calibration.Guarantee`
         as a dict (mode, metric, target, statement, alpha, n_calibration, n_required,
         infinite, details), plus ``coverage_band`` for the marginal mode; for unit
-        ``"sentence"`` also ``unit``, and the statement is of evidence sentences."""
+        ``"sentence"`` also ``unit``, and the calibrator words its statement of evidence
+        sentences (``guarantee(unit=...)``)."""
         self._check_calibrated()
-        out = self.calibrator.guarantee().to_dict()
+        out = self.calibrator.guarantee(unit=self.unit).to_dict()
         if "coverage_band" in out["details"]:
             out["coverage_band"] = list(out["details"]["coverage_band"])
         if self.group_by is not None:
             out["group_by"] = self.group_by
         if self.unit == "sentence":  # the calibrated units are sentences, the relevant ones evidence
             out["unit"] = self.unit
-            out["statement"] = _of_sentences(str(out["statement"]))
         return out
 
     # ------------------------------------------------------------ calibrate

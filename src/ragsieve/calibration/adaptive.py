@@ -31,7 +31,7 @@ from .._validation import (
     check_scores,
 )
 from ..errors import ArtifactError
-from .base import BaseCalibrator, Guarantee, _json_float, _read_float
+from .base import BaseCalibrator, Guarantee, _json_float, _read_float, nouns
 from .split import relevant_scores
 from .stats import conformal_rank
 
@@ -300,14 +300,15 @@ class AdaptiveCalibrator(BaseCalibrator):
         slack = self.clipped_ if self.bounded else self._gamma
         return (max(a, 1.0 - a) + slack) / (self._gamma * self.n_updates_)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a = check_alpha(self.alpha)
         bound = self.error_bound()
         return Guarantee(
             mode=self.mode, metric="miss_rate", target=1 - a, alpha=a,
-            statement=(f"long-run share of relevant live snippets kept -> {1 - a:.3g} under any "
-                       "shift, within error_bound() after T labelled relevant snippets "
+            statement=(f"long-run share of {n.live_relevant_plural} kept -> {1 - a:.3g} under any "
+                       f"shift, within error_bound() after T labelled {n.relevant_plural} "
                        "(feedback via update())"
                        + ("; the threshold stays within the pool's scores" if self.bounded
                           else "")),

@@ -32,7 +32,54 @@ import numpy as np
 from .._validation import check_alpha, check_scores
 from ..errors import ArtifactError, NotFittedError
 
-__all__ = ["BaseCalibrator", "Guarantee", "ThresholdCalibrator"]
+__all__ = ["UNIT_NOUNS", "BaseCalibrator", "Guarantee", "Nouns", "ThresholdCalibrator", "nouns"]
+
+
+@dataclass(frozen=True)
+class Nouns:
+    """How a guarantee statement names the units a calibrator was fitted on.
+
+    A filter of unit ``"snippet"`` calibrates on snippets, whose positives are relevant
+    snippets; one of unit ``"sentence"`` on sentences, whose positives are evidence
+    sentences. Every calibrator's :meth:`BaseCalibrator.guarantee` takes the unit and
+    words its statement with these nouns.
+
+    Examples
+    --------
+    >>> nouns("sentence").relevant_plural
+    'evidence sentences'
+    """
+
+    plural: str
+    relevant: str
+    a_relevant: str
+    relevant_plural: str
+    live_relevant_plural: str
+
+
+#: The nouns of each unit a filter calibrates on (``ConformalFilter.unit``).
+UNIT_NOUNS: dict[str, Nouns] = {
+    "snippet": Nouns(plural="snippets", relevant="relevant snippet",
+                     a_relevant="a relevant snippet", relevant_plural="relevant snippets",
+                     live_relevant_plural="relevant live snippets"),
+    "sentence": Nouns(plural="sentences", relevant="evidence sentence",
+                      a_relevant="an evidence sentence", relevant_plural="evidence sentences",
+                      live_relevant_plural="live evidence sentences"),
+}
+
+
+def nouns(unit: str) -> Nouns:
+    """The :class:`Nouns` of ``unit`` (``"snippet"`` or ``"sentence"``).
+
+    Raises
+    ------
+    ValueError
+        For another unit, naming the ones accepted.
+    """
+    try:
+        return UNIT_NOUNS[unit]
+    except (KeyError, TypeError):
+        raise ValueError(f"unit == {unit!r}; expected one of {', '.join(UNIT_NOUNS)}.") from None
 
 
 @dataclass(frozen=True)
@@ -174,8 +221,10 @@ class BaseCalibrator(ABC):
         """Boolean keep-mask aligned with ``scores``."""
 
     @abstractmethod
-    def guarantee(self) -> Guarantee:
-        """What the fitted calibrator promises (raises ``NotFittedError`` before ``fit``)."""
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
+        """What the fitted calibrator promises (raises ``NotFittedError`` before ``fit``),
+        its statement worded for the ``unit`` calibrated on (:func:`nouns`: a filter of unit
+        ``"sentence"`` promises evidence sentences)."""
 
     @property
     def is_fitted(self) -> bool:

@@ -41,7 +41,7 @@ from .._validation import (
     check_unit_interval,
 )
 from ..errors import ArtifactError, CalibrationError
-from .base import BaseCalibrator, Guarantee, _json_float, _read_float
+from .base import BaseCalibrator, Guarantee, _json_float, _read_float, nouns
 from .stats import clopper_pearson_lower
 
 __all__ = [
@@ -242,8 +242,9 @@ class BudgetReport:
     threshold: float = math.inf
     bound: str = "clopper-pearson"
 
-    def summary(self) -> str:
-        """One human sentence, e.g. for a CLI.
+    def summary(self, unit: str = "snippet") -> str:
+        """One human sentence, e.g. for a CLI (``unit``: what was calibrated on, see
+        :func:`~ragsieve.calibration.base.nouns`).
 
         Examples
         --------
@@ -253,8 +254,8 @@ class BudgetReport:
         """
         text = (
             f"a {self.budget:,}-{self.unit[:-1]} budget keeps {100 * self.coverage:.1f} % "
-            f"[lower bound {100 * self.coverage_lower:.1f} %] of {self.n_relevant:,} relevant "
-            "snippets on calibration data"
+            f"[lower bound {100 * self.coverage_lower:.1f} %] of {self.n_relevant:,} "
+            f"{nouns(unit).relevant_plural} on calibration data"
         )
         if self.target is not None:
             side = "meeting" if self.meets_target else "below"
@@ -680,14 +681,15 @@ class BudgetCalibrator(BaseCalibrator):
                 "query_ids=..., lengths=...) first."
             )
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         r = self.report_
         return Guarantee(
             mode=self.mode, metric="coverage", target=r.target,
             alpha=None if r.target is None else 1.0 - r.target,
-            statement=(f"keeps the best snippets within {r.budget:,} {r.unit} per query; an "
-                       f"estimate, not a guarantee: {r.summary()}"),
+            statement=(f"keeps the best {n.plural} within {r.budget:,} {r.unit} per query; an "
+                       f"estimate, not a guarantee: {r.summary(unit)}"),
             n_calibration=r.n_relevant, n_required=None, infinite=False,
             details={"budget": r.budget, "unit": r.unit, "coverage": r.coverage,
                      "coverage_lower": r.coverage_lower, "delta": r.delta,

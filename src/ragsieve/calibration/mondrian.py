@@ -9,7 +9,7 @@ import numpy as np
 
 from .._validation import check_aligned, check_alpha, check_positive_int, check_scores
 from ..errors import ArtifactError
-from .base import Guarantee, ThresholdCalibrator, _json_float, _read_float
+from .base import Guarantee, ThresholdCalibrator, _json_float, _read_float, nouns
 from .split import SplitConformalCalibrator, relevant_scores
 from .stats import min_calibration_size
 
@@ -91,12 +91,13 @@ class MondrianCalibrator(ThresholdCalibrator):
         taus = np.array([self.threshold_for(x) for x in g], dtype=float)
         return arr <= taus
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a = float(self.alpha)
         return Guarantee(
             mode=self.mode, metric="group_coverage_min", target=1 - a, alpha=a,
-            statement=(f"within each calibrated group, P(relevant snippet kept) >= {1 - a:.3g}; "
+            statement=(f"within each calibrated group, P({n.relevant} kept) >= {1 - a:.3g}; "
                        "small or unseen groups get the pooled (marginal) threshold"),
             n_calibration=self.n_calibration_, n_required=min_calibration_size(a),
             infinite=self.infinite_,

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_alpha
-from .base import Guarantee, ThresholdCalibrator
+from .base import Guarantee, ThresholdCalibrator, nouns
 from .split import relevant_scores
 from .stats import binomial_sf, conformal_rank
 
@@ -66,8 +66,9 @@ class PACCalibrator(ThresholdCalibrator):
         a, d = check_alpha(self.alpha), check_alpha(self.delta, name="delta")
         self.n_required_ = math.ceil(math.log(d) / math.log(1 - a) - 1e-9)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        nouns(unit)  # the statement names no unit; the unit is checked all the same
         a, d = float(self.alpha), float(self.delta)
         return Guarantee(
             mode=self.mode, metric=f"coverage_quantile_{d:g}", target=1 - a, alpha=a,

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._validation import check_alpha, check_codes
-from .base import Guarantee, ThresholdCalibrator
+from .base import Guarantee, ThresholdCalibrator, nouns
 from .split import SplitConformalCalibrator, relevant_scores
 from .stats import (
     left_out_details,
@@ -74,12 +74,13 @@ class QueryRecallCalibrator(ThresholdCalibrator):
             )
         return self
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a = float(self.alpha)
         return Guarantee(
             mode=self.mode, metric="query_coverage", target=1 - a, alpha=a,
-            statement=f"mean share of a new query's relevant snippets kept >= {1 - a:.3g}",
+            statement=f"mean share of a new query's {n.relevant_plural} kept >= {1 - a:.3g}",
             n_calibration=self.n_calibration_, n_required=math.ceil(1 / a - 1 - 1e-9),
             infinite=self.infinite_,
             details={"unit": "query", **left_out_details(self.n_queries_left_out_, "query")},
@@ -116,12 +117,13 @@ class QueryAllCalibrator(ThresholdCalibrator):
         self._set_fitted(inner.threshold_, inner.n_calibration_)
         return self
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a = float(self.alpha)
         return Guarantee(
             mode=self.mode, metric="query_all_kept", target=1 - a, alpha=a,
-            statement=f"P(all relevant snippets of a new query kept) >= {1 - a:.3g}",
+            statement=f"P(all {n.relevant_plural} of a new query kept) >= {1 - a:.3g}",
             n_calibration=self.n_calibration_, n_required=min_calibration_size(a),
             infinite=self.infinite_, details={"unit": "query"},
         )

@@ -20,7 +20,7 @@ import numpy as np
 
 from .._validation import check_alpha, check_int, check_real, check_relevant, check_scores
 from ..errors import ArtifactError, CalibrationError
-from .base import Guarantee, ThresholdCalibrator, _json_float
+from .base import Guarantee, ThresholdCalibrator, _json_float, nouns
 from .stats import conformal_rank, min_calibration_size
 
 __all__ = ["SplitConformalCalibrator", "relevant_scores"]
@@ -129,12 +129,13 @@ class SplitConformalCalibrator(ThresholdCalibrator):
             return (1.0, 1.0)
         return (1.0 - alpha, min(1.0, 1.0 - alpha + 1.0 / (self.n_calibration_ + 1)))
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a = float(self.alpha)
         return Guarantee(
             mode=self.mode, metric="coverage", target=1 - a, alpha=a,
-            statement=(f"a relevant snippet exchangeable with the calibration data is kept with "
+            statement=(f"{n.a_relevant} exchangeable with the calibration data is kept with "
                        f"probability >= {1 - a:.3g}"),
             n_calibration=self.n_calibration_, n_required=min_calibration_size(a),
             infinite=self.infinite_, details={"coverage_band": list(self.coverage_band())},

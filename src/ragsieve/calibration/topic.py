@@ -10,7 +10,7 @@ import numpy as np
 
 from .._validation import check_alpha, check_codes
 from ..errors import ArtifactError
-from .base import Guarantee, ThresholdCalibrator
+from .base import Guarantee, ThresholdCalibrator, nouns
 from .split import relevant_scores
 from .stats import left_out_details, left_out_of, pooled_cdf, units_with_evidence
 
@@ -73,12 +73,13 @@ class TopicCalibrator(ThresholdCalibrator):
         self.n_topics_left_out_ = left_out_of(state, "topic", self.mode)
         self.topics_required_ = math.ceil((1 - check_alpha(self.alpha)) / self.alpha - 1e-9)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a = float(self.alpha)
         return Guarantee(
             mode=self.mode, metric="topic_coverage", target=1 - a, alpha=a,
-            statement=(f"a relevant snippet of a new topic (topics weighted equally) is kept with "
+            statement=(f"{n.a_relevant} of a new topic (topics weighted equally) is kept with "
                        f"probability >= {1 - a:.3g}"),
             n_calibration=self.n_topics_, n_required=self.topics_required_,
             infinite=self.infinite_, details={"unit": "topic", "n_relevant": self.n_calibration_,

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._validation import check_alpha, check_codes
 from ..errors import ArtifactError
-from .base import Guarantee, ThresholdCalibrator
+from .base import Guarantee, ThresholdCalibrator, nouns
 from .bounds import BOUNDS, certifies, upper_bound
 from .split import relevant_scores
 from .stats import left_out_details, left_out_of, units_with_evidence
@@ -181,14 +181,15 @@ class TopicPACCalibrator(ThresholdCalibrator):
         self.bound_used_ = self._bound_for(k, alpha, delta)
         self.topics_required_ = topics_required(alpha, delta, bound=self.bound_used_)
 
-    def guarantee(self) -> Guarantee:
+    def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
+        n = nouns(unit)
         a, d = float(self.alpha), float(self.delta)
-        unit = "topic" if self.weighting == "topic" else "snippet (topics weighted by size)"
+        per = "topic" if self.weighting == "topic" else "snippet (topics weighted by size)"
         return Guarantee(
             mode=self.mode, metric=f"topic_coverage_quantile_{d:g}", target=1 - a, alpha=a,
             statement=(f"with probability >= {1 - d:.3g} over the calibration topics, a new topic "
-                       f"keeps on average >= {1 - a:.3g} of its relevant snippets (per {unit})"),
+                       f"keeps on average >= {1 - a:.3g} of its {n.relevant_plural} (per {per})"),
             n_calibration=self.n_topics_, n_required=self.topics_required_,
             infinite=self.infinite_,
             details={"delta": d, "bound": self.bound_used_, "weighting": self.weighting,

@@ -612,6 +612,19 @@ def _sweep(data: ScoredData, splits: list[tuple[np.ndarray, np.ndarray]], ranks:
         raise DataError("no usable split: every split lacked relevant snippets on one side.")
     results: list[dict[str, Any]] = [_conformal_row(mode, a, ms, config.delta)
                                      for (mode, a), ms in conf.items()]
+    return results + _baseline_rows(topk, cal_topk, cal_thr, budget_rows, thr,
+                                    explicit=explicit, keep_rule=keep_rule)
+
+
+def _baseline_rows(topk: dict[int, list[dict[str, float]]],
+                   cal_topk: dict[float, list[dict[str, Any]]],
+                   cal_thr: dict[float, list[dict[str, Any]]],
+                   budget_rows: dict[int, list[dict[str, Any]]],
+                   thr: dict[float, list[dict[str, Any]]], *, explicit: bool,
+                   keep_rule: Callable[[float], KeepRule]) -> list[dict[str, Any]]:
+    """The rows of the baselines (top-k, calibrated top-k and threshold, budgets, fixed
+    cut-offs), each averaged over the splits of :func:`_sweep`."""
+    results: list[dict[str, Any]] = []
     for k, ms in topk.items():
         results.append({"method": "top-k", "k": k, "target": None, **_aggregate(ms), "threshold_mean": None})
     for a, ms in cal_topk.items():
