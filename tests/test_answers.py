@@ -160,6 +160,7 @@ def test_cli_refuses_data_without_answers(tmp_path: Path, capsys) -> None:  # ty
     assert "no query carries gold answers" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # minutes of local-model work: make test-all
 def test_generated_answers_with_the_local_model_resume_from_the_cache(xquad_en, minilm_scorer, xquad_en_scores,
                                                                       llm_connection) -> None:  # type: ignore[no-untyped-def]
     config = AnswerConfig(alphas=(0.2,), limit_queries=3, seed=5, judge=True)

@@ -189,6 +189,7 @@ def test_cli_evaluate_scores_on_ray_with_the_same_result(tmp_path: Path,
     assert remote["results"] == local["results"] and len(local["results"]) > 3
 
 
+@pytest.mark.slow  # minutes of local-model work: make test-all
 def test_cli_label_on_ray_starts_a_local_model_per_actor(tmp_path: Path,
                                                         xquad_en: list[Pair]) -> None:
     """`label --engine ray` without --base-url: each of the 2 actors starts the local model;
