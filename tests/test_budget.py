@@ -354,17 +354,9 @@ def test_not_fitted() -> None:
 
 
 @pytest.fixture(scope="module")
-def xquad_scored():  # type: ignore[no-untyped-def]
-    from ragsieve.data import load_dataset
-    from ragsieve.data.paths import cache_dir
-    from ragsieve.scoring import EmbeddingScorer
-
-    try:
-        pairs = load_dataset("xquad-en")
-    except (FileNotFoundError, DataError) as exc:  # pragma: no cover - depends on the machine
-        pytest.skip(f"XQuAD English not available: {exc}")
-    scores = EmbeddingScorer(cache_dir=cache_dir() / "embeddings").score_pairs(pairs)
-    return pairs, scores
+def xquad_scored(xquad_en, xquad_en_scores):  # type: ignore[no-untyped-def]
+    """XQuAD-en and its MiniLM scores (the session's, embedded once per test process)."""
+    return xquad_en, xquad_en_scores
 
 
 #: Allowed shortfall of test coverage below the calibration lower bound. Articles differ

@@ -167,6 +167,7 @@ def test_cli_score_on_ray_starts_and_stops_its_own_runtime(tmp_path: Path) -> No
     assert [p.meta["score"] for p in back] == [p.meta["bm25"] for p in pairs]
 
 
+@pytest.mark.slow  # the library path is test_engine_scorer_gives_evaluate_the_same_scores
 def test_cli_evaluate_scores_on_ray_with_the_same_result(tmp_path: Path,
                                                          xquad_en: list[Pair]) -> None:
     """`evaluate --engine ray`: the scoring phase on Ray; the report equals the local one."""

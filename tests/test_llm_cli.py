@@ -31,6 +31,7 @@ def _llm_args(server, tmp_path: Path) -> list[str]:  # type: ignore[no-untyped-d
     return ["--base-url", server.base_url, "--llm-model", server.model_name, "--llm-style", "completion"]
 
 
+@pytest.mark.slow  # a whole evaluate on the local model: make test-all
 def test_evaluate_with_llm_scorer(local_llm, selqa_jsonl: Path, tmp_path: Path,  # type: ignore[no-untyped-def]
                                   capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAGSIEVE_CACHE", str(tmp_path))
