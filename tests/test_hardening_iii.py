@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import pytest
+from topics import first_topics
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import SplitConformalCalibrator
@@ -49,20 +50,6 @@ def _overlap(p: Pair) -> float:
     return len(words & set(re.findall(r"\w+", p.text.lower()))) / max(len(words), 1)
 
 
-def _topics(pairs: list[Pair], n_topics: int, per_topic: int) -> list[Pair]:
-    """The first ``per_topic`` queries of the first ``n_topics`` topics (whole lists)."""
-    out: list[Pair] = []
-    queries: dict[str, set[str]] = {}
-    for p in pairs:
-        qs = queries.setdefault(p.group, set())
-        if len(queries) > n_topics:
-            break
-        if p.query_id in qs or len(qs) < per_topic:
-            qs.add(p.query_id)
-            out.append(p)
-    return out
-
-
 # ====================================================================== 4: special files
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair]) -> dict[str, Path]:
@@ -70,7 +57,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair]) -> dic
     the question's words in the snippet), and a filter calibrated on it."""
     root = tmp_path_factory.mktemp("pages")
     pairs = [dataclasses.replace(p, meta={**p.meta, "ov": _overlap(p)})
-             for p in _topics(xquad_en, 12, 5)]
+             for p in first_topics(xquad_en, 12, 5)]
     write_pairs(pairs, root / "data.jsonl")
     assert main(["-q", "calibrate", "--data", str(root / "data.jsonl"), *FIELD,
                  "--out", str(root / "filter.json")]) == 0

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from browser import chrome, network_requests, screenshot  # noqa: F401  (chrome: the fixture)
+from topics import first_topics
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import SplitConformalCalibrator
@@ -24,27 +25,13 @@ SCRIPT = ("<script>document.title='pwned';window.__pwned=1</script>"
           "<img src=x onerror=\"window.__pwned=2\"> & \"quotes\"")
 
 
-def _topics(pairs: list[Pair], start: int, n_topics: int, per_topic: int) -> list[Pair]:
-    """The first ``per_topic`` queries of ``n_topics`` topics from ``start`` on (whole lists)."""
-    out: list[Pair] = []
-    queries: dict[str, set[str]] = {}
-    for p in pairs[start:]:
-        qs = queries.setdefault(p.group, set())
-        if len(queries) > n_topics:
-            break
-        if p.query_id in qs or len(qs) < per_topic:
-            qs.add(p.query_id)
-            out.append(p)
-    return out
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory, served_artifact: Any,
            xquad_en: list[Pair]) -> dict[str, Path]:
     """A labelled JSONL of 3 XQuAD-en topics (8 queries each) plus one query whose snippet
     is an HTML/script injection, and the artifact calibrated on the first 300 pairs."""
     root = tmp_path_factory.mktemp("report")
-    pairs = _topics(xquad_en, 300, 3, 8)
+    pairs = first_topics(xquad_en, 3, 8, start=300)
     pairs.append(Pair("q-inject", "what does the page run?", "inject-0", SCRIPT, relevant=0,
                       group="inject"))
     write_pairs(pairs, root / "data.jsonl")
