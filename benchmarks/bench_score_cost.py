@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
 
     def removal_of(s: np.ndarray | None, fusion: bool = False) -> dict[str, float]:
-        d = data if s is None else ScoredData(s, data.relevant, data.query_index, data.group_index, data.lengths)
+        d = data if s is None else dataclasses.replace(data, scores=s)
         r = evaluate_scores(d, alphas=[0.1], top_k=[], thetas=[], n_splits=args.splits, seed=0,
                             calibrated_baselines=False, fusion_features=x_all if fusion else None)
         row = r.rows("conformal")[0]

@@ -59,7 +59,7 @@ def test_write_read_parse_round_trip(flt: ConformalFilter, artifact: Artifact,
     assert read == artifact
     assert Artifact.parse(path.read_text(encoding="utf-8"), str(path)) == artifact
     assert Artifact.from_dict(artifact.to_dict()) == artifact
-    assert read.format_version == 2 and read.scorer == flt.scorer.spec()
+    assert read.format_version == 3 and read.scorer == flt.scorer.spec()
     assert read.monitor is not None and read.seal is not None and read.data is not None
     back = ConformalFilter.from_artifact(read)
     assert back.threshold == flt.threshold and back.mode == flt.mode
@@ -78,7 +78,7 @@ def test_the_record_is_frozen_and_hands_out_copies(artifact: Artifact) -> None:
         artifact.scorer = {}  # type: ignore[misc]
     payload = artifact.to_dict()
     payload["scorer"]["field"] = "other"
-    payload["calibration"]["threshold"] = 99.0
+    payload["calibration"]["state"]["threshold"] = 99.0
     assert artifact.scorer["field"] == "score" and artifact.to_dict() != payload
     assert hash(artifact) == hash(Artifact.from_dict(artifact.to_dict()))
 
@@ -92,7 +92,7 @@ def test_from_artifact_takes_an_artifact(flt: ConformalFilter, artifact: Artifac
 
 # ------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("edit", [
-    lambda p: p["calibration"].update(threshold=p["calibration"]["threshold"] + 0.01),
+    lambda p: p["calibration"]["state"].update(threshold=p["calibration"]["state"]["threshold"] + 0.01),
     lambda p: p["scorer"].update(higher_is_better=True),
     lambda p: p["policy"].update(min_keep=3),
     lambda p: p["monitor"]["reference"].__setitem__(0, p["monitor"]["reference"][0] + 0.01),
@@ -249,15 +249,16 @@ def test_llamaindex_serialises_through_the_artifact(flt: ConformalFilter,
     assert back.filter.threshold == flt.threshold
     given = ConformalPostprocessor(filter=artifact)  # an Artifact is rebuilt too
     assert given.filter.to_artifact().identity == artifact.identity
-    data["filter"]["calibration"]["threshold"] += 0.01
+    data["filter"]["calibration"]["state"]["threshold"] += 0.01
     with pytest.raises(ValueError, match="checksum mismatch"):  # pydantic wraps ArtifactError
         ConformalPostprocessor.from_dict(data)
 
 
 # ------------------------------------------------------------------------- files written before
-#: Artifacts written by the code before the calibration block became one typed value
-#: (``CalibrationBlock``): a default (marginal) filter, a sentence-unit one and a PAC one,
-#: each calibrated on 24 toy queries with MiniLM.
+#: Format version 2 artifacts, written by the code before the calibration block stored each
+#: value once (it also held copies of alpha, the threshold, the count and the guarantee): a
+#: default (marginal) filter, a sentence-unit one and a PAC one, each calibrated on 24 toy
+#: queries with MiniLM.
 WRITTEN_BEFORE = sorted((Path(__file__).resolve().parent / "data").glob("artifact_v2_*.json"))
 
 
@@ -267,16 +268,33 @@ def test_the_files_written_before_are_there() -> None:
 
 
 @pytest.mark.parametrize("path", WRITTEN_BEFORE, ids=lambda p: p.stem)
-def test_an_artifact_written_before_loads_and_writes_back_the_same(path: Path) -> None:
-    from ragsieve.artifact import CalibrationBlock
+def test_an_artifact_written_before_loads_and_saves_as_version_3(path: Path,
+                                                                 tmp_path: Path) -> None:
+    from ragsieve.artifact import CALIBRATION_KEYS, CalibrationBlock
 
     art = Artifact.read(path)
     stored = art.calibration
+    assert art.format_version == 2
     flt = ConformalFilter.load(path)
     assert flt.threshold == stored["threshold"] and flt.mode == stored["mode"]
     assert flt.alpha == stored["alpha"] and flt.unit == art.unit
     assert flt.guarantee() == stored["guarantee"]  # recomputed from the state, the same promise
-    block = CalibrationBlock.of(flt.calibrator, group_by=flt.group_by, guarantee=flt.guarantee())
-    assert block.to_dict() == stored  # the typed value writes the stored block back
-    again = flt.to_artifact()
-    assert again.seal == art.seal and again.identity == art.identity  # the same seal
+    block = CalibrationBlock.of(flt.calibrator, group_by=flt.group_by)
+    assert block == art.calibration_block()  # the copies are dropped, the state kept
+    again = Artifact.read(flt.save(tmp_path / "v3.json"))
+    assert again.format_version == 3 and set(again.calibration) == set(CALIBRATION_KEYS)
+    back = ConformalFilter.from_artifact(again)
+    assert back.threshold == flt.threshold and back.guarantee() == flt.guarantee()
+    assert again.monitor == art.monitor and again.lists == art.lists
+
+
+@pytest.mark.parametrize("copy", ["threshold", "alpha", "n_calibration"])
+def test_a_version_2_copy_that_disagrees_with_the_state_is_refused(copy: str) -> None:
+    from ragsieve.artifact import seal_value
+
+    payload = json.loads(WRITTEN_BEFORE[0].read_text(encoding="utf-8"))
+    payload["calibration"][copy] = {"threshold": 0.5, "alpha": 0.3, "n_calibration": 23}[copy]
+    payload["checksum"]["value"] = seal_value(payload)  # a forger who reseals
+    with pytest.raises(ArtifactError, match=f"artifact {copy} .* disagrees with its "
+                                            "calibration state"):
+        ConformalFilter.from_dict(payload)

@@ -239,7 +239,7 @@ def test_filter_of_every_mode_survives_the_artifact(mode: str, tmp_path) -> None
     assert flt.mode == mode
     path = flt.save(tmp_path / "f.json")
     payload = json.loads(path.read_text())
-    assert payload["format_version"] == 2 and payload["calibration"]["mode"] == mode
+    assert payload["format_version"] == 3 and payload["calibration"]["mode"] == mode
     back = ConformalFilter.load(path)
     assert back.mode == mode and back.guarantee() == flt.guarantee()
     test = _pairs(1)
@@ -260,17 +260,20 @@ def _resealed(payload: dict) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("key", "value"),
-    [("threshold", 0.99), ("threshold", -5), ("threshold", "0.2"),
-     ("threshold_is_infinite", "false"), ("threshold_is_infinite", True)],
+    ("where", "key", "value"),
+    [("state", "threshold", 0.99), ("state", "threshold", -5), ("state", "threshold", "0.2"),
+     ("params", "alpha", 0.5), ("state", "n_calibration", 0),
+     ("block", "threshold_is_infinite", True), ("block", "threshold", 0.99)],
 )
-def test_edited_artifact_is_refused(key: str, value: object, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_edited_artifact_is_refused(where: str, key: str, value: object, tmp_path) -> None:  # type: ignore[no-untyped-def]
     scorer = resolve_scorer("field", field="rerank", higher_is_better=True)
     path = ConformalFilter(scorer, "marginal", alpha=0.2).calibrate(_pairs(0)).save(tmp_path / "f.json")
     payload = json.loads(path.read_text())
-    assert ConformalFilter.from_dict(payload).threshold == payload["calibration"]["threshold"]
+    block = payload["calibration"]
+    assert ConformalFilter.from_dict(payload).threshold == block["state"]["threshold"]
     edited = json.loads(json.dumps(payload))
-    edited["calibration"][key] = value
+    # each value is stored once (format version 3): an edit of it, or an old copy beside it
+    (edited["calibration"] if where == "block" else edited["calibration"][where])[key] = value
     with pytest.raises(ArtifactError, match="checksum mismatch"):
         ConformalFilter.from_dict(edited)
     # a forger who also recomputes the checksum is still caught by the stored state or types

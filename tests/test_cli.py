@@ -76,7 +76,7 @@ def test_calibrate_then_filter(small_jsonl: Path, embedding_cache_dir: Path, tmp
                         "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0 and "tau=" in out
     artifact = json.loads(out_path.read_text())
-    tau = artifact["calibration"]["threshold"]
+    tau = artifact["calibration"]["state"]["threshold"]
     code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
                         "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
@@ -150,7 +150,7 @@ def test_calibrate_best_then_filter(small_jsonl: Path, embedding_cache_dir: Path
                         "--json", "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
-    tau = artifact["calibration"]["threshold"]
+    tau = artifact["calibration"]["state"]["threshold"]
     assert lines and all(s <= tau for line in lines for s in line["scores"])
 
 
@@ -297,7 +297,7 @@ def test_calibrate_query_all_then_filter(small_jsonl: Path, embedding_cache_dir:
     assert code == 0 and "mode query-all:" in out and "tau=" in out and "n=" in out
     artifact = json.loads(out_path.read_text())
     assert artifact["calibration"]["mode"] == "query-all"
-    tau = artifact["calibration"]["threshold"]
+    tau = artifact["calibration"]["state"]["threshold"]
     code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(small_jsonl),
                         "--cache-dir", str(embedding_cache_dir)], capsys)
     assert code == 0 and "mode query-all:" in out.splitlines()[-1]
@@ -402,7 +402,7 @@ def test_field_scorer_calibrate_filter_evaluate(rerank_jsonl: Path, small_jsonl:
     assert code == 0 and "mode marginal:" in out
     artifact = json.loads(out_path.read_text())
     assert artifact["scorer"] == {"scorer": "field", "field": "rerank", "higher_is_better": True}
-    tau = artifact["calibration"]["threshold"]
+    tau = artifact["calibration"]["state"]["threshold"]
     code, out, _ = run(["-q", "filter", "--filter", str(out_path), "--data", str(rerank_jsonl),
                         "--json"], capsys)
     assert code == 0
@@ -454,12 +454,12 @@ def test_field_scorer_bad_value_names_file_and_line(rerank_jsonl: Path, tmp_path
 
 def test_type_error_is_a_bug_not_a_clean_error(monkeypatch: pytest.MonkeyPatch,
                                                tmp_path: Path) -> None:
-    from ragsieve.cli import commands
+    from ragsieve.cli import indexing
 
     def broken(args: object) -> int:
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
 
-    monkeypatch.setattr(commands, "cmd_export", broken)
+    monkeypatch.setattr(indexing, "cmd_export", broken)
     with pytest.raises(TypeError, match="unsupported operand"):
         main(["export", "--data", "selqa-dev", "--out", str(tmp_path / "x.jsonl")])
 

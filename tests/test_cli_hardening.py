@@ -334,7 +334,7 @@ def test_topic_pac_cli_with_a_query_without_relevant_snippets(
                           "topic-pac", "--alpha", "0.2", "--delta", "0.2", "--out",
                           str(tmp_path / "f.json"), "--json"], capsys)
     assert code == 0, err
-    details = json.loads(out)["calibration"]["guarantee"]["details"]
+    details = json.loads(out)["guarantee"]["details"]
     assert details["n_topics_left_out"] == 1 and "left out" in details["note"]
     assert any("1 of 60 calibration topics have no relevant snippet" in r.getMessage()
                for r in caplog.records)

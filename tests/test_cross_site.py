@@ -36,7 +36,7 @@ from starlette.routing import Route
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.cli import build_parser
-from ragsieve.cli.commands import serve_options as cli_serve_options
+from ragsieve.cli.serving import serve_options as cli_serve_options
 from ragsieve.scoring import resolve_scorer
 from ragsieve.server.options import ServeOptions
 from ragsieve.server.security import same_origin, split_host

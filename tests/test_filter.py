@@ -98,8 +98,11 @@ def test_artifact_round_trip(calibrated, split, tmp_path: Path, minilm_scorer) -
     path = calibrated.save(tmp_path / "filter.json")
     payload = json.loads(path.read_text())
     assert payload["scorer"] == {"scorer": "embedding", "model": "all-MiniLM-L6-v2"}
-    for key in ("alpha", "threshold", "n_calibration"):
-        assert key in payload["calibration"]
+    block = payload["calibration"]  # each value stored once (format version 3)
+    assert block["params"]["alpha"] == calibrated.alpha
+    assert block["state"]["threshold"] == calibrated.threshold
+    assert block["state"]["n_calibration"] == calibrated.calibrator.n_calibration_
+    assert set(block) == {"mode", "params", "state", "group_by"}
     assert payload["library_version"] and len(payload["data"]["fingerprint"]) == 64
     loaded = ConformalFilter.load(path, scorer=minilm_scorer)
     assert loaded.threshold == calibrated.threshold and loaded.alpha == calibrated.alpha
@@ -120,7 +123,7 @@ def test_infinite_threshold_round_trip(minilm_scorer, tmp_path: Path) -> None:  
     cal = SplitConformalCalibrator(alpha=0.1).fit([0.1, 0.2])  # n too small -> inf
     flt = ConformalFilter(minilm_scorer, cal)
     path = flt.save(tmp_path / "inf.json")
-    assert json.loads(path.read_text())["calibration"]["threshold"] is None  # strict JSON
+    assert json.loads(path.read_text())["calibration"]["state"]["threshold"] is None  # strict JSON
     loaded = ConformalFilter.load(path)
     assert math.isinf(loaded.threshold)
     assert len(loaded.filter("q", ["a", "b"]).kept) == 2

@@ -321,6 +321,6 @@ def test_llamaindex_postprocessor_serialises(strict_artifact: Path, embedding_ca
     assert ([n.node.get_content() for n in back.postprocess_nodes(nodes, query_str=QUERY)]
             == [TEXTS[0], TEXTS[2]])
     # an edited artifact in the dict is refused like an edited file
-    data["filter"]["calibration"]["threshold"] = 0.5
+    data["filter"]["calibration"]["state"]["threshold"] = 0.5
     with pytest.raises(Exception, match="checksum|disagrees"):
         ConformalPostprocessor.from_dict(data)

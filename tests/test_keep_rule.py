@@ -47,7 +47,7 @@ def test_calibrate_reports_an_outside_score_in_its_own_units(
     human = capsys.readouterr().out
     assert cli_main([*args, "--out", str(tmp_path / "b.json"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    tau = out["calibration"]["threshold"]  # the internal, negated nonconformity threshold
+    tau = out["calibration"]["state"]["threshold"]  # the internal, negated nonconformity threshold
     assert out["keep_if"] == ">=" and out["score"] == "overlap"
     assert out["threshold"] == pytest.approx(-tau) and 0 < out["threshold"] <= 1
     assert f"keep overlap >= {-tau:.4g}" in human

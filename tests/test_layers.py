@@ -46,19 +46,22 @@ LAYERS: dict[str, int] = {
     "fitting": 4,
     # what a filter keeps: the rule applied to the pieces' scores, the empty-result policy
     "keeping": 4,
-    "filter": 5,
-    "monitoring": 5,
-    "data": 5,
+    # the filter as an artifact and back: the scorer rebuilt from the artifact's spec (which
+    # the artifact itself never does), the calibration block of the calibrator
+    "persistence": 5,
+    "filter": 6,
+    "monitoring": 6,
+    "data": 6,
     # generation asks the LLM for answers from kept snippets (it imports llm only); answer
     # evaluation (evaluation/answers.py) generates through it, so it sits below evaluation
-    "generation": 5,
-    "labeling": 6,
-    "store": 6,
-    "engines": 6,
-    "evaluation": 6,
-    "integrations": 7,
-    "server": 7,
-    "cli": 8,
+    "generation": 6,
+    "labeling": 7,
+    "store": 7,
+    "engines": 7,
+    "evaluation": 7,
+    "integrations": 8,
+    "server": 8,
+    "cli": 9,
 }
 TOP = "ragsieve"  # the package itself: it imports every layer, so no module may import it
 

@@ -140,6 +140,15 @@ def sentence_context(fused: FusedScorer) -> Scorer:
     return SentenceContextScorer(fused, fused).fitted_on(TRAIN)
 
 
+@pytest.fixture(scope="module")
+def reader() -> Scorer:
+    """The reader fine-tuned for real on TRAIN (nine pairs: seconds)."""
+    pytest.importorskip("torch")
+    from ragsieve.scoring import ReaderScorer
+
+    return ReaderScorer().fitted_on(TRAIN, seed=0)
+
+
 @pytest.fixture()
 def llm(llm_connection: Any) -> LLMScorer:
     return LLMScorer(llm_connection)
@@ -163,6 +172,7 @@ BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
     "field:higher": lambda r: FieldScorer("bm25", higher_is_better=True),
     "llm": lambda r: r.getfixturevalue("llm"),
     "sentence_context": lambda r: r.getfixturevalue("sentence_context"),
+    "reader": lambda r: r.getfixturevalue("reader"),
 }
 """Every scorable registered alias (the key up to ``:``), in each of its shapes."""
 
@@ -278,7 +288,7 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
     assert root is scorer or scorer.base_scorer() is not None
     fresh = scorer.unfitted_copy()
     assert isinstance(fresh, Scorer) and type(fresh) is type(scorer)
-    if scorer.name not in ("fusion", "bm25-corpus"):  # fitted weights / corpus statistics
+    if scorer.name not in ("fusion", "bm25-corpus", "reader"):  # learned weights, statistics
         assert fresh is scorer
     else:
         assert not fresh.is_fitted

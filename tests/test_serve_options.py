@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ragsieve.cli import build_parser
-from ragsieve.cli.commands import serve_options as cli_serve_options
+from ragsieve.cli.serving import serve_options as cli_serve_options
 from ragsieve.filter import ConformalFilter
 from ragsieve.scoring import resolve_scorer
 from ragsieve.server import create_app, workers

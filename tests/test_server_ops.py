@@ -119,7 +119,7 @@ def test_metrics_count_requests_snippets_and_scores(artifacts: dict[str, Path],
     assert _m(m, "ragsieve_served_score_bucket", le="0.5") == below
     art = health["artifact"]
     assert _m(m, "ragsieve_threshold") == pytest.approx(art["threshold"])
-    assert _m(m, "ragsieve_artifact_info", format_version="2", library_version=art[
+    assert _m(m, "ragsieve_artifact_info", format_version="3", library_version=art[
         "library_version"], mode="marginal", alpha="0.2", checksum=art["checksum"]) == 1
     assert _m(m, "ragsieve_artifact_generation") == 1
     assert _m(m, "ragsieve_drift_alarm") == 0
@@ -386,7 +386,7 @@ def test_admin_reload_swaps_refuses_and_needs_the_key(artifacts: dict[str, Path]
                                                       caplog: pytest.LogCaptureFixture) -> None:
     served = tmp_path / "served.json"
     shutil.copy(artifacts["a"], served)
-    tau_b = json.loads(artifacts["b"].read_text())["calibration"]["threshold"]
+    tau_b = json.loads(artifacts["b"].read_text())["calibration"]["state"]["threshold"]
     with serving(served, **options) as srv:
         for _ in range(3):
             httpx.post(srv.url + "/filter", json=_payload(xquad_en, 300), headers=AUTH)
@@ -425,7 +425,7 @@ def test_admin_reload_swaps_refuses_and_needs_the_key(artifacts: dict[str, Path]
 
 def _tampered(path: Path) -> str:
     payload = json.loads(path.read_text())
-    payload["calibration"]["threshold"] = 0.99  # breaks the checksum
+    payload["calibration"]["state"]["threshold"] = 0.99  # breaks the checksum
     return json.dumps(payload)
 
 
@@ -443,7 +443,7 @@ def test_reload_during_traffic_drops_nothing(artifacts: dict[str, Path], options
     request succeeds and is answered entirely by one of the two artifacts."""
     served = tmp_path / "served.json"
     shutil.copy(artifacts["a"], served)
-    taus = {json.loads(artifacts[n].read_text())["calibration"]["threshold"] for n in "ab"}
+    taus = {json.loads(artifacts[n].read_text())["calibration"]["state"]["threshold"] for n in "ab"}
     payloads = [_payload(xquad_en, 300 + 7 * i) for i in range(8)]
     stop = threading.Event()
     with serving(served, **options) as srv:

@@ -46,8 +46,8 @@ def test_validity_of_new_scores_on_xquad(kind: str, xquad_en, xquad_en_scores) -
     coverage of each new score is at the target (3 SE) and it removes more than the plain
     cosine score at the same alpha."""
     topic_split = ScoredData.from_pairs(xquad_en, xquad_en_scores)
-    base = ScoredData(topic_split.scores, topic_split.relevant, topic_split.query_index,
-                      topic_split.query_index, topic_split.lengths)
+    base = ScoredData(topic_split.relevant, topic_split.query_index, topic_split.query_index,
+                      topic_split.lengths, scores=topic_split.scores)
     q = query_index_of(xquad_en)
     plain = evaluate_scores(base, alphas=[0.1], top_k=[], thetas=[], n_splits=100, seed=4,
                             calibrated_baselines=False).rows("conformal")[0]
@@ -56,8 +56,8 @@ def test_validity_of_new_scores_on_xquad(kind: str, xquad_en, xquad_en_scores) -
                               calibrated_baselines=False,
                               fusion_features=feature_matrix(np.asarray(xquad_en_scores), q))
     else:
-        data = ScoredData(relative_scores(np.asarray(xquad_en_scores), q, kind), base.relevant,
-                          base.query_index, base.group_index, base.lengths)
+        data = ScoredData(base.relevant, base.query_index, base.group_index, base.lengths,
+                          scores=relative_scores(np.asarray(xquad_en_scores), q, kind))
         rep = evaluate_scores(data, alphas=[0.1], top_k=[], thetas=[], n_splits=100, seed=4,
                               calibrated_baselines=False)
     row = rep.rows("conformal")[0]

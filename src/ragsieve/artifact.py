@@ -1,14 +1,15 @@
 """The saved filter: one typed :class:`Artifact`, one reader, one writer, one identity.
 
-An artifact is JSON format version 2: the scorer spec, the calibration block (mode,
-params, learned state, threshold, group field, the guarantee), the policy, the provenance
+An artifact is JSON format version 3: the scorer spec, the calibration block (mode,
+params, learned state, group field: :class:`CalibrationBlock`, each value stored once), the policy, the provenance
 of the calibration data, (by default) the ``"monitor"`` block the exchangeability
 monitor (:mod:`ragsieve.monitoring`) ranks served requests against, and the ``"lists"``
 block (:mod:`ragsieve.lists`: where the calibration lists came from and what they looked
 like, which every surface checks its lists against). A sha256 checksum seals the scorer,
 calibration and policy blocks, and the monitor and lists blocks when there are. Version 1
-artifacts (marginal only, no monitor, no seal) and version 2 artifacts without a monitor or
-lists block still read.
+artifacts (marginal only, no monitor, no seal) and version 2 artifacts (whose calibration
+block also held copies of alpha, the threshold, the count and the guarantee, checked
+against the state on load) still read.
 
 Every reader goes through :meth:`Artifact.read` (a file, size-capped),
 :meth:`Artifact.parse` (text) or :meth:`Artifact.from_dict` (a dict already in memory):
@@ -29,6 +30,7 @@ True
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime as _dt
 import hashlib
@@ -37,7 +39,7 @@ import math
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,31 +53,45 @@ from .lists import ListRecord
 from .units import UNITS
 
 __all__ = [
-    "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CHECKSUM_COVERS", "FIELDS", "MAX_ARTIFACT_BYTES",
-    "Artifact", "CalibrationBlock", "check_fields", "check_seal", "covers", "read_text",
-    "seal_value",
+    "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CALIBRATION_KEYS", "CHECKSUM_COVERS", "FIELDS",
+    "MAX_ARTIFACT_BYTES", "READABLE_VERSIONS", "Artifact", "CalibrationBlock", "check_fields",
+    "check_seal", "covers", "read_text", "seal_value",
 ]
 
 ARTIFACT_FORMAT = "ragsieve.filter"
-ARTIFACT_VERSION = 2
+ARTIFACT_VERSION = 3
+#: The format versions this ragsieve reads.
+READABLE_VERSIONS = (1, 2, ARTIFACT_VERSION)
 #: Largest artifact file read (bigger ones are refused before parsing).
 MAX_ARTIFACT_BYTES = 64 * 2**20
 #: Artifact blocks sealed by the sha256 checksum (and ``"monitor"``, ``"lists"`` when present).
 CHECKSUM_COVERS = ("scorer", "calibration", "policy")
-#: The top-level fields of an artifact (format version 2; version 1 has no monitor or checksum).
+#: The top-level fields of an artifact (version 1 has no monitor, lists or checksum).
 FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
-          "policy", "data", "monitor", "lists", "checksum")
-#: Optional sealed blocks: the monitor's reference, the calibration lists' record.
-OPTIONAL_SEALED = ("monitor", "lists")
+          "policy", "data", "monitor", "lists", "weights", "checksum")
+#: Optional sealed blocks: the monitor's reference, the calibration lists' record, the
+#: learned weights a score names by sha256 (base64 of their bytes; a fine-tuned reader's).
+OPTIONAL_SEALED = ("monitor", "lists", "weights")
 
 
 # ----------------------------------------------------------------------------- the calibration
+#: The keys of a version 3 calibration block: every value stored once.
+CALIBRATION_KEYS = ("mode", "params", "state", "group_by")
+
+
 @dataclass(frozen=True)
 class CalibrationBlock:
     """The artifact's calibration block as one typed value: the fitted calibrator's mode,
-    parameters and learned state, and what the filter adds (its group field, the guarantee
-    it promises). Build it with :meth:`of`; :meth:`to_dict` is the stored layout (format
-    version 2), which :meth:`Artifact.calibrator` reads back and cross-checks.
+    parameters and learned state, and the ``group`` mode's field.
+
+    Every value is stored once (format version 3): the miscoverage is a parameter
+    (``params["alpha"]``), the threshold and the number of calibration units are learned
+    state (``state["threshold"]``, ``null`` for an infinite one, and
+    ``state["n_calibration"]``); what the filter promises is computed from them when the
+    artifact is loaded (:meth:`calibrator`, then ``guarantee()``). :meth:`read` also reads
+    the layouts of versions 1 and 2, whose copies (alpha, threshold,
+    ``threshold_is_infinite``, ``n_calibration``, the guarantee) it checks against the state
+    and then drops.
 
     Attributes
     ----------
@@ -85,30 +101,17 @@ class CalibrationBlock:
         The calibrator's parameters (``get_params``).
     state : dict
         Its learned state (``to_state``).
-    alpha : float or None
-        The miscoverage it calibrates to (None: a budget without a coverage target).
-    threshold : float
-        The calibrated threshold (``inf``: keep everything).
-    n_calibration : int
-        Calibration units the state was learned from.
     group_by : str or None
         The ``group`` mode's field.
-    guarantee : dict
-        What the filter promises (``ConformalFilter.guarantee()``).
     """
 
     mode: str
     params: dict[str, Any]
     state: dict[str, Any]
-    alpha: float | None
-    threshold: float
-    n_calibration: int
     group_by: str | None = None
-    guarantee: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, calibrator: BaseCalibrator, *, group_by: str | None = None,
-           guarantee: Mapping[str, Any] | None = None) -> CalibrationBlock:
+    def of(cls, calibrator: BaseCalibrator, *, group_by: str | None = None) -> CalibrationBlock:
         """The block of a fitted calibrator.
 
         Raises
@@ -116,26 +119,84 @@ class CalibrationBlock:
         ArtifactError
             A budget with a custom tokenizer (parameters are stored as JSON).
         """
-        tau = float(calibrator.threshold_)
         params = calibrator.get_params()
         if params.get("tokenizer") is not None:
             raise ArtifactError("a budget with a custom tokenizer cannot be saved; the artifact "
                                 "stores parameters as JSON (use unit='tokens' without a tokenizer).")
         return cls(mode=calibrator.mode,
                    params={k: v for k, v in params.items() if k != "tokenizer"},
-                   state=calibrator.to_state(), alpha=calibrator.miscoverage(), threshold=tau,
-                   n_calibration=int(calibrator.n_calibration_),  # type: ignore[attr-defined]
-                   group_by=group_by,
-                   guarantee=dict(guarantee or {}))
+                   state=calibrator.to_state(), group_by=group_by)
+
+    @classmethod
+    def read(cls, block: Mapping[str, Any], *, version: int = 3) -> CalibrationBlock:
+        """The block an artifact of format ``version`` stores.
+
+        Raises
+        ------
+        ArtifactError
+            A field that is missing or of the wrong type, a state the mode refuses, or (an
+            older layout) a stored copy that disagrees with the state.
+        """
+        if version == 1:
+            return cls.of(_version_1_calibrator(block))
+        group_by = block.get("group_by")
+        if group_by is not None and not isinstance(group_by, str):
+            raise ArtifactError(f"artifact group_by == {group_by!r}, expected a field name or null.")
+        out = cls(mode=block.get("mode"), params=block.get("params"),  # type: ignore[arg-type]
+                  state=block.get("state"), group_by=group_by)  # type: ignore[arg-type]
+        if version == 2:
+            _check_copies(block, out.calibrator())
+        return out
+
+    def calibrator(self) -> BaseCalibrator:
+        """The fitted calibrator (its threshold, alpha and guarantee come from here).
+
+        Raises
+        ------
+        ArtifactError
+            Unknown mode, or params / state the mode refuses.
+        """
+        return calibrator_from_state(self.mode, self.params, self.state)
 
     def to_dict(self) -> dict[str, Any]:
-        """The stored layout: an infinite threshold is ``null`` with ``threshold_is_infinite``
-        (strict JSON has no infinity)."""
-        infinite = math.isinf(self.threshold)
+        """The stored layout (format version 3)."""
         return {"mode": self.mode, "params": dict(self.params), "state": dict(self.state),
-                "alpha": self.alpha, "threshold": None if infinite else self.threshold,
-                "threshold_is_infinite": infinite, "group_by": self.group_by,
-                "n_calibration": self.n_calibration, "guarantee": dict(self.guarantee)}
+                "group_by": self.group_by}
+
+
+def _check_copies(block: Mapping[str, Any], fitted: BaseCalibrator) -> None:
+    """A version 2 block's copies of the threshold, alpha and count against its state."""
+    for name, stored, learned in (
+            ("threshold", _stored_threshold(block), float(fitted.threshold_)),
+            ("alpha", block.get("alpha"), fitted.miscoverage()),
+            ("n_calibration", block.get("n_calibration"), fitted.n_calibration_)):  # type: ignore[attr-defined]
+        if stored != learned:
+            raise ArtifactError(
+                f"artifact {name} {stored!r} disagrees with its calibration state "
+                f"({learned!r}); the artifact was edited or corrupted: recalibrate.")
+
+
+def _version_1_calibrator(block: Mapping[str, Any]) -> BaseCalibrator:
+    """The marginal calibrator of a version 1 block (alpha, threshold, n_calibration)."""
+    try:
+        return SplitConformalCalibrator.from_threshold(
+            alpha=block["alpha"], threshold=_stored_threshold(block),
+            n_calibration=block["n_calibration"])
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ArtifactError):
+            raise
+        raise ArtifactError("malformed filter artifact: missing or invalid field "
+                            f"({exc!r}).") from exc
+
+
+def _check_calibration_keys(block: Mapping[str, Any]) -> None:
+    """A version 3 calibration block holds only :data:`CALIBRATION_KEYS` (an old copy such
+    as ``threshold`` or ``alpha`` next to the state is refused: it could disagree)."""
+    unknown = sorted(set(block) - set(CALIBRATION_KEYS))
+    if unknown:
+        raise ArtifactError(f"artifact calibration has unknown field(s) {unknown}; format "
+                            f"version {ARTIFACT_VERSION} stores only {list(CALIBRATION_KEYS)} "
+                            "(each value once).")
 
 
 # ----------------------------------------------------------------------------- the record
@@ -147,11 +208,11 @@ class Artifact:
     Attributes
     ----------
     format_version : int
-        1 or 2.
+        1, 2 or 3 (what this ragsieve writes).
     scorer : dict
         The scorer spec (``{"scorer": name, ...}``).
     calibration : dict
-        Mode, params, learned state, threshold, group field, guarantee.
+        The calibration block as stored (:meth:`calibration_block` reads it).
     policy : dict or None
         ``min_keep``, ``max_chars`` and ``unit`` (None: not stored; a missing ``unit`` is
         ``"snippet"``).
@@ -163,6 +224,9 @@ class Artifact:
         The calibration lists' record (:class:`ragsieve.lists.ListRecord`: where they came
         from, their lengths and list-level statistics), as stored; None for artifacts
         written before it existed.
+    weights : dict or None
+        Learned weights the scorer names by sha256, as base64 strings (a fine-tuned
+        reader's); None when the score has none.
     seal : dict or None
         The ``"checksum"`` block (``algorithm``, ``covers``, ``value``); None for version 1.
     library_version : str or None
@@ -181,6 +245,7 @@ class Artifact:
     data: dict[str, Any] | None = None
     monitor: dict[str, Any] | None = None
     lists: dict[str, Any] | None = None
+    weights: dict[str, str] | None = None
     seal: dict[str, Any] | None = None
     library_version: str | None = None
     created: str | None = None
@@ -261,6 +326,7 @@ class Artifact:
         return cls(format_version=version, scorer=dict(own["scorer"]),
                    calibration=dict(own["calibration"]), policy=own.get("policy"),
                    data=own.get("data"), monitor=own.get("monitor"), lists=own.get("lists"),
+                   weights=own.get("weights"),
                    seal=own.get("checksum"),
                    library_version=own.get("library_version"), created=own.get("created"))
 
@@ -268,8 +334,9 @@ class Artifact:
     def create(cls, *, scorer: Mapping[str, Any], calibration: Mapping[str, Any] | CalibrationBlock,
                policy: Mapping[str, Any], data: Mapping[str, Any],
                monitor: Mapping[str, Any] | None = None, lists: Mapping[str, Any] | None = None,
+               weights: Mapping[str, bytes] | None = None,
                created: str | None = None) -> Artifact:
-        """A new sealed version 2 artifact (what ``ConformalFilter.to_artifact`` writes).
+        """A new sealed version 3 artifact (what ``ConformalFilter.to_artifact`` writes).
 
         Parameters
         ----------
@@ -279,6 +346,9 @@ class Artifact:
             The monitor reference block.
         lists : Mapping, optional
             The calibration lists' record (:meth:`ragsieve.lists.ListRecord.to_dict`).
+        weights : Mapping of str to bytes, optional
+            Learned weights by sha256 (:meth:`Scorer.learned_weights
+            <ragsieve.scoring.Scorer.learned_weights>`), stored as base64.
         created : str, optional
             ISO-8601 date-time; default now (UTC, seconds).
 
@@ -300,6 +370,9 @@ class Artifact:
             payload["monitor"] = dict(monitor)
         if lists is not None:
             payload["lists"] = dict(lists)
+        if weights:
+            payload["weights"] = {name: base64.b64encode(blob).decode("ascii")
+                                  for name, blob in sorted(weights.items())}
         # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
         try:
             value = seal_value(payload)
@@ -316,6 +389,7 @@ class Artifact:
                            ("scorer", self.scorer), ("calibration", self.calibration),
                            ("policy", self.policy), ("data", self.data),
                            ("monitor", self.monitor), ("lists", self.lists),
+                           ("weights", self.weights),
                            ("checksum", self.seal)):
             if value is not None:
                 out[key] = copy.deepcopy(value)
@@ -332,7 +406,7 @@ class Artifact:
     # -------------------------------------------------------------------- identity
     @property
     def identity(self) -> str:
-        """What names this artifact: the seal's sha256 (version 2: scorer, calibration,
+        """What names this artifact: the seal's sha256 (versions 2 and 3: scorer, calibration,
         policy, monitor and lists blocks), or the sha256 of the canonical JSON of the whole
         artifact (version 1, which has no seal). Equal for the same content, whatever the
         file's whitespace."""
@@ -344,7 +418,7 @@ class Artifact:
 
     @property
     def checksum(self) -> str | None:
-        """The sealed checksum (version 2), None for a version 1 artifact."""
+        """The sealed checksum (versions 2 and 3), None for a version 1 artifact."""
         return None if self.seal is None else str(self.seal["value"])
 
     # -------------------------------------------------------------------- blocks
@@ -352,9 +426,17 @@ class Artifact:
         """The checked monitor block (float reference values), or None when there is none."""
         return None if self.monitor is None else read_monitor_block(self.monitor)
 
+    def weight_blobs(self) -> dict[str, bytes]:
+        """The checked learned weights by sha256 (:func:`read_weights_block`); none: {}."""
+        return {} if self.weights is None else read_weights_block(self.weights)
+
     def list_record(self) -> ListRecord | None:
         """The checked calibration lists' record, or None when the artifact has none."""
         return None if self.lists is None else ListRecord.from_dict(self.lists)
+
+    def calibration_block(self) -> CalibrationBlock:
+        """The checked calibration block (any format version: :meth:`CalibrationBlock.read`)."""
+        return CalibrationBlock.read(self.calibration, version=self.format_version)
 
     def calibrator(self) -> BaseCalibrator:
         """The fitted calibrator the calibration block stores.
@@ -362,36 +444,15 @@ class Artifact:
         Raises
         ------
         ArtifactError
-            A threshold that is not a number (or ``threshold_is_infinite`` not a bool), a
-            state the mode refuses, or a threshold that disagrees with the stored state.
+            A threshold that is not a number, a state the mode refuses, or (versions 1 and
+            2) a stored copy that disagrees with the state.
         """
-        block = self.calibration
-        tau = _stored_threshold(block)
-        if self.format_version == 1:
-            try:
-                return SplitConformalCalibrator.from_threshold(
-                    alpha=block["alpha"], threshold=tau, n_calibration=block["n_calibration"])
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ArtifactError("malformed filter artifact: missing or invalid field "
-                                    f"({exc!r}).") from exc
-        calibrator = calibrator_from_state(block.get("mode"), block.get("params"),
-                                           block.get("state"))
-        if calibrator.threshold_ != tau:
-            raise ArtifactError(
-                f"artifact threshold {tau!r} disagrees with its calibration state "
-                f"({calibrator.threshold_!r}); the artifact was edited or corrupted: recalibrate."
-            )
-        return calibrator
+        return self.calibration_block().calibrator()
 
     @property
     def group_by(self) -> str | None:
         """The group field of the ``group`` mode (None for version 1 and other modes)."""
-        if self.format_version == 1:
-            return None
-        group_by = self.calibration.get("group_by")
-        if group_by is not None and not isinstance(group_by, str):
-            raise ArtifactError(f"artifact group_by == {group_by!r}, expected a field name or null.")
-        return group_by
+        return self.calibration_block().group_by if self.format_version > 1 else None
 
     @property
     def min_keep(self) -> int:
@@ -474,7 +535,7 @@ def seal_value(payload: Mapping[str, Any]) -> str:
 
 
 def check_seal(payload: Mapping[str, Any]) -> None:
-    """Verify the ``"checksum"`` seal of a version 2 artifact dict.
+    """Verify the ``"checksum"`` seal of a version 2 or 3 artifact dict.
 
     Raises
     ------
@@ -484,7 +545,7 @@ def check_seal(payload: Mapping[str, Any]) -> None:
     """
     seal = payload.get("checksum")
     if not isinstance(seal, Mapping) or not isinstance(seal.get("value"), str):
-        raise ArtifactError("artifact has no checksum; version 2 artifacts are sealed by "
+        raise ArtifactError("artifact has no checksum; version 2 and 3 artifacts are sealed by "
                             "`calibrate`: recalibrate instead of writing one by hand.")
     sealed = seal.get("covers", [])
     sealed = list(sealed) if isinstance(sealed, (list, tuple)) else sealed
@@ -511,10 +572,11 @@ def check_seal(payload: Mapping[str, Any]) -> None:
 def check_fields(payload: Any) -> int:
     """Type-check every top-level field of an artifact dict and verify its seal.
 
-    ``format`` is ``"ragsieve.filter"``; ``format_version`` 1 or 2; ``library_version`` a
+    ``format`` is ``"ragsieve.filter"``; ``format_version`` 1, 2 or 3; ``library_version`` a
     string; ``created`` an ISO-8601 string; ``scorer``, ``calibration``, ``policy`` and
-    ``data`` objects; version 2 has a valid ``checksum`` seal and, when present, valid
-    ``monitor`` and ``lists`` blocks. Unknown fields are refused. The calibration block's contents are
+    ``data`` objects; versions 2 and 3 have a valid ``checksum`` seal and, when present,
+    valid ``monitor`` and ``lists`` blocks; a version 3 calibration block holds only
+    :data:`CALIBRATION_KEYS`. Unknown fields are refused. The calibration block's values are
     checked when its calibrator is built (:meth:`Artifact.calibrator`).
 
     Returns
@@ -530,16 +592,20 @@ def check_fields(payload: Any) -> int:
     version = _check_format(payload)
     _check_unsealed(payload)
     if version == 1:
-        extra = sorted({"monitor", "lists", "checksum"} & set(payload))
+        extra = sorted({"monitor", "lists", "weights", "checksum"} & set(payload))
         if extra:
             raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
                                 "recalibrate.")
         return version
     check_seal(payload)
+    if version >= 3:
+        _check_calibration_keys(payload["calibration"])
     if "monitor" in payload:
         read_monitor_block(payload["monitor"])
     if "lists" in payload:
         ListRecord.from_dict(payload["lists"])
+    if "weights" in payload:
+        read_weights_block(payload["weights"])
     return version
 
 
@@ -569,6 +635,35 @@ def _check_unsealed(payload: Mapping[str, Any]) -> None:
         _check_created(payload["created"])
 
 
+def read_weights_block(block: Any) -> dict[str, bytes]:
+    """The ``weights`` block's blobs by name, each checked to hash to its name.
+
+    Raises
+    ------
+    ArtifactError
+        Not an object of sha256 names to base64 strings, or a blob whose sha256 is not its
+        name.
+    """
+    if not isinstance(block, Mapping):
+        raise ArtifactError(f"artifact 'weights' is {_kind(block)}, expected an object of "
+                            "sha256 -> base64 weights.")
+    out: dict[str, bytes] = {}
+    for name, text in block.items():
+        if not (isinstance(name, str) and len(name) == 64
+                and all(c in "0123456789abcdef" for c in name)) or not isinstance(text, str):
+            raise ArtifactError(f"artifact weights entry {str(name)[:70]!r} is not a sha256 name "
+                                "with a base64 string.")
+        try:
+            blob = base64.b64decode(text, validate=True)
+        except ValueError as exc:
+            raise ArtifactError(f"artifact weights {name[:16]}... are not base64: {exc}") from exc
+        if hashlib.sha256(blob).hexdigest() != name:
+            raise ArtifactError(f"artifact weights {name[:16]}... do not hash to their name; "
+                                "they were edited or corrupted: recalibrate.")
+        out[name] = blob
+    return out
+
+
 def _kind(value: Any) -> str:
     return "missing" if value is None else f"a {type(value).__name__} ({value!r:.60})"
 
@@ -580,11 +675,11 @@ def _check_format(payload: Any) -> int:
             f"not a ragsieve filter artifact: format == {got!r:.80}, expected {ARTIFACT_FORMAT!r}."
         )
     version = payload.get("format_version")
-    if version not in (1, ARTIFACT_VERSION) or isinstance(version, bool) \
+    if version not in READABLE_VERSIONS or isinstance(version, bool) \
             or not isinstance(version, int):
         raise ArtifactError(
             f"artifact format_version == {version!r:.80}; this ragsieve ({__version__}) reads "
-            f"versions 1 and {ARTIFACT_VERSION}."
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}."
         )
     return int(version)
 

@@ -160,6 +160,7 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
         seed=seed) if monitor else None
     attribute = group_by if calibrator.group_kind == "attribute" else None
     CalibrationInputs.from_pairs(used, group_by=attribute).fit(calibrator, scores)
+    _warn_if_short(calibrator)
     info = {"fingerprint": fingerprint_pairs(pairs), "n_pairs": len(pairs),
             "n_queries": len({p.query_id for p in pairs}),
             "n_relevant": sum(p.relevant == 1 for p in pairs),
@@ -190,8 +191,8 @@ def _fit(scorer: Scorer, pairs: list[Pair], snippets: list[Pair], *, unit: str, 
             logger.warning("score: 1 - cos (embedding), not the fused score: %s", choice.reason)
             info["score_choice"] = choice.to_dict()
             return ScoreFit(stage.root_scorer(), stage_pairs)
-        logger.info("fused score fitted on %d pairs of some topics; calibrating on the "
-                    "other %d", done.n_fit, len(done.pairs))
+        logger.info("%s score fitted on %d pairs of some topics; calibrating on the other %d",
+                    stage.name, done.n_fit, len(done.pairs))
         info["fusion_fit_pairs"] = done.n_fit
         if not any(p.relevant == 1 for p in done.pairs):
             raise CalibrationError("the calibration share of the topics has no relevant pair.")
@@ -219,6 +220,15 @@ def _calibration_scores(scorer: Scorer, calibrator: BaseCalibrator, pairs: list[
         return pairs, scorer.score_pairs(pairs, progress=progress)
     used = [p for p in pairs if p.relevant == 1]
     return used, scorer.score_pairs(used, progress=progress)
+
+
+def _warn_if_short(calibrator: BaseCalibrator) -> None:
+    """Log when the calibration data is too small for the mode's alpha (it keeps all)."""
+    g = calibrator.guarantee()
+    if g.infinite:
+        logger.warning("%s: the calibration data is too small for alpha=%s (has %d, needs %s); "
+                       "the filter keeps everything.", g.mode, g.alpha, g.n_calibration,
+                       g.n_required)
 
 
 def _record_lists(scorer: Scorer, unit: str, snippets: list[Pair], source: Mapping[str, Any],

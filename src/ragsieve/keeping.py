@@ -8,7 +8,7 @@ snippet's best score, the spans of its kept pieces, a note for unusual results).
 rule keeps nothing, the default (``min_keep=0``) is an empty context, said so in the
 note; ``min_keep=k`` keeps the ``k`` best units instead, outside the guarantee.
 
-:func:`see_list` and :func:`see_lists` show the lists a filter is given to its
+:func:`promise` is what a filter promises, as a dict. :func:`see_list` and :func:`see_lists` show the lists a filter is given to its
 :class:`~ragsieve.lists.ListWatch` (the check against the calibration lists).
 """
 
@@ -20,16 +20,57 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import check_scores
+from ._validation import check_int, check_scores, check_str
 from .calibration import BaseCalibrator
+from .chunking import DEFAULT_SIZE
 from .errors import DataError
 from .lists import ListCheck, ListWatch
-from .pieces import Pieces
+from .pieces import MAX_CHARS, Pieces
 from .types import FilterResult, Scored
+from .units import check_unit
 
-__all__ = ["apply_rule", "see_list", "see_lists", "wants_root"]
+__all__ = ["apply_rule", "check_policy", "promise", "see_list", "see_lists", "wants_root"]
 
 logger = logging.getLogger(__name__)
+
+
+def check_policy(min_keep: Any, group_by: Any, max_chars: Any, unit: Any,
+                 sentence_in_context: bool = False) -> tuple[int, str | None, int, str]:
+    """A filter's policy, checked: ``min_keep`` an int >= 0, ``group_by`` a field name or
+    None, ``max_chars`` an int >= the snippet size or None (``MAX_CHARS``), ``unit`` one of
+    :data:`ragsieve.units.UNITS` (``"sentence"`` for a sentence-in-context score).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A value of the wrong type, or out of range.
+    """
+    min_keep = check_int(min_keep, "min_keep", min_value=0)
+    group_by = check_str(group_by, "group_by", non_blank=True, allow_none=True,
+                         hint="the field name of the group")
+    max_chars = check_int(max_chars, "max_chars", min_value=DEFAULT_SIZE, allow_none=True,
+                          hint="the snippet size the pieces are cut to")
+    unit = check_unit(unit)
+    if unit == "snippet" and sentence_in_context:
+        raise ValueError("the sentence_context score scores sentences in their snippets: "
+                         "use it with unit='sentence' (CLI --unit sentence).")
+    return min_keep, group_by, MAX_CHARS if max_chars is None else max_chars, unit
+
+
+def promise(calibrator: BaseCalibrator, *, unit: str, group_by: str | None) -> dict[str, Any]:
+    """What a filter promises: the calibrator's :class:`~ragsieve.calibration.Guarantee`
+    for ``unit`` as a dict (mode, metric, target, statement, alpha, n_calibration,
+    n_required, infinite, details), plus ``coverage_band`` for the marginal mode,
+    ``group_by`` for the group mode and ``unit`` for the sentence unit (whose statement the
+    calibrator words of evidence sentences)."""
+    out = calibrator.guarantee(unit=unit).to_dict()
+    if "coverage_band" in out["details"]:
+        out["coverage_band"] = list(out["details"]["coverage_band"])
+    if group_by is not None:
+        out["group_by"] = group_by
+    if unit == "sentence":  # the calibrated units are sentences, the relevant ones evidence
+        out["unit"] = unit
+    return out
 
 
 def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query: str,

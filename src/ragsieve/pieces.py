@@ -29,12 +29,14 @@ import numpy as np
 from ._validation import check_str
 from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import DataError
+from .scoring import Scorer
 from .scoring.sentence_context import PARENT_POSITION, PARENT_TEXT
 from .types import Pair, Snippet
 from .units import sentence_pieces
 
 __all__ = ["ACCEPTED", "MAX_CHARS", "PairBatch", "Pieces", "SnippetLike", "as_item", "as_items",
-           "cut", "cut_pairs", "model_texts", "snippet_list"]
+           "check_snippet_unit", "cut", "cut_pairs", "model_texts", "snippet_list",
+           "vector_scores"]
 
 #: Inputs longer than this many characters are cut into calibration-sized pieces.
 MAX_CHARS = int(1.2 * DEFAULT_SIZE)
@@ -199,11 +201,64 @@ def _sentences(items: Sequence[dict[str, Any]], max_chars: int) -> Pieces:
 
 def model_texts(pieces: Pieces, unit: str) -> list[str]:
     """The texts scoring ``pieces`` hands the model: every piece with a text and, for unit
-    ``"sentence"``, each snippet with a sentence once more, whole, as its sentences' context."""
+    ``"sentence"``, each snippet with a sentence once more, whole, as its sentences' context.
+
+    These are the model work a ``filter`` call may cause (the service's budget counts their
+    characters); snippets without text (an outside score) are left out.
+
+    Examples
+    --------
+    >>> len(model_texts(cut(as_items(["short", "Long sentence here. " * 100]),
+    ...                     unit="snippet", max_chars=600), "snippet"))  # 1 + 7 pieces
+    8
+    >>> # 2 sentences, 2 pieces of the 1,000-character one, then each snippet whole
+    >>> sentences = cut(as_items(["One. Two.", "x" * 1000]), unit="sentence", max_chars=600)
+    >>> [len(t) for t in model_texts(sentences, "sentence")]
+    [4, 4, 500, 500, 9, 1000]
+    """
     texts = [p["text"] for p in pieces.pieces if isinstance(p.get("text"), str)]
     if unit == "sentence":
         texts.extend(str(pieces.items[o]["text"]) for o in dict.fromkeys(pieces.owner.tolist()))
     return texts
+
+
+def check_snippet_unit(unit: str, what: str) -> None:
+    """Refuse a whole-snippet input (``what``) for a filter of unit ``"sentence"``.
+
+    Raises
+    ------
+    TypeError
+        ``unit`` is not ``"snippet"``.
+    """
+    if unit != "snippet":
+        raise TypeError(f"this filter's unit is {unit!r}: it scores each snippet's "
+                        f"sentences, so it cannot filter from {what}; call filter() with "
+                        "the snippets' texts.")
+
+
+def vector_scores(scorer: Scorer, query_vector: Any, snippet_vectors: Any, n_snippets: int, *,
+                  root: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """The scores of ``n_snippets`` snippets from the caller's own embeddings (a dot
+    product, no model call), and their root scores when ``root`` (for the list check).
+
+    For the embedding score (``1 - cos``) and the relative / fused scores built on it; the
+    vectors must come from the scorer's model (``scorer.spec()``) and are normalised here.
+
+    Raises
+    ------
+    TypeError
+        The score cannot be computed from vectors (an LLM, an outside score).
+    ValueError
+        Vectors that are not finite, zero, or of mismatched dimension or count.
+    """
+    if not n_snippets:
+        return np.zeros(0), None
+    sv = np.asarray(snippet_vectors, dtype=float)
+    if sv.ndim != 2 or sv.shape[0] != n_snippets:
+        raise ValueError(f"got snippet_vectors of shape {sv.shape} for {n_snippets} snippets; "
+                         "expected one vector per snippet.")
+    scores = scorer.scores_from_vectors(query_vector, sv)
+    return scores, scorer.root_scorer().scores_from_vectors(query_vector, sv) if root else None
 
 
 @dataclass(frozen=True)

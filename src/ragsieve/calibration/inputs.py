@@ -11,6 +11,7 @@ and every split of ``evaluation.evaluate`` hand a calibrator the same arguments 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,10 @@ class CalibrationInputs:
     lengths: np.ndarray
     attribute: np.ndarray | None = None
     texts: tuple[str, ...] | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The inputs as keyword arguments (the fields of this class only)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(CalibrationInputs)}
 
     @classmethod
     def from_pairs(cls, pairs: Sequence[Pair], *, group_by: str | None = None,

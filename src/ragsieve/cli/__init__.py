@@ -3,13 +3,16 @@
 Library errors become one-line messages with exit code 2 (no traceback); a
 ``TypeError`` is a bug and keeps its traceback. ``--json`` gives machine-readable output
 next to the human tables. Options are declared once, in :mod:`~ragsieve.cli.options`
-(their types in :mod:`~ragsieve.cli.argtypes`); the commands are in
-:mod:`~ragsieve.cli.commands`, each turning its parsed options into values once
-(:mod:`~ragsieve.cli.values`, :mod:`~ragsieve.cli.scorers`), the demos in
-:mod:`~ragsieve.cli.demos`. No parser accepts abbreviated options; every count option has
-an upper bound (:data:`~ragsieve.cli.argtypes.LIMITS`). Before a command that
-writes runs, :func:`check_paths` refuses an output that would overwrite, or write into,
-one of its inputs (:data:`PATH_ROLES`).
+(their types in :mod:`~ragsieve.cli.argtypes`); the commands are in one module per
+surface (:mod:`~ragsieve.cli.evaluating`, :mod:`~ragsieve.cli.filtering`,
+:mod:`~ragsieve.cli.labelling`, :mod:`~ragsieve.cli.serving`,
+:mod:`~ragsieve.cli.indexing`; their shared helpers in :mod:`~ragsieve.cli.common`), each
+turning its parsed options into values once (:mod:`~ragsieve.cli.values`,
+:mod:`~ragsieve.cli.scorers`), the demos in :mod:`~ragsieve.cli.demos`. No parser accepts
+abbreviated options; every count option has an upper bound
+(:data:`~ragsieve.cli.argtypes.LIMITS`). Before a command that writes runs,
+:func:`check_paths` refuses an output that would overwrite, or write into, one of its
+inputs (:data:`PATH_ROLES`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import RagsieveError
-from . import commands, demos
+from . import demos, evaluating, filtering, indexing, labelling, serving
 from .argtypes import (
     LIMITS,
     at_most,
@@ -158,7 +161,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("--html", default=None, metavar="PATH",
                    help="also write the results as one self-contained HTML page (table, "
                         "figure, the guarantee)")
-    p.set_defaults(func=commands.cmd_evaluate)
+    p.set_defaults(func=evaluating.cmd_evaluate)
 
 
 def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -178,7 +181,7 @@ def _add_choose_alpha(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     add_splits_option(g, 10)
     add_seed_option(g)
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_choose_alpha)
+    p.set_defaults(func=evaluating.cmd_choose_alpha)
 
 
 def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -215,7 +218,7 @@ def _add_answers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     p.add_argument("--html", default=None, metavar="PATH",
                    help="also write the results as one self-contained HTML page (answer "
                         "metrics with intervals, figure)")
-    p.set_defaults(func=commands.cmd_answers)
+    p.set_defaults(func=evaluating.cmd_answers)
 
 
 def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -237,7 +240,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
                    help="skip the expected coverage and removal on new topics (a 5-fold "
                         "cross-validation over the calibration topics; it scores every pair)")
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_calibrate)
+    p.set_defaults(func=filtering.cmd_calibrate)
 
 
 def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -254,7 +257,7 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--show-removed", action="store_true",
                    help="also print each removed snippet with its score and the threshold it "
                         "missed (--json always carries them under 'removed')")
-    p.set_defaults(func=commands.cmd_filter)
+    p.set_defaults(func=filtering.cmd_filter)
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -271,7 +274,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_seed_option(p)
     add_saved_scorer_options(p)
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_report)
+    p.set_defaults(func=evaluating.cmd_report)
 
 
 def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -289,7 +292,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_scorer_options(p, default="embedding")
     add_engine_options(p)
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_score)
+    p.set_defaults(func=filtering.cmd_score)
 
 
 def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -309,7 +312,7 @@ def _add_label(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_llm_options(p)
     add_engine_options(p)
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_label)
+    p.set_defaults(func=labelling.cmd_label)
 
 
 def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -326,7 +329,7 @@ def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help=f"context (KV cache) in tokens (default 4096, {at_most('n_ctx')})")
     q.add_argument("--parallel", type=count("parallel"), default=1,
                    help=f"parallel slots (default 1, {at_most('parallel')})")
-    q.set_defaults(func=commands.cmd_llm_serve)
+    q.set_defaults(func=labelling.cmd_llm_serve)
     q = subparser(llm_sub, "injection", "measure how far injected instructions move judgements")
     add_data_options(q)
     q.add_argument("--n-pairs", type=count("n_pairs"), default=40,
@@ -334,7 +337,7 @@ def _add_llm(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_seed_option(q)
     add_llm_options(q)
     add_json_option(q)
-    q.set_defaults(func=commands.cmd_llm_injection)
+    q.set_defaults(func=labelling.cmd_llm_injection)
 
 
 def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -362,7 +365,7 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
                    help="embedding model (default: the index's, or MiniLM)")
     p.add_argument("--batch-size", type=count("batch_size"), default=32,
                    help=f"snippets embedded at once (default 32, {at_most('batch_size')})")
-    p.set_defaults(func=commands.cmd_index)
+    p.set_defaults(func=indexing.cmd_index)
 
     p = subparser(sub, "query", "retrieve from an index, filtered by a calibrated filter")
     p.add_argument("query")
@@ -378,7 +381,7 @@ def _add_index_and_query(sub: argparse._SubParsersAction) -> None:  # type: igno
                    help="ask the LLM for an answer grounded in the kept snippets, with citations")
     add_llm_options(p)
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_query)
+    p.set_defaults(func=indexing.cmd_query)
 
 
 def _add_retrieve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -402,7 +405,7 @@ def _add_retrieve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                    help="no progress bar (as `ragsieve -q`)")
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_retrieve)
+    p.set_defaults(func=indexing.cmd_retrieve)
 
 
 def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -449,7 +452,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                    help="requests with more snippets or labels get 413 (default 1000)")
     add_cache_options(p)
     _add_serve_operations(p)
-    p.set_defaults(func=commands.cmd_serve)
+    p.set_defaults(func=serving.cmd_serve)
 
 
 def _add_serve_operations(p: argparse.ArgumentParser) -> None:
@@ -509,7 +512,7 @@ def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
     how.add_argument("--replace", dest="merge", action="store_false",
                      help="fit on the labels alone (any mode labels can feed)")
     add_json_option(p)
-    p.set_defaults(func=commands.cmd_recalibrate)
+    p.set_defaults(func=serving.cmd_recalibrate)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -523,7 +526,7 @@ def _add_export(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--queries", default=None, metavar="FILE",
                    help="the labelled queries (relevant_doc_ids, answers) for `ragsieve "
                         "retrieve --queries`")
-    p.set_defaults(func=commands.cmd_export)
+    p.set_defaults(func=indexing.cmd_export)
 
 
 def _add_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,7 +1,9 @@
 """The demos: ``ragsieve demo`` (``make demo``), ``rag-demo`` and ``shift-demo``.
 
-They are longer than a command and print a story, so they live apart from
-:mod:`ragsieve.cli.commands`; like the commands they only call the library.
+They are longer than a command and print a story, so they live apart from the command
+modules (:mod:`ragsieve.cli.evaluating`, :mod:`ragsieve.cli.filtering`,
+:mod:`ragsieve.cli.labelling`, :mod:`ragsieve.cli.serving`, :mod:`ragsieve.cli.indexing`);
+like the commands they only call the library.
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """The values a command builds from its parsed options, once, at the edge.
 
-Each ``cmd_*`` of :mod:`ragsieve.cli.commands` reads its ``argparse.Namespace`` in one
-place and turns it into small frozen values: the data source (:class:`DataSource`), the
-engine (:class:`EngineOptions`), the LLM endpoint (:class:`LLMEndpoint`), the guarantee
-and its calibrator parameters (:class:`GuaranteeOptions`, :func:`calibrator_params`), the
-scorer (:class:`ragsieve.cli.scorers.ScorerRequest`) and the service's
-``ServeOptions``. Everything below the command takes these values, never the namespace.
+Each ``cmd_*`` of the command modules (:mod:`ragsieve.cli.evaluating`,
+:mod:`ragsieve.cli.filtering`, :mod:`ragsieve.cli.labelling`, :mod:`ragsieve.cli.serving`,
+:mod:`ragsieve.cli.indexing`) reads its ``argparse.Namespace`` in one place and turns it
+into small frozen values: the data source (:class:`DataSource`), the engine
+(:class:`EngineOptions`), the LLM endpoint (:class:`LLMEndpoint`), the guarantee and its
+calibrator parameters (:class:`GuaranteeOptions`, :func:`calibrator_params`), the scorer
+(:class:`ragsieve.cli.scorers.ScorerRequest`) and the service's ``ServeOptions``.
+Everything below the command takes these values, never the namespace.
 """
 
 from __future__ import annotations

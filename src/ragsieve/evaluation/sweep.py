@@ -160,32 +160,24 @@ class EvaluationConfig:
         return make_calibrator(mode, **{k: v for k, v in params.items() if k in taken})
 
 
-@dataclass(frozen=True)
-class ScoredData:
-    """A scored dataset as flat arrays, one entry per (query, snippet) pair.
-
-    ``scores`` (numpy.ndarray of float) and the fields of
-    :class:`~ragsieve.calibration.inputs.CalibrationInputs`, the calibrator inputs
-    ``calibrate`` reads from its pairs too (:attr:`inputs`): ``relevant``, ``query_index``
-    (0..n_queries-1), ``group_index`` (the topic, which splits respect), ``lengths``
-    (characters), ``attribute`` (the ``group`` mode's per-pair value, e.g. language, or
-    None) and ``texts`` (kept by ``from_pairs``; the budget mode measures them in its unit).
+@dataclass(frozen=True, kw_only=True)
+class ScoredData(CalibrationInputs):
+    """A scored dataset as flat arrays, one entry per (query, snippet) pair: the calibrator
+    inputs of its pairs (:class:`~ragsieve.calibration.inputs.CalibrationInputs`, which
+    ``calibrate`` reads from its pairs too: ``relevant``, ``query_index``, ``group_index``
+    (the topic, which splits respect), ``lengths``, ``attribute``, ``texts``) and their
+    ``scores`` (numpy.ndarray of float; keyword-only).
     """
 
     scores: np.ndarray
-    relevant: np.ndarray
-    query_index: np.ndarray
-    group_index: np.ndarray
-    lengths: np.ndarray
-    attribute: np.ndarray | None = None
-    texts: tuple[str, ...] | None = None
 
     @classmethod
-    def from_pairs(cls, pairs: Sequence[Pair], scores: Any, *, group_by: str | None = None) -> ScoredData:
+    def from_pairs(cls, pairs: Sequence[Pair], scores: Any, *,  # type: ignore[override]
+                   group_by: str | None = None, missing_group: str | None = "(none)") -> ScoredData:
         """Build from labelled pairs and their aligned scores.
 
         ``group_by`` names a ``Pair.meta`` key (e.g. ``"language"``) whose value is the
-        attribute of the ``group`` mode; pairs without it get ``"(none)"``.
+        attribute of the ``group`` mode; pairs without it get ``missing_group``.
         """
         arr = check_scores(scores)
         if arr.size != len(pairs):
@@ -195,15 +187,14 @@ class ScoredData:
             raise DataError(
                 f"{missing} pair(s) have no relevance label; evaluation needs relevant = 0/1."
             )
-        inputs = CalibrationInputs.from_pairs(pairs, group_by=group_by, missing_group="(none)")
-        return cls(scores=arr, **{f.name: getattr(inputs, f.name)
-                                  for f in dataclasses.fields(CalibrationInputs)})
+        inputs = CalibrationInputs.from_pairs(pairs, group_by=group_by,
+                                              missing_group=missing_group)
+        return cls(scores=arr, **inputs.fields())
 
     @property
     def inputs(self) -> CalibrationInputs:
         """The calibrator inputs of these pairs (the translation ``calibrate`` uses too)."""
-        return CalibrationInputs(**{f.name: getattr(self, f.name)
-                                    for f in dataclasses.fields(CalibrationInputs)})
+        return CalibrationInputs(**CalibrationInputs.fields(self))
 
     @property
     def n_queries(self) -> int:

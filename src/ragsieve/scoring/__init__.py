@@ -30,6 +30,7 @@ from .fusion import BEST_OPTIONS, FusedScorer
 from .lexical import ListBM25Scorer
 from .llm import LLMScorer
 from .options import ScorerOption
+from .reader import ReaderScorer
 from .registry import (
     ScorerFactory,
     _lookup,  # noqa: F401  (the factory of an alias: integrations, tests)
@@ -52,6 +53,7 @@ __all__ = [
     "KeepRule",
     "LLMScorer",
     "ListBM25Scorer",
+    "ReaderScorer",
     "RelativeScorer",
     "ScoreChoice",
     "Scorer",
@@ -84,6 +86,8 @@ BUILTIN_SCORERS: tuple[tuple[str, ScorerFactory, tuple[ScorerOption, ...]], ...]
     ("auto", AutoScorer, AutoScorer.declared_options),
     # a sentence's score in its snippet (the sentence unit)
     (SentenceContextScorer.name, SentenceContextScorer, EMBEDDING_OPTIONS),
+    # a cross-encoder fine-tuned on the calibration fit topics (English)
+    ("reader", ReaderScorer, ReaderScorer.declared_options),
 )
 
 for _alias, _factory, _options in BUILTIN_SCORERS:

@@ -212,6 +212,14 @@ class Scorer(ABC):
                           "fitted on labelled pairs; give a fitted score or one that learns "
                           "(e.g. 'best').")
 
+    def learned_weights(self) -> dict[str, bytes]:
+        """Large learned tensors this score needs beyond its spec, by sha256 (the spec names
+        them; the artifact stores them in its sealed ``weights`` block:
+        :mod:`ragsieve.scoring.weights`). Default: those of the score it is computed from
+        (:meth:`base_scorer`), else none."""
+        base = self.base_scorer()
+        return {} if base is None else base.learned_weights()
+
     def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
                     deployed_lists: bool = False) -> Resolution:
         """The real score a stand-in (``resolved_at_calibration``: ``"auto"``) stands for,

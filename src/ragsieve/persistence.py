@@ -1,0 +1,139 @@
+"""The filter as an artifact and back: what ``ConformalFilter.to_artifact`` writes and
+``ConformalFilter.from_artifact`` reads.
+
+:mod:`ragsieve.artifact` is the file (one reader, one writer, the seal, the calibration
+block); this module maps a filter's parts onto it: :func:`artifact_of` seals the scorer
+spec, the calibration block (:class:`~ragsieve.artifact.CalibrationBlock`, each value once),
+the policy, the data's provenance, the monitor reference, the calibration lists and the
+learned weights the score names (a fine-tuned reader's);
+:func:`parts_of` checks an artifact and hands back what a filter is built from, with the
+scorer rebuilt from its spec or the caller's own scorer checked against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .artifact import Artifact, CalibrationBlock
+from .calibration import BaseCalibrator
+from .errors import ArtifactError, ScorerError, ScorerMismatchError
+from .lists import ListRecord
+from .scoring import Scorer, resolve_scorer
+from .scoring.weights import register_weights
+
+__all__ = ["CalibratedFilter", "FilterParts", "artifact_of", "parts_of", "scorer_of"]
+
+
+@dataclass(frozen=True)
+class FilterParts:
+    """What a filter is built from, read from a checked artifact.
+
+    Attributes
+    ----------
+    scorer : Scorer
+        The score the threshold was calibrated on.
+    calibrator : BaseCalibrator
+        The fitted calibrator.
+    options : dict
+        The filter's keyword arguments: ``min_keep``, ``group_by``, ``max_chars``, ``unit``.
+    info : dict
+        The calibration data's provenance (``calibration_info``).
+    monitor : dict or None
+        The exchangeability monitor's reference.
+    lists : ListRecord or None
+        The calibration lists' record.
+    """
+
+    scorer: Scorer
+    calibrator: BaseCalibrator
+    options: dict[str, Any]
+    info: dict[str, Any]
+    monitor: dict[str, Any] | None
+    lists: ListRecord | None
+
+
+class CalibratedFilter(Protocol):
+    """What :func:`artifact_of` reads of a calibrated filter (``ConformalFilter``'s
+    attributes)."""
+
+    scorer: Scorer
+    calibrator: BaseCalibrator
+    min_keep: int
+    max_chars: int
+    unit: str
+    group_by: str | None
+    calibration_info: dict[str, Any]
+    monitor_reference: dict[str, Any] | None
+    lists: ListRecord | None
+
+
+def artifact_of(flt: CalibratedFilter) -> Artifact:
+    """A calibrated filter as a sealed artifact (format version 3).
+
+    Raises
+    ------
+    ArtifactError
+        A budget with a custom tokenizer, or a block that is not plain JSON.
+    """
+    return Artifact.create(
+        scorer=flt.scorer.spec(),
+        calibration=CalibrationBlock.of(flt.calibrator, group_by=flt.group_by),
+        policy={"min_keep": flt.min_keep, "max_chars": flt.max_chars, "unit": flt.unit},
+        data=dict(flt.calibration_info), monitor=flt.monitor_reference,
+        lists=None if flt.lists is None else flt.lists.to_dict(),
+        weights=flt.scorer.learned_weights())
+
+
+def parts_of(artifact: Artifact, *, scorer: Scorer | None = None,
+             scorer_options: Mapping[str, Any] | None = None) -> FilterParts:
+    """The checked parts of ``artifact``.
+
+    Raises
+    ------
+    TypeError
+        ``artifact`` is not an :class:`~ragsieve.artifact.Artifact`.
+    ArtifactError
+        A calibration block, monitor or lists block the artifact's readers refuse, or a
+        scorer spec that cannot be rebuilt.
+    ScorerMismatchError
+        ``scorer`` is not the score the artifact was calibrated on.
+    """
+    if not isinstance(artifact, Artifact):
+        raise TypeError(f"artifact is a {type(artifact).__name__}, expected a "
+                        "ragsieve.artifact.Artifact (ConformalFilter.from_dict takes a dict).")
+    options = {"min_keep": artifact.min_keep, "group_by": artifact.group_by,
+               "max_chars": artifact.max_chars, "unit": artifact.unit}
+    calibrator = artifact.calibrator()
+    register_weights(artifact.weight_blobs())  # before the scorer that names them is rebuilt
+    return FilterParts(scorer=scorer_of(dict(artifact.scorer), scorer, scorer_options),
+                       calibrator=calibrator, options=options, info=dict(artifact.data or {}),
+                       monitor=artifact.monitor_reference(), lists=artifact.list_record())
+
+
+def scorer_of(spec: dict[str, Any], scorer: Scorer | None,
+              scorer_options: Mapping[str, Any] | None) -> Scorer:
+    """The scorer an artifact's ``spec`` names: rebuilt (``scorer`` None) or the one given,
+    checked to be that score (``ScorerMismatchError``)."""
+    if scorer is None:
+        try:
+            scorer = resolve_scorer(spec, **dict(scorer_options or {}))
+        except (TypeError, ValueError, ScorerError) as exc:  # ScorerError: weights missing
+            if isinstance(exc, ArtifactError):
+                raise
+            raise ArtifactError(f"artifact scorer {_short(spec)} cannot be rebuilt: {exc}") from exc
+    if scorer.spec() != spec:
+        raise ScorerMismatchError(
+            f"the artifact was calibrated with scorer {_short(spec)} but the supplied scorer "
+            f"is {_short(scorer.spec())}; a threshold is only valid for the score it was calibrated on. "
+            "Recalibrate with this scorer or load without passing one."
+        )
+    return scorer
+
+
+def _short(spec: Any) -> str:
+    """A spec for an error message: its repr, cut at 300 characters (a fused spec with
+    boosted trees runs to pages)."""
+    text = repr(spec)
+    return text if len(text) <= 300 else text[:297] + "..."

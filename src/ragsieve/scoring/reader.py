@@ -1,0 +1,273 @@
+"""The reader: a cross-encoder fine-tuned on the calibration data's own fit topics.
+
+Every other score sees the question and the snippet apart (an embedding's cosine) or
+counts words (BM25); the reader reads them together. No reading model ships in any
+package, so ragsieve makes one: :meth:`ReaderScorer.fit_topics` fine-tunes the bundled
+English MiniLM (:mod:`ragsieve.embeddings.cross_encoder`: the top layers, the pooler and a
+one-logit head) on the pairs of a seeded share of the calibration topics, the same draw
+that fits the fused score (:func:`~ragsieve.scoring.fusion.fusion_fit_mask`), and the
+threshold is calibrated on the other topics, which the reader never saw: the guarantee is
+untouched. The score is ``1 - P(relevant)``, one pair at a time (no list statistics), so
+it does not depend on the retriever's lists.
+
+The fit reads every relevant pair of the fit share and up to ``negatives`` irrelevant
+pairs for each (drawn with the seed), at most ``max_fit_pairs`` in all. The trained
+tensors (float16) travel in the artifact's sealed ``weights`` block
+(:mod:`ragsieve.scoring.weights`); the spec names them by sha256, and the base by the
+sha256 of the bundled weights file, checked when the reader is loaded.
+
+The reader is trained for English (its base is English); on other languages it reads
+with an English model.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .._validation import check_int, check_str
+from ..embeddings.cross_encoder import (
+    BASE_MODEL,
+    ReaderWeights,
+    base_fingerprint,
+    fine_tune,
+    load_reader,
+)
+from ..errors import CalibrationError, ScorerError
+from ..types import Pair
+from .base import ScoreFit, Scorer, StageFit
+from .options import ScorerOption
+from .shares import fusion_fit_mask
+from .weights import register_weights, weights_blob
+
+__all__ = ["ReaderScorer"]
+
+logger = logging.getLogger(__name__)
+
+
+class ReaderScorer(Scorer):
+    """``1 - P(relevant)`` of a cross-encoder fine-tuned on the calibration fit topics.
+
+    Parameters
+    ----------
+    weights : str, optional
+        The sha256 of the trained tensors, registered in this process
+        (:mod:`ragsieve.scoring.weights`; loading an artifact registers its own). None: not
+        fitted yet (``calibrate`` fits it).
+    base_sha256 : str, optional
+        The sha256 of the base weights file the reader was trained on (set by the fit).
+    layers : int, default=2
+        Top transformer layers trained.
+    max_length : int, default=256
+        Tokens read of a (question, snippet) pair.
+    max_fit_pairs : int, default=4000
+        Most pairs the fit reads.
+    negatives : int, default=3
+        Irrelevant pairs drawn for each relevant one of the fit share.
+
+    Examples
+    --------
+    >>> ReaderScorer().spec()["weights"] is None  # fitted by ConformalFilter.calibrate
+    True
+    """
+
+    name = "reader"
+    score_label = "1 - P(relevant) of the reader"
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = (
+        ScorerOption("max_fit_pairs", int, 4000, "scorer reader: most pairs it is fine-tuned "
+                     "on (every relevant pair of the fit topics, 3 irrelevant ones each)",
+                     "--reader-fit-pairs"),
+    )
+
+    def __init__(self, weights: str | None = None, *, base_sha256: str | None = None,
+                 layers: int = 2, max_length: int = 256, max_fit_pairs: int = 4000,
+                 negatives: int = 3, model: str | None = None) -> None:
+        if model not in (None, BASE_MODEL):
+            raise ValueError(f"reader model == {model!r}; the reader is fine-tuned from "
+                             f"{BASE_MODEL!r} only.")
+        self.weights = check_str(weights, "weights", allow_none=True, non_blank=True,
+                                 hint="the sha256 of the reader's trained tensors")
+        self.base_sha256 = check_str(base_sha256, "base_sha256", allow_none=True,
+                                     non_blank=True, hint="the sha256 of the base weights")
+        self.layers = check_int(layers, "layers", min_value=1)
+        self.max_length = check_int(max_length, "max_length", min_value=16)
+        self.max_fit_pairs = check_int(max_fit_pairs, "max_fit_pairs", min_value=2)
+        self.negatives = check_int(negatives, "negatives", min_value=1)
+        if self.weights is not None:
+            weights_blob(self.weights)  # ScorerError now, not at the first score
+        self.is_fitted = self.weights is not None
+        #: Pairs the fit read (0: loaded, or not fitted).
+        self.n_read = 0
+        self._model: Any = None
+
+    def spec(self) -> dict[str, Any]:
+        return {"scorer": self.name, "model": BASE_MODEL, "layers": self.layers,
+                "max_length": self.max_length, "max_fit_pairs": self.max_fit_pairs,
+                "negatives": self.negatives, "base_sha256": self.base_sha256,
+                "weights": self.weights}
+
+    # ------------------------------------------------------------------ fit
+    def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
+                   snippets: Sequence[Pair] | None = None,
+                   fit_stage: StageFit | None = None) -> ScoreFit:
+        """Fine-tune on the pairs of a seeded share of the topics (``fusion_fit_mask``'s
+        draw, split 0 of ``seed``); the fitted reader and the other topics' pairs.
+
+        Raises
+        ------
+        CalibrationError
+            Fewer than two topics, or a fit share without a relevant or an irrelevant pair.
+        """
+        pairs = list(pairs)
+        seen: dict[Any, int] = {}
+        topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
+        fit = fusion_fit_mask(topics, seed=seed)
+        share = [pairs[i] for i in np.flatnonzero(fit)]
+        logger.info("fine-tuning the reader on the %d pairs of %d of %d topics", len(share),
+                    len(set(topics[fit].tolist())), len(seen))
+        fitted = self.fitted_on(share, seed=seed)
+        return ScoreFit(fitted, [pairs[i] for i in np.flatnonzero(~fit)], None,
+                        min(len(share), fitted.n_read))
+
+    def fitted_on(self, pairs: Sequence[Pair], *, seed: int = 0) -> ReaderScorer:
+        """A reader fine-tuned on labelled ``pairs`` (every relevant one and ``negatives``
+        irrelevant ones each, at most ``max_fit_pairs``; the draw and the training seeded).
+
+        Raises
+        ------
+        CalibrationError
+            ``pairs`` lack a relevant or an irrelevant pair.
+        """
+        pairs = list(pairs)
+        rows = self._fit_rows(pairs, np.arange(len(pairs)), seed)
+        weights, _ = fine_tune([pairs[i].query for i in rows], [pairs[i].text for i in rows],
+                               [int(pairs[i].relevant or 0) for i in rows], seed=seed,
+                               layers=self.layers, max_length=self.max_length)
+        register_weights({weights.sha256: weights.blob})
+        fitted = ReaderScorer(weights.sha256, base_sha256=base_fingerprint(), layers=self.layers,
+                              max_length=self.max_length, max_fit_pairs=self.max_fit_pairs,
+                              negatives=self.negatives)
+        fitted.n_read = int(rows.size)
+        return fitted
+
+    def _fit_rows(self, pairs: list[Pair], share: np.ndarray, seed: int) -> np.ndarray:
+        """Every relevant pair of the share and ``negatives`` irrelevant ones each, drawn
+        with the seed, at most ``max_fit_pairs`` in all (in the share's order)."""
+        rng = np.random.default_rng([seed, 11])
+        relevant = np.array([i for i in share if pairs[i].relevant == 1], dtype=int)
+        other = np.array([i for i in share if pairs[i].relevant != 1], dtype=int)
+        if relevant.size == 0 or other.size == 0:
+            raise CalibrationError(
+                f"the reader's fit share ({share.size} pairs) has {relevant.size} relevant and "
+                f"{other.size} irrelevant pairs; it needs both (more topics, or another score).")
+        n_pos = min(relevant.size, max(1, self.max_fit_pairs // (1 + self.negatives)))
+        n_neg = min(other.size, self.max_fit_pairs - n_pos, n_pos * self.negatives)
+        chosen = np.concatenate([rng.choice(relevant, n_pos, replace=False),
+                                 rng.choice(other, n_neg, replace=False)])
+        return np.sort(chosen)
+
+    # --------------------------------------------------------- in a fused score
+    def fit_share(self, pairs: Sequence[Pair]) -> ReaderShareFit:
+        """The pairs, to fit this reader as a signal of a fused score on any share of them
+        (:meth:`ReaderShareFit.fitted`: cross-fitted, so the learner never sees the reader's
+        scores of its own training pairs)."""
+        return ReaderShareFit(self.unfitted_copy(), list(pairs))
+
+    def fitted_on_texts(self, texts: Sequence[str]) -> Scorer:
+        """Not for the reader: it learns from labels (:meth:`fitted_on`, :meth:`fit_share`).
+
+        Raises
+        ------
+        TypeError
+            Always.
+        """
+        raise TypeError("the reader is fine-tuned on labelled pairs, not on texts alone: "
+                        "use fitted_on(pairs) or fit_share(pairs).")
+
+    def unfitted_copy(self) -> ReaderScorer:
+        """The reader before its fit (same settings)."""
+        return ReaderScorer(layers=self.layers, max_length=self.max_length,
+                            max_fit_pairs=self.max_fit_pairs, negatives=self.negatives)
+
+    def learned_weights(self) -> dict[str, bytes]:
+        """The trained tensors by sha256 (none before the fit)."""
+        return {} if self.weights is None else {self.weights: weights_blob(self.weights)}
+
+    # ------------------------------------------------------------------ score
+    def _reader(self) -> Any:
+        if self._model is not None:
+            return self._model
+        if self.weights is None:
+            raise ScorerError("the reader is not fine-tuned yet: calibrate a filter with it "
+                              "(ConformalFilter('reader').calibrate(pairs)), which fits it on "
+                              "a share of the calibration topics.")
+        if self.base_sha256 is not None and self.base_sha256 != base_fingerprint():
+            raise ScorerError("the bundled base model (all-MiniLM-L6-v2) differs from the one "
+                              "this reader was fine-tuned on; recalibrate with this install.")
+        self._model = load_reader(ReaderWeights(weights_blob(self.weights)), layers=self.layers,
+                                  max_length=self.max_length)
+        return self._model
+
+    def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
+        if not snippets:
+            return np.zeros(0)
+        return 1.0 - np.asarray(self._reader().probabilities([query] * len(snippets),
+                                                             list(snippets)), dtype=float)
+
+    def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
+        """Score pairs of many queries in batches (the reader reads each pair on its own)."""
+        if not pairs:
+            return np.zeros(0)
+        return 1.0 - np.asarray(self._reader().probabilities(
+            [p.query for p in pairs], [p.text for p in pairs]), dtype=float)
+
+
+class ReaderShareFit:
+    """A reader to be fitted, as a signal of a fused score, on a share of ``pairs``.
+
+    :meth:`fitted` cross-fits: the share's topics are cut in two halves (a draw seeded by
+    the share's size), a reader fine-tuned on each half scores the other half's pairs, so
+    the learner of the fused score is fitted on scores the reader did not train on; a third
+    reader, fine-tuned on the whole share, is the fitted signal and scores every other pair.
+    """
+
+    def __init__(self, scorer: ReaderScorer, pairs: list[Pair]) -> None:
+        self.scorer = scorer
+        self.pairs = pairs
+
+    def fitted(self, fit: np.ndarray) -> tuple[ReaderScorer, np.ndarray]:
+        """The reader fitted on the pairs ``fit`` (a boolean mask over the pairs) and the
+        score of every pair (out of fold on ``fit``).
+
+        Raises
+        ------
+        ValueError
+            ``fit`` is not one boolean per pair.
+        CalibrationError
+            The share spans fewer than two topics, or a half lacks a class.
+        """
+        fit = np.asarray(fit)
+        if fit.dtype != bool or fit.shape != (len(self.pairs),):
+            raise ValueError(f"fit is a {fit.dtype} array of shape {fit.shape}; expected one "
+                             f"bool per pair ({len(self.pairs)}).")
+        rows = np.flatnonzero(fit)
+        groups = np.array([str(self.pairs[i].group) for i in rows])
+        distinct = np.unique(groups)
+        if distinct.size < 2:
+            raise CalibrationError(f"the reader is cross-fitted on the fit share's topics; it "
+                                   f"spans {distinct.size}, needs at least 2.")
+        half = distinct[np.random.default_rng([rows.size, 13]).permutation(distinct.size)
+                        [:distinct.size // 2]]
+        first = np.isin(groups, half)
+        scores = np.zeros(len(self.pairs))
+        for train, held in ((rows[first], rows[~first]), (rows[~first], rows[first])):
+            reader = self.scorer.fitted_on([self.pairs[i] for i in train])
+            scores[held] = reader.score_pairs([self.pairs[i] for i in held])
+        final = self.scorer.fitted_on([self.pairs[i] for i in rows])
+        rest = np.flatnonzero(~fit)
+        if rest.size:
+            scores[rest] = final.score_pairs([self.pairs[i] for i in rest])
+        return final, scores

@@ -1,0 +1,112 @@
+"""The reader: a cross-encoder fine-tuned for real (on a few pairs, in seconds) from the
+bundled MiniLM, fitted on the fit topics only, carried and sealed in the artifact."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragsieve import ConformalFilter
+from ragsieve.artifact import seal_value
+from ragsieve.errors import ArtifactError, CalibrationError, ScorerError
+from ragsieve.scoring import ReaderScorer, resolve_scorer
+from ragsieve.types import Pair
+from topics import first_topics
+
+pytest.importorskip("torch")
+
+#: A small fit: every test fine-tunes on at most this many pairs (a few seconds).
+SMALL = 24
+
+
+@pytest.fixture(scope="module")
+def few_topics(xquad_en: list[Pair]) -> list[Pair]:
+    """Eight questions of each of four XQuAD-en topics, their lists whole."""
+    return first_topics(xquad_en, 4, 8)
+
+
+@pytest.fixture(scope="module")
+def calibrated(few_topics: list[Pair]) -> ConformalFilter:
+    reader = ReaderScorer(max_fit_pairs=SMALL)
+    return ConformalFilter(reader, alpha=0.2).calibrate(few_topics, seed=3, monitor=False)
+
+
+def test_the_reader_is_fitted_on_the_fit_topics_only(calibrated: ConformalFilter,
+                                                     few_topics: list[Pair]) -> None:
+    reader = calibrated.scorer
+    assert isinstance(reader, ReaderScorer) and reader.is_fitted
+    spec = reader.spec()
+    assert spec["scorer"] == "reader" and len(spec["weights"]) == 64
+    assert len(spec["base_sha256"]) == 64
+    info = calibrated.calibration_info
+    assert 0 < info["fusion_fit_pairs"] <= SMALL
+    # the threshold is calibrated on the other topics: not one pair of the fit share
+    from ragsieve.scoring.fusion import fusion_fit_mask
+
+    seen: dict[object, int] = {}
+    topics = np.array([seen.setdefault(p.group, len(seen)) for p in few_topics])
+    fit_topics = {few_topics[i].group for i in np.flatnonzero(fusion_fit_mask(topics, seed=3))}
+    assert calibrated.calibrator.n_calibration_ == sum(
+        p.relevant == 1 for p in few_topics if p.group not in fit_topics)
+
+
+def test_scores_are_one_minus_a_probability(calibrated: ConformalFilter,
+                                            few_topics: list[Pair]) -> None:
+    query = few_topics[0].query
+    texts = [p.text for p in few_topics[:6]]
+    scores = calibrated.scorer.score_batch(query, texts)
+    assert scores.shape == (6,) and np.all((scores > 0) & (scores < 1))
+    together = calibrated.scorer.score_pairs(few_topics[:6])
+    assert together == pytest.approx(scores, abs=1e-6)  # batched across queries: the same
+
+
+def test_the_artifact_carries_and_seals_the_weights(calibrated: ConformalFilter,
+                                                    few_topics: list[Pair],
+                                                    tmp_path: Path) -> None:
+    path = calibrated.save(tmp_path / "reader.json")
+    payload = json.loads(path.read_text())
+    sha = payload["scorer"]["weights"]
+    assert list(payload["weights"]) == [sha] and "weights" in payload["checksum"]["covers"]
+    assert path.stat().st_size < 16 * 2**20  # the trained layers in float16, not the model
+    back = ConformalFilter.load(path)
+    pairs = [p for p in few_topics if p.query_id == few_topics[0].query_id]
+    assert (back.filter(pairs[0].query, pairs).scores
+            == calibrated.filter(pairs[0].query, pairs).scores)
+    # edited weights, resealed by a forger: their sha256 is no longer their name
+    blob = bytearray(base64.b64decode(payload["weights"][sha]))
+    blob[-1] ^= 1
+    payload["weights"][sha] = base64.b64encode(bytes(blob)).decode()
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        ConformalFilter.from_dict(payload)
+    payload["checksum"]["value"] = seal_value(payload)
+    with pytest.raises(ArtifactError, match="do not hash to their name"):
+        ConformalFilter.from_dict(payload)
+
+
+def test_a_spec_naming_weights_not_loaded_is_refused() -> None:
+    with pytest.raises(ScorerError, match="not loaded"):
+        resolve_scorer({"scorer": "reader", "weights": "0" * 64})
+
+
+def test_fine_tuning_is_deterministic_for_a_seed(few_topics: list[Pair]) -> None:
+    sample = [p for p in few_topics if p.relevant == 1][:4] + [
+        p for p in few_topics if p.relevant == 0][:8]
+    one = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=5)
+    two = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=5)
+    other = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=6)
+    assert one.spec() == two.spec() and one.weights != other.weights
+
+
+def test_a_fit_share_of_one_class_is_refused() -> None:
+    pairs = [Pair(f"q{i}", "Who?", f"s{i}", "Some text.", 1, group=f"t{i}") for i in range(8)]
+    with pytest.raises(CalibrationError, match="needs both"):
+        ReaderScorer(max_fit_pairs=SMALL).fit_topics(pairs)
+
+
+def test_the_unfitted_reader_asks_to_be_calibrated() -> None:
+    with pytest.raises(ScorerError, match="not fine-tuned yet"):
+        ReaderScorer().score_batch("Who?", ["Someone."])
