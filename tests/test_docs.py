@@ -144,8 +144,9 @@ def _free_names(code: str) -> set[str]:
 
 
 PYTHON_PAGES = [p for p in PAGES if code_blocks(p, "python")]
-#: Pages whose examples take minutes (every bundled embedder across languages): ``slow``.
-SLOW_PAGES = {"cross-language.md"}
+#: Pages whose examples take minutes (every bundled embedder across languages; the three
+#: frameworks with their models): ``slow`` (the frameworks keep their own tests).
+SLOW_PAGES = {"cross-language.md", "integrations.md"}
 
 
 @pytest.mark.parametrize("page", [

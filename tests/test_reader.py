@@ -97,7 +97,7 @@ def test_fine_tuning_is_deterministic_for_a_seed(few_topics: list[Pair]) -> None
         p for p in few_topics if p.relevant == 0][:8]
     one = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=5)
     two = ReaderScorer(max_fit_pairs=12).fitted_on(sample, seed=5)
-    assert one.spec() == two.spec() and one.n_read == 12
+    assert one.weights == two.weights and 0 < one.n_read <= 12
 
 
 def test_a_fit_share_of_one_class_is_refused() -> None:

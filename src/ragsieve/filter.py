@@ -95,6 +95,8 @@ logger = logging.getLogger(__name__)
 
 class ConformalFilter:
     """Keep the snippets a calibrated guarantee mode keeps (see the module docstring).
+    Every parameter is checked at once (``ValueError`` out of range, ``TypeError`` of the
+    wrong type: :func:`ragsieve.keeping.check_policy`).
 
     Parameters
     ----------
@@ -114,9 +116,6 @@ class ConformalFilter:
         and kept when any piece is kept (default ``MAX_CHARS``, 600).
     unit : {"snippet", "sentence"}, default="snippet"
         What is scored and kept (the module docstring's *Units*).
-
-    Every parameter is checked at once (``ValueError`` out of range, ``TypeError`` of the
-    wrong type: :func:`ragsieve.keeping.check_policy`).
     """
 
     def __init__(self, scorer: Scorer | str = "auto", calibrator: BaseCalibrator | str | None = None,
@@ -194,9 +193,11 @@ class ConformalFilter:
         lists : {None, "auto", "retriever", "deployed", "data"} or Mapping
             Where the calibration lists come from (None: read from the pairs).
 
-        Raises ``DataError`` (an unlabelled pair, a group-mode pair without its group, a
-        relevant snippet without evidence for unit ``"sentence"``) or ``CalibrationError``
-        (no relevant pair).
+        Raises
+        ------
+        DataError, CalibrationError
+            An unlabelled pair, a group-mode pair without its group, a relevant snippet
+            without evidence (unit ``"sentence"``); no relevant pair.
         """
         self.group_by = group_by or self.group_by
         done = fit_and_calibrate(self.scorer, self.calibrator, pairs, unit=self.unit,

@@ -228,8 +228,8 @@ class ReaderScorer(Scorer):
 class ReaderShareFit:
     """A reader to be fitted, as a signal of a fused score, on a share of ``pairs``.
 
-    :meth:`fitted` cross-fits: the share's topics are cut in two halves (a draw seeded by
-    the share's size), a reader fine-tuned on each half scores the other half's pairs, so
+    :meth:`fitted` cross-fits: the share's topics (its questions, when it spans one topic)
+    are cut in two halves (a draw seeded by the share's size), a reader fine-tuned on each half scores the other half's pairs, so
     the learner of the fused score is fitted on scores the reader did not train on; a third
     reader, fine-tuned on the whole share, is the fitted signal and scores every other pair.
     """
@@ -255,10 +255,12 @@ class ReaderShareFit:
                              f"bool per pair ({len(self.pairs)}).")
         rows = np.flatnonzero(fit)
         groups = np.array([str(self.pairs[i].group) for i in rows])
+        if np.unique(groups).size < 2:  # one fit topic (few topics): halves of its questions
+            groups = np.array([str(self.pairs[i].query_id) for i in rows])
         distinct = np.unique(groups)
         if distinct.size < 2:
-            raise CalibrationError(f"the reader is cross-fitted on the fit share's topics; it "
-                                   f"spans {distinct.size}, needs at least 2.")
+            raise CalibrationError(f"the reader is cross-fitted on the fit share; it spans "
+                                   f"{distinct.size} question(s), needs at least 2.")
         half = distinct[np.random.default_rng([rows.size, 13]).permutation(distinct.size)
                         [:distinct.size // 2]]
         first = np.isin(groups, half)
