@@ -21,7 +21,8 @@ it is one of the query's relevant snippets in the data set, same ``snippet_id``)
 ``top-3``
     the own list cut to its 3 best by the embedder's cosine.
 
-Scores (``--scores``): ``embedding`` (``1 - cos``), ``relative`` (gap), the fused presets
+Scores (``--scores``; ``reader`` and ``portable-reader``, the presets with the fine-tuned
+reader, on request only): ``embedding`` (``1 - cos``), ``relative`` (gap), the fused presets
 ``fast``, ``base``, ``quality`` (list-aware) and ``portable`` (list-free), the default
 ``auto`` and ``field``: an outside score, the BM25 of the snippet against the pooled corpus
 of its half (``Pair.meta["bm25"]``, higher is better). Each is calibrated with
@@ -95,9 +96,12 @@ from ragsieve.types import RETRIEVER_KEY, Pair
 DATASETS = ("xquad-en", "selqa-dev")
 ALPHAS = (0.1, 0.2)
 SCORES = ("embedding", "relative", "fast", "base", "quality", "portable", "auto", "field")
+#: Scores measured on request only (``--scores``): the presets with the fine-tuned reader.
+READER_SCORES = ("reader", "portable-reader")
 LABELS = {"embedding": "1 - cos", "relative": "relative (gap)", "fast": "fused fast",
           "base": "fused base", "quality": "fused quality", "portable": "portable",
-          "auto": "auto", "field": "field (BM25)"}
+          "auto": "auto", "field": "field (BM25)", "reader": "fused reader",
+          "portable-reader": "portable reader"}
 #: The list-aware fused presets (the issue's bar is set for them).
 LIST_AWARE_FUSED = ("fast", "base", "quality")
 DEPLOYMENTS = ("own", "bm25-5", "bm25-10", "bm25-20", "dense-10", "own+6", "top-3")
@@ -283,13 +287,13 @@ def make_scorer(score: str, base: EmbeddingScorer, language: str, cache: str) ->
         return base
     if score == "relative":
         return RelativeScorer(base, kind="gap")
-    if score in ("fast", "base", "quality", "portable"):
+    if score in ("fast", "base", "quality", "portable", *READER_SCORES):
         return FusedScorer.unfitted(base, preset=score)
     if score == "auto":
         return AutoScorer(language=language, cache_dir=cache, batch_size=base.batch_size)
     if score == "field":
         return FieldScorer(field=FIELD, higher_is_better=True)
-    raise ValueError(f"score == {score!r}, must be one of {', '.join(SCORES)}.")
+    raise ValueError(f"score == {score!r}, must be one of {', '.join(SCORES + READER_SCORES)}.")
 
 
 def calibrate(score: str, base: EmbeddingScorer, corpus: Corpus, pairs: list[Pair],
@@ -671,7 +675,7 @@ def dataset_tables(summary: list[dict[str, Any]], info: Mapping[str, Any],
 def report(rows: list[dict[str, Any]], summary: list[dict[str, Any]],
            infos: list[dict[str, Any]], args: argparse.Namespace) -> tuple[str, list[str]]:
     """The Markdown tables of every dataset and the verdict lines."""
-    scores = [s for s in SCORES if s in args.scores]
+    scores = [s for s in SCORES + READER_SCORES if s in args.scores]
     parts, lines = [], []
     for info in infos:
         parts.extend(dataset_tables(summary, info, args, scores))
@@ -724,7 +728,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="print the tables of an earlier run's --json file (no measurement)")
     args = ap.parse_args(argv)
     args.names = parse_list(args.data, None, "--data")
-    args.scores = parse_list(args.scores, SCORES, "--scores")
+    args.scores = parse_list(args.scores, SCORES + READER_SCORES, "--scores")
     try:
         args.alphas = [float(a) for a in parse_list(args.alpha, None, "--alpha")]
     except ValueError as exc:
