@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from topics import first_topics
 
 from ragsieve import ConformalFilter
 from ragsieve.artifact import seal_value
 from ragsieve.errors import ArtifactError, CalibrationError, ScorerError
 from ragsieve.scoring import ReaderScorer, resolve_scorer
 from ragsieve.types import Pair
-from topics import first_topics
 
 pytest.importorskip("torch")
 
