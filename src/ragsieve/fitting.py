@@ -141,7 +141,7 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     source = lists_source(lists, retriever_of(snippets))
     chosen = scorer.resolved_at_calibration
     if chosen:
-        scorer, info = scorer.resolve_for(snippets, language=language,
+        scorer, info = scorer.resolve_for(snippets, language=language, seed=seed,
                                           deployed_lists=source["kind"] != "data")
     else:
         info = choose_languages(snippets, language, fallback=None).info()

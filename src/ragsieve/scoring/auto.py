@@ -66,12 +66,17 @@ class ScoreChoice:
         retriever (16 queries, 8 topics)"``.
     preset : str or None
         The fused score's preset (:mod:`ragsieve.scoring.signals`): ``"fast"`` (list-aware)
-        or ``"portable"`` (list-free); None for ``1 - cos``.
+        or ``"portable"`` (list-free), ``"reader"`` or ``"portable-reader"`` when the reader
+        check fused the reader; None for ``1 - cos``.
+    reader : str or None
+        Whether the reader was fused and why
+        (:func:`~ragsieve.scoring.reader_check.check_reader`); None: not asked.
     """
 
     alias: str
     reason: str
     preset: str | None = None
+    reader: str | None = None
 
     @property
     def label(self) -> str:
@@ -79,15 +84,16 @@ class ScoreChoice:
         ``"1 - cos (embedding)"``."""
         if self.alias != "best":
             return "1 - cos (embedding)"
-        if self.preset == "portable":
-            return "fused, portable (list-free)"
-        return "fused (best, list-aware)"
+        with_reader = " with the reader" if self.preset in ("reader", "portable-reader") else ""
+        if self.preset in ("portable", "portable-reader"):
+            return f"fused, portable{with_reader} (list-free)"
+        return f"fused (best{with_reader}, list-aware)"
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"scorer": alias, "preset": ..., "label": ..., "reason": ...}`` (the artifact's
-        ``data.score_choice``)."""
+        """``{"scorer": alias, "preset": ..., "label": ..., "reason": ...}`` and, when the
+        reader was asked about, ``"reader"`` (the artifact's ``data.score_choice``)."""
         return {"scorer": self.alias, "preset": self.preset, "label": self.label,
-                "reason": self.reason}
+                "reason": self.reason, **({"reader": self.reader} if self.reader else {})}
 
 
 #: Why the list-free score, when the lists are the data set's own.
@@ -312,6 +318,9 @@ class AutoScorer(Scorer):
         snippets are written in; None: ``language``'s, or detected with it.
     backend, cache_dir, batch_size
         As for :class:`~ragsieve.scoring.EmbeddingScorer`.
+    reader_check : {"auto", "always", "never"}
+        Whether a fused choice may take the reader
+        (:func:`~ragsieve.scoring.reader_check.check_reader`, run by :meth:`resolve_for`).
     """
 
     name: ClassVar[str] = "auto"
@@ -323,11 +332,21 @@ class AutoScorer(Scorer):
         replace(o, default=None, help="language of the texts (default: detected)")
         if o.name == "language" else o for o in EMBEDDING_OPTIONS), ScorerOption(
         "query_language", str, None, "language of the queries, when not the texts' "
-        "(default: --language's, else detected)", "--query-language"))
+        "(default: --language's, else detected)", "--query-language"), ScorerOption(
+        "reader_check", str, "auto", "scorer auto: whether it may fuse the reader fine-tuned on the fit "
+        "topics: auto (checked where English and >= 500 relevant fit pairs), always (checked "
+        "on any English data), never", "--reader-check", choices=("auto", "always", "never")))
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
                  query_language: str | None = None, backend: str = "auto",
-                 cache_dir: str | os.PathLike[str] | None = None, batch_size: int = 32) -> None:
+                 cache_dir: str | os.PathLike[str] | None = None, batch_size: int = 32,
+                 reader_check: str = "auto") -> None:
+        from .reader_check import READER_CHECKS
+
+        if reader_check not in READER_CHECKS:
+            raise ValueError(f"reader_check == {reader_check!r}, expected one of "
+                             f"{', '.join(READER_CHECKS)}.")
+        self.reader_check = reader_check
         self.options: dict[str, Any] = {"model": model, "backend": backend,
                                         "cache_dir": cache_dir, "batch_size": batch_size}
         self.language = language
@@ -341,7 +360,7 @@ class AutoScorer(Scorer):
 
     def resolve(self, pairs: Sequence[Pair], *, language: str | None = None,
                 languages: LanguageChoice | None = None, deployed_lists: bool | None = None,
-                ) -> tuple[Scorer, ScoreChoice, tuple[str, str]]:
+                seed: int | None = None) -> tuple[Scorer, ScoreChoice, tuple[str, str]]:
         """The scorer the pairs call for, the score choice, and ``(language, source)`` (of
         the snippets; :meth:`languages` gives both sides).
 
@@ -350,7 +369,9 @@ class AutoScorer(Scorer):
         ``deployed_lists`` says whether the pairs' lists are the deployed retriever's
         (:func:`choose_score`); None reads it from the pairs: lists that all carry one
         retriever identity (``ragsieve retrieve``, a component's ``calibrate``:
-        :func:`ragsieve.lists.retriever_of`) are.
+        :func:`ragsieve.lists.retriever_of`) are. ``seed`` (the calibration seed) runs the
+        reader check on the fit share it draws; None (``evaluate``'s choice over every
+        split) does not.
         """
         from ..embeddings.languages import choose_model
         from ..lists import retriever_of
@@ -368,18 +389,34 @@ class AutoScorer(Scorer):
         if options["model"] is None and found.cross:  # a model trained on both languages
             options["model"] = choose_model(str(found.code), found.query_code)
         base = resolve_scorer("embedding", language=found.code, **options)
+        if choice.alias == "best" and seed is not None:
+            choice = self._with_reader(choice, pairs, base, found, seed)
         # across languages the preset's signals are those for queries in another language
         cross = {"query_language": found.query_code} if found.cross else {}
         scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross)
                   if choice.alias == "best" else base)
         return scorer, choice, (str(found.code), found.source)
 
+    def _with_reader(self, choice: ScoreChoice, pairs: list[Pair], base: Scorer,
+                     found: LanguageChoice, seed: int) -> ScoreChoice:
+        """The fused choice with the reader where :func:`check_reader` finds it helping."""
+        from .reader_check import check_reader
+
+        check = check_reader(pairs, base, seed=seed, language=found.code,
+                             query_language=found.query_code, mode=self.reader_check)
+        preset = ("portable-reader" if choice.preset == "portable" else "reader") \
+            if check.helps else choice.preset
+        logger.info("reader: %s", check.reason)
+        return replace(choice, preset=preset, reader=check.reason)
+
     def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
-                    deployed_lists: bool = False) -> Resolution:
-        """:meth:`resolve` for ``ConformalFilter.calibrate``: the chosen score, and the
-        languages and the score choice the artifact records."""
+                    deployed_lists: bool = False, seed: int = 0) -> Resolution:
+        """:meth:`resolve` for ``ConformalFilter.calibrate``: the chosen score (with the
+        reader check on the fit share of ``seed``), and the languages and the score choice
+        the artifact records."""
         found = self.languages(pairs, language=language)
-        scorer, choice, _ = self.resolve(pairs, languages=found, deployed_lists=deployed_lists)
+        scorer, choice, _ = self.resolve(pairs, languages=found, deployed_lists=deployed_lists,
+                                         seed=seed)
         return Resolution(scorer, {**found.info(), "score_choice": choice.to_dict()})
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
@@ -390,5 +427,7 @@ class AutoScorer(Scorer):
         return {"scorer": self.name,
                 **{k: str(v) for k, v in (("model", self.options["model"]),
                                           ("language", self.language),
-                                          ("query_language", self.query_language))
+                                          ("query_language", self.query_language),
+                                          ("reader_check", None if self.reader_check == "auto"
+                                           else self.reader_check))
                    if v is not None}}

@@ -221,9 +221,10 @@ class Scorer(ABC):
         return {} if base is None else base.learned_weights()
 
     def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
-                    deployed_lists: bool = False) -> Resolution:
+                    deployed_lists: bool = False, seed: int = 0) -> Resolution:
         """The real score a stand-in (``resolved_at_calibration``: ``"auto"``) stands for,
-        chosen from the calibration pairs.
+        chosen from the calibration pairs (``seed``: the calibration's, which draws the
+        topics a choice may learn from).
 
         Raises
         ------

@@ -238,6 +238,33 @@ class ReaderShareFit:
         self.scorer = scorer
         self.pairs = pairs
 
+    def out_of_fold(self, rows: np.ndarray | None = None, *, seed: int = 0,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """``rows`` (default: every pair) and their scores, each by a reader fine-tuned on
+        the other half of their topics (of their questions, when they span one topic).
+
+        Raises
+        ------
+        CalibrationError
+            The rows span fewer than two questions, or a half lacks a class.
+        """
+        rows = np.arange(len(self.pairs)) if rows is None else np.asarray(rows, dtype=int)
+        groups = np.array([str(self.pairs[i].group) for i in rows])
+        if np.unique(groups).size < 2:  # one fit topic (few topics): halves of its questions
+            groups = np.array([str(self.pairs[i].query_id) for i in rows])
+        distinct = np.unique(groups)
+        if distinct.size < 2:
+            raise CalibrationError(f"the reader is cross-fitted on the fit share; it spans "
+                                   f"{distinct.size} question(s), needs at least 2.")
+        half = distinct[np.random.default_rng([rows.size, 13]).permutation(distinct.size)
+                        [:distinct.size // 2]]
+        first = np.isin(groups, half)
+        scores = np.zeros(rows.size)
+        for train, held in ((first, ~first), (~first, first)):
+            reader = self.scorer.fitted_on([self.pairs[i] for i in rows[train]], seed=seed)
+            scores[held] = reader.score_pairs([self.pairs[i] for i in rows[held]])
+        return rows, scores
+
     def fitted(self, fit: np.ndarray) -> tuple[ReaderScorer, np.ndarray]:
         """The reader fitted on the pairs ``fit`` (a boolean mask over the pairs) and the
         score of every pair (out of fold on ``fit``).
@@ -254,20 +281,8 @@ class ReaderShareFit:
             raise ValueError(f"fit is a {fit.dtype} array of shape {fit.shape}; expected one "
                              f"bool per pair ({len(self.pairs)}).")
         rows = np.flatnonzero(fit)
-        groups = np.array([str(self.pairs[i].group) for i in rows])
-        if np.unique(groups).size < 2:  # one fit topic (few topics): halves of its questions
-            groups = np.array([str(self.pairs[i].query_id) for i in rows])
-        distinct = np.unique(groups)
-        if distinct.size < 2:
-            raise CalibrationError(f"the reader is cross-fitted on the fit share; it spans "
-                                   f"{distinct.size} question(s), needs at least 2.")
-        half = distinct[np.random.default_rng([rows.size, 13]).permutation(distinct.size)
-                        [:distinct.size // 2]]
-        first = np.isin(groups, half)
         scores = np.zeros(len(self.pairs))
-        for train, held in ((rows[first], rows[~first]), (rows[~first], rows[first])):
-            reader = self.scorer.fitted_on([self.pairs[i] for i in train])
-            scores[held] = reader.score_pairs([self.pairs[i] for i in held])
+        scores[rows] = self.out_of_fold(rows)[1]
         final = self.scorer.fitted_on([self.pairs[i] for i in rows])
         rest = np.flatnonzero(~fit)
         if rest.size:

@@ -1,0 +1,84 @@
+"""The reader check of the default score: ``auto`` fuses the reader only where it reads the
+fit share's held-back topics better than 1 - cos (fine-tuned for real, on a few pairs)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from topics import first_topics
+
+from ragsieve import ConformalFilter
+from ragsieve.scoring import AutoScorer
+from ragsieve.scoring.reader_check import check_reader
+from ragsieve.scoring.shares import fusion_fit_mask
+from ragsieve.types import Pair
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def few_topics(xquad_en: list[Pair]) -> list[Pair]:
+    """Four questions of each of four XQuAD-en topics, their lists whole."""
+    return first_topics(xquad_en, 4, 4)
+
+
+def _fit_share(pairs: list[Pair], seed: int) -> set[object]:
+    seen: dict[object, int] = {}
+    topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs])
+    return {pairs[i].group for i in np.flatnonzero(fusion_fit_mask(topics, seed=seed))}
+
+
+def test_other_languages_are_not_tried() -> None:
+    found = check_reader([], None, language="en", query_language="de")  # type: ignore[arg-type]
+    assert not found.helps and found.reader_auc is None
+    assert "English only" in found.reason and "queries de, snippets en" in found.reason
+
+
+def test_auto_needs_enough_relevant_fit_pairs(few_topics: list[Pair], minilm_scorer) -> None:  # type: ignore[no-untyped-def]
+    found = check_reader(few_topics, minilm_scorer, seed=1)
+    fit = _fit_share(few_topics, 1)
+    n = sum(p.relevant == 1 for p in few_topics if p.group in fit)
+    assert not found.helps and found.n_pairs == 0
+    assert f"holds {n} relevant pairs" in found.reason and "--reader-check always" in found.reason
+    assert "not tried (--reader-check never)" == check_reader(
+        few_topics, minilm_scorer, mode="never").reason
+    with pytest.raises(ValueError, match="expected one of auto, always, never"):
+        check_reader(few_topics, minilm_scorer, mode="sometimes")
+
+
+def test_the_check_reads_the_fit_share_only(few_topics: list[Pair], minilm_scorer) -> None:  # type: ignore[no-untyped-def]
+    found = check_reader(few_topics, minilm_scorer, seed=1, mode="always")
+    fit = _fit_share(few_topics, 1)
+    assert found.n_pairs == sum(p.group in fit for p in few_topics)
+    assert found.reader_auc is not None and found.base_auc is not None
+    assert 0.0 <= found.reader_auc <= 1.0 and 0.0 <= found.base_auc <= 1.0
+    assert found.helps == (found.reader_auc > found.base_auc)
+    assert f"{found.reader_auc:.3f}" in found.reason
+    # the calibration topics' labels turned upside down: the check cannot see them
+    flipped = [p if p.group in fit else replace(p, relevant=1 - int(p.relevant or 0))
+               for p in few_topics]
+    assert check_reader(flipped, minilm_scorer, seed=1, mode="always") == found
+
+
+def test_auto_records_what_the_check_found(few_topics: list[Pair]) -> None:
+    never = ConformalFilter(AutoScorer(reader_check="never"), alpha=0.2).calibrate(
+        few_topics, seed=1, monitor=False)
+    choice = never.calibration_info["score_choice"]
+    assert choice["preset"] == "portable" and choice["reader"] == \
+        "not tried (--reader-check never)"
+    default = ConformalFilter("auto", alpha=0.2).calibrate(few_topics, seed=1, monitor=False)
+    assert "not tried: the fit share holds" in default.calibration_info["score_choice"]["reader"]
+    assert default.scorer.spec() == never.scorer.spec()  # both the portable fused score
+
+
+def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair]) -> None:
+    flt = ConformalFilter(AutoScorer(reader_check="always"), alpha=0.2).calibrate(
+        few_topics, seed=1, monitor=False)
+    choice = flt.calibration_info["score_choice"]
+    read_better = choice["reader"].startswith("fused:")
+    assert read_better or choice["reader"].startswith("not fused:")
+    assert choice["preset"] == ("portable-reader" if read_better else "portable")
+    assert flt.scorer.spec()["preset"] == choice["preset"]
+    assert bool(flt.scorer.learned_weights()) == read_better  # the reader's tensors, if fused
