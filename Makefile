@@ -67,7 +67,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_list_watch.py
 	$(PY) benchmarks/bench_shards.py --sizes 16,64 --cli
 
-# the docs site (MkDocs Material + mkdocstrings) into site/; the tests build it too
+# the docs site (MkDocs Material + mkdocstrings) into site/; the tests build it too.
+# Pages are files (use_directory_urls: false): open site/index.html straight from disk
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

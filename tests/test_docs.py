@@ -34,6 +34,8 @@ import pytest
 
 os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"  # before haystack is imported
 
+from browser import chrome  # noqa: F401  (the fixture)
+
 from ragsieve import Pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,23 +212,49 @@ def test_command_lines_parse(page: Path) -> None:
                         f"(exit {exc.code})")
 
 
-def test_site_builds_strictly(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The docs site as ``mkdocs build --strict`` writes it, built once for this module."""
     mkdocs = Path(sys.executable).with_name("mkdocs")
     assert mkdocs.exists(), "mkdocs is missing: pip install -e '.[docs]' (make test does)"
+    out = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run(
-        [str(mkdocs), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        [str(mkdocs), "build", "--strict", "--quiet", "--site-dir", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert (tmp_path / "site" / "reference" / "filter" / "index.html").exists()
-    page = (tmp_path / "site" / "reference" / "filter" / "index.html").read_text()
-    assert "ConformalFilter" in page and "calibrate" in page  # API pages from the docstrings
-    for html in (tmp_path / "site").rglob("*.html"):  # readable offline: no web fonts or CDNs
+    return out
+
+
+def test_site_builds_strictly(site: Path) -> None:
+    page = site / "reference" / "filter.html"  # pages are files, not folders (file:// works)
+    assert page.exists(), sorted(p.name for p in (site / "reference").iterdir())
+    text = page.read_text(encoding="utf-8")
+    assert "ConformalFilter" in text and "calibrate" in text  # API pages from the docstrings
+    for html in site.rglob("*.html"):  # readable offline: no web fonts or CDNs
         assert "fonts.googleapis" not in html.read_text(encoding="utf-8"), html
 
 
+def test_every_nav_link_opens_a_page_from_file_urls(site: Path, chrome: Any) -> None:  # noqa: F811
+    """Opened from disk (file://, no server), every link of the navigation leads to a
+    page of the site, not to a folder listing (issue 34: links pointed at folders)."""
+    from selenium.webdriver.common.by import By
+
+    chrome.get((site / "index.html").as_uri())
+    links = {a.get_attribute("href") for a in
+             chrome.find_elements(By.CSS_SELECTOR, "nav.md-nav--primary a.md-nav__link")}
+    links = {href.split("#")[0] for href in links if href and href.startswith("file://")}
+    assert len(links) >= 10, links
+    for href in sorted(links):
+        chrome.get(href)
+        assert href.endswith(".html"), f"nav link {href} is not a page file"
+        assert "Index of" not in chrome.title, f"{href} opens a folder listing"
+        headings = chrome.find_elements(By.CSS_SELECTOR, "article h1")
+        assert headings and headings[0].text.strip(), f"{href} has no page heading"
+
+
 def test_the_layer_table_of_the_architecture_page_is_the_one_the_tests_enforce() -> None:
-    from tests.test_layers import LAYERS
+    from test_layers import LAYERS  # tests/ is on sys.path (rootdir-relative imports)
 
     text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| (\d+) \| (.+) \|$", text, flags=re.MULTILINE)
