@@ -608,3 +608,17 @@ def test_rag_demo_writes_only_under_out(tmp_path: Path, embedding_cache_dir: Pat
     outside = [p for p in new if not (p.is_relative_to(out) or p.is_relative_to(tmp_path / "cache")
                                       or p in (out.parent, tmp_path / "cache"))]
     assert outside == []
+
+
+@pytest.mark.parametrize("command", ["calibrate", "evaluate", "choose-alpha"])
+def test_data_help_names_every_selqa_split(command: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``--data``'s help lists every SelQA split the loader takes, not dev only (issue 34)."""
+    from ragsieve.data.registry import available_datasets
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")  # wrapped at hyphens
+    for name in available_datasets():
+        if name.startswith("selqa-"):
+            assert name in text, (command, name)

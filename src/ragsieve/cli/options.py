@@ -89,12 +89,16 @@ def add_json_option(p: argparse.ArgumentParser) -> None:
 
 def add_data_options(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """``--data`` and ``--data-dir``."""
+    from ..data.selqa import SELQA_SPLITS
+
+    selqa = ", ".join(f"selqa-{split}" for split in SELQA_SPLITS)
     g = p.add_argument_group("data")
     g.add_argument("--data", required=required,
                    help="generic JSONL file, or a dataset name: xquad-en, xquad-de, xquad-es, "
                         "xquad-zh, xquad-el, xquad-ro (any XQuAD language), xquad-en2de, "
                         "xquad-en2es, xquad-en2zh, xquad-en2el, xquad-en2ro (English questions "
-                        "over that language's articles; xquad-Q2L for any two), selqa-dev")
+                        f"over that language's articles; xquad-Q2L for any two), {selqa} "
+                        "(SelQA's splits, read from the data directory)")
     add_data_dir_option(g, help="dataset directory (env RAGSIEVE_DATA; default "
                                 "../shared/datasets)")
 
