@@ -353,6 +353,7 @@ def test_cli_calibrate_filter_evaluate_at_the_sentence_unit(  # type: ignore[no-
     code, out, _ = _run(["-q", "calibrate", "--data", str(small_jsonl), "--unit", "sentence",
                          "--out", str(artifact), *cache], capsys)
     assert code == 0 and "not estimated for --unit sentence" in out
+    assert "(each sentence's " in out and "each snippet's" not in out  # issue 34: the unit
     payload = json.loads(artifact.read_text())
     assert payload["policy"]["unit"] == "sentence"
     assert payload["scorer"]["scorer"] == "sentence_context"

@@ -100,7 +100,8 @@ def _print_calibration(flt: Any, info: dict[str, Any], rule: Any, choice: dict[s
     if expected is not None:
         print(expected())
     if not guarantee.get("infinite"):
-        print(f"{rule} (each snippet's {rule.score} against the calibrated threshold)")
+        each = "each sentence's" if flt.unit == "sentence" else "each snippet's"
+        print(f"{rule} ({each} {rule.score} against the calibrated threshold)")
     note = (guarantee.get("details") or {}).get("note")
     if note:
         print(f"note: {note}")
