@@ -408,9 +408,11 @@ def test_field_scorer_calibrate_filter_evaluate(rerank_jsonl: Path, small_jsonl:
     assert code == 0
     lines = [json.loads(line) for line in out.splitlines()]
     pairs = {(p.query_id, p.snippet_id): p for p in read_pairs(rerank_jsonl)}
-    for line in lines:  # higher is better: the filter's score is the negated field
-        assert all(s <= tau for s in line["scores"])
-        assert [-pairs[(line["query_id"], sid)].meta["rerank"] for sid in line["kept"]] == \
+    for line in lines:  # higher is better: stored negated, printed in the field's own units
+        assert line["keep_if"] == ">=" and line["score_name"] == "rerank"
+        assert line["threshold"] is None or line["threshold"] == pytest.approx(-tau)
+        assert all(s >= -tau for s in line["scores"])
+        assert [pairs[(line["query_id"], sid)].meta["rerank"] for sid in line["kept"]] == \
             pytest.approx(line["scores"])
     kept = {(line["query_id"], sid) for line in lines for sid in line["kept"]}
     relevant = [key for key, p in pairs.items() if p.relevant]

@@ -152,8 +152,11 @@ def test_languages_are_detected_apart(en2de: list[Pair]) -> None:
     assert found.source.startswith("py3langid: queries ")
     assert found.info()["query_language"] == "en" and found.info()["language"] == "de"
     assert found.describe().startswith("queries en, snippets de (py3langid")
-    given = choose_languages(en2de, "de")  # --language: the texts' language, both sides
+    given = choose_languages(en2de, "de", query_language="de")  # both sides given
     assert (given.code, given.query_code, given.source) == ("de", "de", "given")
+    # --language alone: the queries are detected, and English ones are not taken for German
+    alone = choose_languages(en2de, "de")
+    assert (alone.code, alone.query_code, alone.cross) == ("de", "en", True)
     assert "query_language" not in given.info()
     scorer, choice, (code, _source) = AutoScorer().resolve(en2de, deployed_lists=True)
     assert code == "de" and choice.alias == "best" and choice.preset == "fast"

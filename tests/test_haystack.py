@@ -114,7 +114,9 @@ def _check_matches_filter(flt: ConformalFilter, query: str, given: list[Document
     for d, k in zip(got, res.kept, strict=True):
         src = given[k.index]
         assert abs(d.meta["ragsieve_score"] - k.score) <= TOL
-        assert abs(d.score - (1.0 - k.score)) <= TOL
+        # a higher-is-better relevance: the conformal p-value, kept exactly when > alpha
+        assert d.score == d.meta["ragsieve_p_value"] == k.p_value
+        assert d.score > flt.alpha
         assert abs(d.meta["ragsieve_threshold"] - res.threshold) <= TOL
         assert d.meta["ragsieve_score"] <= d.meta["ragsieve_threshold"]
         assert d.meta["ragsieve_mode"] == "marginal"
@@ -359,6 +361,7 @@ def test_outside_score_filter_reads_meta_and_needs_no_text(
             assert abs(d.meta["ragsieve_threshold"] + res.threshold) <= TOL
             assert d.meta["ragsieve_keep_if"] == ">="
             assert abs(d.score - rerank[k.index]) <= TOL
+            assert d.meta["ragsieve_p_value"] == k.p_value > flt.alpha
             assert d.meta["ragsieve_original_score"] == 0.5
         n_kept += len(out)
         n_dropped += len(given) - len(out)

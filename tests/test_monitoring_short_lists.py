@@ -234,3 +234,13 @@ def test_the_served_path_observes_one_snippet_requests(served_artifact: Any,
         assert r.status_code == 200, r.text
         after = httpx.get(srv.url + "/healthz").json()["monitor"]
         assert after["n_observed"] == 1, after  # the best score of a one-snippet request
+
+
+def test_separation_of_equal_scores_is_never_negative() -> None:
+    """Equal scores whose mean rounds below the first (a float sum) give 0, not -1e-17: the
+    artifact reader refuses negative reference values."""
+    from ragsieve._monitor_reference import separation
+
+    assert sum([0.7] * 3) / 3 < 0.7  # the rounding this guards against
+    assert separation([0.7] * 3) == 0.0
+    assert separation([0.123456789] * 5 + [0.9]) == 0.0

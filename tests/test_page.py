@@ -1,9 +1,10 @@
 """The service's page at ``GET /``: a real uvicorn server and the real headless Chromium.
 
 The page is loaded, a query and snippets are typed and submitted, and the kept and removed
-lists read from the DOM are checked against a direct ``POST /filter`` of the same input.
-The key guards the page (Basic challenge) and Basic credentials work on the API from the
-page's own origin only.
+lists read from the DOM are checked against a direct ``POST /filter`` of the same input;
+with an index served, a query typed in the index form is checked against a direct ``POST
+/query``, and without one the form is absent. The key guards the page (Basic challenge)
+and Basic credentials work on the API from the page's own origin only.
 """
 
 from __future__ import annotations
@@ -91,12 +92,17 @@ def _rows(driver: Any, table: str) -> list[tuple[str, float, str, str]]:
 
 
 def _submit(driver: Any, query: str, snippets: str) -> None:
+    driver.find_element(By.ID, "query").send_keys(query)
+    driver.find_element(By.ID, "snippets").send_keys(snippets)
+    _answer(driver, "submit")
+
+
+def _answer(driver: Any, button: str) -> None:
+    """Click ``button`` and wait for the answer (or an error)."""
     # None on a fresh page (no answer shown yet): compared as it is, not as "0", else the
     # wait below ends at once and the rows are read before the answer comes
     done = driver.find_element(By.ID, "result").get_attribute("data-done")
-    driver.find_element(By.ID, "query").send_keys(query)
-    driver.find_element(By.ID, "snippets").send_keys(snippets)
-    driver.find_element(By.ID, "submit").click()
+    driver.find_element(By.ID, button).click()
     WebDriverWait(driver, 120).until(
         lambda d: d.find_element(By.ID, "result").get_attribute("data-done") != done
         or d.find_element(By.ID, "error").text)
@@ -124,6 +130,9 @@ def test_page_filters_like_the_api(keyed: str, browser: Any, xquad_en: list[Pair
     expected = _filter(keyed, query, snippets)
     set_headers(browser, {"Authorization": BASIC})  # what a browser sends after the prompt
     _load(browser, keyed)
+    # no index served: no /query form (the page asked /healthz)
+    assert browser.find_element(By.TAG_NAME, "body").get_attribute("data-index") == "none"
+    assert browser.find_elements(By.ID, "query-form") == []
     status = httpx.get(keyed + "/status", headers={"X-API-Key": KEY}).json()
     assert status["statement"] and browser.find_element(By.ID, "statement").text == \
         status["statement"]
@@ -146,8 +155,16 @@ def test_page_filters_like_the_api(keyed: str, browser: Any, xquad_en: list[Pair
     assert [float(r[2]) for r in kept] == pytest.approx([s["score"] for s in expected["kept"]],
                                                         rel=1e-3)
     assert kept and removed
+    # each row's conformal p-value, as the API gave it; the rule in p-values said once
+    shown_p = [float(td.get_property("textContent")) for table in ("kept", "removed")
+               for td in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody td.p-value")]
+    assert shown_p == pytest.approx(
+        [s["p_value"] for s in expected["kept"] + expected["removed"]], abs=5e-4)
+    alpha = status["alpha"] if "alpha" in status else expected["guarantee"]["alpha"]
+    assert all(p > alpha for p in shown_p[:len(kept)])
     summary = browser.find_element(By.ID, "summary").text
     assert summary.startswith(f"Kept {len(kept)} of {len(snippets)} snippets")
+    assert summary.endswith(expected["p_value_rule"] + ".")
 
     # the markup snippet is text: no element made of it, no script run
     assert XSS in [r[3] for r in kept + removed]
@@ -163,7 +180,7 @@ def test_page_filters_like_the_api(keyed: str, browser: Any, xquad_en: list[Pair
 
     urls = network_requests(browser)
     assert urls and all(u.startswith(keyed + "/") for u in urls), urls
-    assert {keyed + "/", keyed + "/status", keyed + "/filter"} <= set(urls)
+    assert {keyed + "/", keyed + "/status", keyed + "/healthz", keyed + "/filter"} <= set(urls)
     width, height = _is_png(screenshot(browser, tmp_path / "page.png"))
     assert width > 100 and height > 100
 
@@ -265,6 +282,46 @@ def test_open_page_reads_outside_scores_in_their_units(open_field: str, browser:
     assert against.startswith("< ") and float(against[2:]) == pytest.approx(rule["threshold"],
                                                                              rel=1e-3)
     assert all(u.startswith(open_field + "/") for u in network_requests(browser))
+
+
+@pytest.fixture(scope="module")
+def indexed(served_artifact: Any, small_index: Path, embedding_cache_dir: Path) -> Iterator[str]:
+    """A server without a key that serves the small XQuAD-en index (real MiniLM artifact)."""
+    artifact = served_artifact(SplitConformalCalibrator(alpha=0.2))
+    with serving(artifact, index_path=small_index,
+                 scorer_options={"cache_dir": embedding_cache_dir}) as srv:
+        yield srv.url
+
+
+def test_page_queries_the_served_index(indexed: str, browser: Any) -> None:
+    """With an index served, the page's index form lists what POST /query answers: the kept
+    hits and the removed ones, each with its score and text, as for /filter."""
+    query, k = "Who won Super Bowl 50?", 8
+    expected = httpx.post(indexed + "/query", json={"query": query, "k": k}, timeout=120)
+    assert expected.status_code == 200, expected.text
+    hits = expected.json()["hits"]
+    _load(browser, indexed)
+    assert browser.find_element(By.ID, "query-form").is_displayed()
+    index = httpx.get(indexed + "/healthz").json()["index"]
+    assert browser.find_element(By.ID, "index-name").text.startswith(index["name"] + " (")
+    browser.find_element(By.ID, "index-query").send_keys(query)
+    browser.find_element(By.ID, "index-k").clear()
+    browser.find_element(By.ID, "index-k").send_keys(str(k))
+    _answer(browser, "index-submit")
+    kept, removed = _rows(browser, "kept"), _rows(browser, "removed")
+    assert kept and removed and len(kept) + len(removed) == k
+    for rows, want in ((kept, [h for h in hits if h["kept"]]),
+                       (removed, [h for h in hits if not h["kept"]])):
+        assert [(r[0], r[3]) for r in rows] == [(h["snippet_id"], h["text"]) for h in want]
+        assert [r[1] for r in rows] == pytest.approx([h["score"] for h in want], abs=1e-6)
+        assert [float(r[2]) for r in rows] == pytest.approx([h["score"] for h in want], rel=1e-3)
+    against = browser.find_element(By.CSS_SELECTOR, "#removed td.against").text
+    assert against.startswith("> ")
+    summary = browser.find_element(By.ID, "summary").text
+    assert summary.startswith(f"Kept {len(kept)} of {k} hits from the index {index['name']}")
+    urls = network_requests(browser)
+    assert all(u.startswith(indexed + "/") for u in urls), urls
+    assert {indexed + "/healthz", indexed + "/query"} <= set(urls)
 
 
 def test_recent_requests_keep_counts_only_and_are_bounded() -> None:

@@ -1,10 +1,14 @@
 """``ragsieve report`` and ``evaluate`` / ``answers --html``: one self-contained HTML page each,
 checked in the real headless Chromium against the Python filter result (real MiniLM, real
-XQuAD-en, a real calibrated artifact)."""
+XQuAD-en, a real calibrated artifact): the lists, the order of the queries (misses first),
+the page's height for 50 queries, and the figures' size as rendered."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,10 @@ from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.cli import main as cli_main
 from ragsieve.data import load_dataset, write_pairs
-from ragsieve.evaluation.report import build_report
+from ragsieve.evaluation.plots import LAYOUT_KEY, MIN_FONT_KEY
+from ragsieve.evaluation.report import DEFAULT_OPEN_QUERIES, build_report
+from ragsieve.evaluation.sweep import DEFAULT_TOP_K
+from ragsieve.types import FilterResult
 
 pytest.importorskip("selenium")
 pytest.importorskip("matplotlib")
@@ -60,13 +67,34 @@ def _load(driver: Any, path: Path) -> str:
     return url
 
 
+def _missed(pairs: list[Pair], results: dict[str, FilterResult]) -> list[str]:
+    """The queries the filter removed a relevant snippet of, in data order."""
+    relevant = {(p.query_id, p.snippet_id) for p in pairs if p.relevant == 1}
+    return [q for q, r in results.items() if any((q, s.snippet_id) in relevant for s in r.removed)]
+
+
+def png_text(png: bytes) -> dict[str, str]:
+    """The text chunks of a PNG (``tEXt``: keyword, NUL, latin-1 text)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    found, at = {}, 8
+    while at < len(png):
+        (length,) = struct.unpack(">I", png[at:at + 4])
+        kind, data = png[at + 4:at + 8], png[at + 8:at + 8 + length]
+        if kind == b"tEXt":
+            key, _, value = data.partition(b"\0")
+            found[key.decode("latin-1")] = value.decode("latin-1")
+        at += 12 + length
+    return found
+
+
 def _dom(driver: Any) -> list[Any]:
     """Per query in page order: (query id, its threshold and its kept and removed snippets as
-    (id, score, label)), read from the page's data attributes."""
+    (id, score, label, p-value)), read from the page's data attributes."""
     return driver.execute_script("""
         return [...document.querySelectorAll('section.query')].map(s => {
           const read = sel => [...s.querySelectorAll(sel + ' > li[data-snippet-id]')].map(
-              li => [li.dataset.snippetId, parseFloat(li.dataset.score), li.dataset.label]);
+              li => [li.dataset.snippetId, parseFloat(li.dataset.score), li.dataset.label,
+                     parseFloat(li.dataset.pValue)]);
           return [s.dataset.queryId, {threshold: parseFloat(s.dataset.threshold),
                                       kept: read('ul.kept'), removed: read('ul.removed')}];
         });""")
@@ -82,7 +110,10 @@ def test_report_page_matches_the_filter(driver: Any, inputs: dict[str, Path], re
     labels = {(p.query_id, p.snippet_id): p.relevant for p in pairs}
     shown_order = _dom(driver)
     page = dict(shown_order)
-    assert [q for q, _ in shown_order] == list(results)  # every query (fewer than --max-queries), data order
+    missed = _missed(pairs, results)
+    assert missed and len(missed) < len(results)  # the order below is not vacuous
+    # every query (fewer than --max-queries): those that lost a relevant snippet first
+    assert [q for q, _ in shown_order] == missed + [q for q in results if q not in missed]
     name = {1: "relevant", 0: "not relevant"}
     for qid, r in results.items():
         shown = page[qid]
@@ -93,6 +124,9 @@ def test_report_page_matches_the_filter(driver: Any, inputs: dict[str, Path], re
                                                                 rel=1e-9)
             assert [s[2] for s in shown[side]] == [name[labels[(qid, s.snippet_id)]]
                                                    for s in expected]
+            assert [s[3] for s in shown[side]] == pytest.approx([s.p_value for s in expected])
+        assert all(s[3] > flt.alpha for s in shown["kept"])  # marginal: kept iff p > alpha
+        assert all(s[3] <= flt.alpha for s in shown["removed"])
     assert any(page[q]["removed"] for q in page) and any(page[q]["kept"] for q in page)
     top = driver.find_element("css selector", "p.threshold")
     assert float(top.get_attribute("data-threshold")) == pytest.approx(flt.threshold, rel=1e-12)
@@ -111,6 +145,84 @@ def test_report_page_matches_the_filter(driver: Any, inputs: dict[str, Path], re
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def test_figures_are_one_per_panel_at_a_readable_size(driver: Any, report_page: Path) -> None:
+    """Each panel of the trade-off figure is its own image, shown unshrunk in the page's
+    width: its smallest text (ticks, legend, point labels) is at least 10 CSS px as rendered.
+    The trade-off panel labels every top-k baseline, and no label touches another or a
+    legend, or leaves the image."""
+    _load(driver, report_page)
+    shown = driver.execute_script("""
+        return [...document.querySelectorAll('div.figures figure.panel')].map(f => {
+          const img = f.querySelector('img.figure');
+          return [f.dataset.panel, img.getAttribute('src'), img.clientWidth, img.clientHeight,
+                  img.naturalWidth, img.naturalHeight];
+        });""")
+    assert [s[0] for s in shown] == ["coverage", "removal", "trade-off"]
+    texts = {}
+    for name, src, width, height, natural_width, natural_height in shown:
+        texts[name] = png_text(base64.b64decode(src.split(",", 1)[1]))
+        scale = width / natural_width
+        assert width >= 450 and height / natural_height == pytest.approx(scale, rel=0.01)
+        assert float(texts[name][MIN_FONT_KEY]) * scale >= 10.0, name  # CSS px
+    layout = json.loads(texts["trade-off"][LAYOUT_KEY])
+    named = {part.strip() for text, _ in layout["labels"] for part in text.split(",")}
+    assert named == {f"k={k}" for k in DEFAULT_TOP_K}
+    boxes = [box for _, box in layout["labels"]]
+    assert layout["legends"]
+    _, _, _, _, natural_width, natural_height = shown[2]
+    for i, box in enumerate(boxes):
+        assert 0 <= box[0] < box[2] <= natural_width and 0 <= box[1] < box[3] <= natural_height
+        assert not any(_overlap(box, other) for other in boxes[i + 1:] + layout["legends"])
+
+
+@pytest.fixture(scope="module")
+def fifty(inputs: dict[str, Path], xquad_en: list[Pair], embedding_cache_dir: Path
+          ) -> tuple[Path, list[Pair], dict[str, FilterResult]]:
+    """A report page of 50 XQuAD-en queries of 4 topics (the first 3 those of ``inputs``),
+    the pairs and the filter's results on them."""
+    pairs = first_topics(xquad_en, 4, 20, start=300)
+    chosen = set(list(dict.fromkeys(p.query_id for p in pairs))[:50])
+    pairs = [p for p in pairs if p.query_id in chosen]
+    flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
+    results = flt.filter_pairs(pairs)
+    out = inputs["root"] / "fifty.html"
+    out.write_text(build_report(flt, pairs, results=results, n_splits=2, n_resamples=200),
+                   encoding="utf-8")
+    return out, pairs, results
+
+
+def test_misses_come_first_and_the_page_stays_short(
+        driver: Any, fifty: tuple[Path, list[Pair], dict[str, FilterResult]]) -> None:
+    """50 queries: those that lost a relevant snippet first (the first listed is one, and
+    says so), then the others in data order; the first few open, every other one line, so
+    the page stays under 10,000 px (7,307 px; it was 54,950 px with every query open in data
+    order)."""
+    path, pairs, results = fifty
+    _load(driver, path)
+    missed = _missed(pairs, results)
+    assert len(results) == 50 and 0 < len(missed) < 50
+    sections = driver.execute_script("""
+        return [...document.querySelectorAll('section.query')].map(s => [s.dataset.queryId,
+          s.querySelector('details').open, s.getBoundingClientRect().height]);""")
+    order = [qid for qid, _, _ in sections]
+    assert order == missed + [q for q in results if q not in missed]
+    first = driver.find_element("css selector", "section.query")
+    assert "miss" in first.get_attribute("class").split()
+    relevant = {(p.query_id, p.snippet_id) for p in pairs if p.relevant == 1}
+    n = sum((order[0], s.snippet_id) in relevant for s in results[order[0]].removed)
+    assert first.find_element("css selector", "summary .missed").text == \
+        f"{n} relevant snippet{'s' if n > 1 else ''} removed"
+    assert [qid for qid, opened, _ in sections if opened] == order[:DEFAULT_OPEN_QUERIES]
+    assert max(h for _, opened, h in sections if not opened) < 80  # one line (two if long)
+    assert first.find_element("css selector", "ul.removed").is_displayed()
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    assert height < 10_000, height
+
+
 def test_snippet_html_is_shown_as_text(driver: Any, report_page: Path) -> None:
     _load(driver, report_page)
     assert driver.title.startswith("ragsieve report")  # the injected script never ran
@@ -126,7 +238,10 @@ def test_max_queries_bounds_the_list(inputs: dict[str, Path], embedding_cache_di
     pairs = load_dataset(str(inputs["data"]))
     results = flt.filter_pairs(pairs)
     text = build_report(flt, pairs, max_queries=5, results=results, n_splits=2)
-    assert text.count("<section class=\"query\"") == 5
+    listed = re.findall(r"<section class=\"query(?: miss)?\" data-query-id=\"([^\"]+)\"", text)
+    missed = _missed(pairs, results)
+    assert listed == (missed + [q for q in results if q not in missed])[:5]
+    assert text.count("<details open>") == DEFAULT_OPEN_QUERIES
     left = len(results) - 5
     assert f"data-left-out=\"{left}\"" in text and f"{left} left out" in text
 

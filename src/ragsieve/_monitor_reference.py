@@ -76,7 +76,7 @@ def separation(scores: Any, k: int = TOP_K) -> float | None:
     if arr.size < 2:
         return None
     best = np.sort(arr)[: min(arr.size, k)]
-    return float(best.mean() - best[0])
+    return max(0.0, float(best.mean() - best[0]))  # equal scores: no rounding below 0
 
 
 def best_score(scores: Any) -> float | None:

@@ -48,6 +48,7 @@ from ._monitor_reference import read_monitor_block
 from ._validation import check_int
 from ._version import __version__
 from .calibration import BaseCalibrator, SplitConformalCalibrator, calibrator_from_state
+from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, ArtifactTooLargeError
 from .lists import ListRecord
 from .units import UNITS
@@ -68,10 +69,12 @@ MAX_ARTIFACT_BYTES = 64 * 2**20
 CHECKSUM_COVERS = ("scorer", "calibration", "policy")
 #: The top-level fields of an artifact (version 1 has no monitor, lists or checksum).
 FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
-          "policy", "data", "monitor", "lists", "weights", "checksum")
+          "policy", "data", "monitor", "lists", "weights", "evidence", "checksum")
 #: Optional sealed blocks: the monitor's reference, the calibration lists' record, the
-#: learned weights a score names by sha256 (base64 of their bytes; a fine-tuned reader's).
-OPTIONAL_SEALED = ("monitor", "lists", "weights")
+#: learned weights a score names by sha256 (base64 of their bytes; a fine-tuned reader's),
+#: the relevant calibration scores the p-values are computed against (modes other than
+#: marginal, whose calibration block holds them already).
+OPTIONAL_SEALED = ("monitor", "lists", "weights", "evidence")
 
 
 # ----------------------------------------------------------------------------- the calibration
@@ -227,6 +230,10 @@ class Artifact:
     weights : dict or None
         Learned weights the scorer names by sha256, as base64 strings (a fine-tuned
         reader's); None when the score has none.
+    evidence : dict or None
+        The relevant calibration scores behind each snippet's p-value
+        (:class:`ragsieve.calibration.p_values.EvidenceScores`); None for the marginal mode
+        (its calibration state holds them) and for artifacts written before it existed.
     seal : dict or None
         The ``"checksum"`` block (``algorithm``, ``covers``, ``value``); None for version 1.
     library_version : str or None
@@ -246,6 +253,7 @@ class Artifact:
     monitor: dict[str, Any] | None = None
     lists: dict[str, Any] | None = None
     weights: dict[str, str] | None = None
+    evidence: dict[str, Any] | None = None
     seal: dict[str, Any] | None = None
     library_version: str | None = None
     created: str | None = None
@@ -326,7 +334,7 @@ class Artifact:
         return cls(format_version=version, scorer=dict(own["scorer"]),
                    calibration=dict(own["calibration"]), policy=own.get("policy"),
                    data=own.get("data"), monitor=own.get("monitor"), lists=own.get("lists"),
-                   weights=own.get("weights"),
+                   weights=own.get("weights"), evidence=own.get("evidence"),
                    seal=own.get("checksum"),
                    library_version=own.get("library_version"), created=own.get("created"))
 
@@ -335,6 +343,7 @@ class Artifact:
                policy: Mapping[str, Any], data: Mapping[str, Any],
                monitor: Mapping[str, Any] | None = None, lists: Mapping[str, Any] | None = None,
                weights: Mapping[str, bytes] | None = None,
+               evidence: Mapping[str, Any] | None = None,
                created: str | None = None) -> Artifact:
         """A new sealed version 3 artifact (what ``ConformalFilter.to_artifact`` writes).
 
@@ -349,6 +358,9 @@ class Artifact:
         weights : Mapping of str to bytes, optional
             Learned weights by sha256 (:meth:`Scorer.learned_weights
             <ragsieve.scoring.Scorer.learned_weights>`), stored as base64.
+        evidence : Mapping, optional
+            The ``"evidence"`` block (:meth:`EvidenceScores.to_dict
+            <ragsieve.calibration.p_values.EvidenceScores.to_dict>`).
         created : str, optional
             ISO-8601 date-time; default now (UTC, seconds).
 
@@ -373,6 +385,8 @@ class Artifact:
         if weights:
             payload["weights"] = {name: base64.b64encode(blob).decode("ascii")
                                   for name, blob in sorted(weights.items())}
+        if evidence is not None:
+            payload["evidence"] = dict(evidence)
         # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
         try:
             value = seal_value(payload)
@@ -389,7 +403,7 @@ class Artifact:
                            ("scorer", self.scorer), ("calibration", self.calibration),
                            ("policy", self.policy), ("data", self.data),
                            ("monitor", self.monitor), ("lists", self.lists),
-                           ("weights", self.weights),
+                           ("weights", self.weights), ("evidence", self.evidence),
                            ("checksum", self.seal)):
             if value is not None:
                 out[key] = copy.deepcopy(value)
@@ -433,6 +447,13 @@ class Artifact:
     def list_record(self) -> ListRecord | None:
         """The checked calibration lists' record, or None when the artifact has none."""
         return None if self.lists is None else ListRecord.from_dict(self.lists)
+
+    def evidence_scores(self) -> EvidenceScores | None:
+        """The relevant calibration scores behind the p-values: the ``"evidence"`` block,
+        else the marginal calibration state's scores; None when neither is stored."""
+        if self.evidence is not None:
+            return EvidenceScores.from_dict(self.evidence)
+        return EvidenceScores.of_calibrator(self.calibrator())
 
     def calibration_block(self) -> CalibrationBlock:
         """The checked calibration block (any format version: :meth:`CalibrationBlock.read`)."""
@@ -511,11 +532,12 @@ class Artifact:
 
 def spec_model(spec: Any) -> str | None:
     """The embedding model a scorer spec names, itself or through its ``base`` chain (a
-    relative or fused score); None for a score with no model (an outside field, ...)."""
+    relative or fused score) or its sentence stage (the sentence-in-context score); None
+    for a score with no model (an outside field, ...)."""
     while isinstance(spec, Mapping):
         if spec.get("model"):
             return str(spec["model"])
-        spec = spec.get("base")
+        spec = spec.get("base") or spec.get("sentence")
     return None
 
 
@@ -592,7 +614,7 @@ def check_fields(payload: Any) -> int:
     version = _check_format(payload)
     _check_unsealed(payload)
     if version == 1:
-        extra = sorted({"monitor", "lists", "weights", "checksum"} & set(payload))
+        extra = sorted({*OPTIONAL_SEALED, "checksum"} & set(payload))
         if extra:
             raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
                                 "recalibrate.")
@@ -606,6 +628,8 @@ def check_fields(payload: Any) -> int:
         ListRecord.from_dict(payload["lists"])
     if "weights" in payload:
         read_weights_block(payload["weights"])
+    if "evidence" in payload:
+        EvidenceScores.from_dict(payload["evidence"])
     return version
 
 

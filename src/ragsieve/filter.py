@@ -69,6 +69,7 @@ from .calibration import (
     SplitConformalCalibrator,  # noqa: F401 (the module docstring's example uses it)
     make_calibrator,
 )
+from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, NotFittedError
 from .fitting import fit_and_calibrate
 from .keeping import apply_rule, check_policy, promise, see_list, see_lists, wants_root
@@ -136,6 +137,9 @@ class ConformalFilter:
         self.monitor_reference: dict[str, Any] | None = None
         self.lists: ListRecord | None = None
         self.list_watch: ListWatch | None = None
+        #: The relevant calibration scores behind each snippet's p-value
+        #: (:mod:`ragsieve.calibration.p_values`); None until calibrated.
+        self.evidence: EvidenceScores | None = None
 
     @property
     def mode(self) -> str:
@@ -206,6 +210,7 @@ class ConformalFilter:
                                  lists=lists)
         self.scorer, self.calibration_info = done.scorer, done.info
         self.monitor_reference, self.lists = done.monitor, done.lists
+        self.evidence = EvidenceScores.of_calibrator(self.calibrator) or done.evidence
         self.watch_lists()
         return self
 
@@ -235,7 +240,7 @@ class ConformalFilter:
             self.calibrator, scores, pieces, query=query, unit=self.unit,
             min_keep=self.min_keep, max_chars=self.max_chars, group_by=self.group_by,
             group=group, see=lambda: see_list(self.list_watch, pieces, root) if check is None
-            else check)
+            else check, evidence=self.evidence)
 
     def filter(self, query: str, snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
         """Score one query's snippets and keep what the calibrated mode keeps.
@@ -312,6 +317,7 @@ class ConformalFilter:
         except ValueError as exc:
             raise ArtifactError(f"artifact policy: {exc}") from exc
         flt.calibration_info, flt.monitor_reference, flt.lists = parts.info, parts.monitor, parts.lists
+        flt.evidence = parts.evidence
         flt.watch_lists()
         return flt
 

@@ -31,6 +31,7 @@ import numpy as np
 from ._monitor_reference import calibration_reference
 from .calibration import BaseCalibrator
 from .calibration.inputs import CalibrationInputs
+from .calibration.p_values import EvidenceScores
 from .errors import CalibrationError, DataError
 from .lists import ListRecord, lists_source, retriever_of
 from .pieces import MAX_CHARS
@@ -42,7 +43,7 @@ from .scoring.sentence_context import SentenceContextScorer, with_parent_text
 from .types import Pair, fingerprint_pairs
 from .units import sentence_pairs
 
-__all__ = ["Calibration", "check_labels", "fit_and_calibrate", "fit_split"]
+__all__ = ["Calibration", "check_labels", "fit_and_calibrate", "fit_split", "topics_shortfall"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,12 +86,15 @@ class Calibration:
         The exchangeability monitor's reference block (None: not recorded).
     lists : ListRecord
         The calibration lists' record.
+    evidence : EvidenceScores
+        The relevant calibration scores the p-values are computed against.
     """
 
     scorer: Scorer
     info: dict[str, Any]
     monitor: dict[str, Any] | None
     lists: ListRecord
+    evidence: EvidenceScores
 
 
 def check_labels(pairs: Sequence[Pair]) -> None:
@@ -107,6 +111,42 @@ def check_labels(pairs: Sequence[Pair]) -> None:
             f"no relevant calibration snippet among {len(pairs)} pairs; "
             "need at least one pair with relevant == 1."
         )
+
+
+def topics_shortfall(calibrator: BaseCalibrator, pairs: Sequence[Pair], *,
+                     learns: bool = False) -> tuple[str, bool] | None:
+    """What a topic mode will lack, said before calibrating: the topics with evidence
+    ``pairs`` hold against :meth:`~ragsieve.calibration.BaseCalibrator.topics_needed`.
+
+    Parameters
+    ----------
+    learns : bool
+        The score is fitted on a share of the topics first (:data:`FUSION_FIT_FRACTION` of
+        them), so only the rest calibrate.
+
+    Returns
+    -------
+    (str, bool) or None
+        The message and whether the data as a whole holds too few (True) or only the
+        calibration share left by a learning score does (False); None when there are enough
+        or the mode's units are not topics.
+    """
+    needed = calibrator.topics_needed()
+    if needed is None:
+        return None
+    k, why = needed
+    have = len({p.group for p in pairs if p.relevant == 1})
+    if have < k:
+        return ((f"{why}; the data holds {have} (the pairs' group field): with so few the "
+                 "filter would keep everything. Give more topics, a larger alpha (or delta), "
+                 "or the marginal mode (its units are snippets)"), True)
+    left = have - max(1, round(have * FUSION_FIT_FRACTION))
+    if learns and left < k:
+        return ((f"{why}; the data holds {have}, but the score learns on a quarter of them "
+                 f"and calibrates on about {left}: the filter may keep everything (a score "
+                 "that does not learn, e.g. --scorer embedding, calibrates on all of them)"),
+                False)
+    return None
 
 
 def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequence[Pair], *,
@@ -138,6 +178,9 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
             "mode 'group' needs group_by: the Pair.meta field holding each snippet's group "
             "(e.g. group_by='language'; CLI --group-by FIELD)."
         )
+    short = topics_shortfall(calibrator, snippets, learns=not scorer.is_fitted)
+    if short is not None:
+        logger.warning("%s", short[0])
     source = lists_source(lists, retriever_of(snippets))
     chosen = scorer.resolved_at_calibration
     if chosen:
@@ -168,7 +211,8 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     if unit == "sentence":
         info["n_snippet_pairs"] = len(snippets)
     record = _record_lists(scorer, unit, snippets, source, seed, progress)
-    return Calibration(scorer, info, reference, record)
+    evidence = EvidenceScores.of(scores, [p.relevant == 1 for p in used], seed=seed)
+    return Calibration(scorer, info, reference, record, evidence)
 
 
 def _fit(scorer: Scorer, pairs: list[Pair], snippets: list[Pair], *, unit: str, seed: int,

@@ -22,6 +22,7 @@ import numpy as np
 
 from ._validation import check_int, check_scores, check_str
 from .calibration import BaseCalibrator
+from .calibration.p_values import EvidenceScores
 from .chunking import DEFAULT_SIZE
 from .errors import DataError
 from .lists import ListCheck, ListWatch
@@ -29,7 +30,8 @@ from .pieces import MAX_CHARS, Pieces
 from .types import FilterResult, Scored
 from .units import check_unit
 
-__all__ = ["apply_rule", "check_policy", "promise", "see_list", "see_lists", "wants_root"]
+__all__ = ["apply_rule", "check_policy", "p_value_rule", "promise", "see_list", "see_lists",
+           "wants_root"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +77,13 @@ def promise(calibrator: BaseCalibrator, *, unit: str, group_by: str | None) -> d
 
 def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query: str,
                unit: str, min_keep: int, max_chars: int, group_by: str | None, group: Any,
-               see: Callable[[], ListCheck]) -> FilterResult:
+               see: Callable[[], ListCheck],
+               evidence: EvidenceScores | None = None) -> FilterResult:
     """Apply the fitted ``calibrator``'s rule to the pieces' scores; map it back to the items.
 
     ``group``: the group of snippets that carry none of their own (``group`` mode);
-    ``see``: the list check, made once the result is known.
+    ``see``: the list check, made once the result is known; ``evidence``: the relevant
+    calibration scores each snippet's (and sentence's) p-value is computed against.
 
     Raises
     ------
@@ -113,18 +117,24 @@ def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query
         notes.append(_empty_policy(keep, item_scores, tau, "snippet", min_keep, calibrator.mode))
     if rule_kept_none:
         logger.info("query %r: %s", query[:80], notes[-1])
-    kept, removed = _scored(pieces, item_scores, keep, pieces.kept_spans(keep_piece))
+    item_p = None if evidence is None else evidence.p_values(item_scores)
+    kept, removed = _scored(pieces, item_scores, keep, pieces.kept_spans(keep_piece), item_p)
+    spanned = [sp is not None for sp in pieces.spans] if sentences else []
     scored_sentences = tuple(
         (int(o), int(sp[0]), int(sp[1]), float(a), bool(k))
         for o, sp, a, k in zip(pieces.owner, pieces.spans, arr, keep_piece, strict=True)
         if sp is not None
     ) if sentences else ()
+    sentence_p = (tuple(float(x) for x in evidence.p_values(arr[np.asarray(spanned, bool)]))
+                  if sentences and evidence is not None and arr.size else ())
     check = see()
     return FilterResult(query=query, kept=kept, scores=tuple(float(x) for x in item_scores),
                         threshold=tau, n_input=n, note="; ".join(notes) or None, n_cut=n_cut,
                         removed=removed, rule_kept_none=rule_kept_none, unit=unit,
                         sentences=scored_sentences, lists_unlike=check.unlike,
-                        lists_note=check.note)
+                        lists_note=check.note,
+                        p_values=() if item_p is None else tuple(float(x) for x in item_p),
+                        sentence_p_values=sentence_p)
 
 
 def _predict(calibrator: BaseCalibrator, arr: np.ndarray, pieces: list[dict[str, Any]],
@@ -184,21 +194,34 @@ def _empty_policy(keep: np.ndarray, scores: np.ndarray, tau: float, unit: str, m
 
 
 def _scored(pieces: Pieces, item_scores: np.ndarray, keep: np.ndarray,
-            spans: list[tuple[tuple[int, int], ...]]) -> tuple[tuple[Scored, ...], tuple[Scored, ...]]:
-    """The kept snippets (with their kept spans) and the removed ones, in input order."""
-    kept = tuple(
-        Scored(index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
-               score=float(item_scores[i]), spans=spans[i])
-        for i, it in enumerate(pieces.items)
-        if keep[i]
-    )
-    removed = tuple(
-        Scored(index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
-               score=float(item_scores[i]))
-        for i, it in enumerate(pieces.items)
-        if not keep[i]
-    )
-    return kept, removed
+            spans: list[tuple[tuple[int, int], ...]], p_values: np.ndarray | None,
+            ) -> tuple[tuple[Scored, ...], tuple[Scored, ...]]:
+    """The kept snippets (with their kept spans) and the removed ones, in input order, each
+    with its p-value when ``p_values`` are given."""
+    out: tuple[list[Scored], list[Scored]] = ([], [])
+    for i, it in enumerate(pieces.items):
+        out[0 if keep[i] else 1].append(Scored(
+            index=i, snippet_id=str(it["snippet_id"]), text=str(it.get("text") or ""),
+            score=float(item_scores[i]), spans=spans[i] if keep[i] else (),
+            p_value=None if p_values is None else float(p_values[i])))
+    return tuple(out[0]), tuple(out[1])
+
+
+def p_value_rule(calibrator: BaseCalibrator) -> str:
+    """How a p-value reads beside the mode's rule: the marginal rule in p-values
+    (``kept exactly when p > 0.1``); for the other modes, the evidence percentile.
+
+    Examples
+    --------
+    >>> from ragsieve.calibration import make_calibrator
+    >>> p_value_rule(make_calibrator("marginal", alpha=0.1))
+    'p-value: the share of calibration evidence that scored no better; kept exactly when p > 0.1'
+    """
+    share = "the share of calibration evidence that scored no better"
+    if calibrator.mode == "marginal":
+        return f"p-value: {share}; kept exactly when p > {calibrator.miscoverage():.3g}"
+    return (f"evidence percentile (p-value): {share}; the {calibrator.mode} mode keeps by its "
+            "own rule, not by p")
 
 
 # ----------------------------------------------------------------------------- the list check

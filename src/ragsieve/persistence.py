@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from .artifact import Artifact, CalibrationBlock
 from .calibration import BaseCalibrator
+from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, ScorerError, ScorerMismatchError
 from .lists import ListRecord
 from .scoring import Scorer, resolve_scorer
@@ -44,6 +45,9 @@ class FilterParts:
         The exchangeability monitor's reference.
     lists : ListRecord or None
         The calibration lists' record.
+    evidence : EvidenceScores or None
+        The relevant calibration scores behind the p-values (None: an artifact of another
+        mode than marginal written before they were stored).
     """
 
     scorer: Scorer
@@ -52,6 +56,7 @@ class FilterParts:
     info: dict[str, Any]
     monitor: dict[str, Any] | None
     lists: ListRecord | None
+    evidence: EvidenceScores | None = None
 
 
 class CalibratedFilter(Protocol):
@@ -67,6 +72,7 @@ class CalibratedFilter(Protocol):
     calibration_info: dict[str, Any]
     monitor_reference: dict[str, Any] | None
     lists: ListRecord | None
+    evidence: EvidenceScores | None
 
 
 def artifact_of(flt: CalibratedFilter) -> Artifact:
@@ -83,7 +89,15 @@ def artifact_of(flt: CalibratedFilter) -> Artifact:
         policy={"min_keep": flt.min_keep, "max_chars": flt.max_chars, "unit": flt.unit},
         data=dict(flt.calibration_info), monitor=flt.monitor_reference,
         lists=None if flt.lists is None else flt.lists.to_dict(),
-        weights=flt.scorer.learned_weights())
+        weights=flt.scorer.learned_weights(), evidence=_evidence_block(flt))
+
+
+def _evidence_block(flt: CalibratedFilter) -> dict[str, Any] | None:
+    """The ``"evidence"`` block: the filter's relevant calibration scores, unless the
+    calibrator's own state holds them (the marginal mode) or there are none."""
+    if flt.evidence is None or EvidenceScores.of_calibrator(flt.calibrator) is not None:
+        return None
+    return flt.evidence.to_dict()
 
 
 def parts_of(artifact: Artifact, *, scorer: Scorer | None = None,
@@ -109,7 +123,10 @@ def parts_of(artifact: Artifact, *, scorer: Scorer | None = None,
     register_weights(artifact.weight_blobs())  # before the scorer that names them is rebuilt
     return FilterParts(scorer=scorer_of(dict(artifact.scorer), scorer, scorer_options),
                        calibrator=calibrator, options=options, info=dict(artifact.data or {}),
-                       monitor=artifact.monitor_reference(), lists=artifact.list_record())
+                       monitor=artifact.monitor_reference(), lists=artifact.list_record(),
+                       evidence=(EvidenceScores.from_dict(artifact.evidence)
+                                 if artifact.evidence is not None
+                                 else EvidenceScores.of_calibrator(calibrator)))
 
 
 def scorer_of(spec: dict[str, Any], scorer: Scorer | None,

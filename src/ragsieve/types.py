@@ -102,6 +102,11 @@ class Scored:
         unit ``"sentence"``, one span per kept sentence, in order; for a snippet longer
         than the filter's window, cut into pieces, the spans of its kept pieces (merged
         where they overlap); empty when the snippet was kept whole.
+    p_value : float or None
+        The conformal p-value of ``score`` (:mod:`ragsieve.calibration.p_values`): the
+        share of the relevant calibration snippets that scored no better, in (0, 1], the
+        same unit for every score and mode (marginal mode: kept exactly when it exceeds
+        alpha); None for a filter whose artifact stores no calibration evidence.
     """
 
     index: int
@@ -109,6 +114,7 @@ class Scored:
     text: str
     score: float
     spans: tuple[tuple[int, int], ...] = ()
+    p_value: float | None = None
 
     @property
     def pruned_text(self) -> str:
@@ -170,6 +176,11 @@ class FilterResult:
         hold. Always False for a list-free score.
     lists_note : str or None
         What differs, in the user's terms (None when ``lists_unlike`` is False).
+    p_values : tuple of float
+        The conformal p-value of each input snippet's score, in input order (``Scored.p_value``;
+        empty when the filter stores no calibration evidence).
+    sentence_p_values : tuple of float
+        Unit ``"sentence"``: the p-value of each record of ``sentences``, aligned with it.
     """
 
     query: str
@@ -185,6 +196,8 @@ class FilterResult:
     sentences: tuple[tuple[int, int, int, float, bool], ...] = ()
     lists_unlike: bool = False
     lists_note: str | None = None
+    p_values: tuple[float, ...] = ()
+    sentence_p_values: tuple[float, ...] = ()
 
     @property
     def kept_ids(self) -> list[str]:

@@ -238,6 +238,12 @@ class BaseCalibrator(ABC):
         alpha = getattr(self, "alpha", None)
         return None if alpha is None else float(alpha)
 
+    def topics_needed(self) -> tuple[int, str] | None:
+        """The fewest calibration topics (with evidence) this mode needs for a finite
+        threshold at its parameters, and why; None for a mode whose units are not topics.
+        Known before fitting, so a caller can say it before calibrating."""
+        return None
+
     def threshold_for(self, group: Any) -> float:
         """The threshold a snippet of ``group`` is held to (one global threshold here;
         the ``group`` mode has one per group)."""

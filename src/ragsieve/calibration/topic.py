@@ -43,6 +43,21 @@ class TopicCalibrator(ThresholdCalibrator):
     fit_requires: ClassVar[frozenset[str]] = frozenset({"groups"})
     group_kind: ClassVar[str | None] = "topic"
 
+    def topics_needed(self) -> tuple[int, str]:
+        """``ceil((1 - alpha) / alpha)`` topics: fewer cannot reach the ``(1 - alpha)(K + 1) / K``
+        level of the pooled per-topic coverage.
+
+        Examples
+        --------
+        >>> TopicCalibrator(alpha=0.1).topics_needed()[0]
+        9
+        """
+        alpha = check_alpha(self.alpha)
+        k = math.ceil((1 - alpha) / alpha - 1e-9)
+        return k, (f"mode topic at alpha {alpha:g} needs at least {k} calibration topics with "
+                   f"evidence: with K topics the threshold is the (1 - alpha)(K + 1)/K level "
+                   "of their pooled coverage, which is above 1 for fewer")
+
     def fit(self, scores: Any, relevant: Any = None, *, query_ids: Any = None,
             groups: Any = None, lengths: Any = None) -> TopicCalibrator:
         alpha = check_alpha(self.alpha)

@@ -112,6 +112,25 @@ class TopicPACCalibrator(ThresholdCalibrator):
             raise ValueError(f"weighting == {self.weighting!r}, must be one of {WEIGHTINGS}.")
         return alpha, delta
 
+    def topics_needed(self) -> tuple[int, str]:
+        """The fewest topics with which a calibration without a single miss certifies
+        ``alpha`` at confidence ``1 - delta`` (:func:`topics_required`; the bound ``auto``
+        takes with that few topics); with K topics and no miss the smallest miss rate the
+        Hoeffding-Bentkus bound certifies is ``1 - delta ** (1 / K)``.
+
+        Examples
+        --------
+        >>> TopicPACCalibrator(alpha=0.1, delta=0.1).topics_needed()[0]
+        22
+        """
+        alpha, delta = self._check_params()
+        bound = "hb" if self.bound == "auto" else str(self.bound)
+        k = topics_required(alpha, delta, bound=bound)
+        return k, (f"mode topic-pac at alpha {alpha:g}, delta {delta:g} needs at least {k} "
+                   f"calibration topics with evidence: with K topics and no miss at all, the "
+                   f"smallest miss rate it can certify is 1 - delta^(1/K) "
+                   f"({1 - delta ** (1 / k):.3f} at K = {k})")
+
     def _bound_for(self, k: int, alpha: float, delta: float) -> str:
         """The bound used with k topics (``auto``: a function of k alone)."""
         if self.bound != "auto":

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -570,6 +571,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_progress() -> None:
+    """``-q``: no progress bar from the libraries either (Hugging Face Hub downloads,
+    transformers' weight loading), whether they are imported yet or not."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"  # read when they are first imported
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].utils.disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragsieve`` command.
 
@@ -593,6 +604,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if getattr(args, "quiet", False):
+        _quiet_progress()
     try:
         check_paths(args)
         return int(args.func(args) or 0)

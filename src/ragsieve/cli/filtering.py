@@ -50,6 +50,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     pairs = DataSource(args.data, args.data_dir).load(require_labels=True,
                                                       score_field=score_field_of(request))
     chosen = scorer_choice(request, pairs, resolve_auto=False)
+    _check_topics(calibrator, pairs, chosen.scorer, quiet=args.quiet)
     unit = pruning_unit(args.unit)
     flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep,
                           unit=unit or "snippet")
@@ -75,6 +76,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_topics(calibrator: Any, pairs: Any, scorer: Any, *, quiet: bool) -> None:
+    """A topic mode's need said before calibrating: ``ValueError`` (exit 2) when the data
+    holds too few topics with evidence; a ``topics:`` line when a learning score leaves too
+    few to calibrate on."""
+    from ..fitting import topics_shortfall
+
+    short = topics_shortfall(calibrator, pairs, learns=not scorer.is_fitted)
+    if short is None:
+        return
+    message, refused = short
+    if refused:
+        raise ValueError(message + ".")
+    if not quiet:
+        print(f"topics: {message}")
+
+
 def _print_calibration(flt: Any, info: dict[str, Any], rule: Any, choice: dict[str, Any], *,
                        out: str, expected: Callable[[], Any] | None) -> None:
     """``calibrate``'s text: the choice, the lists, the guarantee and threshold, what is
@@ -83,7 +100,7 @@ def _print_calibration(flt: Any, info: dict[str, Any], rule: Any, choice: dict[s
         print(choice_line)
     print(_lists_line(flt))
     guarantee = flt.guarantee()
-    tau = _tau(flt.threshold)
+    tau = _tau(rule.threshold)  # in the score's own direction (bm25, not -bm25)
     if guarantee.get("infinite"):
         tau += " (too few calibration points: keeps everything)"
     data = info.get("data") or {}
@@ -179,31 +196,41 @@ def cmd_filter(args: argparse.Namespace) -> int:
     pairs = data.load(score_field=artifact.score_field)
     warn_traffic_language(artifact, pairs)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
-    _print_filtered(results, flt, as_json=args.json, show_removed=args.show_removed)
+    _print_filtered(results, flt, as_json=args.json, show_removed=args.show_removed,
+                    pairs=pairs)
     return 0
 
 
 def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
-                    show_removed: bool) -> None:
+                    show_removed: bool, pairs: Any = None) -> None:
     """``filter``'s results on stdout: a JSON object per query, or the kept (and with
-    ``show_removed`` the removed) snippets of each and a summary."""
+    ``show_removed`` the removed) snippets of each, with their scores in the score's own
+    units and their p-values, and a summary (with coverage when ``pairs`` are labelled)."""
     from ..engines import filter_record
+    from ..keeping import p_value_rule
 
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
     shown: list[Any] = []  # results printed so far: the lists note is printed once
+
+    def own(score: float) -> str:  # the score in its own units and direction
+        return f"{flt.scorer.keep_rule(score).threshold:.4f}"
+
     for qid, r in results.items():
         if as_json:
-            print(dumps(filter_record(qid, r)))
+            print(dumps(filter_record(qid, r, flt.scorer)))
             continue
         print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
         for s in r.kept:
             spans = ", ".join(f"{a}-{b}" for a, b in _spans(s))
             what = "kept sentences" if r.unit == "sentence" else "cut; kept characters"
-            print(f"    {s.score:.4f}  {s.snippet_id}" + (f"  ({what} {spans})" if spans else ""))
+            print(f"    {own(s.score)}{_p_text(s)}  {s.snippet_id}"
+                  + (f"  ({what} {spans})" if spans else ""))
         if show_removed:
+            rule = flt.scorer.keep_rule(r.threshold)
             for s in r.removed:
-                print(f"    removed {s.score:.4f} > {r.threshold:.4f}  {s.snippet_id}")
+                print(f"    removed {own(s.score)}{_p_text(s)} (rule {rule.keep_if} "
+                      f"{rule.threshold:.4f})  {s.snippet_id}")
         if r.note:
             print(f"    note: {r.note}")
         if r.lists_note and r.lists_unlike and not any(x.lists_unlike for x in shown):
@@ -215,13 +242,43 @@ def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
             print(f"lists: {unlike} of {len(results)} lists unlike the filter's calibration "
                   "lists (see the warning above and docs/deploy.md)")
         print(_filter_summary(len(results), total_kept, total_in, flt))
+        measured = _labelled_line(results, pairs, flt.unit)
+        if measured:
+            print(measured)
+        if flt.evidence is not None:
+            print(p_value_rule(flt.calibrator))
         print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
+
+
+def _p_text(scored: Any) -> str:
+    """``  p=0.412`` (nothing when the artifact stores no calibration evidence)."""
+    return "" if scored.p_value is None else f"  p={scored.p_value:.3f}"
+
+
+def _labelled_line(results: dict[str, Any], pairs: Any, unit: str) -> str | None:
+    """On labelled data: the share of relevant snippets kept and of snippets removed, with
+    the counts behind them; None when any pair is unlabelled or none is relevant."""
+    if not pairs or any(p.relevant is None for p in pairs):
+        return None
+    relevant = {(p.query_id, p.snippet_id) for p in pairs if p.relevant == 1}
+    if not relevant:
+        return None
+    kept = {(qid, sid) for qid, r in results.items() for sid in r.kept_ids}
+    hits = len(relevant & kept)
+    n_in = sum(r.n_input for r in results.values())
+    n_kept = sum(len(r.kept) for r in results.values())
+    what = "relevant snippets (a snippet counts when any of its sentences is kept)" \
+        if unit == "sentence" else "relevant snippets"
+    return (f"on the labels in the data: coverage {hits / len(relevant):.3f} (kept {hits} of "
+            f"{len(relevant)} {what}), removal {1 - n_kept / n_in:.3f} "
+            f"({n_in - n_kept} of {n_in} snippets removed)")
 
 
 def _filter_summary(n_queries: int, kept: float, total: float, flt: Any) -> str:
     rm = 1 - kept / total if total else 0.0
     return (f"{n_queries} queries, kept {int(kept)}/{int(total)} snippets (removed {rm:.1%}), "
-            f"tau={_tau(flt.threshold)}, alpha={flt.alpha:g}")
+            f"{flt.scorer.keep_rule(flt.threshold)}"
+            + ("" if flt.alpha is None else f", alpha={flt.alpha:g}"))
 
 
 def _run_filter_job(artifact: Artifact, options: dict[str, Any], data: DataSource,

@@ -98,12 +98,16 @@ class ScorerRequest:
 # ------------------------------------------------------------------ languages
 def languages_choice(request: ScorerRequest, pairs: Any = None) -> Any:
     """The languages of the data, the snippets' and the queries', and where they come from
-    (a :class:`ragsieve.scoring.auto.LanguageChoice`): ``--language`` (both sides) and
-    ``--query-language`` (``"given"``), an xquad dataset's (``"dataset xquad-en2de"``), the
-    languages detected in ``pairs`` (:func:`ragsieve.scoring.auto.choose_languages`), or
-    ``en`` (source ``"default"``: the snippets' language is not known).
+    (a :class:`ragsieve.scoring.auto.LanguageChoice`): ``--language`` and
+    ``--query-language`` (``"given"``); ``--language`` alone (both sides, unless the queries
+    of ``pairs`` are confidently detected in another language: then queries in it over
+    snippets in ``--language``, with a warning; :func:`ragsieve.scoring.auto.choose_languages`,
+    the rule ``ConformalFilter.calibrate`` follows too); an xquad dataset's (``"dataset
+    xquad-en2de"``), the languages detected in ``pairs``, or ``en`` (source ``"default"``:
+    the snippets' language is not known).
 
-    ``--query-language`` is taken as given in every case."""
+    ``--query-language`` is taken as given in every case (equal to ``--language``, it keeps
+    the queries in that language whatever is detected)."""
     from ..data.registry import xquad_languages
     from ..embeddings.languages import normalise_language
     from ..scoring.auto import LanguageChoice, choose_languages
@@ -111,7 +115,7 @@ def languages_choice(request: ScorerRequest, pairs: Any = None) -> Any:
     given, query = request.language, request.query_language
     query = None if query is None else normalise_language(str(query))
     if given:
-        return choose_languages([], str(given), query_language=query)
+        return choose_languages(list(pairs or []), str(given), query_language=query)
     name = str(request.data or "")
     key = name.strip().lower()
     fixed = xquad_languages(key.removeprefix("xquad-")) if key.startswith("xquad-") else None
@@ -245,8 +249,11 @@ class ScorerChoice:
         if self.language is None:
             return
         info["language_source"] = self.language_source
-        if self.query_language and self.query_language != info.get("language"):
-            info["query_language"] = self.query_language
+        query = self.query_language or self.language  # decided here: it wins over calibrate's
+        if query != info.get("language"):
+            info["query_language"] = query
+        else:
+            info.pop("query_language", None)
 
     def to_dict(self, info: dict[str, Any] | None = None,
                 spec: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -269,7 +276,25 @@ class ScorerChoice:
                         "query_code": info.get("query_language") or info.get("language")}
         from ..artifact import spec_model
 
+        if spec.get("scorer") == "sentence_context" and not str(
+                score.get("label", "")).startswith("sentence in context"):
+            # the sentence unit: the chosen score reads each sentence within its snippet
+            score = {**score, "label": "sentence in context, each stage "
+                     f"{score.get('label', score.get('scorer'))}"}
         return {"score": score, "model": spec_model(spec), "language": language}
+
+
+def _auto_scorer(request: ScorerRequest, language: str | None, query: str | None) -> Any:
+    """The ``auto`` score of the flags. When the command line settled both languages it is
+    told both, the queries' even when it is the snippets' (``--query-language`` equal to
+    ``--language``, or nothing detected against ``--language``), so calibrating it does not
+    detect the queries' language again."""
+    from ..scoring import AutoScorer
+
+    kwargs = scorer_kwargs(request, "auto", language, query_language=query)
+    if language is not None and query is not None:
+        kwargs["query_language"] = query
+    return AutoScorer(**kwargs)
 
 
 def scorer_choice(request: ScorerRequest, pairs: Any = None, *,
@@ -281,25 +306,24 @@ def scorer_choice(request: ScorerRequest, pairs: Any = None, *,
     detects the languages, and falls back to ``1 - cos`` when the fused score cannot be
     fitted); the language is then None unless ``--language`` or the dataset gives it.
     """
-    from ..scoring import AutoScorer
-
     alias = str(request.scorer)
     if (alias == "auto" and not resolve_auto) or not _takes_language(alias):
-        # calibrate detects and records the languages; field and llm choose no model by them
-        found = languages_choice(request)
+        # calibrate detects and records the languages; field and llm choose no model by them.
+        # --language alone: the queries are checked here, so the line and record say so
+        found = languages_choice(request, pairs if request.language else None)
         language = None if found.source == "default" else found.code
         query = found.query_code if language is not None or request.query_language else None
         if alias != "auto":
             scorer = make_scorer(request, language=language or "en", query_language=query)
         else:
-            scorer = AutoScorer(**scorer_kwargs(request, "auto", language, query_language=query))
+            scorer = _auto_scorer(request, language, query)
         return ScorerChoice(scorer, language, found.source, query_language=query, alias=alias)
     found = languages_choice(request, pairs)
     language, query = found.code, found.query_code
     if alias != "auto":
         return ScorerChoice(make_scorer(request, language=language, query_language=query),
                             language, found.source, query_language=query, alias=alias)
-    auto = AutoScorer(**scorer_kwargs(request, "auto", language, query_language=query))
+    auto = _auto_scorer(request, language, query)
     if not pairs:
         return ScorerChoice(auto, language, found.source, query_language=query, alias=alias)
     scorer, score, _ = auto.resolve(pairs)

@@ -196,17 +196,26 @@ def detect_languages(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS,
 
 
 def traffic_language_note(expected: str, texts: Sequence[str], *, model: str | None = None,
-                          max_texts: int = 50) -> str | None:
+                          max_texts: int = 50, snippets: str | None = None) -> str | None:
     """A one-line note when ``texts`` (traffic: the queries sent to a filter) are in another
-    language than ``expected`` (the language the filter was calibrated on), else None.
+    language than ``expected`` (the language of the queries the filter was calibrated on),
+    else None.
 
     At most ``max_texts`` texts are classified; an undetected language or a missing
-    py3langid gives None (nothing is known to differ).
+    py3langid gives None (nothing is known to differ). ``snippets``, the language of the
+    filter's snippets when known, is named beside the queries' when it differs from
+    ``expected`` (a cross-language filter), and the note then also points at the
+    cross-language calibration (``--query-language``) for the detected queries' language.
 
     Examples
     --------
     >>> traffic_language_note("en", ["Где находится Москва?", "Кто написал эту книгу?"])
     'the queries are in ru (py3langid, 1.00 of 2 texts) but the filter was calibrated on en: its threshold holds for en data; calibrate a filter on ru data'
+    >>> print(traffic_language_note("de", ["Where is Moscow?", "Who wrote this book?"],
+    ...                             snippets="de"))  # doctest: +NORMALIZE_WHITESPACE
+    the queries are in en (py3langid, 1.00 of 2 texts) but the filter was calibrated on de:
+    its threshold holds for de data; calibrate a filter on en data, or on queries in en over
+    de snippets (--query-language en) if the snippets stay in de
     """
     try:
         guess = detect_language(texts, max_texts=max_texts)
@@ -215,11 +224,20 @@ def traffic_language_note(expected: str, texts: Sequence[str], *, model: str | N
                        "(%s): %s is not installed (pip install 'ragsieve[embed]')", expected,
                        DETECTOR)
         return None
-    if guess.code is None or guess.code == normalise_language(expected):
+    expected = normalise_language(expected)
+    if guess.code is None or guess.code == expected:
         return None
-    on = f"{expected} ({model})" if model else expected
+    snippets = None if snippets is None else normalise_language(snippets)
+    cross = snippets is not None and snippets != expected
+    what = f"queries {expected} over snippets {snippets}" if cross else expected
+    on = f"{what} ({model})" if model else what
+    holds = f"queries in {expected}" if cross else f"{expected} data"
+    fix = f"calibrate a filter on {guess.code} data"
+    if snippets is not None and snippets != guess.code:
+        fix += (f", or on queries in {guess.code} over {snippets} snippets (--query-language "
+                f"{guess.code}) if the snippets stay in {snippets}")
     return (f"the queries are in {guess.describe()} but the filter was calibrated on {on}: "
-            f"its threshold holds for {expected} data; calibrate a filter on {guess.code} data")
+            f"its threshold holds for {holds}; {fix}")
 
 
 class LanguageWatch:
@@ -232,16 +250,20 @@ class LanguageWatch:
     Parameters
     ----------
     expected : str or None
-        The language the filter was calibrated on; None watches nothing.
+        The language of the queries the filter was calibrated on; None watches nothing.
     model : str, optional
         The filter's embedding model, named in the warning.
     n : int
         Queries the detection reads.
+    snippets : str, optional
+        The language of the filter's snippets (see :func:`traffic_language_note`).
     """
 
-    def __init__(self, expected: str | None, *, model: str | None = None, n: int = 20) -> None:
+    def __init__(self, expected: str | None, *, model: str | None = None, n: int = 20,
+                 snippets: str | None = None) -> None:
         self.expected = expected
         self.model = model
+        self.snippets = snippets
         self.n = n
         self.note: str | None = None
         self._texts: list[str] = []
@@ -266,7 +288,8 @@ class LanguageWatch:
 
     def _check(self, texts: list[str]) -> None:
         try:
-            self.note = traffic_language_note(str(self.expected), texts, model=self.model)
+            self.note = traffic_language_note(str(self.expected), texts, model=self.model,
+                                              snippets=self.snippets)
         except Exception:  # pragma: no cover - a note must never break serving
             logger.exception("detecting the language of the traffic failed")
             return

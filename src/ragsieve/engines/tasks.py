@@ -102,30 +102,44 @@ class ScoreTask:
         return state
 
 
-def filter_record(query_id: str, result: FilterResult) -> dict[str, Any]:
+def filter_record(query_id: str, result: FilterResult, scorer: Any = None) -> dict[str, Any]:
     """One query's filter result as a JSON object (``ragsieve filter --json`` lines).
 
-    Per kept snippet (aligned with ``kept``): its score and ``spans``, the kept character
-    spans (unit ``"sentence"``: one per kept sentence; else the kept pieces of a snippet
-    that was cut, empty when kept whole); with unit ``"sentence"`` also ``pruned_text``,
-    its kept sentences joined with a space. ``lists_unlike`` and ``lists_note`` say when the
-    query's list is unlike the filter's calibration lists (:mod:`ragsieve.lists`).
+    Per kept snippet (aligned with ``kept``): its score, its conformal ``p_values`` (the
+    share of the relevant calibration snippets that scored no better: in the marginal mode
+    a snippet is kept exactly when it exceeds alpha; null when the artifact stores no
+    calibration evidence) and ``spans``, the kept character spans (unit ``"sentence"``: one
+    per kept sentence; else the kept pieces of a snippet that was cut, empty when kept
+    whole); with unit ``"sentence"`` also ``pruned_text``, its kept sentences joined with a
+    space. Each removed snippet carries its score, p-value and the threshold it missed.
+    ``lists_unlike`` and ``lists_note`` say when the query's list is unlike the filter's
+    calibration lists (:mod:`ragsieve.lists`).
+
+    ``scorer``: the filter's score; given, scores and threshold are in its own units and
+    direction (``bm25``, not ``-bm25``) and ``score_name`` / ``keep_if`` name the rule.
     """
-    record = {
+    def own(x: float) -> float | None:  # in the score's units; None for inf (keeps all)
+        value = x if scorer is None else scorer.keep_rule(x).threshold
+        return float(value) if math.isfinite(value) else None
+
+    threshold = own(result.threshold)
+    record: dict[str, Any] = {
         "query_id": query_id, "query": result.query, "unit": result.unit,
-        "kept": list(result.kept_ids), "scores": [s.score for s in result.kept],
+        "kept": list(result.kept_ids), "scores": [own(s.score) for s in result.kept],
+        "p_values": [s.p_value for s in result.kept],
         "spans": [[list(span) for span in (getattr(s, "spans", ()) or ())] for s in result.kept],
         "n_input": result.n_input, "n_cut": getattr(result, "n_cut", 0),
-        "removal": result.removal,
-        "threshold": result.threshold if math.isfinite(result.threshold) else None,
+        "removal": result.removal, "threshold": threshold,
         "note": result.note,
-        "removed": [{"snippet_id": s.snippet_id,
-                     "score": s.score if math.isfinite(s.score) else None,
-                     "threshold": result.threshold if math.isfinite(result.threshold) else None}
+        "removed": [{"snippet_id": s.snippet_id, "score": own(s.score), "p_value": s.p_value,
+                     "threshold": threshold}
                     for s in result.removed],
         # the list unlike the filter's calibration lists (a list-aware score: see ragsieve.lists)
         "lists_unlike": result.lists_unlike, "lists_note": result.lists_note,
     }
+    if scorer is not None:
+        rule = scorer.keep_rule(result.threshold)
+        record["score_name"], record["keep_if"] = rule.score, rule.keep_if
     if result.unit == "sentence":
         record["pruned_text"] = [s.pruned_text for s in result.kept]
     return record
@@ -181,7 +195,8 @@ class FilterTask:
 
     def process(self, pairs: list[Pair]) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results = self.filter.filter_pairs(pairs)
-        records = [filter_record(qid, r) for qid, r in results.items()]
+        scorer = self.filter.scorer
+        records = [filter_record(qid, r, scorer) for qid, r in results.items()]
         kept = sum(len(r.kept) for r in results.values())
         return records, {"queries": len(results), "snippets": sum(r.n_input for r in
                                                                   results.values()), "kept": kept}
@@ -193,10 +208,12 @@ class FilterTask:
         schema = pa.schema([
             ("query_id", pa.string()), ("query", pa.string()), ("unit", pa.string()),
             ("kept", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
+            ("p_values", pa.list_(pa.float64())),
             ("spans", pa.string()), ("pruned_text", pa.list_(pa.string())),
             ("n_input", pa.int64()), ("n_cut", pa.int64()), ("removal", pa.float64()),
             ("threshold", pa.float64()), ("note", pa.string()), ("removed", pa.string()),
             ("lists_unlike", pa.bool_()), ("lists_note", pa.string()),
+            ("score_name", pa.string()), ("keep_if", pa.string()),
         ])
         rows = [{**r, "spans": json.dumps(r["spans"]), "removed": json.dumps(r["removed"])}
                 for r in records]

@@ -4,7 +4,8 @@ Every page ragsieve writes (``report``, ``evaluate --html``, ``answers --html``)
 from these pieces. A page is one file: figures are inline base64 PNGs, the style sheet is
 inline, and a Content-Security-Policy forbids every fetch and every script, so an
 untrusted snippet can never run code or reach the network even if it were not escaped
-(it always is: :func:`esc`).
+(it always is: :func:`esc`). A figure of several panels is shown one image per panel, each
+at its own size (:func:`panel_figures`), so its text is never shrunk to fit the page.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ import html
 import math
 import os
 import re
-import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._io import atomic_write_text
 
-__all__ = ["esc", "figure", "fmt", "page", "png_figure", "table", "write_page"]
+if TYPE_CHECKING:
+    from .plots import Panel
+
+__all__ = ["esc", "fmt", "page", "panel_figures", "table", "write_page"]
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
 """The page's Content-Security-Policy: inline style and ``data:`` images only."""
@@ -38,15 +41,25 @@ table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 th,td{border:1px solid #d0d7de;padding:.25em .55em;text-align:left;vertical-align:top}
 th{background:#f6f8fa}td.num{text-align:right;font-variant-numeric:tabular-nums}
 img.figure{max-width:100%;height:auto;border:1px solid #d0d7de}
-section.query{border:1px solid #d0d7de;border-radius:6px;padding:.6em .9em;margin:.8em 0}
+div.figures{display:flex;flex-wrap:wrap;gap:.8em 1em;align-items:flex-start;margin:.6em 0}
+div.figures figure{margin:0;max-width:100%}
+section.query{border:1px solid #d0d7de;border-radius:6px;padding:.4em .9em;margin:.5em 0}
+section.query.miss{border-color:#cf222e;border-left-width:4px}
+section.query summary{cursor:pointer;padding:.15em 0}
+section.query summary h3{display:inline;margin-right:.5em}
+section.query summary .muted{font-size:.9em}
+.missed{font-size:.8em;font-weight:600;padding:0 .4em;border-radius:3px;background:#cf222e;
+color:#fff;margin-right:.5em}
 ul.kept,ul.removed{list-style:none;padding:0;margin:.3em 0}
 ul.kept li,ul.removed li{padding:.3em .5em;margin:.2em 0;border-radius:4px;overflow-wrap:anywhere}
 ul.kept li{background:#dafbe1}ul.removed li{background:#ffebe9;color:#3b3b3b}
+ul.removed li[data-label=relevant]{box-shadow:inset 4px 0 #cf222e}
 ul.kept li.sentences,ul.removed li.sentences{background:#f6f8fa;color:inherit}
 .sentence{display:block;padding:.15em .5em;margin:.2em 0;border-radius:3px;border-left:4px solid}
 .sentence.kept{background:#dafbe1;border-color:#1a7f37}
 .sentence.removed{background:#ffebe9;border-color:#cf222e;color:#3b3b3b}
 .score{font-variant-numeric:tabular-nums;font-weight:600;margin-right:.5em}
+.p-value{font-variant-numeric:tabular-nums;color:#555;margin-right:.5em}
 .label{font-size:.8em;padding:0 .35em;border-radius:3px;background:#eaeef2;margin-right:.4em}
 .muted{color:#57606a}.note{color:#9a6700}pre{background:#f6f8fa;padding:.6em;overflow:auto;
 font-size:.85em}
@@ -103,20 +116,19 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]], *, cls: str = ""
     return f"<table{klass}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def png_figure(draw: Callable[[Path], Any]) -> bytes:
-    """The PNG bytes of a figure that ``draw(path)`` writes to a ``.png`` file."""
-    with tempfile.TemporaryDirectory(prefix="ragsieve-figure-") as tmp:
-        target = Path(tmp) / "figure.png"
-        written = draw(target)
-        return Path(written or target).read_bytes()
-
-
-def figure(png: bytes, alt: str, caption: str = "") -> str:
-    """An inline ``<figure>`` of PNG bytes (a ``data:`` URL: nothing is fetched)."""
-    data = base64.b64encode(png).decode("ascii")
-    cap = f"<figcaption class=\"muted\">{esc(caption)}</figcaption>" if caption else ""
-    return (f"<figure><img class=\"figure\" alt=\"{esc(alt)}\" "
-            f"src=\"data:image/png;base64,{data}\">{cap}</figure>")
+def panel_figures(panels: Sequence[Panel], caption: str = "") -> str:
+    """The panels of a figure side by side as they fit, one ``<figure class="panel"
+    data-panel=...>`` each, shown at its own size (:attr:`Panel.css_size`, never wider
+    than the page), and the caption under all of them."""
+    items = []
+    for panel in panels:
+        width, height = panel.css_size
+        data = base64.b64encode(panel.png).decode("ascii")
+        items.append(f"<figure class=\"panel\" data-panel=\"{esc(panel.name)}\"><img "
+                     f"class=\"figure\" alt=\"{esc(panel.alt)}\" width=\"{width}\" "
+                     f"height=\"{height}\" src=\"data:image/png;base64,{data}\"></figure>")
+    cap = f"<p class=\"muted figure-caption\">{esc(caption)}</p>" if caption else ""
+    return f"<div class=\"figures\">{''.join(items)}</div>{cap}"
 
 
 def write_page(text: str, path: str | os.PathLike[str]) -> Path:

@@ -143,13 +143,28 @@ def choose_alpha(pairs: Sequence[Pair], scorer: Any, *, removal: float | None = 
                f"{best['removal']:.3f}, at alpha {best['alpha']:g}): a stronger score or a "
                "larger alpha is needed." if target == "removal" else
                f"no alpha in {list(grid)} promises coverage {value:g}: add a smaller alpha.")
-        return AlphaChoice(target, value, mode, None, False, None, None, why, n_splits,
-                           tuple(rows))
+        return AlphaChoice(target, value, mode, None, False, None, None,
+                           why + _few_topics(pairs, sentence=True), n_splits, tuple(rows))
     a = chosen["alpha"]
     promise = (f"a relevant snippet of a new query is kept with probability >= {1 - a:.2f}"
                if metric == "coverage" else f"its guaranteed {metric} is >= {1 - a:.2f}")
     statement = (f"mode {mode}, alpha {a:g}: {promise} (under exchangeability); on held-out "
                  f"topics it kept {chosen['coverage']:.3f} of the relevant snippets and removed "
-                 f"{chosen['removal']:.3f} of all snippets ({n_splits} splits).")
+                 f"{chosen['removal']:.3f} of all snippets ({n_splits} splits"
+                 f"{_few_topics(pairs)}).")
     return AlphaChoice(target, value, mode, a, True, chosen["coverage"], chosen["removal"],
                        statement, n_splits, tuple(rows))
+
+
+def _few_topics(pairs: Sequence[Pair], *, sentence: bool = False) -> str:
+    """What a few topics mean for the splits: under :data:`~ragsieve.evaluation.expect.MIN_TOPICS`
+    topics their held-out topics overlap (the reason ``calibrate`` gives no expectation);
+    empty from there on."""
+    from .expect import MIN_TOPICS
+
+    k = len({p.group for p in pairs})
+    if k >= MIN_TOPICS:
+        return ""
+    text = (f"over only {k} topics, whose held-out topics overlap from split to split: read "
+            f"it as a rough guide (`calibrate` estimates new topics from {MIN_TOPICS} topics on)")
+    return f" ({text})" if sentence else f" {text}"

@@ -175,7 +175,9 @@ def expected_on_new_topics(
     if n_topics < MIN_TOPICS:
         return Expectation(mode, float(alpha), n_topics, reason=(
             f"{n_topics} topic(s) (the pairs' group field) is too few for a topic-disjoint "
-            f"estimate: it needs at least {MIN_TOPICS}"))
+            f"estimate: it needs at least {MIN_TOPICS} ({MAX_FOLDS} folds of at least "
+            f"{MIN_TOPICS // MAX_FOLDS} topics); `ragsieve choose-alpha` and `evaluate` still "
+            f"run random splits of these {n_topics} topics, whose held-out topics overlap"))
     k = min(int(n_folds), MAX_FOLDS, n_topics)
     config = _config(mode, float(alpha), k, seed, calibrator_params)
     pairs, scores, features, _, _ = score_for_evaluation(

@@ -2,8 +2,10 @@
 
 :func:`build_report` shows what a saved filter does to a data file (``ragsieve report``):
 the guarantee in plain words, the keep rule in the score's own units, coverage and removal
-with bootstrap intervals when the data has labels, the trade-off figure, and per query the
-kept and removed snippets with their scores against the threshold. For a filter of unit
+with bootstrap intervals when the data has labels, the trade-off figure (one image per
+panel, each at a size whose text reads without zooming), and per query the kept and removed
+snippets with their scores against the threshold (the queries that lost a relevant snippet
+first; the first few open, the others one line each). For a filter of unit
 ``"sentence"`` the measures are of evidence sentences, sentences and characters (beside the
 snippet view), and each listed snippet shows its sentences, kept or removed.
 :func:`evaluation_page` and :func:`answers_page` are the pages of ``evaluate --html`` and
@@ -11,8 +13,10 @@ snippet view), and each listed snippet shows its sentences, kept or removed.
 network, no script, every text escaped.
 
 The DOM carries stable hooks for tests and users: ``<p class="threshold"
-data-threshold=...>``, ``<section class="query" data-query-id=... data-threshold=...>``
-holding ``<ul class="kept">`` and ``<ul class="removed">`` of ``<li data-snippet-id=...
+data-threshold=...>``, ``<section class="query" data-query-id=... data-threshold=...
+data-missed=...>`` (class ``query miss`` when the filter removed a relevant snippet, unit
+sentence an evidence sentence; ``data-missed`` says how many) holding a ``<details>``
+with ``<ul class="kept">`` and ``<ul class="removed">`` of ``<li data-snippet-id=...
 data-score=... data-label=...>`` (``data-score`` is the filter's score, lower = keep, as
 ``FilterResult`` gives it; ``data-value`` the same in the score's own units). Unit
 ``"sentence"``: each such ``<li class="sentences">`` (its score the best sentence's) holds
@@ -37,12 +41,14 @@ from .._io import atomic_write_text
 from .._validation import check_int
 from ..artifact import spec_model
 from ..errors import DataError
+from ..keeping import p_value_rule
 from ..types import FilterResult, Pair, Scored
 from ..units import sentence_pairs
-from ._html import esc, figure, fmt, page, png_figure, table
+from ._html import esc, fmt, page, panel_figures, table
 
 __all__ = [
     "DEFAULT_MAX_QUERIES",
+    "DEFAULT_OPEN_QUERIES",
     "DEFAULT_REPORT_ALPHAS",
     "Interval",
     "answers_page",
@@ -56,6 +62,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUERIES = 50
 """Queries listed one by one on a report page (the figures use every query)."""
+
+DEFAULT_OPEN_QUERIES = 3
+"""Queries of a report page's list shown open (the misses come first); every other query is
+one line that opens with a click."""
 
 DEFAULT_REPORT_ALPHAS = (0.05, 0.1, 0.2, 0.3, 0.4)
 """Alphas of the report's trade-off figure (the filter's own alpha is added)."""
@@ -202,6 +212,21 @@ def _compare(flt: Any, rule_op: str, score: float, threshold: float,
     return value, f"{_number(value)} {op} {_number(tau)}"
 
 
+def _score_cell(score: float, value: float, compare: str,
+                p_value: float | None = None) -> tuple[str, str]:
+    """A snippet's (or a sentence's) score on the page: the attributes of its element (the
+    filter's score, lower = keep, the same in the score's units, its p-value) and its
+    visible cells (the score against the threshold; ``p 0.412``, the share of the
+    calibration evidence that scored no better)."""
+    attributes = f" data-score=\"{esc(repr(score))}\" data-value=\"{esc(repr(value))}\""
+    cell = f"<span class=\"score\">{esc(compare)}</span>"
+    if p_value is not None:
+        attributes += f" data-p-value=\"{esc(repr(p_value))}\""
+        cell += (f"<span class=\"p-value\" title=\"conformal p-value: the share of the "
+                 f"calibration evidence that scored no better\">p {p_value:.3f}</span>")
+    return attributes, cell
+
+
 def _snippet_li(scored: Scored, flt: Any, rule_op: str, threshold: float, kept: bool,
                 pair: Pair | None, sentences: str | None = None) -> str:
     """One snippet of a kept or removed list: its score against the threshold, its label, its
@@ -213,44 +238,70 @@ def _snippet_li(scored: Scored, flt: Any, rule_op: str, threshold: float, kept: 
         klass, content = "", f"<span class=\"text\">{esc(scored.text)}</span>"
     else:
         klass, compare, content = " class=\"sentences\"", f"best sentence {compare}", sentences
-    return (f"<li{klass} data-snippet-id=\"{esc(scored.snippet_id)}\" "
-            f"data-score=\"{esc(repr(scored.score))}\" "
-            f"data-value=\"{esc(repr(value))}\" data-label=\"{esc(label)}\">"
-            f"<span class=\"score\">{esc(compare)}</span>"
+    attributes, cell = _score_cell(scored.score, value, compare, scored.p_value)
+    return (f"<li{klass} data-snippet-id=\"{esc(scored.snippet_id)}\"{attributes} "
+            f"data-label=\"{esc(label)}\">{cell}"
             f"<span class=\"label\">{esc(label)}</span>"
             f"<span class=\"id muted\">{esc(scored.snippet_id)}</span> {content}</li>")
 
 
 def _sentence_span(text: str, sentence: tuple[int, int, int, float, bool], label: int | None,
-                   flt: Any, rule_op: str, threshold: float) -> str:
+                   flt: Any, rule_op: str, threshold: float,
+                   p_value: float | None = None) -> str:
     """One sentence of a snippet (a ``FilterResult.sentences`` record): kept or removed, its
     score against the threshold, its evidence label, its text."""
     _, start, end, score, kept = sentence
     value, compare = _compare(flt, rule_op, score, threshold, kept)
     name = _SENTENCE_LABELS[label]
+    attributes, cell = _score_cell(score, value, compare, p_value)
     return (f"<span class=\"sentence {'kept' if kept else 'removed'}\" data-start=\"{start}\" "
-            f"data-end=\"{end}\" data-score=\"{esc(repr(score))}\" "
-            f"data-value=\"{esc(repr(value))}\" data-label=\"{esc(name)}\">"
-            f"<span class=\"score\">{esc(compare)}</span>"
+            f"data-end=\"{end}\"{attributes} data-label=\"{esc(name)}\">{cell}"
             f"<span class=\"label\">{esc(name)}</span>"
             f"<span class=\"text\">{esc(text[start:end])}</span></span>")
 
 
-def _query_section(qid: str, result: FilterResult, flt: Any, rule_op: str,
-                   labels: Mapping[tuple[str, str], Pair],
-                   sentence_labels: Mapping[tuple[str, int, int], int | None]) -> str:
-    """A query's kept and removed snippets; unit sentence: each with its sentences
-    (``sentence_labels`` keyed by query id, snippet position and sentence start)."""
+@dataclass(frozen=True)
+class _Labels:
+    """The data's labels as the per-query list reads them.
+
+    Attributes
+    ----------
+    snippets : mapping
+        ``(query id, snippet id) -> Pair``.
+    sentences : mapping
+        Unit sentence: ``(query id, snippet position, sentence start) -> 1, 0 or None``
+        (empty when the data's evidence sentences cannot be told apart).
+    """
+
+    snippets: Mapping[tuple[str, str], Pair]
+    sentences: Mapping[tuple[str, int, int], int | None]
+
+    def missed(self, qid: str, result: FilterResult) -> int:
+        """How many relevant units the filter removed from the query: evidence sentences
+        (unit sentence, when the data tells them apart), else relevant snippets."""
+        if result.unit == "sentence" and self.sentences:
+            return sum(1 for i, start, _, _, kept in result.sentences
+                       if not kept and self.sentences.get((qid, i, start)) == 1)
+        pairs = (self.snippets.get((qid, s.snippet_id)) for s in result.removed)
+        return sum(1 for p in pairs if p is not None and p.relevant == 1)
+
+
+def _query_lists(qid: str, result: FilterResult, flt: Any, rule_op: str,
+                 labels: _Labels) -> tuple[str, str]:
+    """A query's kept and removed ``<li>`` items; unit sentence: each with its sentences."""
     by_snippet: dict[int, list[tuple[int, int, int, float, bool]]] = {}
     for sentence in result.sentences:
         by_snippet.setdefault(sentence[0], []).append(sentence)
+    sentence_p = {(x[0], x[1]): p for x, p in zip(result.sentences, result.sentence_p_values,
+                                                   strict=False)}
 
     def li(s: Scored, kept: bool) -> str:
-        pair = labels.get((qid, s.snippet_id))
+        pair = labels.snippets.get((qid, s.snippet_id))
         if result.unit != "sentence":
             return _snippet_li(s, flt, rule_op, result.threshold, kept, pair)
-        spans = "".join(_sentence_span(s.text, x, sentence_labels.get((qid, s.index, x[1])),
-                                       flt, rule_op, result.threshold)
+        spans = "".join(_sentence_span(s.text, x, labels.sentences.get((qid, s.index, x[1])),
+                                       flt, rule_op, result.threshold,
+                                       sentence_p.get((x[0], x[1])))
                         for x in by_snippet.get(s.index, ()))
         return _snippet_li(s, flt, rule_op, result.threshold, kept, pair,
                            spans or "<span class=\"muted\">no sentence (blank text)</span>")
@@ -258,22 +309,33 @@ def _query_section(qid: str, result: FilterResult, flt: Any, rule_op: str,
     def items(scored: Sequence[Scored], kept: bool) -> str:
         return "".join(li(s, kept) for s in scored) or "<li class=\"none muted\">none</li>"
 
+    return items(result.kept, True), items(result.removed, False)
+
+
+def _query_section(qid: str, result: FilterResult, flt: Any, rule_op: str, labels: _Labels,
+                   *, missed: int, opened: bool) -> str:
+    """A query as a ``<details>``: one line (the query, what the filter missed, the counts)
+    that opens onto its kept and removed snippets."""
+    kept, removed = _query_lists(qid, result, flt, rule_op, labels)
     note = f"<p class=\"note\">{esc(result.note)}</p>" if result.note else ""
     counts = f"kept {len(result.kept)} of {result.n_input} (removed {result.removal:.0%})"
     heads = ("kept", "removed")
+    what = "relevant snippet"
     if result.unit == "sentence":
         n_kept = sum(s[4] for s in result.sentences)
         n_all = len(result.sentences)
         counts = (f"snippets {counts}; sentences kept {n_kept} of {n_all} (removed "
                   f"{1 - n_kept / n_all if n_all else 0.0:.0%})")
         heads = ("kept (snippets with a kept sentence)", "removed (no sentence kept)")
-    return (f"<section class=\"query\" data-query-id=\"{esc(qid)}\" "
-            f"data-threshold=\"{esc(repr(result.threshold))}\">"
-            f"<h3>{esc(result.query)}</h3>"
-            f"<p class=\"muted\">{esc(qid)}: {counts}</p>{note}"
-            f"<h4>{heads[0]}</h4><ul class=\"kept\">{items(result.kept, True)}</ul>"
-            f"<h4>{heads[1]}</h4><ul class=\"removed\">{items(result.removed, False)}</ul>"
-            "</section>")
+        what = "evidence sentence" if labels.sentences else what
+    flag = (f"<span class=\"missed\">{missed} {what}{'s' if missed > 1 else ''} removed</span>"
+            if missed else "")
+    return (f"<section class=\"query{' miss' if missed else ''}\" data-query-id=\"{esc(qid)}\" "
+            f"data-threshold=\"{esc(repr(result.threshold))}\" data-missed=\"{missed}\">"
+            f"<details{' open' if opened else ''}><summary><h3>{esc(result.query)}</h3>{flag}"
+            f"<span class=\"muted\">{esc(qid)}: {counts}</span></summary>{note}"
+            f"<h4>{heads[0]}</h4><ul class=\"kept\">{kept}</ul>"
+            f"<h4>{heads[1]}</h4><ul class=\"removed\">{removed}</ul></details></section>")
 
 
 def _positions(pairs: Sequence[Pair]) -> list[int]:
@@ -512,7 +574,7 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, Filte
     Unit sentence: a line that says why it is not drawn."""
     from .._optional import require
     from ..calibration.modes import CALIBRATORS
-    from .plots import plot_report
+    from .plots import report_panels
     from .sweep import ScoredData, evaluate_scores
 
     head = "<h2>Trade-off: coverage and removal against alpha</h2>"
@@ -535,7 +597,7 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, Filte
         report = evaluate_scores(ScoredData.from_pairs(lab_pairs, scores[labelled]),
                                  alphas=tuple(grid), thetas=(), modes=(mode,), n_splits=n_splits,
                                  seed=seed, calibrated_baselines=False)
-        png = png_figure(lambda path: plot_report({flt.scorer.name: report}, path))
+        panels = report_panels({flt.scorer.name: report})
     except ImportError as exc:
         return head + f"<p class=\"figure none\">Not drawn: {esc(exc)}</p>"
     except ValueError as exc:  # e.g. too few topics for the splits asked for
@@ -545,7 +607,7 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, Filte
                f"splits of this data calibrates on half of its {report.n_groups} topics and "
                "measures on the other half (the scores are the filter's own, computed once; "
                "top-k baselines for comparison).")
-    return head + figure(png, "coverage and removal against alpha", caption)
+    return head + panel_figures(panels, caption)
 
 
 def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult],
@@ -567,6 +629,7 @@ def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str,
                 "snippets")
     return [
         ("keep rule", str(rule) if math.isfinite(flt.threshold) else "keep everything (threshold +inf)"),
+        *([("p-value", p_value_rule(flt.calibrator))] if flt.evidence is not None else []),
         ("mode", flt.mode),
         *unit,
         ("alpha", fmt(flt.alpha, 3) if flt.alpha is not None else "-"),
@@ -613,18 +676,39 @@ _LEGEND = {
 
 
 def _per_query(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str, FilterResult],
-               max_queries: int, sentences: _Sentences | None) -> list[str]:
-    """The list of the first ``max_queries`` queries, one section each."""
-    labels = {(p.query_id, p.snippet_id): p for p in pairs}
-    sentence_labels = sentences.labels if sentences is not None else {}
-    shown = list(results.items())[:max_queries]
+               max_queries: int, open_queries: int, sentences: _Sentences | None) -> list[str]:
+    """The list of queries, one section each: those the filter missed a relevant unit of
+    first, the rest in data order; the first ``max_queries`` of them, the first
+    ``open_queries`` open."""
+    labels = _Labels({(p.query_id, p.snippet_id): p for p in pairs},
+                     sentences.labels if sentences is not None else {})
+    missed = {qid: labels.missed(qid, r) for qid, r in results.items()}
+    shown = sorted(results, key=lambda qid: missed[qid] == 0)[:max_queries]  # stable
     left = len(results) - len(shown)
+    n_missed = sum(1 for n in missed.values() if n)
     intro = (f"<h2>Per query</h2><p class=\"queries-shown\" data-shown=\"{len(shown)}\" "
-             f"data-left-out=\"{left}\">{len(shown)} of {len(results)} queries shown"
-             + (f"; {left} left out (raise --max-queries to see them)" if left else "")
-             + f". {_LEGEND[flt.unit]}</p>")
-    return [intro, *(_query_section(qid, r, flt, rule.keep_if, labels, sentence_labels)
-                     for qid, r in shown)]
+             f"data-left-out=\"{left}\" data-missed=\"{n_missed}\" "
+             f"data-open=\"{min(open_queries, len(shown))}\">{len(shown)} of {len(results)} "
+             "queries shown" + (f"; {left} left out (raise --max-queries to see them)" if left else "")
+             + f". {_order_line(flt, pairs, n_missed, open_queries)} {_LEGEND[flt.unit]}</p>")
+    return [intro, *(_query_section(qid, results[qid], flt, rule.keep_if, labels,
+                                    missed=missed[qid], opened=i < open_queries)
+                     for i, qid in enumerate(shown))]
+
+
+def _order_line(flt: Any, pairs: Sequence[Pair], n_missed: int, open_queries: int) -> str:
+    """How the list is ordered and which of its queries are open, in words."""
+    what = "an evidence sentence" if flt.unit == "sentence" else "a relevant snippet"
+    if not any(p.relevant is not None for p in pairs):
+        order = "The data has no labels: the queries are in data order."
+    elif not n_missed:
+        order = f"No query lost {what} to the filter: the queries are in data order."
+    else:
+        order = (f"{n_missed} lost {what} to the filter: they come first, marked in red; the "
+                 "others follow in data order.")
+    opened = (f"The first {open_queries} are open; click a query to open or close it."
+              if open_queries else "Click a query to open it.")
+    return f"{order} {opened}"
 
 
 def build_report(
@@ -634,6 +718,7 @@ def build_report(
     data_name: str = "",
     filter_name: str = "",
     max_queries: int = DEFAULT_MAX_QUERIES,
+    open_queries: int = DEFAULT_OPEN_QUERIES,
     alphas: Sequence[float] = DEFAULT_REPORT_ALPHAS,
     n_splits: int = 10,
     confidence: float = 0.95,
@@ -659,7 +744,12 @@ def build_report(
     data_name, filter_name : str
         Shown as where the data and the filter came from.
     max_queries : int
-        Queries listed one by one (in data order); a line says how many are left out.
+        Queries listed one by one: those the filter removed a relevant snippet of (unit
+        sentence: an evidence sentence) first, the others in data order; a line says how
+        many are left out.
+    open_queries : int
+        Queries of the list shown open; the others are one line each (the query, what
+        was missed, the counts) that opens with a click.
     alphas : sequence of float
         Alphas of the trade-off figure.
     n_splits : int
@@ -679,12 +769,14 @@ def build_report(
     Raises
     ------
     ValueError
-        ``pairs`` is empty or ``max_queries`` is not a positive int.
+        ``pairs`` is empty, ``max_queries`` is not a positive int or ``open_queries`` a
+        negative one.
     """
     pairs = list(pairs)
     if not pairs:
         raise ValueError("no pairs to report on: the data is empty.")
     max_queries = check_int(max_queries, "max_queries", min_value=1)
+    open_queries = check_int(open_queries, "open_queries", min_value=0)
     if results is None:
         results = flt.filter_pairs(pairs, progress=progress)
     rule = flt.scorer.keep_rule(flt.threshold)
@@ -698,7 +790,7 @@ def build_report(
         (_metrics_block(pairs, keep, resampling) if sentences is None
          else _sentence_metrics_block(pairs, keep, sentences, resampling)),
         _tradeoff_block(flt, pairs, results, alphas=alphas, n_splits=n_splits, seed=seed),
-        *_per_query(flt, rule, pairs, results, max_queries, sentences),
+        *_per_query(flt, rule, pairs, results, max_queries, open_queries, sentences),
     ]
     title = "ragsieve report" + (f": {data_name}" if data_name else "")
     return page(title, "\n".join(body))
@@ -765,7 +857,7 @@ def evaluation_page(report: Any, *, title: str = "ragsieve evaluate", label: str
     guarantee : str, optional
         What the conformal rows promise, in words.
     """
-    from .plots import plot_report
+    from .plots import report_panels
 
     header, rows = _evaluation_rows(report)
     info = report.info
@@ -776,10 +868,10 @@ def evaluation_page(report: Any, *, title: str = "ragsieve evaluate", label: str
                          "the topics calibrate, the rest measure"))]
     body = [f"<p class=\"guarantee\">{esc(guarantee or _EVAL_GUARANTEE)}</p>", _facts(facts)]
     try:
-        png = png_figure(lambda path: plot_report({label: report}, path))
-        body.append(figure(png, "coverage and removal against the target",
-                           "Coverage and removal of every conformal row against its target, and "
-                           "the trade-off beside the baselines, on the same test splits."))
+        body.append(panel_figures(report_panels({label: report}),
+                                  "Coverage and removal of every conformal row against its "
+                                  "target, and the trade-off beside the baselines, on the same "
+                                  "test splits."))
     except (ImportError, ValueError) as exc:
         body.append(f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>")
     body.append("<h2>Results</h2>" + table(header, rows, cls="results"))
@@ -817,7 +909,7 @@ def _ci_text(row: Mapping[str, Any], name: str) -> str:
 def answers_page(report: Any, *, title: str = "ragsieve answers", text_table: str | None = None) -> str:
     """The page of ``ragsieve answers --html``: the answer metrics of every method with
     their paired bootstrap intervals against ``all``, the figure, the run."""
-    from .plots import plot_answers
+    from .plots import answers_panels
 
     info = report.info
     generated, judged = info.get("generated"), info.get("judged")
@@ -851,10 +943,10 @@ def answers_page(report: Any, *, title: str = "ragsieve answers", text_table: st
              "is handed to the generator; the table says what the answers get from it.</p>"),
             _facts(facts)]
     try:
-        png = png_figure(lambda path: plot_answers(report, path))
-        body.append(figure(png, "answer quality against context size",
-                           "Answer quality against the context characters per query, one line "
-                           "per method across alpha; 'all' is the whole retrieved list."))
+        body.append(panel_figures(answers_panels(report),
+                                  "Answer quality against the context characters per query, one "
+                                  "line per method across alpha; 'all' is the whole retrieved "
+                                  "list."))
     except (ImportError, ValueError) as exc:
         body.append(f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>")
     body.append("<h2>Answers per method</h2>" + table(header, rows, cls="results"))

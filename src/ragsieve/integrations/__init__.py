@@ -97,6 +97,7 @@ __all__ = [
     "NOTE_KEY",
     "ORIGINAL_LENGTH_KEY",
     "POLICY_KEYS",
+    "P_VALUE_KEY",
     "SCORE_KEY",
     "SCORE_SOURCES",
     "SPANS_KEY",
@@ -135,6 +136,10 @@ ORIGINAL_LENGTH_KEY = "ragsieve_original_length"
 KEEP_IF_KEY = "ragsieve_keep_if"
 #: why the rule kept nothing and ``min_keep`` kept the best anyway (on those documents)
 NOTE_KEY = "ragsieve_note"
+#: the document's conformal p-value: the share of the relevant calibration snippets that
+#: scored no better, in (0, 1] (marginal mode: kept exactly when it exceeds alpha); absent
+#: when the artifact stores no calibration evidence
+P_VALUE_KEY = "ragsieve_p_value"
 #: why the query's list is unlike the filter's calibration lists (a score that reads the whole
 #: list: see ragsieve.lists), on every document of that query's result
 LISTS_KEY = "ragsieve_lists_note"
@@ -643,7 +648,8 @@ def user_score(flt: ConformalFilter, score: float) -> float:
 def kept_metadata(flt: ConformalFilter, result: FilterResult, kept: Scored,
                   note: str | None = None) -> dict[str, Any]:
     """The keys every component adds to a kept document's metadata: its score, the
-    threshold and the rule's direction (in the score's units), the guarantee mode, for a
+    threshold and the rule's direction (in the score's units), the guarantee mode, its
+    conformal p-value (:data:`P_VALUE_KEY`, when the artifact stores the evidence), for a
     document cut into pieces the kept spans, the ``note`` when ``min_keep`` kept it, and
     :data:`LISTS_KEY` when the query's list is unlike the filter's calibration lists.
 
@@ -661,6 +667,8 @@ def kept_metadata(flt: ConformalFilter, result: FilterResult, kept: Scored,
     rule = flt.scorer.keep_rule(result.threshold)
     meta: dict[str, Any] = {SCORE_KEY: user_score(flt, kept.score), THRESHOLD_KEY: rule.threshold,
                             KEEP_IF_KEY: rule.keep_if, MODE_KEY: flt.mode}
+    if kept.p_value is not None:
+        meta[P_VALUE_KEY] = kept.p_value
     if kept.spans:
         meta[SPANS_KEY] = [list(span) for span in kept.spans]
     if result.unit == "sentence" and kept.spans:

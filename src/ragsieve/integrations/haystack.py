@@ -125,13 +125,16 @@ class ConformalRanker(FrameworkAdapter):
     has no ``top_k`` (cutting the kept set would break the guarantee). ``id`` and ``content``
     are kept.
 
-    **Scores.** For a score kept when low (``keep s <= tau``), ``Document.score`` becomes
-    ``1 - s``, so that higher is better as Haystack's rankers and retrievers report it: the
-    cosine similarity for the embedding score (``s = 1 - cos``), the LLM's relevance for
-    the LLM score (``s = 1 - r``); for other such scores a monotone rescaling without a
-    unit. For a higher-is-better outside score (``keep bm25 >= t``, and
-    ``score_source="native"``) ``Document.score`` is that score itself. ``meta`` also gets
+    **Scores.** Haystack's rankers set ``Document.score`` to a higher-is-better relevance.
+    For a score kept when low (``keep s <= tau``: ``1 - cos``, the fused score, an LLM's
+    ``1 - P(yes)``), ``Document.score`` becomes the document's conformal p-value: the share
+    of the relevant calibration snippets that scored no better, in (0, 1], the same unit
+    for every score (in the marginal mode a document is kept exactly when it exceeds
+    alpha); an artifact without calibration evidence gives ``1 - s`` instead. For a
+    higher-is-better outside score (``keep bm25 >= t``, and ``score_source="native"``)
+    ``Document.score`` is that score itself, the one the rule reads. ``meta`` also gets
     ``"ragsieve_score"`` and ``"ragsieve_threshold"`` (in the keep rule's units),
+    ``"ragsieve_p_value"`` (the p-value, whatever the score),
     ``"ragsieve_keep_if"`` (``"<="`` or ``">="``), ``"ragsieve_mode"`` (the guarantee mode),
     ``"ragsieve_original_score"`` (the score the document arrived with, e.g. the
     retriever's BM25 score, or None) and, for a document longer than the filter's window
@@ -346,12 +349,17 @@ class ConformalRanker(FrameworkAdapter):
 
     def _copy(self, src: Document, result: FilterResult, scored: Any,
               reason: str | None = None) -> Document:
-        """A new Document with the score keys in ``meta`` and the higher-is-better score."""
+        """A new Document with the score keys in ``meta`` and the higher-is-better score
+        (the class docstring's *Scores*)."""
         meta: dict[str, Any] = copy.deepcopy(src.meta)
         meta.update(kept_metadata(self.filter, result, scored, reason))
         meta[ORIGINAL_SCORE_KEY] = src.score
-        higher = meta["ragsieve_score"] if meta["ragsieve_keep_if"] == ">=" \
-            else 1.0 - float(scored.score)
+        if self.score_source == "native" or meta["ragsieve_keep_if"] == ">=":
+            higher = meta["ragsieve_score"]  # the score the rule reads, in its own units
+        elif scored.p_value is not None:
+            higher = scored.p_value
+        else:  # an artifact without calibration evidence
+            higher = 1.0 - float(scored.score)
         text = pruned_text(result, scored)  # unit sentence: the kept sentences only
         if text is None:
             return dataclasses.replace(src, meta=meta, score=higher)

@@ -21,6 +21,7 @@ from ragsieve.integrations import (
     MODE_KEY,
     NOTE_KEY,
     ORIGINAL_LENGTH_KEY,
+    P_VALUE_KEY,
     SCORE_KEY,
     SPANS_KEY,
     THRESHOLD_KEY,
@@ -54,7 +55,7 @@ ORIGINAL_SCORE_KEY = "ragsieve_original_score"
 NATIVE_FIELD = "score"
 _NATIVE_NAME = "NodeWithScore.score"
 _OWN_KEYS = (SCORE_KEY, THRESHOLD_KEY, KEEP_IF_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY,
-             NOTE_KEY, ORIGINAL_LENGTH_KEY)
+             NOTE_KEY, ORIGINAL_LENGTH_KEY, P_VALUE_KEY)
 
 
 def _read_native(n: NodeWithScore) -> tuple[Any, str, Any, dict[str, Any]]:

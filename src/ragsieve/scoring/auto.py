@@ -51,6 +51,11 @@ logger = logging.getLogger(__name__)
 MIN_FUSION_TOPICS = 4
 #: Share of queries that must have a list of >= 2 snippets for the list-aware fused score.
 MIN_LIST_SHARE = 0.5
+#: A language given alone is taken for the queries too unless at least this share of the
+#: sampled queries is detected in one other language (:func:`choose_languages`).
+QUERY_SWITCH_SHARE = 0.8
+#: ... and at least this many queries were classified.
+QUERY_SWITCH_MIN_QUERIES = 10
 
 
 @dataclass(frozen=True)
@@ -171,7 +176,9 @@ class LanguageChoice:
         The queries' language (the same as ``code`` unless the queries are asked in another).
     source : str
         ``"given"``, ``"py3langid, 0.97 of 200 texts"``, ``"py3langid: queries 0.99 of 100
-        texts, snippets 1.00 of 100 texts"``, or the fallback and its reason.
+        texts, snippets 1.00 of 100 texts"``, ``"py3langid: queries 0.98 of 100 texts (not
+        the given de), snippets given"`` (a language given alone, the queries detected in
+        another), or the fallback and its reason.
     """
 
     code: str | None
@@ -234,6 +241,67 @@ def _detected(pairs: Sequence[Pair], language: str | None, query_language: str |
     return snippets, queries, f"{DETECTOR}: {', '.join(parts)}"
 
 
+def _queries_elsewhere(found: Any, language: str) -> str | None:
+    """The language the queries of ``found`` (a ``TextLanguages``) are confidently detected
+    in when it is not ``language`` (the one given) nor the snippets' detected language (a
+    detector that puts both sides in one other language, e.g. Norwegian read as Danish,
+    is overruled by the user); else None."""
+    queries, snippets = found.queries, found.snippets
+    if queries.code is None or queries.code == language:
+        return None
+    if queries.share < QUERY_SWITCH_SHARE or queries.n_texts < QUERY_SWITCH_MIN_QUERIES:
+        logger.info("queries taken to be in the given %s: the detection is not confident "
+                    "(%s; a switch needs >= %.2f of >= %d queries)", language,
+                    queries.describe(), QUERY_SWITCH_SHARE, QUERY_SWITCH_MIN_QUERIES)
+        return None
+    if snippets.code == queries.code:
+        logger.info("queries taken to be in the given %s: the queries and the snippets are "
+                    "both detected in %s", language, queries.code)
+        return None
+    return str(queries.code)
+
+
+def _query_switch_note(language: str, queries: Any, snippets: Any) -> str:
+    """The one-line warning of :func:`choose_languages` when it takes the queries to be in
+    another language than the one given: what was detected, what was chosen, how to
+    override. ``queries`` and ``snippets`` are the ``LanguageGuess`` of each side."""
+    from ..embeddings.detection import DETECTOR
+
+    seen = snippets.code or "not detected"
+    return (f"--language {language} was given without --query-language, but the queries "
+            f"are detected in {queries.code} ({DETECTOR}, {_share(queries)}; snippets: "
+            f"{seen}): chose queries in {queries.code} over snippets in {language} "
+            f"(cross-language); override with --query-language X (the auto score's "
+            f"query_language=X in Python), --query-language {language} for queries in "
+            f"{language}")
+
+
+def _given_alone(pairs: Sequence[Pair], language: str, *, quiet: bool = False,
+                 ) -> LanguageChoice:
+    """``language`` given without the queries': of both sides, unless a sample of the
+    queries of ``pairs`` is confidently in another language (:func:`_queries_elsewhere`):
+    then queries in that one over snippets in ``language``, with a warning (``quiet``: an
+    info line, for a caller that records the languages and chooses nothing by them)."""
+    if not pairs:
+        return LanguageChoice(language, language, "given")
+    from ..embeddings.detection import DETECTOR, detect_languages
+
+    level = logging.INFO if quiet else logging.WARNING
+    try:
+        found = detect_languages(pairs)
+    except ImportError:  # said, not swallowed: the given language stands for both sides
+        logger.log(level, "the queries' language is not checked against --language %s: %s "
+                   "is not installed (pip install 'ragsieve[embed]'); give --query-language "
+                   "when the queries are in another language", language, DETECTOR)
+        return LanguageChoice(language, language, "given")
+    query_code = _queries_elsewhere(found, language)
+    if query_code is None:
+        return LanguageChoice(language, language, "given")
+    logger.log(level, "%s", _query_switch_note(language, found.queries, found.snippets))
+    return LanguageChoice(language, query_code, f"{DETECTOR}: queries {_share(found.queries)} "
+                          f"(not the given {language}), snippets given")
+
+
 def choose_languages(pairs: Sequence[Pair], language: str | None, *,
                      query_language: str | None = None,
                      fallback: str | None = "en") -> LanguageChoice:
@@ -246,17 +314,26 @@ def choose_languages(pairs: Sequence[Pair], language: str | None, *,
         classified).
     language : str or None
         The language given by the user: of the snippets, and of the queries too unless
-        ``query_language`` is given.
+        ``query_language`` is given or the queries are detected in another one (below).
     query_language : str or None
-        The queries' language given by the user.
+        The queries' language given by the user (never overridden by a detection; equal to
+        ``language``, it keeps both sides in it).
     fallback : str or None
         The language when none is detected on either side (logged as a warning); None:
-        give None and log the reason at info level.
+        give None and log the reason at info level, and log a switch of the queries'
+        language at info level too (the caller records the languages of a score already
+        chosen; the caller that chose it has said so).
 
     Returns
     -------
     LanguageChoice
-        The given languages (``source`` ``"given"``); else the language
+        Both languages given: as given (``source`` ``"given"``). ``language`` alone: of
+        both sides, unless a sample of the queries (the half of the sample
+        :func:`~ragsieve.embeddings.detection.detect_languages` classifies) is
+        confidently in another language, one the snippets are not detected in (at least
+        ``QUERY_SWITCH_SHARE`` of at least ``QUERY_SWITCH_MIN_QUERIES`` queries): then
+        queries in it over snippets in ``language`` (the cross-language setting), logged
+        as a one-line warning naming both and how to override. Neither given: the language
         :func:`~ragsieve.embeddings.detection.detect_languages` finds in each half of a
         sample (a side not detected takes the other side's language, and the source says
         so); else ``fallback`` with the reason.
@@ -267,13 +344,17 @@ def choose_languages(pairs: Sequence[Pair], language: str | None, *,
     LanguageChoice(code='de', query_code='en', source='given')
     >>> choose_languages([], "ro").describe()
     'language ro (given)'
+    >>> choose_languages([], "de", query_language="de").cross  # forced: no detection
+    False
     """
     from ..embeddings.languages import normalise_language
 
     language = None if language is None else normalise_language(language)
     query_language = None if query_language is None else normalise_language(query_language)
-    if language is not None:  # the texts' language: of both sides, unless the queries' is given
-        return LanguageChoice(language, query_language or language, "given")
+    if language is not None and query_language is not None:
+        return LanguageChoice(language, query_language, "given")
+    if language is not None:  # of both sides, unless the queries are detected in another
+        return _given_alone(list(pairs), language, quiet=fallback is None)
     snippets, queries, source = _detected(pairs, language, query_language)
     if snippets is not None or queries is not None:
         if snippets is None or queries is None:

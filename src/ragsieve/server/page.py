@@ -1,10 +1,14 @@
-"""The service's page at ``GET /``: a form over ``POST /filter``, the guarantee, the keep
-rule, the drift state and the last requests' removal.
+"""The service's page at ``GET /``: a form over ``POST /filter``, a form over ``POST /query``
+when the service serves an index, the guarantee, the keep rule, the drift state and the
+last requests' removal.
 
 The HTML (``page.html`` beside this module) is one file with its CSS and JS inline; each
 answer carries a fresh nonce in a strict Content-Security-Policy (``default-src 'none'``,
 ``connect-src 'self'``), so the page loads nothing but itself and talks to nothing but the
-service. The JS renders every value with ``textContent`` (snippets are untrusted text).
+service. It reads ``GET /status`` for what it shows and ``GET /healthz`` for whether an
+index is served (without one the index form is removed). The JS renders every value with
+``textContent`` (snippets are untrusted text), and one function (``scoreCells``) renders
+the score cells of a kept or removed snippet of either form.
 
 When the service has an API key the page is behind it: the key is accepted as the password
 of HTTP Basic (any user name) as well as the API's own headers, and a request without a

@@ -28,6 +28,7 @@ import numpy as np
 
 from .._validation import check_int
 from ..artifact import Artifact
+from ..calibration.p_values import EvidenceScores
 from ..calibration.refit import check_refittable, refit
 from ..errors import ArtifactError, CalibrationError, DataError
 from .feedback import FeedbackStore, build_adaptive, scorer_key
@@ -51,6 +52,18 @@ class Recalibration:
     old_threshold: float
     new_threshold: float
     notes: list[str] = field(default_factory=list)
+
+
+def _evidence(calibrator: Any, old: EvidenceScores | None,
+              usable: list[_Label]) -> EvidenceScores | None:
+    """The relevant scores behind the new filter's p-values: the marginal calibrator's own,
+    else the labels' relevant scores (with the artifact's, when they were merged); None when
+    no label is relevant."""
+    own = EvidenceScores.of_calibrator(calibrator)
+    if own is not None:
+        return own
+    scores = [r[3] for r in usable if r[2]] + ([] if old is None else list(old.scores))
+    return EvidenceScores.of(scores) if scores else None
 
 
 def _read_labels(db: str | Path, key: str, checksum: str | None
@@ -188,6 +201,7 @@ def recalibrate(payload: Artifact | Mapping[str, Any], feedback_db: str | Path, 
                           max_chars=old.max_chars, unit=old.unit)
     queries = {r[0] for r in usable}
     flt.monitor_reference = _monitor_reference(lists, queries, notes)
+    flt.evidence = _evidence(new_cal, old.evidence if n_merged else None, usable)
     n_relevant = sum(1 for r in usable if r[2])
     flt.calibration_info = {
         "source": "feedback", "n_labels": len(usable), "n_relevant": n_relevant,

@@ -66,6 +66,12 @@ _LISTS_UNLIKE = ("True when this list is unlike the filter's calibration lists, 
                  "sequential test over the lists served so far fired (the guarantee then "
                  "assumes lists it was not calibrated on; see docs/deploy.md).")
 _LISTS_NOTE = "What differs, in numbers (null when nothing is known to differ)."
+_P_VALUE = ("Its conformal p-value: the share of the relevant calibration snippets that scored "
+            "no better, in (0, 1], the same unit for every score and mode (marginal mode: kept "
+            "exactly when it exceeds alpha); null when the artifact stores no calibration "
+            "evidence.")
+_P_VALUE_RULE = ("How to read the p-values beside this filter's rule (marginal: 'kept exactly "
+                 "when p > alpha'; other modes: an evidence percentile); null without them.")
 _QUERY_ID_OUT = "The request's query_id (yours, or generated): use it in POST /feedback."
 #: Longest ``query_id`` / ``snippet_id`` accepted in a request.
 MAX_ID_CHARS = 256
@@ -179,6 +185,7 @@ class KeptSnippet(BaseModel):
     text: str | None
     score: float = Field(description="Its score (for a snippet cut into pieces: the best "
                          "piece's; for a filter of unit 'sentence': its best sentence's).")
+    p_value: float | None = Field(default=None, description=_P_VALUE)
     spans: list[tuple[int, int]] = Field(
         default_factory=list,
         description="The character spans [start, end) of its text that were kept: for a filter "
@@ -199,6 +206,7 @@ class RemovedSnippet(BaseModel):
     index: int = Field(description="Position in the request's snippets (or the hits).")
     snippet_id: str
     score: float = Field(description="Its score (for a snippet cut into pieces: the best piece's).")
+    p_value: float | None = Field(default=None, description=_P_VALUE)
     threshold: float | None = Field(description="The threshold it missed (null: keep all).")
 
 
@@ -209,6 +217,10 @@ class FilterResponse(BaseModel):
     removed: list[RemovedSnippet] = Field(
         default_factory=list, description="The snippets not kept, each with its score.")
     scores: list[float]
+    p_values: list[float] = Field(
+        default_factory=list, description="The p-value of each snippet's score, aligned with "
+        "scores (empty when the artifact stores no calibration evidence).")
+    p_value_rule: str | None = Field(default=None, description=_P_VALUE_RULE)
     threshold: float | None = Field(description=_THRESHOLD)
     removal: float
     note: str | None
@@ -279,6 +291,7 @@ class HitOut(BaseModel):
     text: str
     distance: float = Field(description="1 - cosine of the query and the stored snippet vector.")
     score: float = Field(description="The filter's nonconformity score (kept when <= threshold).")
+    p_value: float | None = Field(default=None, description=_P_VALUE)
     kept: bool
 
 
@@ -289,6 +302,7 @@ class QueryResponse(BaseModel):
     n_kept: int
     removed: list[RemovedSnippet] = Field(
         default_factory=list, description="The hits not kept, each with its score.")
+    p_value_rule: str | None = Field(default=None, description=_P_VALUE_RULE)
     threshold: float | None = Field(description=_THRESHOLD)
     removal: float
     note: str | None

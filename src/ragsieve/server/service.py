@@ -56,6 +56,7 @@ from ..artifact import Artifact
 from ..embeddings.detection import LanguageWatch
 from ..errors import ArtifactError, DataError
 from ..filter import ConformalFilter
+from ..keeping import p_value_rule
 from ..types import FilterResult
 from .feedback import AdaptiveThreshold, FeedbackStore, LabelRateLimited, ServedRow, scorer_key
 from .metrics import ServiceMetrics
@@ -280,8 +281,14 @@ def _unit_scores(res: FilterResult) -> list[float]:
 def _removed(res: FilterResult) -> list[RemovedSnippet]:
     """The removed snippets of a result, each with its score and the threshold it missed."""
     tau = _finite_or_none(res.threshold)
-    return [RemovedSnippet(index=s.index, snippet_id=s.snippet_id, score=s.score, threshold=tau)
+    return [RemovedSnippet(index=s.index, snippet_id=s.snippet_id, score=s.score,
+                           p_value=s.p_value, threshold=tau)
             for s in res.removed]
+
+
+def _p_value_rule(flt: ConformalFilter) -> str | None:
+    """How the p-values read beside the filter's rule; None when it has none."""
+    return None if flt.evidence is None else p_value_rule(flt.calibrator)
 
 
 def monitor_info(state: Any) -> MonitorInfo:
@@ -369,9 +376,12 @@ class Service:
         self._filters: dict[int, ConformalFilter] = {flt.min_keep: flt}
         self._retriever_notes: dict[int, str | None] = {}
         # warns once if the first requests' queries are in another language than the artifact's
-        # (the queries' language: an English-over-German filter expects English queries)
+        # (the queries' language: an English-over-German filter expects English queries, a
+        # German filter German ones; knowing the snippets' language, the note also points at
+        # --query-language)
         query_language = (flt.calibration_info or {}).get("query_language") or flt.language
-        self.language_watch = LanguageWatch(query_language, model=_model_of(flt.scorer.spec()))
+        self.language_watch = LanguageWatch(query_language, model=_model_of(flt.scorer.spec()),
+                                            snippets=flt.language)
 
     # ------------------------------------------------------------------ filters
     def _base(self) -> ConformalFilter:
@@ -476,6 +486,7 @@ class Service:
                 snippet_id=s.snippet_id,
                 text=s.text,
                 score=s.score,
+                p_value=s.p_value,
                 spans=[(int(a), int(b)) for a, b in getattr(s, "spans", ())],
                 pruned_text=s.pruned_text if res.unit == "sentence" else None,
             )
@@ -485,6 +496,8 @@ class Service:
             kept=kept,
             removed=_removed(res),
             scores=list(res.scores),
+            p_values=list(res.p_values),
+            p_value_rule=_p_value_rule(self.flt),
             threshold=_finite_or_none(res.threshold),
             removal=res.removal,
             note=res.note,
@@ -541,12 +554,14 @@ class Service:
                     text=h.text,
                     distance=h.score,
                     score=res.scores[i],
+                    p_value=res.p_values[i] if res.p_values else None,
                     kept=i in kept,
                 )
                 for i, h in enumerate(hits)
             ],
             n_kept=len(kept),
             removed=_removed(res),
+            p_value_rule=_p_value_rule(use),
             threshold=_finite_or_none(res.threshold),
             removal=res.removal,
             note=res.note,

@@ -1,0 +1,93 @@
+"""What a first run costs on this machine: model load and cold embedding rate per bundled
+model, and a cold ``ragsieve calibrate`` against a warm one, side by side in one run.
+
+Each model is measured in a fresh Python process (imports and weights from disk, nothing
+cached), on ``--texts`` XQuAD-en snippets with an empty embedding cache: the seconds to the
+first vector (import + load + one text) and the texts per second after it. Then ``ragsieve
+calibrate --data xquad-en --scorer embedding`` runs twice with one fresh cache directory:
+cold (every text embedded) and warm (every vector cached). The load average at the start
+is printed: a loaded machine reads slower.
+
+Usage::
+
+    python benchmarks/bench_first_run.py [--texts 200] [--e5-texts 30] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from ragsieve.data import load_dataset
+from ragsieve.scoring import EmbeddingScorer
+texts = list(dict.fromkeys(p.text for p in load_dataset("xquad-en")))[: int(sys.argv[2])]
+scorer = EmbeddingScorer(model=sys.argv[1], cache_dir=sys.argv[3])
+t1 = time.perf_counter()
+scorer.score_batch("Who?", texts[:1])
+t2 = time.perf_counter()
+scorer.score_batch("Who?", texts[1:])
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_vector_s": t2 - t0,
+                  "texts_per_s": (len(texts) - 1) / (t3 - t2), "texts": len(texts)}))
+"""
+
+
+def model_costs(model: str, n_texts: int) -> dict[str, Any]:
+    """Load and cold embedding rate of ``model`` in a fresh process with an empty cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        out = subprocess.run([sys.executable, "-c", _CHILD, model, str(n_texts), cache],
+                             check=True, capture_output=True, text=True,
+                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def calibrate_seconds(cache: str, out: Path) -> float:
+    """Wall seconds of ``ragsieve -q calibrate --data xquad-en --scorer embedding``."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "ragsieve.cli", "-q", "calibrate", "--data", "xquad-en",
+                    "--scorer", "embedding", "--cache-dir", cache, "--no-expected",
+                    "--out", str(out)], check=True, capture_output=True,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    from ragsieve.embeddings.languages import E5_ID, MINILM_ID, USE_ID
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--texts", type=int, default=200, help="snippets per model (MiniLM, USE)")
+    ap.add_argument("--e5-texts", type=int, default=30,
+                    help="snippets for multilingual-e5-small (about 5 per second)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} cores, load average {load:.2f} at the start")
+    rows: dict[str, Any] = {"cores": os.cpu_count(), "load_average": load, "models": {}}
+    for model, n in ((MINILM_ID, args.texts), (USE_ID, args.texts), (E5_ID, args.e5_texts)):
+        got = model_costs(model, n)
+        rows["models"][model] = got
+        print(f"{model}: first vector after {got['first_vector_s']:.1f} s (imports "
+              f"{got['import_s']:.1f} s), then {got['texts_per_s']:.1f} snippets/s cold "
+              f"({got['texts']} snippets)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cold = calibrate_seconds(tmp, Path(tmp) / "f.json")
+        warm = calibrate_seconds(tmp, Path(tmp) / "g.json")
+    rows["calibrate_xquad_en"] = {"cold_s": cold, "warm_s": warm}
+    print(f"ragsieve calibrate --data xquad-en --scorer embedding: cold {cold:.0f} s, "
+          f"warm {warm:.0f} s ({cold / warm:.1f}x)")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
