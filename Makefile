@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install browser demo test test-all lint bench docs figures clean
+.PHONY: install browser demo test test-all lint bench docs api-docs figures clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
@@ -71,6 +71,11 @@ bench: $(STAMP)
 # Pages are files (use_directory_urls: false): open site/index.html straight from disk
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# docs/http-api.md, rendered from the service's OpenAPI schema (every route, body, status
+# code and the authentication); tests/test_http_api_docs.py fails until it is current
+api-docs: $(STAMP)
+	$(PY) -m ragsieve.server.api_page --out docs/http-api.md
 
 # every figure in docs/, each written by the command named beside it in the docs
 FIGURES_TMP ?= .figures

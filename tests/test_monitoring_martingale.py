@@ -268,7 +268,9 @@ def test_calibrate_records_the_reference_from_every_snippet(mode: str) -> None:
     assert block["reference"] == pytest.approx([separation(v) for v in lengths.values()])
     payload = flt.to_dict()
     assert payload["monitor"] == block
-    assert payload["checksum"]["covers"] == ["scorer", "calibration", "policy", "monitor", "lists"]
+    evidence = [] if mode == "marginal" else ["evidence"]  # marginal: its state holds them
+    assert payload["checksum"]["covers"] == ["scorer", "calibration", "policy", "monitor", "lists",
+                                             *evidence]
     again = ConformalFilter.from_dict(json.loads(json.dumps(payload)), scorer=_Length())
     assert again.monitor_reference == block and again.threshold == flt.threshold
     m = ExchangeabilityMonitor.from_artifact(payload)

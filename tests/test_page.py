@@ -160,7 +160,7 @@ def test_page_filters_like_the_api(keyed: str, browser: Any, xquad_en: list[Pair
                for td in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody td.p-value")]
     assert shown_p == pytest.approx(
         [s["p_value"] for s in expected["kept"] + expected["removed"]], abs=5e-4)
-    alpha = status["alpha"] if "alpha" in status else expected["guarantee"]["alpha"]
+    alpha = expected["guarantee"]["alpha"]
     assert all(p > alpha for p in shown_p[:len(kept)])
     summary = browser.find_element(By.ID, "summary").text
     assert summary.startswith(f"Kept {len(kept)} of {len(snippets)} snippets")
@@ -317,8 +317,17 @@ def test_page_queries_the_served_index(indexed: str, browser: Any) -> None:
         assert [float(r[2]) for r in rows] == pytest.approx([h["score"] for h in want], rel=1e-3)
     against = browser.find_element(By.CSS_SELECTOR, "#removed td.against").text
     assert against.startswith("> ")
+    # /query's hits carry their p-values (marginal: kept exactly when p > alpha), shown per row
+    body = expected.json()
+    alpha = body["guarantee"]["alpha"]
+    assert all((h["p_value"] > alpha) is h["kept"] for h in hits)
+    shown_p = [float(td.get_property("textContent")) for table in ("kept", "removed")
+               for td in browser.find_elements(By.CSS_SELECTOR, f"#{table} tbody td.p-value")]
+    assert shown_p == pytest.approx([h["p_value"] for h in hits if h["kept"]]
+                                    + [h["p_value"] for h in hits if not h["kept"]], abs=5e-4)
     summary = browser.find_element(By.ID, "summary").text
     assert summary.startswith(f"Kept {len(kept)} of {k} hits from the index {index['name']}")
+    assert summary.endswith(body["p_value_rule"] + ".")
     urls = network_requests(browser)
     assert all(u.startswith(indexed + "/") for u in urls), urls
     assert {indexed + "/healthz", indexed + "/query"} <= set(urls)
