@@ -37,20 +37,9 @@ from ragsieve.types import Pair
 
 pytest.importorskip("py3langid")
 
+from test_crosslingual import _subset  # the first questions of the first articles
+
 SWITCH = "was given without --query-language"
-
-
-def _subset(pairs: list[Pair], n_topics: int, per_topic: int) -> list[Pair]:
-    """The first ``per_topic`` questions of the first ``n_topics`` articles (file order)."""
-    topics: dict[str, list[str]] = {}
-    for p in pairs:
-        if p.group not in topics and len(topics) == n_topics:
-            continue
-        ids = topics.setdefault(p.group, [])
-        if p.query_id not in ids and len(ids) < per_topic:
-            ids.append(p.query_id)
-    keep = {q for ids in topics.values() for q in ids}
-    return [p for p in pairs if p.query_id in keep]
 
 
 def _with_bm25(pairs: list[Pair]) -> list[Pair]:
