@@ -71,7 +71,8 @@ def test_the_artifact_carries_and_seals_the_weights(calibrated: ConformalFilter,
     payload = json.loads(path.read_text())
     sha = payload["scorer"]["weights"]
     assert list(payload["weights"]) == [sha] and "weights" in payload["checksum"]["covers"]
-    assert path.stat().st_size < 16 * 2**20  # the trained layers in float16, not the model
+    # the six trained layers and the head in float16 (28 MB as base64), not the embeddings
+    assert 20 * 2**20 < path.stat().st_size < 32 * 2**20
     back = ConformalFilter.load(path)
     pairs = [p for p in few_topics if p.query_id == few_topics[0].query_id]
     assert (back.filter(pairs[0].query, pairs).scores
@@ -133,3 +134,47 @@ def test_evaluate_says_how_to_measure_the_reader(xquad_en: list[Pair]) -> None:
 
     with pytest.raises(ValueError, match="preset portable-reader"):
         score_for_evaluation(xquad_en[:10], ReaderScorer())
+
+
+def test_the_reader_also_reads_the_evidence_sentences_against_their_neighbours(
+        few_topics: list[Pair]) -> None:
+    from ragsieve.scoring.reader import evidence_sentences
+
+    relevant = [p for p in few_topics if p.relevant == 1]
+    sentences = evidence_sentences(relevant)
+    assert sentences and {p.relevant for p in sentences} == {0, 1}
+    parents = {(p.query_id, p.meta["parent_snippet_id"]) for p in sentences}
+    assert parents <= {(p.query_id, p.snippet_id) for p in relevant}
+    for parent in parents:  # whole snippets, each with evidence and a neighbour
+        labels = [p.relevant for p in sentences
+                  if (p.query_id, p.meta["parent_snippet_id"]) == parent]
+        assert 0 < sum(labels) < len(labels)
+    assert len(evidence_sentences(relevant, budget=5)) <= 5
+    # pairs that do not say which sentences are evidence: snippets only
+    bare = [Pair(p.query_id, p.query, p.snippet_id, p.text, 1, p.group) for p in relevant]
+    assert evidence_sentences(bare) == []
+
+
+def test_the_untrained_reader_ranks_like_the_bi_encoder(few_topics: list[Pair]) -> None:
+    """The cosine head: before any training the reader already ranks relevant snippets
+    above the others (it reads the pair with the weights' own pooling and cosine)."""
+    from sklearn.metrics import roc_auc_score
+
+    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, _tokenizer
+
+    model = _new_model(0).eval()
+    reader = CrossEncoderModel(model, _tokenizer())
+    sample = few_topics[:120]
+    logits = reader.logits([p.query for p in sample], [p.text for p in sample])
+    assert roc_auc_score([p.relevant for p in sample], logits) > 0.75
+
+
+def test_an_earlier_readers_weights_say_to_recalibrate() -> None:
+    import torch
+    from safetensors.torch import save
+
+    from ragsieve.embeddings.cross_encoder import ReaderWeights, load_reader
+
+    blob = save({"classifier.weight": torch.zeros(1, 384, dtype=torch.float16)})
+    with pytest.raises(ScorerError, match="earlier reader"):
+        load_reader(ReaderWeights(blob))

@@ -1,5 +1,6 @@
-"""The reader check of the default score: ``auto`` fuses the reader only where it reads the
-fit share's held-back topics better than 1 - cos (fine-tuned for real, on a few pairs)."""
+"""The reader check of the default score: ``auto`` fuses the reader only where, with
+1 - cos, it ranks the fit share's held-back topics better than 1 - cos alone (fine-tuned for
+real, on a few pairs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from topics import first_topics
 
 from ragsieve import ConformalFilter
 from ragsieve.scoring import AutoScorer
-from ragsieve.scoring.reader_check import check_reader
+from ragsieve.scoring.reader_check import MIN_READER_GAIN, check_reader
 from ragsieve.scoring.shares import fusion_fit_mask
 from ragsieve.types import Pair
 
@@ -54,8 +55,9 @@ def test_the_check_reads_the_fit_share_only(few_topics: list[Pair], minilm_score
     assert found.n_pairs == sum(p.group in fit for p in few_topics)
     assert found.reader_auc is not None and found.base_auc is not None
     assert 0.0 <= found.reader_auc <= 1.0 and 0.0 <= found.base_auc <= 1.0
-    assert found.helps == (found.reader_auc > found.base_auc)
-    assert f"{found.reader_auc:.3f}" in found.reason
+    assert found.fused_auc is not None and 0.0 <= found.fused_auc <= 1.0
+    assert found.helps == (found.fused_auc >= found.base_auc + MIN_READER_GAIN)
+    assert f"{found.reader_auc:.3f}" in found.reason and f"{found.fused_auc:.3f}" in found.reason
     # the calibration topics' labels turned upside down: the check cannot see them
     flipped = [p if p.group in fit else replace(p, relevant=1 - int(p.relevant or 0))
                for p in few_topics]

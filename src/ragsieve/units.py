@@ -286,7 +286,7 @@ def _labels(pair: Pair, sentences: list[Sentence], spans: list[tuple[int, int]] 
 
 
 def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
-                   max_chars: int = MAX_SENTENCE_CHARS) -> list[Pair]:
+                   max_chars: int = MAX_SENTENCE_CHARS, warn_unmarked: bool = True) -> list[Pair]:
     """One pair per sentence of every snippet pair, labelled on evidence sentences.
 
     A sentence longer than ``max_chars`` gives one pair per piece (:func:`sentence_pieces`,
@@ -303,6 +303,9 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
         (``None``: English, the SQuAD script).
     max_chars : int, default=MAX_SENTENCE_CHARS
         Longest sentence kept whole (the filter's ``max_chars``).
+    warn_unmarked : bool, default=True
+        Log a warning naming the relevant snippets with no sentence marked as evidence
+        (all their sentences then count as evidence); False for a caller that drops them.
 
     Returns
     -------
@@ -350,7 +353,7 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
             unmarked.append(pair.snippet_id)
         out.extend(_sentence_pair(pair, s, label, position, spans)
                    for s, label in zip(sentences, labels, strict=True))
-    if unmarked:
+    if unmarked and warn_unmarked:
         logger.warning(
             "%d relevant snippet(s) with no sentence marked as evidence (the answer not inside "
             "one sentence run, or evidence spans only in whitespace); all their sentences count "
