@@ -24,7 +24,8 @@ threshold of each alpha is taken from the relevant scores of the calibration sha
 
 Per (dataset, score, alpha): coverage (kept relevant / relevant test pairs) and removal
 (removed / all test pairs), mean over the splits with their min-max, and the oracle's
-removal at the same coverage (keeping exactly the covered relevant pairs). Costs, per
+removal at the same coverage (keeping exactly the covered relevant pairs); in ``--json``
+each row also holds the score's ROC-AUC on the test half (``auc``). Costs, per
 split: the reader's fine-tuning seconds per 1,000 fit pairs and its scoring pairs per
 second (torch, fp32, the machine's threads), measured on the test half.
 
@@ -57,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.metrics import roc_auc_score
 
 from ragsieve._paths import cache_dir
 from ragsieve.calibration import SplitConformalCalibrator
@@ -96,13 +98,14 @@ def run_score(score: str, base: EmbeddingScorer, cal: list[Pair], test: list[Pai
     test_scores = done.scorer.score_pairs(test)
     score_seconds = time.perf_counter() - t1
     relevant = np.array([p.relevant == 1 for p in test])
+    auc = float(roc_auc_score(relevant, -test_scores))
     rows = []
     for alpha in alphas:
         tau = SplitConformalCalibrator(alpha=alpha).fit(cal_scores).threshold_
         keep = test_scores <= tau
         coverage = float(keep[relevant].mean())
         rows.append({"score": score, "split": split, "alpha": alpha, "threshold": float(tau),
-                     "coverage": coverage, "removal": float(1.0 - keep.mean()),
+                     "coverage": coverage, "removal": float(1.0 - keep.mean()), "auc": auc,
                      "oracle_removal": float(1.0 - coverage * relevant.sum() / relevant.size),
                      "n_fit": int(done.n_fit), "fit_seconds": round(fit_seconds, 1),
                      "test_pairs": int(relevant.size),

@@ -41,10 +41,12 @@ __all__ = ["MIN_READER_GAIN", "MIN_READER_RELEVANT", "READER_CHECKS", "ReaderChe
 
 logger = logging.getLogger(__name__)
 
-#: Fewest relevant pairs in the fit share for ``reader_check="auto"`` to fine-tune: with
-#: 150-300 relevant fit pairs (596-1,639 pairs, XQuAD-en) the reader read worse than the
-#: cosine; the answer-sentence collection where it read better gave it about 900 (3,616
-#: pairs). Each check costs two fine-tunes of half the fit share.
+#: Fewest relevant pairs in the fit share for ``reader_check="auto"`` to fine-tune. The check
+#: costs two fine-tunes of half the fit share and the fused reader three more: on the shared
+#: English sets (149 and 90 relevant fit pairs) the ``reader`` preset took 7-17 minutes to
+#: fit on 2 cores for 0.2-0.7 points more removal than ``fast`` at alpha 0.1
+#: (``benchmarks/bench_reader.py``), not worth a default's first run; the answer-sentence
+#: collection where the reader added most gave it about 900.
 MIN_READER_RELEVANT = 500
 #: ROC-AUC the reader must add to ``1 - cos`` on the held-back fit pairs to be fused (it costs
 #: minutes of fine-tuning; a smaller gain is within what a few hundred pairs can show).
@@ -141,8 +143,9 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
     n_relevant = sum(p.relevant == 1 for p in share)
     if mode == "auto" and n_relevant < min_relevant:
         return ReaderCheck(False, f"not tried: the fit share holds {n_relevant} relevant pairs "
-                           f"and the reader is checked from {min_relevant} (with fewer it read "
-                           "worse than 1 - cos where measured); --reader-check always tries it")
+                           f"and the default checks the reader from {min_relevant} (the check and "
+                           "the fused reader cost minutes of fine-tuning); --reader-check always "
+                           "tries it")
     from .reader import ReaderScorer
 
     try:
