@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 #: Fewest relevant pairs in the fit share for ``reader_check="auto"`` to fine-tune. The check
 #: costs two fine-tunes of half the fit share and the fused reader three more: on the shared
-#: English sets (149 and 90 relevant fit pairs) the ``reader`` preset took 7-17 minutes to
+#: English sets (149 and 88 relevant fit pairs) the ``reader`` preset took 7-17 minutes to
 #: fit on 2 cores for 0.2-0.7 points more removal than ``fast`` at alpha 0.1
 #: (``benchmarks/bench_reader.py``), not worth a default's first run; the answer-sentence
 #: collection where the reader added most gave it about 900.
