@@ -38,7 +38,7 @@ threads: pairs per second and the largest logit difference to torch.
 Usage::
 
     python benchmarks/bench_reader.py [--data xquad-en,selqa-dev] [--splits 2]
-        [--alpha 0.1,0.2] [--scores fast,portable,reader,fused-reader,portable-reader]
+        [--first-split 0] [--alpha 0.1,0.2] [--scores fast,portable,reader,fused-reader,portable-reader]
         [--seed 0] [--cache-dir DIR]
         [--out table.md] [--json rows.json]
     python benchmarks/bench_reader.py --backends
@@ -119,9 +119,12 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     language = detect_language([p.text for p in pairs[:400]]).code or "en"
     base = EmbeddingScorer(language=language, cache_dir=args.cache_dir)
     topics = sorted({p.group for p in pairs}, key=str)
-    splits = group_splits(topics, calibration_fraction=0.5, n_splits=args.splits, seed=args.seed)
+    splits = group_splits(topics, calibration_fraction=0.5,
+                          n_splits=args.first_split + args.splits, seed=args.seed)
     rows = []
     for split, (cal_idx, test_idx) in enumerate(splits):
+        if split < args.first_split:  # measured by an earlier run (same draws)
+            continue
         cal_topics = {topics[i] for i in cal_idx}
         test_topics = {topics[i] for i in test_idx}
         cal = [p for p in pairs if p.group in cal_topics]
@@ -246,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=",".join(DATASETS))
     parser.add_argument("--splits", type=int, default=2)
+    parser.add_argument("--first-split", type=int, default=0,
+                        help="skip the splits before this one (a run that adds splits to an "
+                        "earlier run's: the draws are the same)")
     parser.add_argument("--alpha", default=",".join(map(str, ALPHAS)))
     parser.add_argument("--scores", default=",".join(SCORES))
     parser.add_argument("--seed", type=int, default=0)
@@ -266,7 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.data.split(","):
         rows.extend(measure(name.strip(), args))
     text = (f"bench_reader: {dt.datetime.now(dt.UTC):%Y-%m-%d}, {platform.machine()}, "
-            f"{os.cpu_count()} cores, {args.splits} splits, seed {args.seed}, "
+            f"{os.cpu_count()} cores, {args.splits} splits from split {args.first_split}, "
+            f"seed {args.seed}, "
             f"{time.perf_counter() - t0:.0f} s\n" + table(rows, args.scores, args.alpha))
     print(text)
     if args.out:

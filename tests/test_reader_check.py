@@ -4,6 +4,7 @@ real, on a few pairs)."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 import numpy as np
@@ -11,7 +12,9 @@ import pytest
 from topics import first_topics
 
 from ragsieve import ConformalFilter
+from ragsieve.embeddings.cross_encoder import fine_tune
 from ragsieve.scoring import AutoScorer
+from ragsieve.scoring import reader as reader_module
 from ragsieve.scoring.reader_check import MIN_READER_GAIN, check_reader
 from ragsieve.scoring.shares import fusion_fit_mask
 from ragsieve.types import Pair
@@ -75,7 +78,16 @@ def test_auto_records_what_the_check_found(few_topics: list[Pair]) -> None:
     assert default.scorer.spec() == never.scorer.spec()  # both the portable fused score
 
 
-def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair]) -> None:
+def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    tuned: list[int] = []  # the real fine-tune, counted
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tuned.append(len(args[0]))
+        return fine_tune(*args, **kwargs)
+
+    monkeypatch.setattr(reader_module, "fine_tune", counted)
+    monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())  # not an earlier test's
     flt = ConformalFilter(AutoScorer(reader_check="always"), alpha=0.2).calibrate(
         few_topics, seed=1, monitor=False)
     choice = flt.calibration_info["score_choice"]
@@ -84,3 +96,6 @@ def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair]) ->
     assert choice["preset"] == ("portable-reader" if read_better else "portable")
     assert flt.scorer.spec()["preset"] == choice["preset"]
     assert bool(flt.scorer.learned_weights()) == read_better  # the reader's tensors, if fused
+    # the check's two half-share readers, and when fused one reader on the whole share: the
+    # fused fit reads the check's out-of-fold scores, it does not fine-tune the halves again
+    assert len(tuned) == 2 + read_better

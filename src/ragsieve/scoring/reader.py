@@ -28,7 +28,11 @@ with an English model.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -54,6 +58,14 @@ from .weights import register_weights, weights_blob
 __all__ = ["ReaderScorer", "evidence_sentences"]
 
 logger = logging.getLogger(__name__)
+
+#: Recent cross-fits' out-of-fold scores, by what they were computed from: ``auto``'s reader
+#: check and the fused score's fit cross-fit the same fit share the same way, so the fit
+#: reads the check's scores here instead of fine-tuning the two half-share readers again
+#: (minutes on 2 cores). A few entries (arrays of one float per fit pair).
+_OUT_OF_FOLD: OrderedDict[str, np.ndarray] = OrderedDict()
+_OUT_OF_FOLD_KEEP = 4
+_OUT_OF_FOLD_LOCK = threading.Lock()
 
 
 class ReaderScorer(Scorer):
@@ -260,6 +272,13 @@ class ReaderShareFit:
             The rows span fewer than two questions, or a half lacks a class.
         """
         rows = np.arange(len(self.pairs)) if rows is None else np.asarray(rows, dtype=int)
+        key = self._fold_key(rows, seed)
+        with _OUT_OF_FOLD_LOCK:
+            if key in _OUT_OF_FOLD:
+                _OUT_OF_FOLD.move_to_end(key)
+                logger.info("the reader's out-of-fold scores of these %d pairs were computed "
+                            "already (the reader check): not fine-tuned again", rows.size)
+                return rows, _OUT_OF_FOLD[key].copy()
         groups = np.array([str(self.pairs[i].group) for i in rows])
         if np.unique(groups).size < 2:  # one fit topic (few topics): halves of its questions
             groups = np.array([str(self.pairs[i].query_id) for i in rows])
@@ -274,7 +293,24 @@ class ReaderShareFit:
         for train, held in ((first, ~first), (~first, first)):
             reader = self.scorer.fitted_on([self.pairs[i] for i in rows[train]], seed=seed)
             scores[held] = reader.score_pairs([self.pairs[i] for i in rows[held]])
+        with _OUT_OF_FOLD_LOCK:
+            _OUT_OF_FOLD[key] = scores.copy()
+            while len(_OUT_OF_FOLD) > _OUT_OF_FOLD_KEEP:
+                _OUT_OF_FOLD.popitem(last=False)
         return rows, scores
+
+    def _fold_key(self, rows: np.ndarray, seed: int) -> str:
+        """What a cross-fit's scores follow from: the reader's settings, the seed and every
+        row's question, text, label, topic and meta (a sentence's snippet, say), in order."""
+        digest = hashlib.sha256(json.dumps([self.scorer.spec(), int(seed), int(rows.size)],
+                                           sort_keys=True).encode())
+        for i in rows:
+            pair = self.pairs[i]
+            digest.update(json.dumps([pair.query_id, pair.query, pair.text, pair.relevant,
+                                      str(pair.group)], ensure_ascii=False).encode())
+            digest.update(json.dumps(pair.meta, sort_keys=True, default=str,
+                                     ensure_ascii=False).encode())
+        return digest.hexdigest()
 
     def fitted(self, fit: np.ndarray) -> tuple[ReaderScorer, np.ndarray]:
         """The reader fitted on the pairs ``fit`` (a boolean mask over the pairs) and the

@@ -104,7 +104,9 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
     base : Scorer
         The fused score's base (``1 - cos``), the score the reader must beat.
     seed : int
-        The calibration seed (the fit share's draw and the fine-tunes').
+        The calibration seed (the fit share's draw). The fine-tunes are seeded as the fused
+        score's fit seeds its own, so a fused reader's fit reuses the check's out-of-fold
+        scores (:class:`~ragsieve.scoring.reader.ReaderShareFit`).
     language, query_language : str or None
         The snippets' and the queries' languages (None: not known; the queries' default to
         the snippets').
@@ -149,7 +151,9 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
     from .reader import ReaderScorer
 
     try:
-        rows, reader_scores = ReaderScorer().fit_share(share).out_of_fold(seed=seed)
+        # the fine-tunes seeded as the fused score's fit seeds its own (0): when the reader
+        # is fused, that fit reads these out-of-fold scores instead of fine-tuning again
+        rows, reader_scores = ReaderScorer().fit_share(share).out_of_fold()
     except CalibrationError as exc:
         return ReaderCheck(False, f"not tried: {exc}")
     held = [share[i] for i in rows]
