@@ -112,16 +112,22 @@ def test_the_unfitted_reader_asks_to_be_calibrated() -> None:
         ReaderScorer().score_batch("Who?", ["Someone."])
 
 
-@pytest.mark.slow  # three fine-tunes and a fused fit: about a minute
-def test_the_portable_reader_preset_cross_fits_the_reader(xquad_en: list[Pair],
-                                                          tmp_path: Path) -> None:
+@pytest.mark.slow  # three fine-tunes and a fused fit: about a minute each
+@pytest.mark.parametrize(("preset", "learner", "list_dependent"),
+                         [("portable-reader", "logistic", False),
+                          ("quality-reader", "boosted", True)])
+def test_a_reader_preset_cross_fits_the_reader(xquad_en: list[Pair], tmp_path: Path,
+                                               preset: str, learner: str,
+                                               list_dependent: bool) -> None:
     from ragsieve.scoring import FusedScorer
 
     pairs = first_topics(xquad_en, 8, 3)
-    fused = FusedScorer.unfitted(preset="portable-reader")
+    fused = FusedScorer.unfitted(preset=preset)
     flt = ConformalFilter(fused, alpha=0.2).calibrate(pairs, seed=1, monitor=False)
     readers = [s for s in flt.scorer.signal_scorers if s.name == "reader"]
-    assert len(readers) == 1 and readers[0].is_fitted and not flt.scorer.list_dependent
+    assert len(readers) == 1 and readers[0].is_fitted
+    assert flt.scorer.list_dependent == list_dependent
+    assert flt.scorer.spec()["learner"] == learner
     weights = flt.scorer.learned_weights()
     assert list(weights) == [readers[0].weights]
     back = ConformalFilter.load(flt.save(tmp_path / "fused.json"))

@@ -99,3 +99,16 @@ def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair],
     # the check's two half-share readers, and when fused one reader on the whole share: the
     # fused fit reads the check's out-of-fold scores, it does not fine-tune the halves again
     assert len(tuned) == 2 + read_better
+
+
+def test_the_cross_fit_says_when_it_cannot_measure() -> None:
+    from ragsieve.scoring.reader_check import _cross_fitted
+
+    held = [Pair(f"q{i}", "Q?", f"s{i}", "t", relevant=int(i < 4), group=f"g{i // 4}")
+            for i in range(8)]  # each topic one class: no half can be measured
+    labels = np.array([p.relevant for p in held])
+    base, reader = np.linspace(0, 1, 8), np.linspace(1, 0, 8)
+    assert _cross_fitted(labels, base, reader, held) is None
+    mixed = [replace(p, group=f"g{i % 2}") for i, p in enumerate(held)]
+    measured = _cross_fitted(labels, base, reader, mixed)
+    assert measured is not None and all(0.0 <= auc <= 1.0 for auc in measured)

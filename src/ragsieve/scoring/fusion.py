@@ -947,7 +947,9 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
                  "the language(s), BM25 and the best sentence's cosine; base: the embedder "
                  "alone, which scores from vectors; portable: list-free, the embedder, a "
                  "BM25 of frozen corpus statistics and the best sentence's cosine, valid "
-                 "behind any retriever)", "--preset", choices=PRESETS),
+                 "behind any retriever; reader, portable-reader, quality-reader: fast, "
+                 "portable, quality and a cross-encoder fine-tuned on the calibration fit "
+                 "topics, English, minutes to fit)", "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
     ScorerOption("query_language", str, None, "scorer best: language of the queries, when "
                  "not the texts' (the model and the preset's embedders are then ones trained "

@@ -162,7 +162,13 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
         return ReaderCheck(False, "not tried: the held-back fit pairs hold one class only")
     base_scores = np.asarray(base.score_pairs(held), dtype=float)
     reader_auc = _auc(labels, reader_scores)
-    base_auc, fused_auc = _cross_fitted(labels, base_scores, reader_scores, held)
+    cross = _cross_fitted(labels, base_scores, reader_scores, held)
+    if cross is None:
+        return ReaderCheck(False, f"not fused: no half of the {len(held)} held-back fit pairs' "
+                           "topics holds both relevant and irrelevant pairs, so what the reader "
+                           "adds to 1 - cos could not be measured", _auc(labels, reader_scores),
+                           _auc(labels, base_scores), len(held), None)
+    base_auc, fused_auc = cross
     helps = fused_auc >= base_auc + MIN_READER_GAIN
     verdict = "fused" if helps else "not fused"
     reason = (f"{verdict}: on the fit share's held-back halves ({len(held)} pairs, each scored "
@@ -174,10 +180,11 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
 
 
 def _cross_fitted(labels: np.ndarray, base: np.ndarray, reader: np.ndarray,
-                  held: Sequence[Pair]) -> tuple[float, float]:
+                  held: Sequence[Pair]) -> tuple[float, float] | None:
     """ROC-AUC of ``base`` and of a logistic regression on (base, reader), each the mean
     over two topic-disjoint halves of the held-back pairs (the regression fitted on one
-    half, measured on the other); halves of the questions when they span one topic."""
+    half, measured on the other); halves of the questions when they span one topic. None
+    when neither way round has both classes on both sides."""
     model_selection = require("sklearn.model_selection", "embed")
     linear = require("sklearn.linear_model", "embed")
     pipeline = require("sklearn.pipeline", "embed")
@@ -195,6 +202,6 @@ def _cross_fitted(labels: np.ndarray, base: np.ndarray, reader: np.ndarray,
         model.fit(x[train], labels[train])
         fused_aucs.append(_auc(labels[test], -model.decision_function(x[test])))
         base_aucs.append(_auc(labels[test], base[test]))
-    if not fused_aucs:  # no half with both classes: the pooled ranking of base alone
-        return _auc(labels, base), _auc(labels, base)
+    if not fused_aucs:
+        return None
     return float(np.mean(base_aucs)), float(np.mean(fused_aucs))

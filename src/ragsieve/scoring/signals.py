@@ -42,6 +42,8 @@ only:
 ``portable-reader``
     ``portable`` and the reader, each signal's own score only; logistic regression.
     List-free. English.
+``quality-reader``
+    ``quality`` and the reader; boosted trees. List-aware. English. The costs of both.
 
 The language is the base embedding scorer's (``EmbeddingScorer(language=...)``, which the
 default ``auto`` score sets from the detected or given language).
@@ -74,12 +76,13 @@ from .sentence_cosine import SentenceCosineScorer
 __all__ = ["DEFAULT_PRESET", "LIST_FREE_PRESETS", "PRESETS", "PRESET_LEARNERS", "READER_PRESETS",
            "other_embedders", "preset_signals", "signal_label"]
 
-PRESETS = ("base", "fast", "quality", "portable", "reader", "portable-reader")
+PRESETS = ("base", "fast", "quality", "portable", "reader", "portable-reader",
+           "quality-reader")
 #: The presets whose fused score learns each signal's own score only (no list features):
 #: a snippet's score does not depend on its list.
 LIST_FREE_PRESETS = frozenset({"portable", "portable-reader"})
 #: The presets with the reader among their signals (fine-tuned at calibration; English).
-READER_PRESETS = frozenset({"reader", "portable-reader"})
+READER_PRESETS = frozenset({"reader", "portable-reader", "quality-reader"})
 #: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``. On the
 #: six shared XQuAD languages and SelQA dev it removes 0.8-7.0 points more than the fused
 #: score of the base alone at alpha 0.1 (93-102 % of the oracle's removal) for the base
@@ -95,7 +98,8 @@ DEFAULT_PRESET = "fast"
 #: coverage on target for both (docs/scores.md, "The portable score").
 PRESET_LEARNERS: Mapping[str, str] = {"base": "logistic", "fast": "logistic", "quality": "boosted",
                                       "portable": "logistic", "reader": "logistic",
-                                      "portable-reader": "logistic"}
+                                      "portable-reader": "logistic",
+                                      "quality-reader": "boosted"}
 
 
 def check_preset(preset: Any) -> str:
@@ -112,7 +116,8 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
     ----------
     base : Scorer
         The fused score's base; presets add signals to an embedding score only.
-    preset : {"base", "fast", "quality", "portable", "reader", "portable-reader"}
+    preset : {"base", "fast", "quality", "portable", "reader", "portable-reader", \
+"quality-reader"}
     query_language : str, optional
         The queries' language when it is not the base's (the snippets'): ``fast`` and
         ``portable`` then also take, and ``quality`` takes only, the other embedders trained
@@ -126,7 +131,8 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
         ``base``: none; ``fast``: the in-list BM25; ``quality``: the other embedders of the base's
         language (in the order of ``MODEL_LANGUAGES``), the in-list BM25 and the base
         model's best-sentence cosine; ``portable``: the frozen-corpus BM25 (unfitted) and
-        the base model's best-sentence cosine. Across languages (``query_language``),
+        the base model's best-sentence cosine; each ``*-reader`` preset: its preset's
+        signals and the reader (unfitted). Across languages (``query_language``),
         ``fast`` and ``portable`` add the other embedders trained on both languages before
         the BM25 and ``quality`` takes those instead of the snippets' language's. Empty for a base that is no embedding
         score. The embedders share the base's cache directory and batch size; the
@@ -141,6 +147,8 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
     ['multilingual-e5-small-q4', 'bm25-list']
     >>> [s.spec()["scorer"] for s in preset_signals(base, "portable")]
     ['bm25-corpus', 'sentence-cos']
+    >>> [s.spec()["scorer"] for s in preset_signals(EmbeddingScorer(), "quality-reader")]
+    ['embedding', 'embedding', 'bm25-list', 'sentence-cos', 'reader']
     """
     if check_preset(preset) == "base" or not isinstance(base, EmbeddingScorer):
         return []
@@ -153,7 +161,8 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
         return [*(other_embedders(base, also) if also else []), CorpusBM25Scorer(),
                 SentenceCosineScorer.sharing(base),
                 *([ReaderScorer()] if preset == "portable-reader" else [])]
-    return [*other_embedders(base, also), ListBM25Scorer(), SentenceCosineScorer.sharing(base)]
+    return [*other_embedders(base, also), ListBM25Scorer(), SentenceCosineScorer.sharing(base),
+            *([ReaderScorer()] if preset == "quality-reader" else [])]
 
 
 def other_embedders(base: EmbeddingScorer, also: Iterable[str] = ()) -> list[Scorer]:
