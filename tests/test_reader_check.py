@@ -112,3 +112,22 @@ def test_the_cross_fit_says_when_it_cannot_measure() -> None:
     mixed = [replace(p, group=f"g{i % 2}") for i, p in enumerate(held)]
     measured = _cross_fitted(labels, base, reader, mixed)
     assert measured is not None and all(0.0 <= auc <= 1.0 for auc in measured)
+
+
+def test_the_fused_fit_reads_the_checks_half_readers(few_topics: list[Pair], minilm_scorer,  # type: ignore[no-untyped-def]
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragsieve.scoring import FusedScorer
+
+    monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())
+    found = check_reader(few_topics, minilm_scorer, seed=1, mode="always")
+    assert found.reader_auc is not None  # the check fine-tuned its two half-share readers
+    tuned: list[int] = []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tuned.append(len(args[0]))
+        return fine_tune(*args, **kwargs)
+
+    monkeypatch.setattr(reader_module, "fine_tune", counted)
+    fused = FusedScorer.unfitted(preset="portable-reader").fit_topics(few_topics, seed=1)
+    assert fused.scorer.is_fitted
+    assert len(tuned) == 1  # the whole share's reader only: the halves were the check's
