@@ -69,6 +69,7 @@ from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.data import group_splits, load_dataset
 from ragsieve.embeddings.detection import detect_language
 from ragsieve.scoring import EmbeddingScorer, FusedScorer, ReaderScorer, Scorer
+from ragsieve.scoring.reader import _OUT_OF_FOLD
 from ragsieve.types import Pair
 
 DATASETS = ("xquad-en", "selqa-dev")
@@ -92,6 +93,7 @@ def make_scorer(score: str, base: EmbeddingScorer) -> Scorer:
 def run_score(score: str, base: EmbeddingScorer, cal: list[Pair], test: list[Pair],
               alphas: Sequence[float], split: int) -> list[dict[str, Any]]:
     """Fit ``score`` on the calibration half, calibrate each alpha, measure on the test half."""
+    _OUT_OF_FOLD.clear()  # each score's own fine-tunes: not another reader preset's of this share
     t0 = time.perf_counter()
     done = make_scorer(score, base).fit_topics(cal, seed=split)
     fit_seconds = time.perf_counter() - t0
