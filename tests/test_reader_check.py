@@ -78,16 +78,23 @@ def test_auto_records_what_the_check_found(few_topics: list[Pair]) -> None:
     assert default.scorer.spec() == never.scorer.spec()  # both the portable fused score
 
 
-def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair],
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    tuned: list[int] = []  # the real fine-tune, counted
+@pytest.fixture
+def tuned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every real fine-tune the test causes (the reader's own, counted), with
+    no earlier test's cross-fits in the process's cache."""
+    sizes: list[int] = []
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        tuned.append(len(args[0]))
+        sizes.append(len(args[0]))
         return fine_tune(*args, **kwargs)
 
+    monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())
     monkeypatch.setattr(reader_module, "fine_tune", counted)
-    monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())  # not an earlier test's
+    return sizes
+
+
+def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair],
+                                                      tuned: list[int]) -> None:
     flt = ConformalFilter(AutoScorer(reader_check="always"), alpha=0.2).calibrate(
         few_topics, seed=1, monitor=False)
     choice = flt.calibration_info["score_choice"]
@@ -115,19 +122,11 @@ def test_the_cross_fit_says_when_it_cannot_measure() -> None:
 
 
 def test_the_fused_fit_reads_the_checks_half_readers(few_topics: list[Pair], minilm_scorer,  # type: ignore[no-untyped-def]
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     tuned: list[int]) -> None:
     from ragsieve.scoring import FusedScorer
 
-    monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())
     found = check_reader(few_topics, minilm_scorer, seed=1, mode="always")
-    assert found.reader_auc is not None  # the check fine-tuned its two half-share readers
-    tuned: list[int] = []
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        tuned.append(len(args[0]))
-        return fine_tune(*args, **kwargs)
-
-    monkeypatch.setattr(reader_module, "fine_tune", counted)
+    assert found.reader_auc is not None and len(tuned) == 2  # the two half-share readers
     fused = FusedScorer.unfitted(preset="portable-reader").fit_topics(few_topics, seed=1)
     assert fused.scorer.is_fitted
-    assert len(tuned) == 1  # the whole share's reader only: the halves were the check's
+    assert len(tuned) == 3  # and the whole share's reader only: the halves were the check's

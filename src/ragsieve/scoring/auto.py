@@ -41,6 +41,7 @@ from .base import Resolution, Scorer
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
 from .registry import resolve_scorer
+from .signals import LIST_FREE_PRESETS, READER_PRESETS
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
            "choose_languages", "choose_score"]
@@ -89,8 +90,8 @@ class ScoreChoice:
         ``"1 - cos (embedding)"``."""
         if self.alias != "best":
             return "1 - cos (embedding)"
-        with_reader = " with the reader" if self.preset in ("reader", "portable-reader") else ""
-        if self.preset in ("portable", "portable-reader"):
+        with_reader = " with the reader" if self.preset in READER_PRESETS else ""
+        if self.preset in LIST_FREE_PRESETS:
             return f"fused, portable{with_reader} (list-free)"
         return f"fused (best{with_reader}, list-aware)"
 

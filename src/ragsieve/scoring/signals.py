@@ -83,6 +83,9 @@ PRESETS = ("base", "fast", "quality", "portable", "reader", "portable-reader",
 LIST_FREE_PRESETS = frozenset({"portable", "portable-reader"})
 #: The presets with the reader among their signals (fine-tuned at calibration; English).
 READER_PRESETS = frozenset({"reader", "portable-reader", "quality-reader"})
+#: Each reader preset's signals without the reader: the preset it adds the reader to.
+_WITHOUT_READER: Mapping[str, str] = {"reader": "fast", "portable-reader": "portable",
+                                      "quality-reader": "quality"}
 #: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``. On the
 #: six shared XQuAD languages and SelQA dev it removes 0.8-7.0 points more than the fused
 #: score of the base alone at alpha 0.1 (93-102 % of the oracle's removal) for the base
@@ -154,15 +157,15 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
         return []
     also = ([query_language] if query_language is not None and
             normalise_language(query_language) != normalise_language(base.language) else [])
-    if preset in ("fast", "reader"):
-        return [*(other_embedders(base, also) if also else []), ListBM25Scorer(),
-                *([ReaderScorer()] if preset == "reader" else [])]
-    if preset in ("portable", "portable-reader"):
+    reader: list[Scorer] = [ReaderScorer()] if preset in READER_PRESETS else []
+    family = _WITHOUT_READER.get(preset, preset)
+    if family == "fast":
+        return [*(other_embedders(base, also) if also else []), ListBM25Scorer(), *reader]
+    if family == "portable":
         return [*(other_embedders(base, also) if also else []), CorpusBM25Scorer(),
-                SentenceCosineScorer.sharing(base),
-                *([ReaderScorer()] if preset == "portable-reader" else [])]
+                SentenceCosineScorer.sharing(base), *reader]
     return [*other_embedders(base, also), ListBM25Scorer(), SentenceCosineScorer.sharing(base),
-            *([ReaderScorer()] if preset == "quality-reader" else [])]
+            *reader]
 
 
 def other_embedders(base: EmbeddingScorer, also: Iterable[str] = ()) -> list[Scorer]:
