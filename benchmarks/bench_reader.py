@@ -67,9 +67,11 @@ from sklearn.metrics import roc_auc_score
 from ragsieve._paths import cache_dir
 from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.data import group_splits, load_dataset
+from ragsieve.embeddings.cross_encoder import DEFAULT_BASE, READER_BASES
 from ragsieve.embeddings.detection import detect_language
 from ragsieve.scoring import EmbeddingScorer, FusedScorer, ReaderScorer, Scorer
 from ragsieve.scoring.reader import _OUT_OF_FOLD
+from ragsieve.scoring.signals import PRESETS, preset_signals
 from ragsieve.types import Pair
 
 DATASETS = ("xquad-en", "selqa-dev")
@@ -79,23 +81,25 @@ SCORES = ("fast", "portable", "reader", "fused-reader", "portable-reader")
 KNOWN_SCORES = (*SCORES, "quality", "quality-reader")
 
 
-def make_scorer(score: str, base: EmbeddingScorer) -> Scorer:
-    """A fresh, unfitted scorer of ``score``."""
-    if score in ("fast", "portable", "quality", "portable-reader", "quality-reader"):
-        return FusedScorer.unfitted(base, preset=score)
-    if score == "fused-reader":
-        return FusedScorer.unfitted(base, preset="reader")
+def make_scorer(score: str, base: EmbeddingScorer, reader_base: str = DEFAULT_BASE) -> Scorer:
+    """A fresh, unfitted scorer of ``score`` (its reader fine-tuned from ``reader_base``)."""
     if score == "reader":
-        return ReaderScorer()
-    raise ValueError(f"score == {score!r}, expected one of {', '.join(KNOWN_SCORES)}.")
+        return ReaderScorer(model=reader_base)
+    preset = "reader" if score == "fused-reader" else score
+    if preset not in PRESETS:
+        raise ValueError(f"score == {score!r}, expected one of {', '.join(KNOWN_SCORES)}.")
+    signals = [ReaderScorer(model=reader_base) if isinstance(s, ReaderScorer) else s
+               for s in preset_signals(base, preset)]
+    return FusedScorer.unfitted(base, preset=preset, signals=signals)
 
 
 def run_score(score: str, base: EmbeddingScorer, cal: list[Pair], test: list[Pair],
-              alphas: Sequence[float], split: int) -> list[dict[str, Any]]:
+              alphas: Sequence[float], split: int,
+              reader_base: str = DEFAULT_BASE) -> list[dict[str, Any]]:
     """Fit ``score`` on the calibration half, calibrate each alpha, measure on the test half."""
     _OUT_OF_FOLD.clear()  # each score's own fine-tunes: not another reader preset's of this share
     t0 = time.perf_counter()
-    done = make_scorer(score, base).fit_topics(cal, seed=split)
+    done = make_scorer(score, base, reader_base).fit_topics(cal, seed=split)
     fit_seconds = time.perf_counter() - t0
     share = done.pairs
     if done.scores is not None:
@@ -139,8 +143,8 @@ def measure(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         test = [p for p in pairs if p.group in test_topics]
         for score in args.scores:
             t0 = time.perf_counter()
-            for row in run_score(score, base, cal, test, args.alpha, split):
-                rows.append({"dataset": name, **row})
+            for row in run_score(score, base, cal, test, args.alpha, split, args.reader_base):
+                rows.append({"dataset": name, "reader_base": args.reader_base, **row})
             print(f"{name} split {split} {score}: {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr, flush=True)
     return rows
@@ -196,7 +200,7 @@ def _costs(rows: list[dict[str, Any]], title: str, names: tuple[str, str],
     return out
 
 
-def backends() -> str:
+def backends(reader_base: str = DEFAULT_BASE) -> str:
     """Reader scoring speed and agreement: torch fp32, ONNX Runtime fp32 and int8."""
     import tempfile
     import warnings
@@ -208,24 +212,25 @@ def backends() -> str:
     pairs = load_dataset("xquad-en")
     fit = ([p for p in pairs if p.relevant == 1][:60]
            + [p for p in pairs if p.relevant == 0][:180])
-    model = ReaderScorer(max_fit_pairs=240).fitted_on(fit, seed=0)._reader()
+    model = ReaderScorer(max_fit_pairs=240, model=reader_base).fitted_on(fit, seed=0)._reader()
     ev = pairs[1000:1512]
     queries, texts = [p.query for p in ev], [p.text for p in ev]
     t0 = time.perf_counter()
     ref = model.logits(queries, texts)
-    lines = [f"torch fp32: {len(ev) / (time.perf_counter() - t0):.1f} pairs/s"]
-    names = ["input_ids", "attention_mask", "token_type_ids"]
+    speed = len(ev) / (time.perf_counter() - t0)
+    lines = [f"{reader_base} reader, torch fp32: {speed:.1f} pairs/s"]
     folder = tempfile.mkdtemp()
     fp32, int8 = os.path.join(folder, "reader.onnx"), os.path.join(folder, "reader-int8.onnx")
-    example = model.tokenizer(["hello world"], ["a longer example sentence"], return_tensors="pt")
+    example = model.encode(["hello world"], ["a longer example sentence"], 256)
+    names = list(example)  # the token ids, masks and types, the question's and text's masks
 
     class Logit(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.m = model.model
 
-        def forward(self, a: Any, b: Any, c: Any) -> Any:
-            return self.m(input_ids=a, attention_mask=b, token_type_ids=c)[:, None]
+        def forward(self, *inputs: Any) -> Any:
+            return self.m(**dict(zip(names, inputs, strict=True)))[:, None]
 
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -243,10 +248,8 @@ def backends() -> str:
         t0 = time.perf_counter()
         for i in range(0, len(ev), 32):
             rows = order[i:i + 32]
-            enc = model.tokenizer([queries[j] for j in rows], [texts[j] for j in rows],
-                                  truncation="longest_first", max_length=256, padding=True,
-                                  return_tensors="np")
-            out[rows] = session.run(None, {n: enc[n].astype(np.int64) for n in names})[0][:, 0]
+            enc = model.encode([queries[j] for j in rows], [texts[j] for j in rows], 256)
+            out[rows] = session.run(None, {n: enc[n].numpy() for n in names})[0][:, 0]
         seconds = time.perf_counter() - t0
         lines.append(f"{name}: {len(ev) / seconds:.1f} pairs/s, max |logit - torch| "
                      f"{np.max(np.abs(out - ref)):.2e}, file {os.path.getsize(path) / 1e6:.1f} MB")
@@ -263,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--alpha", default=",".join(map(str, ALPHAS)))
     parser.add_argument("--scores", default=",".join(SCORES))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reader-base", default=DEFAULT_BASE, choices=tuple(READER_BASES),
+                        help="the base every reader score fine-tunes (default: the product's)")
     parser.add_argument("--cache-dir", default=str(cache_dir() / "embeddings"))
     parser.add_argument("--out", help="write the markdown table here too")
     parser.add_argument("--json", help="write the per-split rows here")
@@ -270,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="measure the reader's scoring with torch and ONNX Runtime instead")
     args = parser.parse_args(argv)
     if args.backends:
-        print(backends())
+        print(backends(args.reader_base))
         return 0
     args.alpha = [float(a) for a in args.alpha.split(",")]
     args.scores = [s.strip() for s in args.scores.split(",") if s.strip()]

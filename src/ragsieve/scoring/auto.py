@@ -416,8 +416,8 @@ class AutoScorer(Scorer):
         "query_language", str, None, "language of the queries, when not the texts' "
         "(default: --language's, else detected)", "--query-language"), ScorerOption(
         "reader_check", str, "auto", "scorer auto: whether it may fuse the reader fine-tuned on the fit "
-        "topics: auto (checked where English and >= 500 relevant fit pairs), always (checked "
-        "on any English data), never", "--reader-check", choices=("auto", "always", "never")))
+        "topics: auto (checked where the reader's base knows the languages and >= 500 relevant "
+        "fit pairs), always (checked on data of any language the base knows), never", "--reader-check", choices=("auto", "always", "never")))
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
                  query_language: str | None = None, backend: str = "auto",

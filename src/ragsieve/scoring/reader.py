@@ -2,9 +2,10 @@
 
 Every other score sees the question and the snippet apart (an embedding's cosine) or
 counts words (BM25); the reader reads them together. No reading model ships in any
-package, so ragsieve makes one: :meth:`ReaderScorer.fit_topics` fine-tunes the bundled
-English MiniLM (:mod:`ragsieve.embeddings.cross_encoder`: its layers over the question and
-the snippet together, and a cosine head) on the pairs of a seeded share of the calibration topics, the same draw
+package, so ragsieve makes one: :meth:`ReaderScorer.fit_topics` fine-tunes a bundled
+encoder (:mod:`ragsieve.embeddings.cross_encoder`: multilingual-e5-small by default, the
+English MiniLM on request; its layers over the question and the snippet together, and a
+cosine head) on the pairs of a seeded share of the calibration topics, the same draw
 that fits the fused score (:func:`~ragsieve.scoring.fusion.fusion_fit_mask`), and the
 threshold is calibrated on the other topics, which the reader never saw: the guarantee is
 untouched. The score is ``1 - P(relevant)``, one pair at a time (no list statistics), so
@@ -22,8 +23,9 @@ tensors (float16) travel in the artifact's sealed ``weights`` block
 (:mod:`ragsieve.scoring.weights`); the spec names them by sha256, and the base by the
 sha256 of the bundled weights file, checked when the reader is loaded.
 
-The reader is trained for English (its base is English); on other languages it reads
-with an English model.
+The default base, multilingual-e5-small, was trained on the ~100 languages of XLM-R,
+queries and snippets in different languages included; the MiniLM base on English only
+(:func:`reader_for` says which base reads a language pair).
 """
 
 from __future__ import annotations
@@ -40,13 +42,15 @@ import numpy as np
 
 from .._validation import check_int, check_str
 from ..embeddings.cross_encoder import (
-    BASE_MODEL,
+    DEFAULT_BASE,
     DEFAULT_LAYERS,
+    READER_BASES,
     ReaderWeights,
     base_fingerprint,
     fine_tune,
     load_reader,
 )
+from ..embeddings.languages import normalise_language
 from ..errors import CalibrationError, DataError, ScorerError
 from ..types import Pair
 from ..units import sentence_pairs
@@ -55,7 +59,7 @@ from .options import ScorerOption
 from .shares import fusion_fit_mask
 from .weights import register_weights, weights_blob
 
-__all__ = ["ReaderScorer", "evidence_sentences"]
+__all__ = ["ReaderScorer", "evidence_sentences", "reader_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,13 +84,16 @@ class ReaderScorer(Scorer):
     base_sha256 : str, optional
         The sha256 of the base weights file the reader was trained on (set by the fit).
     layers : int, default=6
-        Top transformer layers trained (six: all of MiniLM's).
+        Top transformer layers trained (six: all of MiniLM's, the top half of e5's).
     max_length : int, default=256
         Tokens read of a (question, snippet) pair.
     max_fit_pairs : int, default=4000
         Most pairs the fit reads.
     negatives : int, default=3
         Irrelevant pairs drawn for each relevant one of the fit share.
+    model : str, default="multilingual-e5-small-q4"
+        The base fine-tuned (None: the default): ``"multilingual-e5-small-q4"`` or
+        ``"all-MiniLM-L6-v2"`` (English; the base of readers saved by earlier versions).
 
     Examples
     --------
@@ -100,14 +107,20 @@ class ReaderScorer(Scorer):
         ScorerOption("max_fit_pairs", int, 4000, "scorer reader: most pairs it is fine-tuned "
                      "on (every relevant pair of the fit topics, 3 irrelevant ones each)",
                      "--reader-fit-pairs"),
+        ScorerOption("model", str, DEFAULT_BASE, "scorer reader: the bundled encoder it is "
+                     "fine-tuned from (multilingual-e5-small: ~100 languages; MiniLM: English, "
+                     "half the layers to run)", "--reader-base", choices=tuple(READER_BASES)),
     )
 
     def __init__(self, weights: str | None = None, *, base_sha256: str | None = None,
                  layers: int = DEFAULT_LAYERS, max_length: int = 256, max_fit_pairs: int = 4000,
-                 negatives: int = 3, model: str | None = None) -> None:
-        if model not in (None, BASE_MODEL):
-            raise ValueError(f"reader model == {model!r}; the reader is fine-tuned from "
-                             f"{BASE_MODEL!r} only.")
+                 negatives: int = 3, model: str | None = DEFAULT_BASE) -> None:
+        model = DEFAULT_BASE if model is None else model
+        if model not in READER_BASES:
+            raise ValueError(f"reader model == {model!r}, expected one of "
+                             f"{', '.join(map(repr, READER_BASES))} (the bases a reader is "
+                             "fine-tuned from).")
+        self.model = model
         self.weights = check_str(weights, "weights", allow_none=True, non_blank=True,
                                  hint="the sha256 of the reader's trained tensors")
         self.base_sha256 = check_str(base_sha256, "base_sha256", allow_none=True,
@@ -124,7 +137,7 @@ class ReaderScorer(Scorer):
         self._model: Any = None
 
     def spec(self) -> dict[str, Any]:
-        return {"scorer": self.name, "model": BASE_MODEL, "layers": self.layers,
+        return {"scorer": self.name, "model": self.model, "layers": self.layers,
                 "max_length": self.max_length, "max_fit_pairs": self.max_fit_pairs,
                 "negatives": self.negatives, "base_sha256": self.base_sha256,
                 "weights": self.weights}
@@ -167,12 +180,13 @@ class ReaderScorer(Scorer):
         read += evidence_sentences([p for p in read if p.relevant == 1],
                                    budget=self.max_fit_pairs - len(read))
         weights, _ = fine_tune([p.query for p in read], [p.text for p in read],
-                               [int(p.relevant or 0) for p in read], seed=seed,
+                               [int(p.relevant or 0) for p in read], base=self.model, seed=seed,
                                layers=self.layers, max_length=self.max_length)
         register_weights({weights.sha256: weights.blob})
-        fitted = ReaderScorer(weights.sha256, base_sha256=base_fingerprint(), layers=self.layers,
-                              max_length=self.max_length, max_fit_pairs=self.max_fit_pairs,
-                              negatives=self.negatives)
+        fitted = ReaderScorer(weights.sha256, base_sha256=base_fingerprint(self.model),
+                              layers=self.layers, max_length=self.max_length,
+                              max_fit_pairs=self.max_fit_pairs, negatives=self.negatives,
+                              model=self.model)
         fitted.n_read = len(read)
         return fitted
 
@@ -213,7 +227,8 @@ class ReaderScorer(Scorer):
     def unfitted_copy(self) -> ReaderScorer:
         """The reader before its fit (same settings)."""
         return ReaderScorer(layers=self.layers, max_length=self.max_length,
-                            max_fit_pairs=self.max_fit_pairs, negatives=self.negatives)
+                            max_fit_pairs=self.max_fit_pairs, negatives=self.negatives,
+                            model=self.model)
 
     def learned_weights(self) -> dict[str, bytes]:
         """The trained tensors by sha256 (none before the fit)."""
@@ -227,11 +242,12 @@ class ReaderScorer(Scorer):
             raise ScorerError("the reader is not fine-tuned yet: calibrate a filter with it "
                               "(ConformalFilter('reader').calibrate(pairs)), which fits it on "
                               "a share of the calibration topics.")
-        if self.base_sha256 is not None and self.base_sha256 != base_fingerprint():
-            raise ScorerError("the bundled base model (all-MiniLM-L6-v2) differs from the one "
-                              "this reader was fine-tuned on; recalibrate with this install.")
-        self._model = load_reader(ReaderWeights(weights_blob(self.weights)), layers=self.layers,
-                                  max_length=self.max_length)
+        if self.base_sha256 is not None and self.base_sha256 != base_fingerprint(self.model):
+            raise ScorerError(f"the installed base model ({self.model}) differs from the one "
+                              "this reader was fine-tuned on (its weights file's sha256); "
+                              "recalibrate with this install.")
+        self._model = load_reader(ReaderWeights(weights_blob(self.weights)), base=self.model,
+                                  layers=self.layers, max_length=self.max_length)
         return self._model
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
@@ -335,6 +351,23 @@ class ReaderShareFit:
         if rest.size:
             scores[rest] = final.score_pairs([self.pairs[i] for i in rest])
         return final, scores
+
+
+def reader_for(language: str | None, query_language: str | None = None) -> ReaderScorer | None:
+    """The reader for snippets in ``language`` and queries in ``query_language`` (default:
+    the snippets'): the default base where it was trained on both languages, else None.
+
+    Examples
+    --------
+    >>> reader_for("de", "en").spec()["model"]
+    'multilingual-e5-small-q4'
+    >>> reader_for("tlh") is None
+    True
+    """
+    if language is None:
+        return None
+    wanted = {normalise_language(language), normalise_language(query_language or language)}
+    return ReaderScorer() if wanted <= READER_BASES[DEFAULT_BASE].languages else None
 
 
 def evidence_sentences(relevant: Sequence[Pair], *, budget: int | None = None) -> list[Pair]:

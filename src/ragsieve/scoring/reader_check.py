@@ -5,7 +5,9 @@ collections and not on others, and it costs minutes of fine-tuning. So the defau
 (``auto``) fuses it only where :func:`check_reader` finds it helping ``1 - cos`` on the
 calibration data itself, without touching the topics the threshold is calibrated on:
 
-1. the texts are English on both sides (the reader's base is the English MiniLM);
+1. the reader's base was trained on the texts' languages (multilingual-e5-small: the ~100
+   languages of XLM-R, queries and snippets in different ones included;
+   :func:`~ragsieve.scoring.reader.reader_for`);
 2. the fit share (:func:`~ragsieve.scoring.shares.fusion_fit_mask`: the topics that fit the
    fused score, never the calibration topics) holds at least ``MIN_READER_RELEVANT``
    relevant pairs (``reader_check="auto"``; ``"always"`` skips this gate);
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .._optional import require
+from ..embeddings.cross_encoder import DEFAULT_BASE
 from ..errors import CalibrationError
 from ..types import Pair
 from .base import Scorer
@@ -52,7 +55,8 @@ MIN_READER_RELEVANT = 500
 #: ROC-AUC the reader must add to ``1 - cos`` on the held-back fit pairs to be fused (it costs
 #: minutes of fine-tuning; a smaller gain is within what a few hundred pairs can show).
 MIN_READER_GAIN = 0.005
-#: ``"auto"``: check when the gates pass; ``"always"``: check on any English data;
+#: ``"auto"``: check when the gates pass; ``"always"``: check on data of any language the
+#: reader's base was trained on;
 #: ``"never"``: do not fine-tune (the reader is not used).
 READER_CHECKS = ("auto", "always", "never")
 
@@ -127,18 +131,21 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
 
     Examples
     --------
-    >>> check_reader([], None, language="de").reason
-    'not tried: the reader is English only (fine-tuned from the English MiniLM); the texts are de'
+    >>> check_reader([], None, language="tlh").reason
+    'not tried: the reader is fine-tuned from multilingual-e5-small-q4, not trained on tlh'
     """
     if mode not in READER_CHECKS:
         raise ValueError(f"reader_check == {mode!r}, expected one of {', '.join(READER_CHECKS)}.")
     if mode == "never":
         return ReaderCheck(False, "not tried (--reader-check never)")
+    from .reader import reader_for
+
     queries = query_language or language
-    if language != "en" or queries != "en":
+    reader = reader_for(language, query_language)
+    if reader is None:
         said = language if queries == language else f"queries {queries}, snippets {language}"
-        return ReaderCheck(False, "not tried: the reader is English only (fine-tuned from the "
-                           f"English MiniLM); the texts are {said or 'of an unknown language'}")
+        return ReaderCheck(False, f"not tried: the reader is fine-tuned from {DEFAULT_BASE}, "
+                           f"not trained on {said or 'texts of an unknown language'}")
     pairs = list(pairs)
     seen: dict[Any, int] = {}
     topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
@@ -149,12 +156,10 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
                            f"and the default checks the reader from {min_relevant} (the check and "
                            "the fused reader cost minutes of fine-tuning); --reader-check always "
                            "tries it")
-    from .reader import ReaderScorer
-
     try:
         # the fine-tunes seeded as the fused score's fit seeds its own (0): when the reader
         # is fused, that fit reads these out-of-fold scores instead of fine-tuning again
-        rows, reader_scores = ReaderScorer().fit_share(share).out_of_fold()
+        rows, reader_scores = reader.fit_share(share).out_of_fold()
     except CalibrationError as exc:
         return ReaderCheck(False, f"not tried: {exc}")
     held = [share[i] for i in rows]

@@ -35,15 +35,15 @@ only:
     Costs the base's model once per snippet and once per sentence.
 ``reader``
     ``fast`` and the reader (:class:`~ragsieve.scoring.reader.ReaderScorer`: a cross-encoder
-    fine-tuned from the bundled English MiniLM on the fit share of the calibration topics,
-    cross-fitted so the learner sees only scores of pairs the reader did not train on),
-    logistic regression. Costs a fine-tune at calibration (minutes on 2 cores) and a
-    cross-encoder pass per snippet. List-aware. English.
+    fine-tuned from the bundled multilingual-e5-small on the fit share of the calibration
+    topics, cross-fitted so the learner sees only scores of pairs the reader did not train
+    on), logistic regression. Costs fine-tunes at calibration (minutes on 2 cores) and a
+    cross-encoder pass per snippet. List-aware. The ~100 languages of e5.
 ``portable-reader``
     ``portable`` and the reader, each signal's own score only; logistic regression.
-    List-free. English.
+    List-free.
 ``quality-reader``
-    ``quality`` and the reader; boosted trees. List-aware. English. The costs of both.
+    ``quality`` and the reader; boosted trees. List-aware. The costs of both.
 
 The language is the base embedding scorer's (``EmbeddingScorer(language=...)``, which the
 default ``auto`` score sets from the detected or given language).
@@ -62,6 +62,7 @@ choose from: its fused score learns from the base alone, as before the presets e
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -70,18 +71,20 @@ from .base import Scorer
 from .corpus_bm25 import CorpusBM25Scorer
 from .embedding import EmbeddingScorer
 from .lexical import ListBM25Scorer
-from .reader import ReaderScorer
+from .reader import ReaderScorer, reader_for
 from .sentence_cosine import SentenceCosineScorer
 
 __all__ = ["DEFAULT_PRESET", "LIST_FREE_PRESETS", "PRESETS", "PRESET_LEARNERS", "READER_PRESETS",
            "other_embedders", "preset_signals", "signal_label"]
+
+logger = logging.getLogger(__name__)
 
 PRESETS = ("base", "fast", "quality", "portable", "reader", "portable-reader",
            "quality-reader")
 #: The presets whose fused score learns each signal's own score only (no list features):
 #: a snippet's score does not depend on its list.
 LIST_FREE_PRESETS = frozenset({"portable", "portable-reader"})
-#: The presets with the reader among their signals (fine-tuned at calibration; English).
+#: The presets with the reader among their signals (fine-tuned at calibration).
 READER_PRESETS = frozenset({"reader", "portable-reader", "quality-reader"})
 #: Each reader preset's signals without the reader: the preset it adds the reader to.
 _WITHOUT_READER: Mapping[str, str] = {"reader": "fast", "portable-reader": "portable",
@@ -157,7 +160,15 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
         return []
     also = ([query_language] if query_language is not None and
             normalise_language(query_language) != normalise_language(base.language) else [])
-    reader: list[Scorer] = [ReaderScorer()] if preset in READER_PRESETS else []
+    reader: list[Scorer] = []
+    if preset in READER_PRESETS:
+        chosen = reader_for(base.language, query_language)
+        if chosen is None:
+            chosen = ReaderScorer()
+            logger.warning("preset %s: the reader's base (%s) was not trained on %s; it is "
+                           "fine-tuned on your pairs all the same", preset, chosen.model,
+                           " and ".join(sorted({base.language, query_language or base.language})))
+        reader = [chosen]
     family = _WITHOUT_READER.get(preset, preset)
     if family == "fast":
         return [*(other_embedders(base, also) if also else []), ListBM25Scorer(), *reader]
