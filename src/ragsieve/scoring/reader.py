@@ -41,16 +41,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._validation import check_int, check_str
-from ..embeddings.cross_encoder import (
-    DEFAULT_BASE,
-    DEFAULT_LAYERS,
-    READER_BASES,
-    ReaderWeights,
-    base_fingerprint,
-    fine_tune,
-    load_reader,
-)
+from ..embeddings.cross_encoder import DEFAULT_LAYERS, ReaderWeights, fine_tune, load_reader
 from ..embeddings.languages import normalise_language
+from ..embeddings.reader_bases import DEFAULT_BASE, READER_BASES, base_fingerprint
 from ..errors import CalibrationError, DataError, ScorerError
 from ..types import Pair
 from ..units import sentence_pairs

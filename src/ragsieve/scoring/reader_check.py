@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from .._optional import require
-from ..embeddings.cross_encoder import DEFAULT_BASE
+from ..embeddings.reader_bases import DEFAULT_BASE
 from ..errors import CalibrationError
 from ..types import Pair
 from .base import Scorer
