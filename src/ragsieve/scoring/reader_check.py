@@ -45,12 +45,12 @@ __all__ = ["MIN_READER_GAIN", "MIN_READER_RELEVANT", "READER_CHECKS", "ReaderChe
 logger = logging.getLogger(__name__)
 
 #: Fewest relevant pairs in the fit share for ``reader_check="auto"`` to fine-tune. The check
-#: costs two fine-tunes of half the fit share and the fused reader three more: on the shared
-#: English sets (88-149 relevant fit pairs) the ``reader`` preset took 7-18 minutes to fit
-#: on 2 cores for 0.2-0.4 points more removal than ``fast`` at alpha 0.1 on XQuAD-en and
-#: none on SelQA dev (three splits each, ``benchmarks/bench_reader.py``), not worth a
-#: default's first run; the answer-sentence collection where the reader added most gave it
-#: about 900.
+#: costs two fine-tunes of half the fit share and the fused reader one more: on the shared
+#: sets (88-149 relevant fit pairs) the ``reader`` preset with the e5 base took 16-43 minutes
+#: to fit on 2 shared cores for 0.5-1.6 points more removal than ``fast`` at alpha 0.1
+#: (XQuAD-en and XQuAD-de one split each, SelQA dev the mean of three, one of them a loss;
+#: ``benchmarks/bench_reader.py``), not worth a default's first run; the answer-sentence
+#: collection where the reader added most gave it about 900.
 MIN_READER_RELEVANT = 500
 #: ROC-AUC the reader must add to ``1 - cos`` on the held-back fit pairs to be fused (it costs
 #: minutes of fine-tuning; a smaller gain is within what a few hundred pairs can show).
