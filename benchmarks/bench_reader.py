@@ -71,7 +71,7 @@ from ragsieve.embeddings.cross_encoder import DEFAULT_BASE, READER_BASES
 from ragsieve.embeddings.detection import detect_language
 from ragsieve.scoring import EmbeddingScorer, FusedScorer, ReaderScorer, Scorer
 from ragsieve.scoring.reader import _OUT_OF_FOLD
-from ragsieve.scoring.signals import PRESETS, preset_signals
+from ragsieve.scoring.signals import PRESETS, READER_PRESETS
 from ragsieve.types import Pair
 
 DATASETS = ("xquad-en", "selqa-dev")
@@ -88,9 +88,8 @@ def make_scorer(score: str, base: EmbeddingScorer, reader_base: str = DEFAULT_BA
     preset = "reader" if score == "fused-reader" else score
     if preset not in PRESETS:
         raise ValueError(f"score == {score!r}, expected one of {', '.join(KNOWN_SCORES)}.")
-    signals = [ReaderScorer(model=reader_base) if isinstance(s, ReaderScorer) else s
-               for s in preset_signals(base, preset)]
-    return FusedScorer.unfitted(base, preset=preset, signals=signals)
+    return FusedScorer.unfitted(base, preset=preset,
+                                reader_base=reader_base if preset in READER_PRESETS else None)
 
 
 def run_score(score: str, base: EmbeddingScorer, cal: list[Pair], test: list[Pair],

@@ -255,6 +255,29 @@ def test_the_preset_is_a_declared_option_with_a_flag() -> None:
         assert [s.get("model") for s in spec["signals"]] == ["multilingual-e5-small-q4", None]
 
 
+def test_reader_base_chooses_the_reader_presets_reader(caplog: pytest.LogCaptureFixture) -> None:
+    from ragsieve.cli import build_parser
+    from ragsieve.cli.scorers import ScorerRequest, make_scorer
+
+    def reader_of(*flags: str) -> dict[str, Any]:
+        args = build_parser().parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
+                                          "--no-cache", "--scorer", "best", *flags])
+        return make_scorer(ScorerRequest.from_args(args)).spec()["signals"][-1]
+
+    assert reader_of("--language", "en", "--preset", "reader")["model"] == "multilingual-e5-small-q4"
+    got = reader_of("--language", "en", "--preset", "portable-reader",
+                    "--reader-base", "all-MiniLM-L6-v2")
+    assert got["scorer"] == "reader" and got["model"] == "all-MiniLM-L6-v2"
+    with caplog.at_level("WARNING", logger="ragsieve.scoring.signals"):  # English-only base
+        assert reader_of("--language", "de", "--preset", "reader",
+                         "--reader-base", "all-MiniLM-L6-v2")["model"] == "all-MiniLM-L6-v2"
+    assert "was not trained on de" in caplog.text
+    with pytest.raises(ValueError, match="reader_base == 'all-MiniLM-L6-v2'.*preset 'fast'"):
+        reader_of("--language", "en", "--preset", "fast", "--reader-base", "all-MiniLM-L6-v2")
+    with pytest.raises(ValueError, match="reader model == 'bert'"):
+        FusedScorer.unfitted(preset="reader", reader_base="bert")
+
+
 @pytest.mark.parametrize("learner", ["logistic", "boosted"])
 def test_a_fitted_multi_signal_spec_rebuilds_the_same_scores(
         learner: str, minilm_scorer: EmbeddingScorer, fit_pairs: list[Pair],

@@ -53,12 +53,14 @@ from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 import numpy as np
 
 from .._validation import check_str
+from ..embeddings.reader_bases import DEFAULT_BASE, READER_BASES
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
 from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
 from .boosting import BoostedTrees
 from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .options import ScorerOption
+from .reader import READER_BASE_HELP
 from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
 from .sentence_cosine import SentenceCosineScorer
@@ -68,6 +70,7 @@ from .signals import (
     LIST_FREE_PRESETS,
     PRESET_LEARNERS,
     PRESETS,
+    READER_PRESETS,
     check_preset,
     preset_signals,
     signal_label,
@@ -523,6 +526,10 @@ class FusedScorer(ListTransform):
         Whether each signal brings its four list-relative transforms besides its score;
         default: the preset's (False for ``portable``, else True). A spec records it only
         when False.
+    reader_base : str or None
+        The base a reader preset's reader is fine-tuned from
+        (:func:`~ragsieve.scoring.signals.preset_signals`); None: the default base. Only
+        with a reader preset and no ``signals`` (a saved spec records the reader itself).
     query_language : str or None
         The queries' language when they are asked in another language than the snippets
         are written in (the base's language): the preset's signals are then those for
@@ -549,7 +556,8 @@ class FusedScorer(ListTransform):
 
     def __init__(self, base: Any = "embedding", *, signals: Sequence[Any] | None = None,
                  preset: str | None = None, learner: str | None = None,
-                 query_language: str | None = None, list_features: bool | None = None,
+                 query_language: str | None = None, reader_base: str | None = None,
+                 list_features: bool | None = None,
                  weights: Sequence[float] | np.ndarray | None = None, bias: float = 0.0,
                  mean: Sequence[float] | np.ndarray | None = None,
                  scale: Sequence[float] | np.ndarray | None = None,
@@ -564,8 +572,14 @@ class FusedScorer(ListTransform):
         self.base = resolve_scorer(base, **base_options) if base_options or not isinstance(base, Scorer) else base
         # "base": the base alone, the fused score of earlier versions (and their spec format)
         self.preset = None if preset is None or check_preset(preset) == "base" else preset
+        if reader_base is not None and (signals is not None or self.preset not in READER_PRESETS):
+            raise ValueError(f"reader_base == {reader_base!r} names the base of a reader preset's "
+                             f"reader; got preset {self.preset!r}"
+                             f"{' and signals' if signals is not None else ''} (expected one of "
+                             f"{', '.join(sorted(READER_PRESETS))}, without signals).")
         if signals is None:
-            signals = preset_signals(self.base, self.preset, query_language) if self.preset else []
+            signals = (preset_signals(self.base, self.preset, query_language,
+                                      reader_base=reader_base) if self.preset else [])
         elif isinstance(signals, (str, bytes, Mapping, Scorer)):
             raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
                             "or scorer specs.")
@@ -631,16 +645,19 @@ class FusedScorer(ListTransform):
 
     @classmethod
     def unfitted(cls, base: Any = "embedding", *, preset: str | None = DEFAULT_PRESET,
-                 query_language: str | None = None, **options: Any) -> FusedScorer:
+                 query_language: str | None = None, reader_base: str | None = None,
+                 **options: Any) -> FusedScorer:
         """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals,
         features and learner (:mod:`ragsieve.scoring.signals`), those for queries in
-        ``query_language`` when it is not the snippets' language.
+        ``query_language`` when it is not the snippets' language; a reader preset's reader
+        fine-tuned from ``reader_base`` (None: the default base).
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
         the rest (:func:`fit_fused_scorer`); scoring with it before then raises ``ScorerError``.
         """
-        return cls(base, preset=preset, query_language=query_language, **options)
+        return cls(base, preset=preset, query_language=query_language, reader_base=reader_base,
+                   **options)
 
     # ------------------------------------------------------------------ signals, features
     @property
@@ -949,8 +966,10 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
                  "BM25 of frozen corpus statistics and the best sentence's cosine, valid "
                  "behind any retriever; reader, portable-reader, quality-reader: fast, "
                  "portable, quality and a cross-encoder fine-tuned on the calibration fit "
-                 "topics, English, minutes to fit)", "--preset", choices=PRESETS),
+                 "topics, tens of minutes to fit on 2 cores)", "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
+    ScorerOption("reader_base", str, DEFAULT_BASE, READER_BASE_HELP, "--reader-base",
+                 choices=tuple(READER_BASES)),
     ScorerOption("query_language", str, None, "scorer best: language of the queries, when "
                  "not the texts' (the model and the preset's embedders are then ones trained "
                  "on both)", "--query-language"),

@@ -52,7 +52,7 @@ from .options import ScorerOption
 from .shares import fusion_fit_mask
 from .weights import register_weights, weights_blob
 
-__all__ = ["ReaderScorer", "evidence_sentences", "reader_for"]
+__all__ = ["READER_BASE_HELP", "ReaderScorer", "evidence_sentences", "reader_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,13 @@ logger = logging.getLogger(__name__)
 _OUT_OF_FOLD: OrderedDict[str, np.ndarray] = OrderedDict()
 _OUT_OF_FOLD_KEEP = 4
 _OUT_OF_FOLD_LOCK = threading.Lock()
+
+
+#: The help of ``--reader-base``, which sets the base of ``--scorer reader`` and of the reader
+#: in the ``best`` score's reader presets.
+READER_BASE_HELP = ("scorer reader, and the reader of --scorer best's *-reader presets: the "
+                    "bundled encoder it is fine-tuned from (multilingual-e5-small: ~100 "
+                    "languages; MiniLM: English, half the layers to run)")
 
 
 class ReaderScorer(Scorer):
@@ -100,9 +107,8 @@ class ReaderScorer(Scorer):
         ScorerOption("max_fit_pairs", int, 4000, "scorer reader: most pairs it is fine-tuned "
                      "on (every relevant pair of the fit topics, 3 irrelevant ones each)",
                      "--reader-fit-pairs"),
-        ScorerOption("model", str, DEFAULT_BASE, "scorer reader: the bundled encoder it is "
-                     "fine-tuned from (multilingual-e5-small: ~100 languages; MiniLM: English, "
-                     "half the layers to run)", "--reader-base", choices=tuple(READER_BASES)),
+        ScorerOption("model", str, DEFAULT_BASE, READER_BASE_HELP, "--reader-base",
+                     choices=tuple(READER_BASES)),
     )
 
     def __init__(self, weights: str | None = None, *, base_sha256: str | None = None,
@@ -346,9 +352,11 @@ class ReaderShareFit:
         return final, scores
 
 
-def reader_for(language: str | None, query_language: str | None = None) -> ReaderScorer | None:
+def reader_for(language: str | None, query_language: str | None = None, *,
+               base: str | None = None) -> ReaderScorer | None:
     """The reader for snippets in ``language`` and queries in ``query_language`` (default:
-    the snippets'): the default base where it was trained on both languages, else None.
+    the snippets'): one fine-tuned from ``base`` (default: the default base) where that base
+    was trained on both languages, else None.
 
     Examples
     --------
@@ -356,11 +364,14 @@ def reader_for(language: str | None, query_language: str | None = None) -> Reade
     'multilingual-e5-small-q4'
     >>> reader_for("tlh") is None
     True
+    >>> reader_for("de", base="all-MiniLM-L6-v2") is None
+    True
     """
     if language is None:
         return None
+    model = ReaderScorer(model=base).model  # a ValueError naming the bases for another name
     wanted = {normalise_language(language), normalise_language(query_language or language)}
-    return ReaderScorer() if wanted <= READER_BASES[DEFAULT_BASE].languages else None
+    return ReaderScorer(model=model) if wanted <= READER_BASES[model].languages else None
 
 
 def evidence_sentences(relevant: Sequence[Pair], *, budget: int | None = None) -> list[Pair]:

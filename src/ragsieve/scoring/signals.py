@@ -115,7 +115,8 @@ def check_preset(preset: Any) -> str:
     return str(preset)
 
 
-def preset_signals(base: Scorer, preset: str, query_language: str | None = None) -> list[Scorer]:
+def preset_signals(base: Scorer, preset: str, query_language: str | None = None, *,
+                   reader_base: str | None = None) -> list[Scorer]:
     """The signals ``preset`` adds to ``base`` (besides the base itself).
 
     Parameters
@@ -130,6 +131,10 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
         on both languages
         (:func:`other_embedders`). None, or the base's language: the queries are in the
         snippets' language.
+    reader_base : str, optional
+        The base the reader presets' reader is fine-tuned from
+        (:data:`~ragsieve.embeddings.cross_encoder.READER_BASES`); None: the default base.
+        A base not trained on the languages warns, and the reader is fine-tuned all the same.
 
     Returns
     -------
@@ -162,9 +167,9 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None)
             normalise_language(query_language) != normalise_language(base.language) else [])
     reader: list[Scorer] = []
     if preset in READER_PRESETS:
-        chosen = reader_for(base.language, query_language)
+        chosen = reader_for(base.language, query_language, base=reader_base)
         if chosen is None:
-            chosen = ReaderScorer()
+            chosen = ReaderScorer(model=reader_base)
             logger.warning("preset %s: the reader's base (%s) was not trained on %s; it is "
                            "fine-tuned on your pairs all the same", preset, chosen.model,
                            " and ".join(sorted({base.language, query_language or base.language})))
