@@ -9,7 +9,7 @@ wheel's 4-bit file, read by :mod:`ragsieve.embeddings.e5_file`) and the English 
    topic-disjoint split of ``--data`` (``fusion_fit_mask`` of the calibration half: every
    relevant fit pair, three irrelevant ones each, the evidence sentences), and measures the
    ROC-AUC on 150 test questions' lists of the other topics: the reader untrained
-   (:func:`~ragsieve.embeddings.cross_encoder._new_model`) and fine-tuned, the base's own
+   (:func:`~ragsieve.embeddings.cross_encoder.untrained_reader`) and fine-tuned, the base's own
    bi-encoder cosine (e5: the engine; MiniLM: its sentence-transformers vectors), and the
    two fused (logistic regression cross-fitted over two halves of the test questions);
    fine-tuning seconds per 1,000 fit pairs and scored pairs per second (torch fp32, the
@@ -50,7 +50,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from sklearn.preprocessing import StandardScaler
 
     from ragsieve.data import group_splits, load_dataset
-    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, reader_base
+    from ragsieve.embeddings.cross_encoder import untrained_reader
     from ragsieve.embeddings.detection import detect_language
     from ragsieve.embeddings.e5_file import agreement_with_engine
     from ragsieve.scoring.reader import ReaderScorer
@@ -76,7 +76,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     groups = np.array([p.query_id for p in test])
     out["test_pairs"] = len(test)
     for base in args.bases:
-        untrained = CrossEncoderModel(_new_model(0, base).eval(), reader_base(base).encoder())
+        untrained = untrained_reader(base)
         queries, texts = [p.query for p in test], [p.text for p in test]
         t0 = time.perf_counter()
         fitted = ReaderScorer(model=base).fitted_on(share, seed=0)

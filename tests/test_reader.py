@@ -169,10 +169,9 @@ def test_the_untrained_reader_ranks_like_the_bi_encoder(few_topics: list[Pair],
     above the others (it reads the pair with the weights' own pooling and cosine)."""
     from sklearn.metrics import roc_auc_score
 
-    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, reader_base
+    from ragsieve.embeddings.cross_encoder import untrained_reader
 
-    model = _new_model(0, base).eval()
-    reader = CrossEncoderModel(model, reader_base(base).encoder())
+    reader = untrained_reader(base)
     sample = few_topics[:120]
     logits = reader.logits([p.query for p in sample], [p.text for p in sample])
     assert roc_auc_score([p.relevant for p in sample], logits) > 0.75
@@ -184,12 +183,12 @@ def test_the_default_base_reads_german(shared_data_dir: Path) -> None:
     from sklearn.metrics import roc_auc_score
 
     from ragsieve.data import load_xquad
-    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, _new_model, reader_base
+    from ragsieve.embeddings.cross_encoder import reader_base, untrained_reader
 
     german = first_topics(load_xquad("de", data_dir=shared_data_dir), 4, 8)
     assert ReaderScorer().spec()["model"] == "multilingual-e5-small-q4"
     base = reader_base("multilingual-e5-small-q4")
-    untrained = CrossEncoderModel(_new_model(0, base.name).eval(), base.encoder())
+    untrained = untrained_reader(base.name)
     sample = german[:120]
     logits = untrained.logits([p.query for p in sample], [p.text for p in sample])
     assert roc_auc_score([p.relevant for p in sample], logits) > 0.65  # chance: 0.5

@@ -51,7 +51,7 @@ from .reader_bases import DEFAULT_BASE, READER_BASES, ReaderBase, base_fingerpri
 
 __all__ = ["DEFAULT_BASE", "DEFAULT_LAYERS", "EPOCHS", "MAX_LENGTH", "READER_BASES",
            "CrossEncoderModel", "ReaderBase", "ReaderWeights", "base_fingerprint", "fine_tune",
-           "load_reader", "reader_base"]  # the bases re-exported: what a reader is made of
+           "load_reader", "reader_base", "untrained_reader"]  # the bases re-exported: what a reader is made of
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,20 @@ def _new_model(seed: int, base: str = DEFAULT_BASE, layers: int = DEFAULT_LAYERS
     torch = require("torch", "embed")
     torch.manual_seed(seed)  # dropout
     return _net_class()(reader_base(base).bert(layers))
+
+
+def untrained_reader(base: str = DEFAULT_BASE, *, seed: int = 0) -> CrossEncoderModel:
+    """The reader of ``base`` before any fine-tuning (the cosine head over the base's own
+    weights, eval mode): what fine-tuning starts from, and the baseline a fine-tune is
+    measured against.
+
+    Examples
+    --------
+    >>> reader = untrained_reader("all-MiniLM-L6-v2")  # doctest: +SKIP
+    >>> reader.logits(["Who built it?"], ["Eiffel built it."]).shape  # doctest: +SKIP
+    (1,)
+    """
+    return CrossEncoderModel(_new_model(seed, base).eval(), reader_base(base).encoder())
 
 
 def _trained_names(model: Any, layers: int) -> list[str]:
