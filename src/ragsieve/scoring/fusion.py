@@ -53,7 +53,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 import numpy as np
 
 from .._validation import check_str
-from ..embeddings.reader_bases import DEFAULT_BASE, READER_BASES
+from ..embeddings.reader_bases import READER_BASES
 from ..errors import CalibrationError, ScorerError
 from ..types import Pair
 from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
@@ -968,7 +968,7 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
                  "portable, quality and a cross-encoder fine-tuned on the calibration fit "
                  "topics, tens of minutes to fit on 2 cores)", "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
-    ScorerOption("reader_base", str, DEFAULT_BASE, READER_BASE_HELP, "--reader-base",
+    ScorerOption("reader_base", str, None, READER_BASE_HELP, "--reader-base",
                  choices=tuple(READER_BASES)),
     ScorerOption("query_language", str, None, "scorer best: language of the queries, when "
                  "not the texts' (the model and the preset's embedders are then ones trained "

@@ -69,7 +69,7 @@ _OUT_OF_FOLD_LOCK = threading.Lock()
 #: in the ``best`` score's reader presets.
 READER_BASE_HELP = ("scorer reader, and the reader of --scorer best's *-reader presets: the "
                     "bundled encoder it is fine-tuned from (multilingual-e5-small: ~100 "
-                    "languages; MiniLM: English, half the layers to run)")
+                    "languages, the default; MiniLM: English, half the layers to run)")
 
 
 class ReaderScorer(Scorer):
@@ -91,8 +91,8 @@ class ReaderScorer(Scorer):
         Most pairs the fit reads.
     negatives : int, default=3
         Irrelevant pairs drawn for each relevant one of the fit share.
-    model : str, default="multilingual-e5-small-q4"
-        The base fine-tuned (None: the default): ``"multilingual-e5-small-q4"`` or
+    model : str, optional
+        The base fine-tuned: ``"multilingual-e5-small-q4"`` (None: this default) or
         ``"all-MiniLM-L6-v2"`` (English; the base of readers saved by earlier versions).
 
     Examples
@@ -107,13 +107,13 @@ class ReaderScorer(Scorer):
         ScorerOption("max_fit_pairs", int, 4000, "scorer reader: most pairs it is fine-tuned "
                      "on (every relevant pair of the fit topics, 3 irrelevant ones each)",
                      "--reader-fit-pairs"),
-        ScorerOption("model", str, DEFAULT_BASE, READER_BASE_HELP, "--reader-base",
+        ScorerOption("model", str, None, READER_BASE_HELP, "--reader-base",
                      choices=tuple(READER_BASES)),
     )
 
     def __init__(self, weights: str | None = None, *, base_sha256: str | None = None,
                  layers: int = DEFAULT_LAYERS, max_length: int = 256, max_fit_pairs: int = 4000,
-                 negatives: int = 3, model: str | None = DEFAULT_BASE) -> None:
+                 negatives: int = 3, model: str | None = None) -> None:
         model = DEFAULT_BASE if model is None else model
         if model not in READER_BASES:
             raise ValueError(f"reader model == {model!r}, expected one of "
