@@ -369,9 +369,9 @@ def reader_for(language: str | None, query_language: str | None = None, *,
     """
     if language is None:
         return None
-    model = ReaderScorer(model=base).model  # a ValueError naming the bases for another name
+    reader = ReaderScorer(model=base)  # a ValueError naming the bases for another name
     wanted = {normalise_language(language), normalise_language(query_language or language)}
-    return ReaderScorer(model=model) if wanted <= READER_BASES[model].languages else None
+    return reader if wanted <= READER_BASES[reader.model].languages else None
 
 
 def evidence_sentences(relevant: Sequence[Pair], *, budget: int | None = None) -> list[Pair]:
