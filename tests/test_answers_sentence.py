@@ -18,6 +18,8 @@ from ragsieve.calibration import make_calibrator
 from ragsieve.cli import main
 from ragsieve.data.splits import group_splits
 from ragsieve.errors import DataError
+from ragsieve.scoring import resolve_scorer
+from ragsieve.scoring.sentence_context import SentenceContextScorer
 from ragsieve.evaluation import AnswerConfig, evaluate_answers, format_answer_table
 from ragsieve.evaluation.answer_metrics import answer_in_context
 from ragsieve.evaluation.answers import _evidence_spans, _queries
@@ -80,6 +82,42 @@ def test_sentence_contexts_are_the_deployed_filters_kept_sentences(both, xquad_e
         found = bool(texts) and answer_in_context("\n".join(texts), pairs[0].meta["answers"], "en")
         assert measured["answer_in_context"] == float(found)
     assert n_pruned > 0  # the sentence unit did cut sentences out of kept snippets
+
+
+def test_a_learned_score_is_fitted_once_and_each_alpha_keeps_what_its_own_filter_keeps(  # type: ignore[no-untyped-def]
+        xquad_en, minilm_scorer, xquad_en_scores, monkeypatch) -> None:
+    """The fused sentence-in-context score is fitted by the first alpha's calibrate only; the
+    second alpha's row is what a filter fitted and calibrated on its own keeps."""
+    fits: list[int] = []
+    real_fit = SentenceContextScorer.fit_topics
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        fits.append(1)
+        return real_fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(SentenceContextScorer, "fit_topics", counted)
+    best = resolve_scorer("best", base=minilm_scorer)
+    report = evaluate_answers(xquad_en, best, AnswerConfig(
+        alphas=(0.1, ALPHA), generate=False, seed=SEED, limit_queries=40, unit="sentence"))
+    assert len(fits) == 1
+    data = ScoredData.from_pairs(xquad_en, xquad_en_scores)
+    ((cal_idx, _),) = group_splits(data.group_index.tolist(), calibration_fraction=0.5, n_splits=1,
+                                   seed=SEED)
+    own = ConformalFilter(resolve_scorer("best", base=minilm_scorer),
+                          make_calibrator("marginal", alpha=ALPHA), unit="sentence")
+    own.calibrate([xquad_en[i] for i in cal_idx], seed=SEED, monitor=False)
+    assert len(fits) == 2
+    by_query: dict[str, list] = {}
+    for p in xquad_en:
+        by_query.setdefault(p.query_id, []).append(p)
+    per_query = report.per_query[f"conformal (sentence) a={ALPHA:g}"]
+    assert len(per_query) == 40
+    for qid, measured in per_query.items():
+        result = own.filter(by_query[qid][0].query, by_query[qid])
+        assert measured["context_chars"] == sum(len(k.pruned_text) for k in result.kept), qid
+    # the two alphas differ: the reused fit was calibrated anew, not copied
+    tighter = report.row("conformal (sentence)", 0.1)["context_chars_mean"]
+    assert tighter > report.row("conformal (sentence)", ALPHA)["context_chars_mean"]
 
 
 def test_oracle_rows_keep_the_labels_relevant_snippets_and_their_evidence_sentences(  # type: ignore[no-untyped-def]

@@ -59,6 +59,8 @@ from ..data.splits import group_splits
 from ..errors import DataError
 from ..fitting import fit_split
 from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures
+from ..scoring.sentence_context import SentenceContextScorer
+from ..scoring.shares import pairs_fit_mask
 from ..types import Pair
 from ..units import check_unit
 from .answer_metrics import answer_in_context, answer_tokens, count_tokens, exact_match, token_f1
@@ -300,19 +302,35 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
     """The sentence-unit conformal rows of one split: per mode and alpha, a filter of unit
     ``"sentence"`` calibrated on the calibration topics' pairs, applied to each test query's
     list as deployed; each kept snippet is the item ``(pair index, kept spans)``, its text
-    the filter's ``Scored.pruned_text`` (stored in ``pruned``)."""
+    the filter's ``Scored.pruned_text`` (stored in ``pruned``).
+
+    A score that learns is fitted once per split, by the first filter's calibrate; every
+    other mode and alpha calibrates that fitted score on the topics it was not fitted on
+    (:func:`_calibration_share`), the threshold a filter of its own would calibrate (the
+    fit depends on the split's seed and topics, not on the mode or alpha), without
+    fine-tuning a reader once per alpha."""
     from ..filter import ConformalFilter
     from ..scoring import resolve_scorer
 
     calibration = [pairs[i] for i in cal_idx.tolist()]
+    seed = config.seed + split_no
+    fitted: tuple[Any, list[Pair]] | None = None
     out: list[tuple[_Row, dict[int, tuple[_Item, ...]]]] = []
     for mode in config.modes:
         for a in config.alphas:
-            # a scorer of its own: calibrate fits an unfitted (fused) score on its topics
-            flt = ConformalFilter(resolve_scorer(scorer, **(scorer_options or {})),
-                                  config.sweep.calibrator(mode, a), unit="sentence")
-            flt.calibrate(calibration, group_by=group_by, seed=config.seed + split_no,
-                          monitor=False, language=config.language)
+            calibrator = config.sweep.calibrator(mode, a)
+            if fitted is None:
+                # a scorer of its own: calibrate fits an unfitted (fused) score on its topics
+                unfitted = resolve_scorer(scorer, **(scorer_options or {}))
+                flt = ConformalFilter(unfitted, calibrator, unit="sentence")
+                flt.calibrate(calibration, group_by=group_by, seed=seed, monitor=False,
+                              language=config.language)
+                if not unfitted.is_fitted:
+                    fitted = flt.scorer, _calibration_share(flt.scorer, calibration, seed)
+            else:
+                flt = ConformalFilter(fitted[0], calibrator, unit="sentence")
+                flt.calibrate(fitted[1], group_by=group_by, seed=seed, monitor=False,
+                              language=config.language)
             contexts_of: dict[int, tuple[_Item, ...]] = {}
             for q in test_queries.tolist():
                 pos = queries[q].positions
@@ -327,6 +345,17 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
             out.append((_Row(f"conformal (sentence){tag} a={a:g}", "conformal (sentence)",
                              (("mode", mode), ("alpha", a), ("unit", "sentence"))), contexts_of))
     return out
+
+
+def _calibration_share(fitted: Any, calibration: list[Pair], seed: int) -> list[Pair]:
+    """The calibration pairs a score fitted by ``calibrate(seed=seed)`` calibrated on: the
+    topics :func:`~ragsieve.scoring.shares.pairs_fit_mask` did not draw, for the
+    sentence-in-context score; every pair for a score that fell back to one fitted on
+    nothing (the sentence score alone, :func:`~ragsieve.scoring.sentence_context.fit_sentence_context`)."""
+    if not isinstance(fitted, SentenceContextScorer):
+        return calibration
+    fit = pairs_fit_mask(calibration, seed=seed)
+    return [p for p, f in zip(calibration, fit.tolist(), strict=True) if not f]
 
 
 def _evidence_spans(pairs: list[Pair], queries: list[_Query], answerable: np.ndarray,

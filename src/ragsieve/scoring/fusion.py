@@ -64,7 +64,7 @@ from .reader import READER_BASE_HELP
 from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
 from .sentence_cosine import SentenceCosineScorer
-from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask
+from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
 from .signals import (
     DEFAULT_PRESET,
     LIST_FREE_PRESETS,
@@ -802,8 +802,7 @@ class FusedScorer(ListTransform):
         ``evaluate(seed=seed)`` makes); the calibration share of the pairs and their fused
         scores (:meth:`Scorer.fit_topics <ragsieve.scoring.Scorer.fit_topics>`)."""
         pairs = list(pairs)
-        seen: dict[Any, int] = {}  # the topics numbered by first appearance, as evaluate does
-        topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
+        topics = topic_codes(pairs)  # numbered by first appearance, as evaluate does
         done = fit_fused_scorer(self, pairs, topics, seed=seed, progress=progress)
         cal = np.flatnonzero(~done.fit)
         return ScoreFit(done.scorer, [pairs[i] for i in cal], done.scores[cal], int(done.fit.sum()))

@@ -49,7 +49,7 @@ from ..types import Pair
 from ..units import sentence_pairs
 from .base import ScoreFit, Scorer, StageFit
 from .options import ScorerOption
-from .shares import fusion_fit_mask
+from .shares import fusion_fit_mask, topic_codes
 from .weights import register_weights, weights_blob
 
 __all__ = ["READER_BASE_HELP", "ReaderScorer", "evidence_sentences", "reader_for"]
@@ -154,12 +154,11 @@ class ReaderScorer(Scorer):
             Fewer than two topics, or a fit share without a relevant or an irrelevant pair.
         """
         pairs = list(pairs)
-        seen: dict[Any, int] = {}
-        topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
+        topics = topic_codes(pairs)
         fit = fusion_fit_mask(topics, seed=seed)
         share = [pairs[i] for i in np.flatnonzero(fit)]
         logger.info("fine-tuning the reader on the %d pairs of %d of %d topics", len(share),
-                    len(set(topics[fit].tolist())), len(seen))
+                    len(set(topics[fit].tolist())), len(set(topics.tolist())))
         fitted = self.fitted_on(share, seed=seed)
         return ScoreFit(fitted, [pairs[i] for i in np.flatnonzero(~fit)], None,
                         min(len(share), fitted.n_read))

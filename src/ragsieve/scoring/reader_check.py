@@ -8,7 +8,7 @@ calibration data itself, without touching the topics the threshold is calibrated
 1. the reader's base was trained on the texts' languages (multilingual-e5-small: the ~100
    languages of XLM-R, queries and snippets in different ones included;
    :func:`~ragsieve.scoring.reader.reader_for`);
-2. the fit share (:func:`~ragsieve.scoring.shares.fusion_fit_mask`: the topics that fit the
+2. the fit share (:func:`~ragsieve.scoring.shares.pairs_fit_mask`: the topics that fit the
    fused score, never the calibration topics) holds at least ``MIN_READER_RELEVANT``
    relevant pairs (``reader_check="auto"``; ``"always"`` skips this gate);
 3. cross-fitted within the fit share (two halves of its topics: a reader fine-tuned on
@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -37,7 +36,7 @@ from ..embeddings.reader_bases import DEFAULT_BASE
 from ..errors import CalibrationError
 from ..types import Pair
 from .base import Scorer
-from .shares import fusion_fit_mask
+from .shares import pairs_fit_mask
 
 __all__ = ["MIN_READER_GAIN", "MIN_READER_RELEVANT", "READER_CHECKS", "ReaderCheck",
            "check_reader"]
@@ -104,7 +103,7 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
     ----------
     pairs : sequence of Pair
         The labelled calibration pairs (only the fit share's are read: the pairs of the
-        topics ``fusion_fit_mask(topics, seed=seed)`` draws, the ones that fit the fused
+        topics ``pairs_fit_mask(pairs, seed=seed)`` draws, the ones that fit the fused
         score).
     base : Scorer
         The fused score's base (``1 - cos``), the score the reader must beat.
@@ -147,9 +146,7 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
         return ReaderCheck(False, f"not tried: the reader is fine-tuned from {DEFAULT_BASE}, "
                            f"not trained on {said or 'texts of an unknown language'}")
     pairs = list(pairs)
-    seen: dict[Any, int] = {}
-    topics = np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
-    share = [pairs[i] for i in np.flatnonzero(fusion_fit_mask(topics, seed=seed))]
+    share = [pairs[i] for i in np.flatnonzero(pairs_fit_mask(pairs, seed=seed))]
     n_relevant = sum(p.relevant == 1 for p in share)
     if mode == "auto" and n_relevant < min_relevant:
         return ReaderCheck(False, f"not tried: the fit share holds {n_relevant} relevant pairs "

@@ -3,18 +3,22 @@
 A score that learns (the fused score, the reader) is fitted on a seeded share of the
 calibration topics and calibrated on the others, so the threshold is calibrated on topics
 the score never saw. :func:`fusion_fit_mask` draws the share; ``calibrate(seed=s)`` draws
-what split 0 of ``evaluate(seed=s)`` draws.
+what split 0 of ``evaluate(seed=s)`` draws; :func:`pairs_fit_mask` draws it for labelled
+pairs, their topics numbered as ``evaluate`` numbers them (:func:`topic_codes`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import CalibrationError
+from ..types import Pair
 
-__all__ = ["FUSION_FIT_FRACTION", "fit_topic_count", "fusion_fit_mask"]
+__all__ = ["FUSION_FIT_FRACTION", "fit_topic_count", "fusion_fit_mask", "pairs_fit_mask",
+           "topic_codes"]
 
 #: Share of the calibration topics that fit the fusion weights; the rest calibrate the
 #: threshold. Five weights need few topics, and every topic left to calibration lowers the
@@ -76,3 +80,29 @@ def fusion_fit_mask(topics: Any, *, seed: int = 0, split: int = 0,
     order = np.random.default_rng([seed, split]).permutation(distinct.size)
     chosen = distinct[order[:fit_topic_count(distinct.size, fraction)]]
     return np.isin(topics, chosen)
+
+
+def topic_codes(pairs: Sequence[Pair]) -> np.ndarray:
+    """Each pair's topic (``Pair.group``) as an int, the topics numbered by first appearance
+    (as ``evaluate`` numbers them, so the draw of :func:`fusion_fit_mask` is the same).
+
+    Examples
+    --------
+    >>> topic_codes([Pair("q", "Q", f"s{i}", "t", group=g) for i, g in enumerate("bab")]).tolist()
+    [0, 1, 0]
+    """
+    seen: dict[Any, int] = {}
+    return np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
+
+
+def pairs_fit_mask(pairs: Sequence[Pair], *, seed: int = 0) -> np.ndarray:
+    """Which of these calibration pairs fit a score that learns when ``calibrate(seed=seed)``
+    fits it: :func:`fusion_fit_mask` of their :func:`topic_codes`. The pairs it leaves are
+    the ones the threshold is calibrated on.
+
+    Raises
+    ------
+    CalibrationError
+        Fewer than two topics.
+    """
+    return fusion_fit_mask(topic_codes(pairs), seed=seed)
