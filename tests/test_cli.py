@@ -362,6 +362,15 @@ def test_calibrate_group_mode_then_filter(small_jsonl: Path, embedding_cache_dir
         (["--score-field", "rerank"], "--scorer field"),
         (["--higher-is-better"], "--scorer field"),
         (["--scorer", "field"], "--score-field"),
+        # a scorer's own flag given to a scorer that would ignore it
+        (["--preset", "reader"], "--preset reader applies to --scorer best (got --scorer auto"),
+        (["--scorer", "best", "--preset", "reader", "--reader-fit-pairs", "100"],
+         "--reader-fit-pairs 100 applies to --scorer reader (got --scorer best"),
+        (["--scorer", "embedding", "--reader-base", "all-MiniLM-L6-v2"],
+         "--reader-base all-MiniLM-L6-v2 applies to --scorer best or reader"),
+        (["--scorer", "best", "--relative-kind", "z"], "applies to --scorer relative"),
+        (["--scorer", "embedding", "--reader-check", "never"], "applies to --scorer auto"),
+        (["--scorer", "embedding", "--llm-mode", "rating"], "applies to --scorer llm"),
     ],
 )
 def test_option_combinations_are_checked(extra: list[str], message: str, tmp_path: Path,
@@ -370,6 +379,21 @@ def test_option_combinations_are_checked(extra: list[str], message: str, tmp_pat
                         "--out", str(tmp_path / "f.json"), *extra], capsys)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "f.json").exists()
+
+
+def test_a_scorers_own_flags_pass_where_they_apply(small_jsonl: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The check refuses only what would be ignored: each scorer's own flag, and any flag at
+    its default, reaches the data (here: a missing file, the next error)."""
+    for extra in (["--scorer", "best", "--preset", "portable", "--reader-check", "auto"],
+                  ["--scorer", "reader", "--reader-fit-pairs", "100"],
+                  ["--scorer", "relative", "--relative-kind", "z"],
+                  ["--reader-check", "never"]):
+        code, _, err = run(["calibrate", "--data", str(tmp_path / "absent.jsonl"),
+                            "--out", str(tmp_path / "f.json"), *extra], capsys)
+        assert code == 2 and "absent.jsonl" in err and "applies to" not in err, (extra, err)
+    code, _, err = run(["evaluate", "--data", str(small_jsonl), "--preset", "portable"], capsys)
+    assert code == 2 and "--preset portable applies to --scorer best" in err
 
 
 def test_score_field_needs_field_scorer_in_evaluate(small_jsonl: Path,

@@ -656,7 +656,7 @@ class ListWatch:
         return (f"{self.score_name} depends on the whole list, so its guarantee assumes lists like "
                 f"the calibration lists ({self.record.describe()}): calibrate through your "
                 "retriever (`ragsieve retrieve`, or a component's calibrate) or use a list-free "
-                f"score (`--preset portable`); see {DOCS}")
+                f"score (`--scorer best --preset portable`); see {DOCS}")
 
     def state(self) -> dict[str, Any]:
         """What the watch has seen: ``n_seen``, ``n_outside``, ``alarm``, ``fired_at``,

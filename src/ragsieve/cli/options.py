@@ -60,6 +60,7 @@ __all__ = [
     "add_splits_option",
     "add_top_k_option",
     "add_unit_option",
+    "shared_scorer_flags",
     "subparser",
 ]
 
@@ -217,16 +218,23 @@ def add_scorer_options(p: argparse.ArgumentParser, *, default: str = "auto") -> 
     # come from their groups below, once
     from ..scoring import registered_scorers
 
-    shared = argparse.ArgumentParser(add_help=False)
-    add_embedding_options(shared)
-    add_cache_options(shared)
-    add_llm_options(shared)
-    skip = {flag for action in shared._actions for flag in action.option_strings}
+    skip = shared_scorer_flags()
     _add_declared_flags(p, {"score": g}, registered_scorers(), skip)
     add_embedding_options(p)
     add_cache_options(p)
     llm = add_llm_options(p)
     _add_declared_flags(p, {"llm": llm}, registered_scorers(), skip)
+
+
+def shared_scorer_flags() -> set[str]:
+    """The flags of the shared option groups (the embedding model, the cache, the LLM
+    endpoint): every scorer that reads them, and the generator, takes them; the other
+    declared flags belong to the scorers that declare them."""
+    shared = argparse.ArgumentParser(add_help=False)
+    add_embedding_options(shared)
+    add_cache_options(shared)
+    add_llm_options(shared)
+    return {flag for action in shared._actions for flag in action.option_strings}
 
 
 def _add_declared_flags(p: argparse.ArgumentParser, groups: dict[str, Any],

@@ -226,6 +226,40 @@ def check_scorer_options(request: ScorerRequest) -> None:
     if request.flags.get("higher_is_better"):
         raise ValueError(f"--higher-is-better applies to --scorer field only "
                          f"(got --scorer {request.scorer}).")
+    _check_own_flags(request)
+
+
+def _check_own_flags(request: ScorerRequest) -> None:
+    """Refuse a scorer's own flag given to a scorer that does not take it (it would be
+    ignored: ``--preset reader`` with ``--scorer auto`` would not fit the reader preset).
+
+    A flag counts as given when its value differs from its parser default; the shared
+    flags (:func:`~ragsieve.cli.options.shared_scorer_flags`: model, cache, LLM endpoint)
+    are every command's."""
+    from ..scoring import registered_scorers, scorer_options
+    from .options import shared_scorer_flags
+
+    alias = str(request.scorer)
+    if request.scorer is None or alias not in registered_scorers():
+        return
+    own = {o.flag for o in scorer_options(alias)}
+    shared = shared_scorer_flags()
+    takers: dict[str, list[str]] = {}
+    parsed: dict[str, Any] = {}  # the first declaration's, as the parser adds each flag once
+    for name in registered_scorers():
+        for o in scorer_options(name):
+            if o.flag is None or o.dest is None or o.flag in shared:
+                continue
+            takers.setdefault(o.flag, []).append(name)
+            parsed.setdefault(o.flag, (o.dest, False if o.type is bool
+                                       else None if o.required else o.default))
+    for flag, (dest, default) in parsed.items():
+        if flag in own or dest not in request.flags or request.flags[dest] == default:
+            continue
+        raise ValueError(
+            f"{flag} {request.flags[dest]} applies to --scorer {' or '.join(takers[flag])} "
+            f"(got --scorer {alias}, which would ignore it); drop {flag} or choose a scorer "
+            "that takes it.")
 
 
 # ------------------------------------------------------------------ the scorer
@@ -306,6 +340,7 @@ def scorer_choice(request: ScorerRequest, pairs: Any = None, *,
     detects the languages, and falls back to ``1 - cos`` when the fused score cannot be
     fitted); the language is then None unless ``--language`` or the dataset gives it.
     """
+    check_scorer_options(request)
     alias = str(request.scorer)
     if (alias == "auto" and not resolve_auto) or not _takes_language(alias):
         # calibrate detects and records the languages; field and llm choose no model by them.
