@@ -18,12 +18,12 @@ from ragsieve.calibration import make_calibrator
 from ragsieve.cli import main
 from ragsieve.data.splits import group_splits
 from ragsieve.errors import DataError
-from ragsieve.scoring import resolve_scorer
-from ragsieve.scoring.sentence_context import SentenceContextScorer
 from ragsieve.evaluation import AnswerConfig, evaluate_answers, format_answer_table
 from ragsieve.evaluation.answer_metrics import answer_in_context
 from ragsieve.evaluation.answers import _evidence_spans, _queries
 from ragsieve.evaluation.sweep import ScoredData
+from ragsieve.scoring import resolve_scorer
+from ragsieve.scoring.sentence_context import SentenceContextScorer
 from ragsieve.types import Pair
 from ragsieve.units import sentence_pairs
 
