@@ -60,6 +60,7 @@ __all__ = [
     "check_str",
     "check_str_sequence",
     "check_unit_interval",
+    "first_appearance_codes",
     "is_finite_number",
     "loads_json",
     "show_number",
@@ -931,3 +932,15 @@ def loads_json(text: str, root: str = "value") -> Any:
     if not _json_ok(value, strings=_SURROGATE_ESCAPE.search(text) is not None):
         check_json_value(value, root)  # says where
     return value
+
+
+def first_appearance_codes(values: Sequence[Any]) -> np.ndarray:
+    """Values (labels, topics, groups) as int codes 0..k-1, numbered by first appearance.
+
+    Examples
+    --------
+    >>> first_appearance_codes(["b", "a", "b"]).tolist()
+    [0, 1, 0]
+    """
+    seen: dict[Any, int] = {}
+    return np.array([seen.setdefault(v, len(seen)) for v in values], dtype=int)

@@ -18,17 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import first_appearance_codes
 from ..errors import DataError
 from ..types import Pair
 from .base import BaseCalibrator
 
 __all__ = ["CalibrationInputs"]
 
-
-def _codes(values: Sequence[Any]) -> np.ndarray:
-    """Labels as int codes 0..k-1, numbered by first appearance."""
-    seen: dict[Any, int] = {}
-    return np.array([seen.setdefault(v, len(seen)) for v in values], dtype=int)
 
 
 @dataclass(frozen=True)
@@ -102,8 +98,8 @@ class CalibrationInputs:
                                  dtype=object)
         return cls(
             relevant=np.array([p.relevant == 1 for p in pairs], dtype=bool),
-            query_index=_codes([p.query_id for p in pairs]),
-            group_index=_codes([p.group for p in pairs]),
+            query_index=first_appearance_codes([p.query_id for p in pairs]),
+            group_index=first_appearance_codes([p.group for p in pairs]),
             lengths=np.array([len(p.text) for p in pairs], dtype=int),
             attribute=attribute,
             texts=tuple(p.text for p in pairs),

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write_text
-from .._validation import check_int
+from .._validation import check_int, first_appearance_codes
 from ..artifact import spec_model
 from ..errors import DataError
 from ..keeping import p_value_rule
@@ -440,10 +440,6 @@ def _sentences(pairs: Sequence[Pair], results: Mapping[str, FilterResult],
                       labels=labels, error=error)
 
 
-def _codes(values: Sequence[Any]) -> np.ndarray:
-    seen: dict[Any, int] = {}
-    return np.array([seen.setdefault(v, len(seen)) for v in values], dtype=int)
-
 
 @dataclass(frozen=True)
 class _Resampling:
@@ -463,10 +459,10 @@ class _Resampling:
 def _clusters(pairs: Sequence[Pair], rel: np.ndarray) -> tuple[str, np.ndarray]:
     """What the intervals resample: topics when at least two hold a relevant snippet, else
     queries; and each pair's cluster."""
-    groups = _codes([p.group for p in pairs])
+    groups = first_appearance_codes([p.group for p in pairs])
     if np.unique(groups[rel]).size >= 2:
         return "topics", groups
-    return "queries", _codes([p.query_id for p in pairs])
+    return "queries", first_appearance_codes([p.query_id for p in pairs])
 
 
 def _measures(rows: Sequence[tuple[str, Interval]], resampling: _Resampling) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validation import first_appearance_codes
 from ..errors import CalibrationError
 from ..types import Pair
 
@@ -91,8 +92,7 @@ def topic_codes(pairs: Sequence[Pair]) -> np.ndarray:
     >>> topic_codes([Pair("q", "Q", f"s{i}", "t", group=g) for i, g in enumerate("bab")]).tolist()
     [0, 1, 0]
     """
-    seen: dict[Any, int] = {}
-    return np.array([seen.setdefault(p.group, len(seen)) for p in pairs], dtype=int)
+    return first_appearance_codes([p.group for p in pairs])
 
 
 def pairs_fit_mask(pairs: Sequence[Pair], *, seed: int = 0) -> np.ndarray:
