@@ -177,6 +177,29 @@ def test_the_untrained_reader_ranks_like_the_bi_encoder(few_topics: list[Pair],
     assert roc_auc_score([p.relevant for p in sample], logits) > 0.75
 
 
+def test_a_pair_read_once_is_not_read_again(few_topics: list[Pair]) -> None:
+    """The reader remembers logits by the pair's content: a second call reads only the
+    pairs it has not seen, in any order and mixed with new ones, and gives what a reader
+    that remembers nothing gives."""
+    from ragsieve.embeddings.cross_encoder import CrossEncoderModel, untrained_reader
+
+    reader = untrained_reader("all-MiniLM-L6-v2")
+    fresh = CrossEncoderModel(reader.model, reader.encode, max_length=reader.max_length, keep=0)
+    first, later = few_topics[:10], few_topics[5:20][::-1]
+    reader.logits([p.query for p in first], [p.text for p in first])
+    assert reader.n_read == 10
+    got = reader.logits([p.query for p in later], [p.text for p in later])
+    assert reader.n_read == 20  # 15 pairs asked, 5 of them read before
+    want = fresh.logits([p.query for p in later], [p.text for p in later])
+    assert got == pytest.approx(want, abs=1e-5) and fresh.n_read == 15
+    # the same text for another question is another pair, and one call reads a pair once
+    twice = [few_topics[0].query, few_topics[40].query, few_topics[0].query]
+    logits = reader.logits(twice, [few_topics[0].text] * 3)
+    assert reader.n_read == 21 and logits[0] == logits[2] != logits[1]
+    assert fresh.logits(twice, [few_topics[0].text] * 3) == pytest.approx(logits, abs=1e-5)
+    assert fresh.n_read == 17 and not fresh._seen  # keep=0 remembers nothing
+
+
 def test_the_default_base_reads_german(shared_data_dir: Path) -> None:
     """multilingual-e5-small is the default base: a reader fine-tuned on German pairs scores
     German pairs, untrained it already ranks them (no English model reading German)."""

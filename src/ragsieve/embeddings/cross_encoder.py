@@ -29,7 +29,9 @@ file and checked on load. The trained tensors are rounded to float16 before anyt
 scored, so the scores a threshold is calibrated on are the scores the stored weights give.
 
 :func:`load_reader` builds the model from the base and the stored tensors (the last few
-cached per process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs.
+cached per process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs,
+and remembers the last 200,000 pairs' logits by their content, so a pair is read once per
+process however many modes and alphas are calibrated on it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ EPOCHS = 3
 _WARMUP = 0.1
 #: Loaded readers kept per process (each holds its trained layers; e5's frozen part is shared).
 _KEEP_LOADED = 8
+#: Logits a loaded reader remembers, by (question, text) (about 100 bytes each): a filter
+#: calibrated again, or another mode or alpha over the same lists, reads nothing twice.
+_KEEP_LOGITS = 200_000
 
 _LOCK = threading.Lock()
 _LOADED: OrderedDict[str, CrossEncoderModel] = OrderedDict()
@@ -183,32 +188,71 @@ class CrossEncoderModel:
     """
 
     def __init__(self, model: Any, encode: Callable[..., dict[str, Any]], *,
-                 max_length: int = MAX_LENGTH) -> None:
+                 max_length: int = MAX_LENGTH, keep: int = _KEEP_LOGITS) -> None:
         self.model = model
         self.encode = encode
         self.max_length = max_length
+        self.keep = keep
         self._lock = threading.Lock()  # one forward at a time per model
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+        #: Pairs read by the network (not answered from what it remembers), for the record.
+        self.n_read = 0
 
     def _encode(self, queries: Sequence[str], texts: Sequence[str]) -> dict[str, Any]:
         return self.encode(list(queries), list(texts), self.max_length)
 
     def logits(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
-        """The head's logit of every (query, text) pair."""
+        """The head's logit of every (query, text) pair.
+
+        A pair read before is not read again: the model remembers the last ``keep`` logits
+        by the pair's content (a blake2b digest of question and text), so a second
+        calibration, or another mode or alpha over the same lists, costs no forward pass.
+        The weights are fixed once loaded, so a remembered logit is the one a new read would
+        give (up to the float rounding of another batch's padding).
+        """
         torch = require("torch", "embed")
+        if len(queries) != len(texts):
+            raise ValueError(f"got {len(queries)} queries and {len(texts)} texts; expected "
+                             "one of each per pair.")
         out = np.zeros(len(texts), dtype=float)
-        # batches of pairs of like length: little padding (each pair's logit is its own)
-        order = np.argsort([len(q) + len(t) for q, t in zip(queries, texts, strict=True)],
-                           kind="stable")
-        with self._lock, torch.inference_mode():
-            for i in range(0, len(texts), _SCORE_BATCH):
-                rows = order[i:i + _SCORE_BATCH]
-                enc = self._encode([queries[j] for j in rows], [texts[j] for j in rows])
-                out[rows] = self.model(**enc).double().numpy()
+        keys = [_pair_key(q, t) for q, t in zip(queries, texts, strict=True)]
+        with self._lock:
+            new: dict[bytes, list[int]] = {}
+            for i, key in enumerate(keys):
+                if key in self._seen:
+                    self._seen.move_to_end(key)
+                    out[i] = self._seen[key]
+                else:
+                    new.setdefault(key, []).append(i)
+            first = np.array([rows[0] for rows in new.values()], dtype=int)
+            # batches of pairs of like length: little padding (each pair's logit is its own)
+            order = first[np.argsort([len(queries[j]) + len(texts[j]) for j in first],
+                                     kind="stable")]
+            with torch.inference_mode():
+                for i in range(0, order.size, _SCORE_BATCH):
+                    rows = order[i:i + _SCORE_BATCH]
+                    enc = self._encode([queries[j] for j in rows], [texts[j] for j in rows])
+                    out[rows] = self.model(**enc).double().numpy()
+            self.n_read += order.size
+            for key, same in new.items():
+                out[same] = out[same[0]]
+                self._seen[key] = float(out[same[0]])
+            while len(self._seen) > self.keep:
+                self._seen.popitem(last=False)
         return out
 
     def probabilities(self, queries: Sequence[str], texts: Sequence[str]) -> np.ndarray:
         """P(relevant) of every (query, text) pair: the sigmoid of its logit."""
         return 1.0 / (1.0 + np.exp(-self.logits(queries, texts)))
+
+
+def _pair_key(query: str, text: str) -> bytes:
+    """What a remembered logit is found by: a digest of the pair (not the texts themselves)."""
+    question = query.encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(len(question).to_bytes(8, "little"), digest_size=16)
+    digest.update(question)
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    return digest.digest()
 
 
 def _remember(key: str, loaded: CrossEncoderModel) -> CrossEncoderModel:
