@@ -367,7 +367,7 @@ def test_calibrate_group_mode_then_filter(small_jsonl: Path, embedding_cache_dir
         (["--scorer", "best", "--preset", "reader", "--reader-fit-pairs", "100"],
          "--reader-fit-pairs 100 applies to --scorer reader (got --scorer best"),
         (["--scorer", "embedding", "--reader-base", "all-MiniLM-L6-v2"],
-         "--reader-base all-MiniLM-L6-v2 applies to --scorer best or reader"),
+         "--reader-base all-MiniLM-L6-v2 applies to --scorer best or auto or reader"),
         (["--scorer", "best", "--relative-kind", "z"], "applies to --scorer relative"),
         (["--scorer", "embedding", "--reader-check", "never"], "applies to --scorer auto"),
         (["--scorer", "embedding", "--llm-mode", "rating"], "applies to --scorer llm"),
@@ -388,12 +388,23 @@ def test_a_scorers_own_flags_pass_where_they_apply(small_jsonl: Path, tmp_path: 
     for extra in (["--scorer", "best", "--preset", "portable", "--reader-check", "auto"],
                   ["--scorer", "reader", "--reader-fit-pairs", "100"],
                   ["--scorer", "relative", "--relative-kind", "z"],
-                  ["--reader-check", "never"]):
+                  ["--reader-check", "never"], ["--reader-base", "all-MiniLM-L6-v2"]):
         code, _, err = run(["calibrate", "--data", str(tmp_path / "absent.jsonl"),
                             "--out", str(tmp_path / "f.json"), *extra], capsys)
         assert code == 2 and "absent.jsonl" in err and "applies to" not in err, (extra, err)
     code, _, err = run(["evaluate", "--data", str(small_jsonl), "--preset", "portable"], capsys)
     assert code == 2 and "--preset portable applies to --scorer best" in err
+    # auto's reader check takes the base given; with no check, there is no reader to set
+    from ragsieve.cli import build_parser
+    from ragsieve.cli.scorers import ScorerRequest, scorer_choice
+
+    args = build_parser().parse_args(["calibrate", "--data", "x.jsonl", "--out", "f.json",
+                                      "--reader-base", "all-MiniLM-L6-v2"])
+    auto = scorer_choice(ScorerRequest.from_args(args), resolve_auto=False).scorer
+    assert auto.name == "auto" and auto.reader_base == "all-MiniLM-L6-v2"
+    code, _, err = run(["calibrate", "--data", str(small_jsonl), "--out", str(tmp_path / "f.json"),
+                        "--reader-check", "never", "--reader-base", "all-MiniLM-L6-v2"], capsys)
+    assert code == 2 and "reader_check='never'" in err and len(err.strip().splitlines()) == 1
 
 
 def test_score_field_needs_field_scorer_in_evaluate(small_jsonl: Path,

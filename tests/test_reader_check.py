@@ -88,14 +88,20 @@ def test_auto_records_what_the_check_found(few_topics: list[Pair]) -> None:
     assert default.scorer.spec() == never.scorer.spec()  # both the portable fused score
 
 
+#: The base of every real fine-tune a test causes (``tuned`` fills it beside the sizes).
+BASES: list[str] = []
+
+
 @pytest.fixture
 def tuned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The size of every real fine-tune the test causes (the reader's own, counted), with
-    no earlier test's cross-fits in the process's cache."""
+    """The size of every real fine-tune the test causes (the reader's own, counted; its
+    base in ``BASES``), with no earlier test's cross-fits in the process's cache."""
     sizes: list[int] = []
+    BASES.clear()
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         sizes.append(len(args[0]))
+        BASES.append(kwargs["base"])
         return fine_tune(*args, **kwargs)
 
     monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())
@@ -140,3 +146,21 @@ def test_the_fused_fit_reads_the_checks_half_readers(few_topics: list[Pair], min
     fused = FusedScorer.unfitted(preset="portable-reader").fit_topics(few_topics, seed=1)
     assert fused.scorer.is_fitted
     assert len(tuned) == 3  # and the whole share's reader only: the halves were the check's
+
+
+def test_auto_checks_and_fuses_the_reader_of_the_base_asked_for(few_topics: list[Pair],
+                                                                tuned: list[int]) -> None:
+    german = check_reader([], None, language="de", reader_base="all-MiniLM-L6-v2")  # type: ignore[arg-type]
+    assert german.reason == ("not tried: the reader is fine-tuned from all-MiniLM-L6-v2, "
+                             "not trained on de")
+    auto = AutoScorer(reader_check="always", reader_base="all-MiniLM-L6-v2")
+    assert auto.spec()["reader_base"] == "all-MiniLM-L6-v2"
+    flt = ConformalFilter(auto, alpha=0.2).calibrate(few_topics, seed=1, monitor=False)
+    fused = flt.calibration_info["score_choice"]["reader"].startswith("fused:")
+    assert len(tuned) == 2 + fused and set(BASES) == {"all-MiniLM-L6-v2"}
+    if fused:  # the fused preset's reader is the base that was checked
+        assert flt.scorer.spec()["signals"][-1]["model"] == "all-MiniLM-L6-v2"
+    with pytest.raises(ValueError, match="reader_check='never'"):
+        AutoScorer(reader_check="never", reader_base="all-MiniLM-L6-v2")
+    with pytest.raises(ValueError, match="reader_base == 'bert'"):
+        AutoScorer(reader_base="bert")

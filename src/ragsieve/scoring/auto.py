@@ -35,11 +35,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..embeddings.reader_bases import READER_BASES
 from ..errors import ScorerError
 from ..types import Pair
 from .base import Resolution, Scorer
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
+from .reader import READER_BASE_HELP
 from .registry import resolve_scorer
 from .signals import LIST_FREE_PRESETS, READER_PRESETS
 
@@ -403,6 +405,10 @@ class AutoScorer(Scorer):
     reader_check : {"auto", "always", "never"}
         Whether a fused choice may take the reader
         (:func:`~ragsieve.scoring.reader_check.check_reader`, run by :meth:`resolve_for`).
+    reader_base : str or None
+        The base that reader is fine-tuned from (None: the default base, which knows about
+        100 languages; ``"all-MiniLM-L6-v2"``: English only, half the layers to run). Not
+        with ``reader_check="never"``.
     """
 
     name: ClassVar[str] = "auto"
@@ -417,18 +423,29 @@ class AutoScorer(Scorer):
         "(default: --language's, else detected)", "--query-language"), ScorerOption(
         "reader_check", str, "auto", "scorer auto: whether it may fuse the reader fine-tuned on the fit "
         "topics: auto (checked where the reader's base knows the languages and >= 500 relevant "
-        "fit pairs), always (checked on data of any language the base knows), never", "--reader-check", choices=("auto", "always", "never")))
+        "fit pairs), always (checked on data of any language the base knows), never", "--reader-check", choices=("auto", "always", "never")),
+        ScorerOption("reader_base", str, None, READER_BASE_HELP, "--reader-base",
+                     choices=tuple(READER_BASES)))
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
                  query_language: str | None = None, backend: str = "auto",
                  cache_dir: str | os.PathLike[str] | None = None, batch_size: int = 32,
-                 reader_check: str = "auto") -> None:
+                 reader_check: str = "auto", reader_base: str | None = None) -> None:
         from .reader_check import READER_CHECKS
 
         if reader_check not in READER_CHECKS:
             raise ValueError(f"reader_check == {reader_check!r}, expected one of "
                              f"{', '.join(READER_CHECKS)}.")
+        if reader_base is not None and reader_base not in READER_BASES:
+            raise ValueError(f"reader_base == {reader_base!r}, expected one of "
+                             f"{', '.join(map(repr, READER_BASES))} (the bases a reader is "
+                             "fine-tuned from).")
+        if reader_base is not None and reader_check == "never":
+            raise ValueError(f"reader_base == {reader_base!r} names the base of a reader "
+                             "the check may fuse; with reader_check='never' no reader is "
+                             "tried (drop one of them).")
         self.reader_check = reader_check
+        self.reader_base = reader_base
         self.options: dict[str, Any] = {"model": model, "backend": backend,
                                         "cache_dir": cache_dir, "batch_size": batch_size}
         self.language = language
@@ -475,6 +492,8 @@ class AutoScorer(Scorer):
             choice = self._with_reader(choice, pairs, base, found, seed)
         # across languages the preset's signals are those for queries in another language
         cross = {"query_language": found.query_code} if found.cross else {}
+        if self.reader_base is not None and choice.preset in READER_PRESETS:
+            cross["reader_base"] = self.reader_base
         scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross)
                   if choice.alias == "best" else base)
         return scorer, choice, (str(found.code), found.source)
@@ -485,7 +504,8 @@ class AutoScorer(Scorer):
         from .reader_check import check_reader
 
         check = check_reader(pairs, base, seed=seed, language=found.code,
-                             query_language=found.query_code, mode=self.reader_check)
+                             query_language=found.query_code, mode=self.reader_check,
+                             reader_base=self.reader_base)
         preset = ("portable-reader" if choice.preset == "portable" else "reader") \
             if check.helps else choice.preset
         logger.info("reader: %s", check.reason)
@@ -511,5 +531,6 @@ class AutoScorer(Scorer):
                                           ("language", self.language),
                                           ("query_language", self.query_language),
                                           ("reader_check", None if self.reader_check == "auto"
-                                           else self.reader_check))
+                                           else self.reader_check),
+                                          ("reader_base", self.reader_base))
                    if v is not None}}

@@ -65,11 +65,12 @@ _OUT_OF_FOLD_KEEP = 4
 _OUT_OF_FOLD_LOCK = threading.Lock()
 
 
-#: The help of ``--reader-base``, which sets the base of ``--scorer reader`` and of the reader
-#: in the ``best`` score's reader presets.
-READER_BASE_HELP = ("scorer reader, and the reader of --scorer best's *-reader presets: the "
-                    "bundled encoder it is fine-tuned from (multilingual-e5-small: ~100 "
-                    "languages, the default; MiniLM: English, half the layers to run)")
+#: The help of ``--reader-base``, which sets the base of ``--scorer reader``, of the reader
+#: in the ``best`` score's reader presets and of the reader ``auto`` checks.
+READER_BASE_HELP = ("scorer reader, the reader of --scorer best's *-reader presets and the one "
+                    "--scorer auto checks: the bundled encoder it is fine-tuned from "
+                    "(multilingual-e5-small: ~100 languages, the default; MiniLM: English, "
+                    "half the layers to run)")
 
 
 class ReaderScorer(Scorer):

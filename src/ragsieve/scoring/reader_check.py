@@ -95,7 +95,8 @@ def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
 
 def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
                  language: str | None = "en", query_language: str | None = None,
-                 mode: str = "auto", min_relevant: int = MIN_READER_RELEVANT) -> ReaderCheck:
+                 mode: str = "auto", min_relevant: int = MIN_READER_RELEVANT,
+                 reader_base: str | None = None) -> ReaderCheck:
     """Whether the reader, with ``base``, ranks the fit share's held-back topics better than
     ``base`` alone.
 
@@ -118,6 +119,8 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
         See ``READER_CHECKS``.
     min_relevant : int
         The gate of ``mode="auto"``.
+    reader_base : str, optional
+        The base the reader is fine-tuned from (None: the default base).
 
     Returns
     -------
@@ -126,7 +129,7 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
     Raises
     ------
     ValueError
-        ``mode`` is not one of ``READER_CHECKS``.
+        ``mode`` is not one of ``READER_CHECKS``, or ``reader_base`` names no base.
 
     Examples
     --------
@@ -140,10 +143,11 @@ def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
     from .reader import reader_for
 
     queries = query_language or language
-    reader = reader_for(language, query_language)
+    reader = reader_for(language, query_language, base=reader_base)
     if reader is None:
         said = language if queries == language else f"queries {queries}, snippets {language}"
-        return ReaderCheck(False, f"not tried: the reader is fine-tuned from {DEFAULT_BASE}, "
+        return ReaderCheck(False, f"not tried: the reader is fine-tuned from "
+                           f"{reader_base or DEFAULT_BASE}, "
                            f"not trained on {said or 'texts of an unknown language'}")
     pairs = list(pairs)
     share = [pairs[i] for i in np.flatnonzero(pairs_fit_mask(pairs, seed=seed))]
