@@ -162,5 +162,5 @@ def test_auto_checks_and_fuses_the_reader_of_the_base_asked_for(few_topics: list
         assert flt.scorer.spec()["signals"][-1]["model"] == "all-MiniLM-L6-v2"
     with pytest.raises(ValueError, match="reader_check='never'"):
         AutoScorer(reader_check="never", reader_base="all-MiniLM-L6-v2")
-    with pytest.raises(ValueError, match="reader_base == 'bert'"):
+    with pytest.raises(ValueError, match="reader base == 'bert', expected one of"):
         AutoScorer(reader_base="bert")

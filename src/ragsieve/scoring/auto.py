@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..embeddings.reader_bases import READER_BASES
+from ..embeddings.reader_bases import reader_base as get_reader_base
 from ..errors import ScorerError
 from ..types import Pair
 from .base import Resolution, Scorer
@@ -436,10 +437,8 @@ class AutoScorer(Scorer):
         if reader_check not in READER_CHECKS:
             raise ValueError(f"reader_check == {reader_check!r}, expected one of "
                              f"{', '.join(READER_CHECKS)}.")
-        if reader_base is not None and reader_base not in READER_BASES:
-            raise ValueError(f"reader_base == {reader_base!r}, expected one of "
-                             f"{', '.join(map(repr, READER_BASES))} (the bases a reader is "
-                             "fine-tuned from).")
+        if reader_base is not None:
+            get_reader_base(reader_base)  # a ValueError naming the bases for another name
         if reader_base is not None and reader_check == "never":
             raise ValueError(f"reader_base == {reader_base!r} names the base of a reader "
                              "the check may fuse; with reader_check='never' no reader is "
