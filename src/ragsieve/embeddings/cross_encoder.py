@@ -30,7 +30,7 @@ scored, so the scores a threshold is calibrated on are the scores the stored wei
 
 :func:`load_reader` builds the model from the base and the stored tensors (the last few
 cached per process by their sha256); :meth:`CrossEncoderModel.probabilities` scores pairs,
-and remembers the last 200,000 pairs' logits by their content, so a pair is read once per
+and remembers the last 100,000 pairs' logits by their content, so a pair is read once per
 process however many modes and alphas are calibrated on it.
 """
 
@@ -74,9 +74,9 @@ EPOCHS = 3
 _WARMUP = 0.1
 #: Loaded readers kept per process (each holds its trained layers; e5's frozen part is shared).
 _KEEP_LOADED = 8
-#: Logits a loaded reader remembers, by (question, text) (about 100 bytes each): a filter
+#: Logits a loaded reader remembers, by (question, text) (about 180 bytes each: 18 MB): a filter
 #: calibrated again, or another mode or alpha over the same lists, reads nothing twice.
-_KEEP_LOGITS = 200_000
+_KEEP_LOGITS = 100_000
 
 _LOCK = threading.Lock()
 _LOADED: OrderedDict[str, CrossEncoderModel] = OrderedDict()
