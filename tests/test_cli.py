@@ -405,6 +405,11 @@ def test_a_scorers_own_flags_pass_where_they_apply(small_jsonl: Path, tmp_path: 
     code, _, err = run(["calibrate", "--data", str(small_jsonl), "--out", str(tmp_path / "f.json"),
                         "--reader-check", "never", "--reader-base", "all-MiniLM-L6-v2"], capsys)
     assert code == 2 and "reader_check='never'" in err and len(err.strip().splitlines()) == 1
+    # evaluate chooses auto's score without the reader check: its flags would be ignored
+    for extra in (["--reader-check", "always"], ["--reader-base", "all-MiniLM-L6-v2"]):
+        code, _, err = run(["evaluate", "--data", str(small_jsonl), *extra], capsys)
+        assert code == 2 and "without the reader check" in err and "--preset reader" in err, err
+        assert len(err.strip().splitlines()) == 1
 
 
 def test_score_field_needs_field_scorer_in_evaluate(small_jsonl: Path,
