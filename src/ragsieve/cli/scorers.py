@@ -369,7 +369,7 @@ def scorer_choice(request: ScorerRequest, pairs: Any = None, *,
 
 def _check_no_reader_check(auto: Any) -> None:
     """Refuse the reader check's flags where ``auto`` is chosen without it: a command that
-    resolves ``auto`` on its data (``evaluate``, ``answers``) chooses the fused score per the
+    resolves ``auto`` on its data (``evaluate``, ``choose-alpha``, ``answers``) chooses the fused score per the
     data's lists, while the check runs in ``calibrate``, on its fit share.
 
     Raises
