@@ -361,30 +361,9 @@ def scorer_choice(request: ScorerRequest, pairs: Any = None, *,
     auto = _auto_scorer(request, language, query)
     if not pairs:
         return ScorerChoice(auto, language, found.source, query_language=query, alias=alias)
-    _check_no_reader_check(auto)
     scorer, score, _ = auto.resolve(pairs)
     return ScorerChoice(scorer, language, found.source, score, query_language=query,
                         alias=alias)
-
-
-def _check_no_reader_check(auto: Any) -> None:
-    """Refuse the reader check's flags where ``auto`` is chosen without it: a command that
-    resolves ``auto`` on its data (``evaluate``, ``choose-alpha``, ``answers``) chooses the fused score per the
-    data's lists, while the check runs in ``calibrate``, on its fit share.
-
-    Raises
-    ------
-    ValueError
-        ``--reader-check always`` or a ``--reader-base``, which would be ignored.
-    """
-    given = [f for f, on in (("--reader-check always", auto.reader_check == "always"),
-                             (f"--reader-base {auto.reader_base}", auto.reader_base is not None))
-             if on]
-    if given:
-        raise ValueError(
-            f"{' and '.join(given)}: this command chooses auto's score without the reader check "
-            "(calibrate runs it on its fit topics), so it would be ignored; to measure the "
-            "reader here use --scorer best --preset reader (or portable-reader).")
 
 
 def make_scorer(request: ScorerRequest, pairs: Any = None, *,

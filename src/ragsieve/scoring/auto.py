@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..embeddings.reader_bases import READER_BASES
-from ..embeddings.reader_bases import reader_base as get_reader_base
+from ..embeddings.reader_bases import reader_base as get_reader_base  # the name's check
 from ..errors import ScorerError
 from ..types import Pair
 from .base import Resolution, Scorer
@@ -470,10 +470,24 @@ class AutoScorer(Scorer):
         :func:`ragsieve.lists.retriever_of`) are. ``seed`` (the calibration seed) runs the
         reader check on the fit share it draws; None (``evaluate``'s choice over every
         split) does not.
+
+        Raises
+        ------
+        ValueError
+            ``seed`` None with ``reader_check="always"`` or a ``reader_base``: the check
+            these ask for would not run (``evaluate``, ``choose-alpha``, ``answers``).
         """
         from ..embeddings.languages import choose_model
         from ..lists import retriever_of
 
+        if seed is None and (self.reader_check == "always" or self.reader_base is not None):
+            given = " and ".join(f for f, on in (
+                ("--reader-check always", self.reader_check == "always"),
+                (f"--reader-base {self.reader_base}", self.reader_base is not None)) if on)
+            raise ValueError(
+                f"{given}: this command chooses auto's score without the reader check "
+                "(calibrate runs it on its fit topics), so it would be ignored; to measure "
+                "the reader here use --scorer best --preset reader (or portable-reader).")
         pairs = list(pairs)
         found = languages or self.languages(pairs, language=language)
         if deployed_lists is None:
