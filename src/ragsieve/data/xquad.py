@@ -4,7 +4,9 @@ Each paragraph is a document ``"{title}/{paragraph_index}"`` cut into snippets b
 :class:`~ragsieve.chunking.Chunker`. A question's retrieved list is every snippet of
 its article (``context="article"``) or of its own paragraph (``context="paragraph"``).
 A snippet is relevant iff it lies in the question's own paragraph and its
-``[start, end)`` overlaps an answer span ``[answer_start, answer_start + len(text))``.
+``[start, end)`` overlaps an answer span ``[answer_start, answer_start + len(text))``; its
+``meta["evidence"]`` holds those spans in its own offsets, so the sentence unit's evidence
+sentence is the one the answer stands in (:mod:`ragsieve.units`).
 
 XQuAD is parallel: every language holds the same questions (the same ids) over the same
 articles and paragraphs, in the same order. ``load_xquad(language, query_language=q)``
@@ -224,8 +226,9 @@ def load_xquad(
         (``"xquad-{query_language}2{language}-{id}"`` across languages), ``group`` the
         article title (the question file's), ``snippet_id``
         ``"{title}/{paragraph}:{start}-{end}"``; ``meta`` holds ``language`` (of the
-        snippet), ``qa_id``, ``doc_id``, ``start``, ``end``, ``answers`` (the answer texts)
-        and, across languages, ``query_language``.
+        snippet), ``qa_id``, ``doc_id``, ``start``, ``end``, ``answers`` (the answer texts),
+        for a relevant snippet ``evidence`` (the answer spans inside it, ``[start, end]`` in
+        its text) and, across languages, ``query_language``.
 
     Raises
     ------
@@ -339,11 +342,23 @@ def _question_pairs(
         relevant=lambda snip: snip.doc_id == par.doc_id
         and any(snip.start < e and s < snip.end for s, e in spans),
         meta=lambda snip: {**head, "doc_id": snip.doc_id, "start": snip.start, "end": snip.end,
-                           "answers": answers},
+                           "answers": answers, **_evidence(snip, par.doc_id, spans)},
     )
     if not any(p.relevant for p in pairs):
         run.counts["no_relevant"] += 1
     return pairs
+
+
+def _evidence(snip: Snippet, doc_id: str, spans: list[tuple[int, int]]) -> dict[str, Any]:
+    """``{"evidence": [[start, end], ...]}``: the answer spans inside a snippet of the
+    question's own paragraph, in the snippet's offsets (where the answer stands, so the
+    sentence unit's evidence is the answer's sentence, not every sentence that happens to
+    hold the answer's words); ``{}`` for a snippet no answer span overlaps."""
+    if snip.doc_id != doc_id:
+        return {}
+    inside = [[max(s, snip.start) - snip.start, min(e, snip.end) - snip.start]
+              for s, e in spans if snip.start < e and s < snip.end]
+    return {"evidence": inside} if inside else {}
 
 
 def _log_counts(run: _Run, n_pairs: int) -> None:

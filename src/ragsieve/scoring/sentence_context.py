@@ -9,9 +9,19 @@ composes two scorers of the suite:
   its list-relative features over the sentence list), and
 * the **snippet** score of the sentence's snippet, over the query's list of snippets,
 
-into ``A = -(((x - mean) / scale) @ weights + bias)`` with ``x = (sentence score, snippet
-score)``, a logistic regression (scikit-learn) of the sentence's evidence label on the two
-stage scores. Lower = more relevant, as every nonconformity score.
+into the probability ``P = sigmoid(((x - mean) / scale) @ weights + bias)`` that the sentence
+is evidence, with ``x = (sentence score, snippet score)``, a logistic regression
+(scikit-learn) of the sentence's evidence label on the two stage scores, and scores
+
+    ``A = -log P + log(characters)``
+
+(lower = more relevant, as every nonconformity score): the sentences are kept in order of
+evidence per character. The guarantee counts evidence sentences, each once whatever its
+length, while what a kept sentence costs the generator is its length; among the sets of
+sentences that keep a given share of the evidence, the one with the fewest characters takes
+the sentences of highest ``P / characters`` first (the Neyman-Pearson rule for a cost per
+character), which the threshold on ``A`` does. A score fitted before the length term
+existed (``per_char`` false) scores ``A = -logit P`` as then.
 
 The guarantee survives as for the fused score: :func:`fit_sentence_context` fits both
 stages and the two weights on the same share of the calibration *topics*
@@ -150,6 +160,11 @@ class SentenceContextScorer(Scorer):
     weights, mean, scale : sequence of two floats, optional
         Fitted combination (see :meth:`fitted_on`); None: not fitted yet.
     bias : float
+    per_char : bool, optional
+        Score ``-log P + log(characters)`` (True) or ``-logit P`` (False, the score before
+        the length term). Default: True for a score to be fitted; a fitted combination
+        given without it (a spec saved before the length term) is False, so an artifact
+        scores as it was calibrated.
     **base_options
         Passed to both stage scorers when they are built from an alias or spec (the
         embedding options: ``model``, ``language``, ``cache_dir``, ...).
@@ -176,7 +191,7 @@ class SentenceContextScorer(Scorer):
     def __init__(self, sentence: Any = "best", snippet: Any = None, *,
                  weights: Sequence[float] | None = None, bias: float = 0.0,
                  mean: Sequence[float] | None = None, scale: Sequence[float] | None = None,
-                 **base_options: Any) -> None:
+                 per_char: bool | None = None, **base_options: Any) -> None:
         def build(spec: Any) -> Scorer:
             if isinstance(spec, Scorer) and not base_options:
                 return spec
@@ -195,6 +210,10 @@ class SentenceContextScorer(Scorer):
         if np.any(self.scale <= 0):
             raise ValueError(f"scale == {self.scale.tolist()!r}, must be {len(STAGES)} numbers > 0.")
         self.bias = float(bias)
+        if per_char is not None and not isinstance(per_char, bool):
+            raise ValueError(f"per_char == {per_char!r}, must be true, false or None.")
+        self._per_char_default = weights is None
+        self.per_char = self._per_char_default if per_char is None else per_char
         self.is_fitted = bool(weights is not None and self.sentence.is_fitted
                               and self.snippet.is_fitted)
 
@@ -207,6 +226,8 @@ class SentenceContextScorer(Scorer):
         """The stages' specs and, once fitted, the combination (saved in the artifact)."""
         out: dict[str, Any] = {"scorer": self.name, "sentence": self.sentence.spec(),
                                "snippet": self.snippet.spec()}
+        if self.per_char != self._per_char_default:  # said only where the default differs,
+            out["per_char"] = self.per_char          # so a spec saved before it reads as then
         if self.is_fitted:
             out.update(weights=[float(v) for v in self.weights], bias=self.bias,
                        mean=[float(v) for v in self.mean], scale=[float(v) for v in self.scale])
@@ -218,7 +239,7 @@ class SentenceContextScorer(Scorer):
 
     def with_stages(self, sentence: Scorer, snippet: Scorer) -> SentenceContextScorer:
         """The context score over other stage scorers, not fitted yet."""
-        return type(self)(sentence, snippet)
+        return type(self)(sentence, snippet, per_char=self.per_char)
 
     def prepare(self, query: str, snippets: Sequence[str]) -> None:
         """The sentence stage's model work for ``snippets`` (sentences)."""
@@ -261,7 +282,7 @@ class SentenceContextScorer(Scorer):
         model = linear_model.LogisticRegression(C=1.0).fit((x - mean) / scale, y)
         return type(self)(self.sentence, self.snippet, weights=model.coef_[0].tolist(),
                           bias=float(model.intercept_[0]), mean=mean.tolist(),
-                          scale=scale.tolist())
+                          scale=scale.tolist(), per_char=self.per_char)
 
     def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
                    snippets: Sequence[Pair] | None = None,
@@ -291,9 +312,13 @@ class SentenceContextScorer(Scorer):
                 "sentence` fit it on a share of the calibration topics)."
             )
 
-    def _combine(self, x: np.ndarray) -> np.ndarray:
-        return -(((np.asarray(x, dtype=float) - self.mean) / self.scale) @ self.weights
-                 + self.bias)
+    def _combine(self, x: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+        """The score of stage scores ``x`` (one row per sentence) and the sentences' texts."""
+        logit = ((np.asarray(x, dtype=float) - self.mean) / self.scale) @ self.weights + self.bias
+        if not self.per_char:
+            return -logit
+        chars = np.array([max(len(t), 1) for t in texts], dtype=float)
+        return np.logaddexp(0.0, -logit) + np.log(chars)  # -log sigmoid(logit) + log chars
 
     def score_items(self, query: str, items: Sequence[Mapping[str, Any]]) -> np.ndarray:
         """Score one query's whole list of sentences (each with its snippet's text under
@@ -305,7 +330,8 @@ class SentenceContextScorer(Scorer):
         sentence = np.asarray(self.sentence.score_items(query, items), dtype=float)
         snippet = np.asarray(self.snippet.score_items(query, [{"text": t} for t in texts]),
                              dtype=float)
-        return self._combine(np.column_stack([sentence, snippet[owner]]))
+        return self._combine(np.column_stack([sentence, snippet[owner]]),
+                             [str(item.get("text", "")) for item in items])
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's texts, each its own snippet (no parent known)."""
@@ -314,7 +340,8 @@ class SentenceContextScorer(Scorer):
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
         """Score many queries' sentences (each stage batched across queries)."""
         self._check_fitted()
-        return self._combine(self.stage_scores(pairs, progress=progress))
+        pairs = list(pairs)
+        return self._combine(self.stage_scores(pairs, progress=progress), [p.text for p in pairs])
 
     @staticmethod
     def _parent_pairs(pairs: Sequence[Pair]) -> tuple[list[Pair], np.ndarray]:
