@@ -211,6 +211,28 @@ def test_unmarkable_relevant_snippet_keeps_all_sentences_and_logs(caplog: pytest
     assert "1 relevant snippet(s)" in caplog.text and "'s1'" in caplog.text
 
 
+def test_answers_marking_several_sentences_are_counted_in_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A short answer standing in two sentences marks both (the rule), and the count of such
+    snippets is logged once, saying that spans mark the answer's own sentence; spans, one
+    marked sentence and an irrelevant snippet are not counted."""
+    with caplog.at_level(logging.WARNING, logger="ragsieve.units"):
+        out = sentence_pairs([
+            _pair("Tesla left. Lane paid Tesla.", answers=["Tesla"]),
+            _pair("Tesla left. Lane paid Tesla.", qid="q2", evidence=[[22, 27]]),
+            _pair("Fine. Gustave Eiffel.", qid="q3", answers=["Gustave Eiffel"]),
+            _pair("Tesla left. Tesla.", qid="q4", answers=["Tesla"], relevant=0)])
+    assert [p.relevant for p in out] == [1, 1, 0, 1, 0, 1, 0, 0]
+    counted = [r.getMessage() for r in caplog.records if "more than one" in r.getMessage()]
+    assert len(counted) == 1 and counted[0].startswith("1 of 2 relevant snippet(s)")
+    assert "'evidence' spans" in counted[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ragsieve.units"):
+        sentence_pairs([_pair("Tesla left. Lane paid Tesla.", answers=["Tesla"])],
+                       warn_unmarked=False)
+    assert "more than one" not in caplog.text
+
+
 def test_relevant_blank_snippet_is_a_data_error_and_others_give_no_sentence() -> None:
     with pytest.raises(DataError, match="has no sentence"):
         sentence_pairs([_pair("   ", answers=["x"])])

@@ -13,7 +13,10 @@ becomes a pair of its own (:func:`sentence_pairs`), labelled so that the guarant
   of the query's gold ``answers`` under SQuAD normalisation (token for token, see
   :func:`ragsieve.evaluation.answer_metrics.answer_in_context`). An answer that no
   single sentence contains (it crosses a sentence end) marks the shortest run of
-  consecutive sentences that contains it. The other sentences are 0.
+  consecutive sentences that contains it. The other sentences are 0. A short answer
+  ("Tesla", "5") may stand in several sentences of its snippet: each is marked, and
+  :func:`sentence_pairs` logs how many snippets mark more than one (a warning: such marks
+  keep more characters for the same guarantee, where spans mark the answer's own sentence).
 * A relevant snippet with neither field is an error; a relevant snippet where no
   sentence can be marked (the answer only partly inside the snippet, spans in
   whitespace) keeps all its sentences as evidence (logged with a count), so the
@@ -305,7 +308,8 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
         Longest sentence kept whole (the filter's ``max_chars``).
     warn_unmarked : bool, default=True
         Log a warning naming the relevant snippets with no sentence marked as evidence
-        (all their sentences then count as evidence); False for a caller that drops them.
+        (all their sentences then count as evidence), and one counting those the answers
+        mark in more than one sentence; False for a caller that drops them.
 
     Returns
     -------
@@ -339,6 +343,7 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
     positions: dict[str, int] = {}
     out: list[Pair] = []
     unmarked: list[str] = []
+    by_words = several = 0  # relevant snippets labelled by the answers; of them, >1 marked
     for pair in pairs:
         position = positions.get(pair.query_id, 0)
         positions[pair.query_id] = position + 1
@@ -351,6 +356,9 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
         if pair.relevant and not any(labels):
             labels = [1] * len(sentences)
             unmarked.append(pair.snippet_id)
+        elif pair.relevant and not spans:
+            by_words += 1
+            several += sum(1 for label in labels if label) > 1
         out.extend(_sentence_pair(pair, s, label, position, spans)
                    for s, label in zip(sentences, labels, strict=True))
     if unmarked and warn_unmarked:
@@ -359,6 +367,13 @@ def sentence_pairs(pairs: Sequence[Pair], *, language: str | None = None,
             "one sentence run, or evidence spans only in whitespace); all their sentences count "
             "as evidence: %s", len(unmarked),
             ", ".join(repr(s) for s in unmarked[:5]) + (" ..." if len(unmarked) > 5 else ""))
+    if several and warn_unmarked:
+        logger.warning(
+            "%d of %d relevant snippet(s) marked by their query's answers mark more than one "
+            "sentence as evidence (the answer's words stand in several, or the answer crosses a "
+            "sentence end); every one counts, which keeps more characters for the same "
+            "guarantee: 'evidence' spans (where the answer stands) mark the answer's own "
+            "sentence", several, by_words)
     return out
 
 
