@@ -339,8 +339,7 @@ def _question_pairs(
     head = {**run.query_meta, "language": run.language, "qa_id": qa_id}
     pairs = question_pairs(
         f"xquad-{run.name}-{qa_id}", run.questions.get(qa_id, question), group, candidates,
-        relevant=lambda snip: snip.doc_id == par.doc_id
-        and any(snip.start < e and s < snip.end for s, e in spans),
+        relevant=lambda snip: bool(_evidence(snip, par.doc_id, spans)),
         meta=lambda snip: {**head, "doc_id": snip.doc_id, "start": snip.start, "end": snip.end,
                            "answers": answers, **_evidence(snip, par.doc_id, spans)},
     )
@@ -353,7 +352,8 @@ def _evidence(snip: Snippet, doc_id: str, spans: list[tuple[int, int]]) -> dict[
     """``{"evidence": [[start, end], ...]}``: the answer spans inside a snippet of the
     question's own paragraph, in the snippet's offsets (where the answer stands, so the
     sentence unit's evidence is the answer's sentence, not every sentence that happens to
-    hold the answer's words); ``{}`` for a snippet no answer span overlaps."""
+    hold the answer's words); ``{}`` for a snippet no answer span overlaps, which is what
+    makes a snippet irrelevant (the one definition of the overlap)."""
     if snip.doc_id != doc_id:
         return {}
     inside = [[max(s, snip.start) - snip.start, min(e, snip.end) - snip.start]

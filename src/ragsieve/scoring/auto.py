@@ -481,9 +481,10 @@ class AutoScorer(Scorer):
         from ..lists import retriever_of
 
         if seed is None and (self.reader_check == "always" or self.reader_base is not None):
-            given = " and ".join(f for f, on in (
-                ("--reader-check always", self.reader_check == "always"),
-                (f"--reader-base {self.reader_base}", self.reader_base is not None)) if on)
+            given = " and ".join(f for f, on in (  # the library's name and the CLI flag
+                ("reader_check='always' (--reader-check always)", self.reader_check == "always"),
+                (f"reader_base={self.reader_base!r} (--reader-base {self.reader_base})",
+                 self.reader_base is not None)) if on)
             raise ValueError(
                 f"{given}: this command chooses auto's score without the reader check "
                 "(calibrate runs it on its fit topics), so it would be ignored; to measure "

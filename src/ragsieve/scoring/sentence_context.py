@@ -331,7 +331,7 @@ class SentenceContextScorer(Scorer):
         snippet = np.asarray(self.snippet.score_items(query, [{"text": t} for t in texts]),
                              dtype=float)
         return self._combine(np.column_stack([sentence, snippet[owner]]),
-                             [str(item.get("text", "")) for item in items])
+                             [str(item["text"]) for item in items])
 
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:
         """Score one query's texts, each its own snippet (no parent known)."""
