@@ -35,6 +35,9 @@ LAYERS: dict[str, int] = {
     "units": 1,
     "embeddings": 1,
     "llm": 1,
+    # the rerank API as a client speaks it (wire shapes, HTTP client, cache): a reranker
+    # behind Cohere / Jina / vLLM / TEI, for the rerank score and the gateway
+    "rerank": 1,
     "scoring": 2,
     "calibration": 3,
     # what a filter scores: the accepted snippet forms as items, cut into pieces
@@ -79,6 +82,8 @@ FORBIDDEN: dict[tuple[str, str], str] = {
 SIBLINGS: dict[tuple[str, str], str] = {
     ("units", "chunking"): "a snippet's sentences are the ones the chunker packs "
                            "(chunking.sentence_spans), so units cuts them with its splitter",
+    ("rerank", "llm"): "a reranker's answers are kept in the LLM replies' SQLite cache "
+                       "(llm.cache.LLMCache), keyed by endpoint, model, query and text",
 }
 """(importer, imported) pairs on one layer that may import each other, with the reason."""
 

@@ -54,6 +54,7 @@ from .options import (
     add_json_option,
     add_limit_queries_option,
     add_llm_options,
+    add_runtime_scorer_options,
     add_saved_scorer_options,
     add_scorer_options,
     add_seed_option,
@@ -451,7 +452,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "--max-body-bytes)")
     p.add_argument("--max-snippets", type=positive_int, default=None,
                    help="requests with more snippets or labels get 413 (default 1000)")
+    p.add_argument("--rerank-return", choices=("kept", "all"), default=None,
+                   help="what POST /v1/rerank, /v2/rerank and /rerank answer when the URL does "
+                        "not say (?return=all or the /all path prefix): the documents the "
+                        "filter keeps (default) or every document ranked, with its p-value")
     add_cache_options(p)
+    add_runtime_scorer_options(p)  # a saved score's endpoint: --rerank-url
     _add_serve_operations(p)
     p.set_defaults(func=serving.cmd_serve)
 

@@ -39,6 +39,15 @@ from .parsing import (
     validation_error_handler,
 )
 from .reload import Generation, Generations, Publisher, Trigger, read_text
+from .rerank import (
+    ALL_PREFIX,
+    RERANK_DESCRIPTION,
+    RERANK_ROUTES,
+    Api,
+    RerankRequest,
+    RerankResponse,
+    TEIRerankResult,
+)
 from .schemas import (
     ErrorResponse,
     FeedbackRequest,
@@ -166,6 +175,7 @@ def _add_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
 
     _add_page(app, runtime, api_key, protected, errors.key)
     _add_filter_routes(app, runtime, protected, errors)
+    _add_rerank_routes(app, runtime, protected, errors)
     _add_admin_routes(app, runtime, publisher, api_key, protected, errors)
 
 
@@ -192,6 +202,44 @@ def _add_filter_routes(app: fastapi.FastAPI, runtime: Runtime, protected: list[A
     def feedback(request: FeedbackRequest, http: fastapi.Request) -> FeedbackResponse:
         client = http.client.host if http.client is not None else ""
         return runtime.current.run_feedback(request, client=client)
+
+
+def _add_rerank_routes(app: fastapi.FastAPI, runtime: Runtime, protected: list[Any],
+                       errors: _RouteErrors) -> None:
+    """``POST /v1/rerank``, ``/v2/rerank`` and ``/rerank`` (and each under ``/all``): the
+    rerank API with the calibrated cut inside (:mod:`ragsieve.server.rerank`)."""
+    default = runtime.options.rerank_return
+    for path, api in RERANK_ROUTES:
+        for prefix in ("", ALL_PREFIX):
+            route = prefix + path
+            tei = api == "tei"
+            app.post(
+                route, dependencies=protected, responses=errors.filter,
+                response_model=list[TEIRerankResult] | RerankResponse if tei else RerankResponse,
+                summary=("TEI's rerank (texts), or the Cohere body" if tei else
+                         f"Cohere {api} / Jina / vLLM rerank")
+                + (": every document, ranked" if prefix else ": the documents kept"),
+                description=RERANK_DESCRIPTION,
+            )(_rerank_handler(runtime, route, api, default, everything=bool(prefix)))
+
+
+def _rerank_handler(runtime: Runtime, route: str, api: Api, default: str, *,
+                    everything: bool) -> Any:
+    """The handler of one rerank route (``everything``: under the ``/all`` prefix)."""
+
+    def rerank(request: RerankRequest, returned: Literal["kept", "all"] | None = fastapi.Query(
+            default=None, alias="return", description="'all': every document, ranked, with "
+            "its p-value; 'kept': the documents the filter keeps (default: the service's "
+            "--rerank-return, or 'all' under the /all prefix).")) -> JSONResponse:
+        if everything and returned == "kept":
+            raise http_error(422, f"{route} answers every document; drop ?return=kept or "
+                                  f"call {route.removeprefix(ALL_PREFIX)}.")
+        want_all = everything or (returned or default) == "all"
+        body, headers = runtime.current.run_rerank(request, route=route, api=api,
+                                                   everything=want_all)
+        return JSONResponse(body, headers=headers)
+
+    return rerank
 
 
 def _add_admin_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,

@@ -52,7 +52,9 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Routes counted under their own name; any other path is counted as ``other``.
 ENDPOINTS = frozenset(
     {"/", "/status", "/filter", "/query", "/feedback", "/healthz", "/metrics", "/admin/reload",
-     "/admin/monitor/reset", "/openapi.json", "/docs", "/redoc"}
+     "/admin/monitor/reset", "/openapi.json", "/docs", "/redoc",
+     # the rerank API (server/rerank.py), each also under the /all prefix
+     "/v1/rerank", "/v2/rerank", "/rerank", "/all/v1/rerank", "/all/v2/rerank", "/all/rerank"}
 )
 #: Buckets of the served-score histogram: ``1 - cos`` lies in [0, 2]. Relative scores
 #: (z, gap) may be negative and fall in the ``le="0.0"`` bucket (a negative bucket bound

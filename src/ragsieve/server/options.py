@@ -39,6 +39,7 @@ from .security import RECEIVING_FACTOR, check_allowed_hosts
 __all__ = [
     "DEFAULT_MAX_PIECES",
     "DEFAULT_MAX_QUEUE",
+    "RERANK_RETURNS",
     "ServeOptions",
     "check_delta",
     "serve_options",
@@ -55,6 +56,9 @@ __all__ = [
 DEFAULT_MAX_PIECES = 128
 #: Most requests waiting for model work at once (429 beyond).
 DEFAULT_MAX_QUEUE = 64
+
+#: What the rerank routes may answer: the kept documents, or every document ranked.
+RERANK_RETURNS = ("kept", "all")
 
 #: Options that are counts: an int >= 1.
 _COUNTS = ("workers", "max_body_bytes", "max_snippets", "max_k", "max_served_rows",
@@ -163,12 +167,18 @@ class ServeOptions:
         Most labels counted for one query_id.
     max_labels_per_minute : int, default=6000
         Most labels one client may send per minute (429 beyond).
+    rerank_return : {"kept", "all"}, default="kept"
+        What the rerank routes (``/v1/rerank``, ``/v2/rerank``, ``/rerank``) answer when the
+        URL does not say: the documents the filter keeps, or every document ranked with its
+        p-value (for clients that cut themselves). A request chooses with ``?return=`` or
+        the ``/all`` path prefix (:mod:`ragsieve.server.rerank`).
 
     Raises
     ------
     ValueError
         A count is not an int >= 1, a duration not a number of seconds > 0, ``api_key``
-        is empty, ``monitor_delta`` is not in (0, 1), ``port`` not in [0, 65535], an
+        is empty, ``monitor_delta`` is not in (0, 1), ``rerank_return`` not "kept" or
+        "all", ``port`` not in [0, 65535], an
         ``allowed_hosts`` entry no host name or ``max_receiving_bytes`` below
         ``max_body_bytes``; the message names the option, the value received and the rule.
     TypeError
@@ -213,6 +223,7 @@ class ServeOptions:
     feedback_retention: float = DEFAULT_FEEDBACK_RETENTION
     max_labels_per_query: int = DEFAULT_MAX_LABELS_PER_QUERY
     max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE
+    rerank_return: str = "kept"
 
     def __post_init__(self) -> None:
         for name in _COUNTS:  # stored converted: a numpy int becomes an int (JSON-safe)
@@ -225,6 +236,9 @@ class ServeOptions:
             path = check_path(getattr(self, name), name, allow_none=True)
             object.__setattr__(self, name, None if path is None else Path(path))
         object.__setattr__(self, "monitor_delta", check_delta(self.monitor_delta))
+        if check_str(self.rerank_return, "rerank_return") not in RERANK_RETURNS:
+            raise ValueError(f"rerank_return == {self.rerank_return!r}, must be one of "
+                             f"{RERANK_RETURNS}.")
         scorer_options = check_instance(self.scorer_options, Mapping, "scorer_options",
                                         expected="a mapping (e.g. {'cache_dir': ...})",
                                         allow_none=True)

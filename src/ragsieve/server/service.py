@@ -64,6 +64,14 @@ from .options import DEFAULT_MAX_PIECES, DEFAULT_MAX_QUEUE, ServeOptions  # noqa
 from .page import RecentRequests
 from .parsing import BUSY_RETRY_AFTER, printable
 from .reload import ArtifactCheck, Generation, Generations, check_artifact
+from .rerank import (
+    Api,
+    RerankAnswer,
+    RerankRequest,
+    ServedFilter,
+    rerank_answer,
+    to_filter_request,
+)
 from .scheduling import (
     PIECE_CHARS,
     PIECE_WORDS,
@@ -418,6 +426,35 @@ class Service:
     # ------------------------------------------------------------------ requests
     def run_filter(self, request: FilterRequest) -> FilterResponse:
         """``POST /filter``: score the request's snippets (or use its vectors) and filter."""
+        res, query_id = self.filter_request(request, endpoint="/filter")
+        return self._filter_response(res, query_id)
+
+    def run_rerank(self, request: RerankRequest, *, route: str, api: Api,
+                   everything: bool) -> RerankAnswer:
+        """``POST /v1/rerank``, ``/v2/rerank``, ``/rerank`` (and their ``/all`` forms): the
+        request's documents filtered as ``/filter`` snippets, answered in the rerank API
+        (:mod:`ragsieve.server.rerank`). 422 for a filter without calibration evidence (no
+        p-value to answer with) and for TEI's ``texts`` on a Cohere route."""
+        if api != "tei" and request.texts is not None:
+            raise http_error(422, f"POST {route} takes the documents as 'documents' (Cohere, "
+                                  "Jina, vLLM); TEI's 'texts' go to POST /rerank.")
+        if self.flt.evidence is None:
+            raise http_error(422, "the served filter stores no calibration evidence, so it has "
+                                  "no p-value to answer as relevance_score; recalibrate it "
+                                  "with this ragsieve (`ragsieve calibrate`), or use POST "
+                                  "/filter.")
+        res, query_id = self.filter_request(to_filter_request(request), endpoint=route)
+        served = ServedFilter(guarantee=self.guarantee, rule=str(self.flt.scorer.keep_rule(
+            res.threshold)), name=self.flt.scorer.name, p_value_rule=_p_value_rule(self.flt))
+        return rerank_answer(res, query_id, request, api=api, everything=everything,
+                             info=served)
+
+    def filter_request(self, request: FilterRequest, *,
+                       endpoint: str) -> tuple[FilterResult, str]:
+        """Check, score and filter one request's snippets, and record what was served.
+
+        Returns the result and the request's ``query_id`` (its own, or a new one); the
+        served rows, metrics and monitor are updated under ``endpoint``'s name."""
         rt = self.runtime
         _check_query(request.query)
         self.language_watch.see(request.query)
@@ -442,8 +479,8 @@ class Service:
                        for i, s in enumerate(request.snippets)]
         groups = [request.group if isinstance(s, str) or s.group is None else s.group
                   for s in request.snippets]
-        self._served("/filter", query_id, snippet_ids, groups, res)
-        return self._filter_response(res, query_id)
+        self._served(endpoint, query_id, snippet_ids, groups, res)
+        return res, query_id
 
     def vector_dim(self) -> int | None:
         """The dimension of the vectors the served scorer takes (None: it takes none)."""
