@@ -27,6 +27,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +158,6 @@ SLOW_PAGES = {"cross-language.md", "integrations.md"}
 def test_python_examples_run(page: Path, placeholders: dict[str, Callable[[], Any]],
                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              embedding_cache_dir: Path) -> None:
-    import builtins
-
     from ragsieve.scoring import registry
 
     # an example may register a scorer: it lasts for the page, not for the test session
@@ -167,7 +166,41 @@ def test_python_examples_run(page: Path, placeholders: dict[str, Callable[[], An
     monkeypatch.chdir(tmp_path)
     shutil.copy(placeholders["filter.json"](), tmp_path / "filter.json")
     namespace: dict[str, Any] = {"__name__": f"docs_{page.stem}"}
-    for line, code in code_blocks(page, "python"):
+    blocks = code_blocks(page, "python")
+    with ExitStack() as stack:
+        if any(SERVED_URL in code for _, code in blocks):  # the rerank clients' examples
+            blocks = _against_a_served_filter(blocks, tmp_path / "filter.json", stack,
+                                              monkeypatch, embedding_cache_dir)
+        _run_blocks(page, blocks, namespace, placeholders)
+
+
+#: The service's address in the examples of clients (docs/rerank.md): the test serves the
+#: page's filter on a free loopback port and puts that port in its place.
+SERVED_URL = "http://127.0.0.1:8000"
+
+
+def _against_a_served_filter(blocks: list[tuple[int, str]], artifact: Path, stack: ExitStack,
+                             monkeypatch: pytest.MonkeyPatch,
+                             cache_dir: Path) -> list[tuple[int, str]]:
+    """Serve ``artifact`` with a key (a real uvicorn on 127.0.0.1), set the key in
+    ``RAGSIEVE_API_KEY`` and point the examples at the server."""
+    from servers import ThreadServer
+
+    from ragsieve.server import create_app
+
+    key = "docs-example-key"
+    monkeypatch.setenv("RAGSIEVE_API_KEY", key)
+    server = stack.enter_context(ThreadServer(create_app(
+        artifact, api_key=key, scorer_options={"cache_dir": cache_dir})))
+    return [(line, code.replace(SERVED_URL, server.url)) for line, code in blocks]
+
+
+def _run_blocks(page: Path, blocks: list[tuple[int, str]], namespace: dict[str, Any],
+                placeholders: dict[str, Callable[[], Any]]) -> None:
+    """Run a page's Python blocks in order in one namespace (placeholders filled in)."""
+    import builtins
+
+    for line, code in blocks:
         free = _free_names(code) - set(namespace) - set(dir(builtins))
         unknown = free - set(PLACEHOLDERS)
         assert not unknown, (f"{page.name}:{line}: the example uses {sorted(unknown)}, which "

@@ -229,3 +229,52 @@ def test_rerank_return_all_as_the_service_default(artifact: Path, embedding_cach
     assert len(kept["results"]) == kept["meta"]["ragsieve"]["kept"] < len(docs)
     with pytest.raises(ValueError, match="rerank_return"):
         create_app(artifact, rerank_return="everything")
+
+
+#: Hostile bodies the strict reader refuses on every route: (case, body text, words).
+HOSTILE = [
+    ("deep nesting in an ignored field",
+     '{"query": "q", "documents": ["a"], "extra": ' + "[" * 5000 + "]" * 5000 + "}",
+     "deep"),
+    ("duplicate key", '{"query": "q", "query": "r", "documents": ["a"]}', "query"),
+    ("NaN in an ignored field", '{"query": "q", "documents": ["a"], "x": NaN}', "NaN"),
+    ("401-digit top_n", '{"query": "q", "documents": ["a"], "top_n": ' + "9" * 401 + "}",
+     "401 digits"),
+    ("lone surrogate in a document", '{"query": "q", "documents": ["a\\ud800"]}',
+     "surrogate"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "words"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_bodies_are_422_and_the_service_answers_on(client: httpx.Client, case: str,
+                                                           text: str, words: str) -> None:
+    r = client.post("/v1/rerank", content=text.encode("utf-8", "surrogatepass"),
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code == 422, (case, r.text)
+    assert words in r.text
+    ok = client.post("/v1/rerank", json={"query": "q", "documents": ["a"]})
+    assert ok.status_code == 200
+
+
+def test_a_filter_without_calibration_evidence_is_refused_in_one_line(
+        tmp_path: Path, xquad_en: list[Pair], embedding_cache_dir: Path) -> None:
+    """A filter joined from an already fitted calibrator of a mode that keeps no scores has
+    no p-value to answer as relevance_score: 422 naming the fix, before anything is scored."""
+    from ragsieve import ConformalFilter
+    from ragsieve.scoring import EmbeddingScorer
+
+    scorer = EmbeddingScorer(cache_dir=embedding_cache_dir)
+    pairs = xquad_en[:300]  # scored by the module's artifact already: cached
+    calibrator = make_calibrator("pac", alpha=ALPHA, delta=0.1).fit(
+        scorer.score_pairs(pairs), [p.relevant for p in pairs])
+    flt = ConformalFilter(scorer, calibrator)
+    assert flt.evidence is None
+    path = flt.save(tmp_path / "no-evidence.json")
+    app = create_app(path, scorer_options={"cache_dir": embedding_cache_dir})
+    with ThreadServer(app) as srv:
+        r = httpx.post(srv.url + "/v1/rerank", json={"query": "q", "documents": ["a"]},
+                       timeout=60)
+        assert r.status_code == 422
+        assert "no calibration evidence" in r.json()["detail"]
+        assert httpx.post(srv.url + "/filter", json={"query": "q", "snippets": ["a"]},
+                          timeout=60).status_code == 200

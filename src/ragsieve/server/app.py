@@ -135,6 +135,8 @@ class _RouteErrors:
                 **errors,
                 413: _error("Body larger than max_body_bytes, or more snippets than "
                             "max_snippets."),
+                502: _error("The reranker the served score calls (a filter calibrated on "
+                            "--scorer rerank) is down, refused or answered out of shape."),
             },
             query={
                 **errors,

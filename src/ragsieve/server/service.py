@@ -54,7 +54,7 @@ import numpy as np
 from .._version import __version__
 from ..artifact import Artifact
 from ..embeddings.detection import LanguageWatch
-from ..errors import ArtifactError, DataError
+from ..errors import ArtifactError, DataError, RerankError
 from ..filter import ConformalFilter
 from ..keeping import p_value_rule
 from ..types import FilterResult
@@ -154,6 +154,20 @@ def bad_request_as_422() -> Iterator[None]:
         message = printable(str(exc))
         logger.info("request refused (422): %s", message)
         raise http_error(422, message) from exc
+
+
+@contextmanager
+def upstream_as_502() -> Iterator[None]:
+    """Turn a failure of the endpoint a score calls (a reranker that is down, refuses or
+    answers out of shape, after its retries) into 502 Bad Gateway naming it: the request
+    was fine, the service behind the filter was not. Logged; never a score."""
+    try:
+        yield
+    except RerankError as exc:
+        message = printable(str(exc))
+        logger.warning("upstream reranker failed (502): %s", message)
+        raise http_error(502, f"the reranker this filter's score calls failed: {message}"
+                         ) from exc
 
 
 def _check_query(query: str) -> None:
@@ -468,7 +482,7 @@ class Service:
             _check_vector_dim(vectors.shape[1], self.vector_dim(), self.flt.scorer.spec())
         items = [s if isinstance(s, str) else s.as_item() for s in request.snippets]
         use = self.filter_for(request.min_keep)
-        with bad_request_as_422():
+        with upstream_as_502(), bad_request_as_422():
             if vectors is None and self.uses_model:
                 res = self._filter_with_model(use, request.query, items, request.group)
             else:
