@@ -11,6 +11,8 @@ so ``except ValueError`` keeps working::
     │   ├── ArtifactTooLargeError (ArtifactError)      a file over the artifact size cap
     │   └── ScorerMismatchError (ArtifactError)        artifact made with another scorer
     ├── ScorerError (RagsieveError, RuntimeError)      a scorer failed to produce scores
+    │   └── RerankError (ScorerError)                  a reranker endpoint failed for good
+    │       └── RerankResponseError (RerankError)      a reranker answer that is not the API's
     └── LLMError (RagsieveError, RuntimeError)         an LLM request failed for good
         └── LLMResponseError (LLMError)                a reply that cannot be used
 
@@ -29,6 +31,8 @@ __all__ = [
     "LLMResponseError",
     "NotFittedError",
     "RagsieveError",
+    "RerankError",
+    "RerankResponseError",
     "ScorerError",
     "ScorerMismatchError",
 ]
@@ -64,6 +68,30 @@ class ScorerMismatchError(ArtifactError):
 
 class ScorerError(RagsieveError, RuntimeError):
     """A scorer could not produce valid scores."""
+
+
+class RerankError(ScorerError):
+    """A reranker endpoint (the rerank API) failed after its retries: an HTTP error, a
+    timeout, a refused connection.
+
+    Attributes
+    ----------
+    url : str or None
+        The endpoint's URL.
+    status : int or None
+        HTTP status of the last attempt, if any.
+    """
+
+    def __init__(self, message: str, *, url: str | None = None,
+                 status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+class RerankResponseError(RerankError):
+    """A reranker answered, but not in the API's shape (an index out of range, repeated or
+    missing; a score that is not a finite number): never turned into a score."""
 
 
 class LLMError(RagsieveError, RuntimeError):
