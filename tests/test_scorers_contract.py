@@ -12,14 +12,16 @@ keywords and defaults, and the CLI builds the scorer from them; the tags (``thre
 The scorers that cannot score before calibration (``best``: unfitted, ``auto``: resolved
 by calibrate) are checked for what they promise instead: a ``ScorerError`` that says what
 to do, and (``best``) the fitted score once fitted, (``auto``) a scorer of the suite once
-resolved. The LLM scorer runs on the real local model (Gemma 3 270M) on five snippets.
+resolved. The LLM scorer runs on the real local model (Gemma 3 270M) on five snippets; the
+rerank scorer on a real reranker on 127.0.0.1 (ragsieve's own service answering the rerank
+API with every document's conformal p-value).
 """
 
 from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from pathlib import Path
@@ -38,6 +40,7 @@ from ragsieve.scoring import (
     ListBM25Scorer,
     LLMScorer,
     RelativeScorer,
+    RerankScorer,
     Scorer,
     SentenceCosineScorer,
     registered_scorers,
@@ -154,6 +157,26 @@ def llm(llm_connection: Any) -> LLMScorer:
     return LLMScorer(llm_connection)
 
 
+@pytest.fixture(scope="module")
+def reranker_url(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
+                 embedding_cache_dir: Path) -> Iterator[str]:
+    """A real reranker on 127.0.0.1: ragsieve's service of a MiniLM filter, whose
+    ``/all/v1/rerank`` answers every document with its conformal p-value."""
+    from servers import ThreadServer
+
+    from ragsieve import ConformalFilter
+    from ragsieve.scoring import EmbeddingScorer
+    from ragsieve.server import create_app
+
+    root = tmp_path_factory.mktemp("reranker")
+    ConformalFilter(EmbeddingScorer(cache_dir=embedding_cache_dir), alpha=0.2).calibrate(
+        xquad_en[:300]).save(root / "filter.json")
+    app = create_app(root / "filter.json", scorer_options={"cache_dir": embedding_cache_dir},
+                     state_dir=root / "state")
+    with ThreadServer(app) as server:
+        yield f"{server.url}/all"
+
+
 BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
     "embedding": lambda r: r.getfixturevalue("minilm_scorer"),
     "relative:gap": lambda r: RelativeScorer(r.getfixturevalue("minilm_scorer"), kind="gap"),
@@ -173,6 +196,7 @@ BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
     "llm": lambda r: r.getfixturevalue("llm"),
     "sentence_context": lambda r: r.getfixturevalue("sentence_context"),
     "reader": lambda r: r.getfixturevalue("reader"),
+    "rerank": lambda r: RerankScorer(url=r.getfixturevalue("reranker_url"), cache=False),
 }
 """Every scorable registered alias (the key up to ``:``), in each of its shapes."""
 
@@ -187,6 +211,8 @@ def _rebuild_options(scorer: Scorer, request: pytest.FixtureRequest) -> dict[str
     if scorer.name == "llm":
         server = request.getfixturevalue("local_llm")
         return {"base_url": server.base_url, "style": server.prompt_style, "cache": False}
+    if scorer.name == "rerank":  # the endpoint is given where the filter is applied
+        return {"url": request.getfixturevalue("reranker_url"), "cache": False}
     runtime = {o.name for o in scorer_options(scorer.spec()["scorer"]) if o.runtime}
     if "cache_dir" in runtime:  # the embedding-based scores (not the in-list BM25)
         return {"cache_dir": request.getfixturevalue("embedding_cache_dir")}
@@ -292,7 +318,7 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
         assert fresh is scorer
     else:
         assert not fresh.is_fitted
-    assert scorer.costly == (scorer.name == "llm")  # a model call per snippet
+    assert scorer.costly == (scorer.name in ("llm", "rerank"))  # a model call per snippet
     if scorer.base_scorer() is None:
         with pytest.raises(TypeError, match="not computed from a base scorer"):
             scorer.scores_from_base(np.zeros(3))
@@ -301,7 +327,7 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
 
 #: The service's behaviour before scorers carried tags (its lists of scorer names): the
 #: tags reproduce it.
-THREAD_SAFE = {"embedding", "field"}
+THREAD_SAFE = {"embedding", "field", "rerank"}  # rerank: an HTTP client, a locked cache
 MODEL_FREE = {"field"}
 
 

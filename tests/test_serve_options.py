@@ -65,7 +65,13 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_serve_option_is_a_serve_options_field() -> None:
     dests = {a.dest for a in _serve_parser()._actions if a.dest != "help"}
     fields = set(ServeOptions.names())
-    for dest in dests - NOT_OPTIONS:
+    # a saved score's runtime flags (--rerank-url, ...) reach it as ServeOptions.scorer_options
+    from ragsieve.scoring import registered_scorers, scorer_options
+
+    runtime = {o.dest for alias in registered_scorers() for o in scorer_options(alias)
+               if o.runtime and o.dest}
+    assert "scorer_options" in fields
+    for dest in dests - NOT_OPTIONS - runtime:
         assert RENAMED.get(dest, dest) in fields, f"serve --{dest} is no ServeOptions field"
 
 

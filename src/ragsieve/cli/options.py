@@ -54,6 +54,7 @@ __all__ = [
     "add_json_option",
     "add_limit_queries_option",
     "add_llm_options",
+    "add_runtime_scorer_options",
     "add_saved_scorer_options",
     "add_scorer_options",
     "add_seed_option",
@@ -212,7 +213,8 @@ def add_scorer_options(p: argparse.ArgumentParser, *, default: str = "auto") -> 
                         "ragsieve retrieve, --lists deployed; else the portable fused score, "
                         "else 1 - cos), embedding (1 - cos), relative (query-relative, see "
                         "--relative-kind), best (fused score, fitted on part of the calibration "
-                        "data), llm, or field (an outside score read from --score-field) "
+                        "data), llm, field (an outside score read from --score-field), or rerank (a "
+                        "reranker endpoint of the rerank API: --rerank-url) "
                         f"(default {default})")
     # every registered scorer's own flags; the shared ones (model, cache, LLM endpoint)
     # come from their groups below, once
@@ -329,10 +331,35 @@ def add_fit_options(p: argparse.ArgumentParser, *, several: bool, unit: str) -> 
 
 def add_saved_scorer_options(p: argparse.ArgumentParser) -> None:
     """What rebuilds the scorer of a saved filter (``filter``, ``report``): the languages
-    (checked against the artifact's), the cache and the LLM endpoint."""
+    (checked against the artifact's), the cache, the LLM endpoint and the other scorers'
+    ``runtime`` options (:func:`add_runtime_scorer_options`: the reranker's URL)."""
     add_embedding_options(p, model=False)
     add_cache_options(p)
     add_llm_options(p)
+    add_runtime_scorer_options(p)
+
+
+def add_runtime_scorer_options(p: argparse.ArgumentParser) -> None:
+    """The flags of the options that do not change scores (``runtime``: an endpoint's URL,
+    its key's environment variable, how the calls are made) that the registered scorers
+    declare in their ``score`` group, for a command that rebuilds a saved scorer from its
+    spec (``filter``, ``report``, ``serve``: ``--rerank-url``). The shared groups' flags
+    (cache, LLM endpoint) and flags the parser already has are left to their owners."""
+    from ..scoring import registered_scorers, scorer_options
+
+    runtime = [alias for alias in registered_scorers()
+               if any(o.runtime and o.flag and o.group == "score" for o in scorer_options(alias))]
+    if not runtime:
+        return
+    g = p.add_argument_group("saved score's endpoint")
+    have = {flag for action in p._actions for flag in action.option_strings}
+    have |= shared_scorer_flags()
+    for alias in runtime:
+        for option in scorer_options(alias):
+            if option.runtime and option.flag and option.group == "score" \
+                    and option.flag not in have:
+                g.add_argument(option.flag, **option.argparse_kwargs())
+                have.add(option.flag)
 
 
 # ------------------------------------------------------------------ single shared options

@@ -6,8 +6,9 @@
 fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`, its
 signals those of a preset, :mod:`~ragsieve.scoring.signals`), ``"bm25-list"`` (BM25 within
 the query's own list), ``"bm25-corpus"`` (BM25 with statistics frozen from a corpus it was
-fitted on: list-free), ``"sentence-cos"`` (the best sentence's ``1 - cos``) and
-``"field"`` (an outside score), and ``"auto"``, the default: the list-aware fused score when
+fitted on: list-free), ``"sentence-cos"`` (the best sentence's ``1 - cos``),
+``"field"`` (an outside score) and ``"rerank"`` (minus the relevance any reranker behind the
+rerank API gives, asked pair by pair: :class:`~ragsieve.scoring.rerank.RerankScorer`), and ``"auto"``, the default: the list-aware fused score when
 the calibration lists are the deployed retriever's, else the list-free (``portable``) fused
 score, or ``1 - cos`` when neither can be fitted, chosen when a filter is calibrated
 (:func:`~ragsieve.scoring.auto.choose_score`), and ``"sentence_context"`` (a sentence's
@@ -40,6 +41,7 @@ from .registry import (
     scorer_options,
 )
 from .relative import RelativeScorer
+from .rerank import RerankScorer
 from .sentence_context import SentenceContextScorer
 from .sentence_cosine import SentenceCosineScorer
 
@@ -55,6 +57,7 @@ __all__ = [
     "ListBM25Scorer",
     "ReaderScorer",
     "RelativeScorer",
+    "RerankScorer",
     "ScoreChoice",
     "Scorer",
     "ScorerFactory",
@@ -88,6 +91,8 @@ BUILTIN_SCORERS: tuple[tuple[str, ScorerFactory, tuple[ScorerOption, ...]], ...]
     (SentenceContextScorer.name, SentenceContextScorer, EMBEDDING_OPTIONS),
     # a cross-encoder fine-tuned on the calibration fit topics (English)
     ("reader", ReaderScorer, ReaderScorer.declared_options),
+    # any reranker behind the rerank API (Cohere / Jina / vLLM / TEI), pair by pair
+    ("rerank", RerankScorer, RerankScorer.declared_options),
 )
 
 for _alias, _factory, _options in BUILTIN_SCORERS:

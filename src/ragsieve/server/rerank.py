@@ -60,9 +60,7 @@ __all__ = [
     "to_filter_request",
 ]
 
-#: ``(path, api)`` of every rerank route; each is also served under the ``/all`` prefix.
-RERANK_ROUTES: tuple[tuple[str, str], ...] = (
-    ("/v1/rerank", "v1"), ("/v2/rerank", "v2"), ("/rerank", "tei"))
+
 #: The path prefix that asks for every document, ranked (``/all/v1/rerank``).
 ALL_PREFIX = "/all"
 #: The OpenAPI description of every rerank route.
@@ -77,6 +75,9 @@ RERANK_DESCRIPTION = (
 _MAX_IGNORED_SHOWN = 20
 
 Api = Literal["v1", "v2", "tei"]
+#: ``(path, api)`` of every rerank route; each is also served under the ``/all`` prefix.
+RERANK_ROUTES: tuple[tuple[str, Api], ...] = (
+    ("/v1/rerank", "v1"), ("/v2/rerank", "v2"), ("/rerank", "tei"))
 
 
 class RerankDocument(BaseModel):

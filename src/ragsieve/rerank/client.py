@@ -1,0 +1,439 @@
+"""An HTTP client of the rerank API: batches, a bound on requests in flight, retries, a cache.
+
+:class:`RerankClient` asks a reranker (Cohere / Jina / vLLM / Xinference ``/v1/rerank``,
+TEI ``/rerank``: :mod:`ragsieve.rerank.api`) for the relevance of (query, document) pairs.
+
+Batches
+    A query's documents not yet known go out ``batch_size`` at a time, at most
+    ``concurrency`` requests in flight (across threads).
+Retries
+    Connection errors, timeouts, HTTP 429 and 5xx are retried through tenacity, up to
+    ``max_retries`` times with exponential backoff and jitter; a ``Retry-After`` header is
+    honoured (capped by ``max_backoff``). Other 4xx fail at once (401 / 403 name the
+    environment variable the key is read from); an answer that is not the API's shape is
+    a :class:`~ragsieve.errors.RerankResponseError`, never a score.
+Cache
+    Every relevance is stored as it arrives, keyed by the API kind, the model, the query
+    and the text (not the URL: a moved endpoint keeps its cache; not the batch: a
+    document's score is its own), in a SQLite file under the ragsieve cache
+    (:func:`default_rerank_cache_path`), so running again never sends a pair twice, and a
+    cached pair gives the same float.
+
+The key (``Authorization: Bearer``) is read from the environment and is never logged,
+stored or put in an error message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self
+
+import numpy as np
+
+from .._optional import require
+from .._paths import cache_dir
+from .._validation import check_instance, check_int, check_real, check_str
+from ..errors import RerankError, RerankResponseError
+from ..llm.cache import LLMCache
+from ..llm.client import _excerpt, _retry_after
+from .api import api_of, parse_answer, request_body, resolve_url
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
+
+__all__ = ["CACHE_VERSION", "RerankClient", "check_client_options", "default_rerank_cache_path"]
+
+logger = logging.getLogger(__name__)
+
+CACHE_VERSION = "rerank-1"
+"""Version tag of the cached relevance entries; bump it to invalidate them."""
+
+_MEMO_LIMIT = 200_000  # pairs kept in memory beside the disk cache
+
+
+def default_rerank_cache_path() -> Path:
+    """``$RAGSIEVE_CACHE/rerank-cache.sqlite`` (default ``~/.cache/ragsieve/...``)."""
+    return cache_dir() / "rerank-cache.sqlite"
+
+
+class _Retryable(Exception):
+    """Internal: one failed attempt worth retrying."""
+
+    def __init__(self, error: RerankError, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+def check_client_options(*, api_key_env: Any = "RERANK_API_KEY", batch_size: Any = 32,
+                         concurrency: Any = 4, timeout: Any = 60.0, max_retries: Any = 4,
+                         backoff: Any = 0.5, max_backoff: Any = 30.0) -> dict[str, Any]:
+    """:class:`RerankClient`'s call options, checked (without opening anything).
+
+    Raises
+    ------
+    TypeError, ValueError
+        An option of the wrong type or value, e.g. ``batch_size == 0, must be an int >= 1.``
+
+    Examples
+    --------
+    >>> check_client_options(batch_size=8)["batch_size"]
+    8
+    """
+    return {
+        "api_key_env": check_str(api_key_env, "api_key_env", non_blank=True),
+        "batch_size": check_int(batch_size, "batch_size", min_value=1),
+        "concurrency": check_int(concurrency, "concurrency", min_value=1),
+        # finite: (0, inf) and [0, inf) refuse inf as well as NaN
+        "timeout": check_real(timeout, "timeout", min_value=0, max_value=math.inf,
+                              include_boundaries="neither", hint="seconds"),
+        "max_retries": check_int(max_retries, "max_retries", min_value=0),
+        "backoff": check_real(backoff, "backoff", min_value=0, max_value=math.inf,
+                              include_boundaries="left"),
+        "max_backoff": check_real(max_backoff, "max_backoff", min_value=0,
+                                  max_value=math.inf, include_boundaries="left"),
+    }
+
+
+def _open_cache(cache: Any) -> tuple[LLMCache | None, bool]:
+    """The cache ``cache`` names and whether this client owns it (closes it)."""
+    check_instance(cache, (bool, LLMCache, str, os.PathLike), "cache",
+                   expected="a bool, an LLMCache or a path", allow_none=True)
+    if isinstance(cache, LLMCache):
+        return cache, False
+    if cache is None or cache is False:
+        return None, False
+    return LLMCache(default_rerank_cache_path() if cache is True else cache), True
+
+
+class RerankClient:
+    """A client of one rerank endpoint, scoring (query, document) pairs one by one.
+
+    Parameters
+    ----------
+    url : str
+        A base URL (``http://host:port``: the kind's default path is appended,
+        ``/v1/rerank`` for ``cohere``, ``/rerank`` for ``tei``) or a full URL ending in
+        ``/rerank``, ``/v1/rerank`` or ``/v2/rerank``, used as given
+        (:func:`~ragsieve.rerank.api.resolve_url`).
+    api : {"cohere", "tei"}
+        The API the endpoint speaks.
+    model : str, optional
+        Sent as ``"model"`` (cohere kind) and part of the cache key.
+    api_key : str, optional
+        Sent as ``Authorization: Bearer <key>``; default: the environment variable
+        ``api_key_env`` if set. Never logged.
+    api_key_env : str
+        The environment variable holding the key.
+    batch_size : int
+        Documents per request.
+    concurrency : int
+        Most requests in flight at once.
+    timeout : float
+        Seconds allowed per HTTP attempt.
+    max_retries : int
+        Retries after the first attempt of a request (429, 5xx, connection errors).
+    backoff, max_backoff : float
+        Exponential backoff with jitter: the k-th wait is at most
+        ``min(max_backoff, backoff * 2**k)``; ``Retry-After`` is capped by ``max_backoff``.
+    cache : bool, str, os.PathLike or LLMCache
+        True: the SQLite file :func:`default_rerank_cache_path`; a path or an open cache;
+        False: in memory only (this client's lifetime).
+    transport : httpx.BaseTransport, optional
+        httpx's transport (``httpx.MockTransport`` to inject failures).
+
+    Attributes
+    ----------
+    url : str
+        The resolved endpoint URL.
+    usage : dict
+        Totals (a snapshot): ``n_requests`` (HTTP attempts), ``n_pairs_sent`` (documents
+        sent, over every attempt), ``n_cache_hits`` (distinct pairs of a call answered from
+        memory or the cache, without a request),
+        ``n_retries``, ``seconds`` (time in HTTP).
+    answered_model : str or None
+        The model the endpoint's answers name (vLLM, Jina), once one did.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On a parameter of the wrong type or value.
+    ImportError
+        When httpx or tenacity is missing (``pip install 'ragsieve[rerank]'``).
+    """
+
+    def __init__(self, url: str, *, api: str = "cohere", model: str | None = None,
+                 api_key: str | None = None, api_key_env: str = "RERANK_API_KEY",
+                 batch_size: int = 32, concurrency: int = 4, timeout: float = 60.0,
+                 max_retries: int = 4, backoff: float = 0.5, max_backoff: float = 30.0,
+                 cache: bool | str | os.PathLike[str] | LLMCache = True,
+                 transport: Any = None) -> None:
+        self.api = api_of(api).kind
+        self.url = resolve_url(url, self.api)
+        self.model = check_str(model, "model", non_blank=True, allow_none=True)
+        checked = check_client_options(
+            api_key_env=api_key_env, batch_size=batch_size, concurrency=concurrency,
+            timeout=timeout, max_retries=max_retries, backoff=backoff, max_backoff=max_backoff)
+        self.api_key_env: str = checked["api_key_env"]
+        self.batch_size: int = checked["batch_size"]
+        self.concurrency: int = checked["concurrency"]
+        self.timeout: float = checked["timeout"]
+        self.max_retries: int = checked["max_retries"]
+        self.backoff: float = checked["backoff"]
+        self.max_backoff: float = checked["max_backoff"]
+        key = check_str(api_key, "api_key", allow_none=True)
+        self._secret = key if key is not None else os.environ.get(self.api_key_env) or None
+        self._httpx = require("httpx", "rerank")
+        self._tenacity = require("tenacity", "rerank")
+        self.cache, self._owns_cache = _open_cache(cache)
+        headers = {"Authorization": f"Bearer {self._secret}"} if self._secret else {}
+        self._http: httpx.Client = self._httpx.Client(
+            timeout=self._httpx.Timeout(self.timeout), headers=headers, transport=transport,
+            limits=self._httpx.Limits(max_connections=self.concurrency,
+                                      max_keepalive_connections=self.concurrency))
+        self._slots = threading.BoundedSemaphore(self.concurrency)
+        self._lock = threading.Lock()
+        self._memo: dict[tuple[str, str], float] = {}
+        self.answered_model: str | None = None
+        self._usage: dict[str, float | int] = {"n_requests": 0, "n_pairs_sent": 0,
+                                               "n_cache_hits": 0, "n_retries": 0,
+                                               "seconds": 0.0}
+
+    # -- public API -------------------------------------------------------------------
+
+    @property
+    def usage(self) -> dict[str, float | int]:
+        """Snapshot of the running totals (see the class docstring)."""
+        with self._lock:
+            return dict(self._usage)
+
+    def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
+        """The relevance of each of ``texts`` to ``query`` (higher = more relevant).
+
+        Raises
+        ------
+        RerankError
+            The endpoint failed for good (after retries where they help).
+        RerankResponseError
+            An answer that is not the API's shape.
+        """
+        return self.rerank_pairs([(query, t) for t in texts])
+
+    def rerank_pairs(self, pairs: Sequence[tuple[str, str]], *,
+                     progress: bool = False) -> np.ndarray:
+        """The relevance of each ``(query, text)`` pair, each asked once at most.
+
+        Pairs known (in memory or in the cache) are not sent; the others go out per
+        query, ``batch_size`` at a time, ``concurrency`` requests in flight. On a failure
+        no new request starts, those in flight finish (their answers are cached) and the
+        error is raised.
+
+        Parameters
+        ----------
+        pairs : sequence of (str, str)
+            ``(query, text)`` pairs, in any order, repeats allowed.
+        progress : bool
+            A tqdm progress bar over the requests.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 relevance aligned with ``pairs``.
+
+        Raises
+        ------
+        TypeError
+            A query or text that is not a str.
+        RerankError, RerankResponseError
+            As in :meth:`rerank`.
+        """
+        found: dict[tuple[str, str], float] = {}
+        todo: dict[str, dict[str, None]] = {}  # query -> its unknown texts, in order
+        for i, (query, text) in enumerate(pairs):
+            check_str(query, f"pairs[{i}] query")
+            check_str(text, f"pairs[{i}] text")
+            if (query, text) in found or text in todo.get(query, ()):
+                continue
+            value = self._known(query, text)
+            if value is None:
+                todo.setdefault(query, {})[text] = None
+            else:
+                found[(query, text)] = value
+        batches = [(q, list(texts)) for q, texts in todo.items()]
+        found.update(self._send_all([(q, texts[k:k + self.batch_size]) for q, texts in batches
+                                     for k in range(0, len(texts), self.batch_size)],
+                                    progress=progress))
+        return np.array([found[pair] for pair in pairs], dtype=np.float64)
+
+    def close(self) -> None:
+        """Close the HTTP connections and a cache this client opened."""
+        self._http.close()
+        if self._owns_cache and self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"RerankClient(url={self.url!r}, api={self.api!r}, model={self.model!r}, "
+                f"api_key={'set' if self._secret else 'unset'})")
+
+    # -- the cache --------------------------------------------------------------------
+
+    def _key(self, query: str, text: str) -> str:
+        return LLMCache.make_key(f"rerank/{self.api}", self.model or "", CACHE_VERSION,
+                                 {"query": query, "text": text})
+
+    def _known(self, query: str, text: str) -> float | None:
+        """The pair's relevance from memory or the cache (counted as a hit), else None."""
+        with self._lock:
+            value = self._memo.get((query, text))
+        if value is None and self.cache is not None:
+            hit = self.cache.get(self._key(query, text))
+            found = None if hit is None else hit.get("relevance")
+            if isinstance(found, float) and math.isfinite(found):
+                value = found
+        if value is not None:
+            self._remember(query, text, value, hits=1)
+        return value
+
+    def _remember(self, query: str, text: str, value: float, *, hits: int = 0) -> None:
+        with self._lock:
+            if len(self._memo) >= _MEMO_LIMIT:
+                self._memo.clear()
+            self._memo[(query, text)] = value
+            self._usage["n_cache_hits"] += hits
+
+    # -- sending ----------------------------------------------------------------------
+
+    def _send_all(self, jobs: list[tuple[str, list[str]]], *,
+                  progress: bool) -> dict[tuple[str, str], float]:
+        """Send every ``(query, texts)`` batch, ``concurrency`` at a time, and give each
+        pair's relevance; the first failure stops new batches and is raised once those in
+        flight are done (their answers cached)."""
+        out: dict[tuple[str, str], float] = {}
+        if len(jobs) <= 1:
+            for query, texts in jobs:
+                out.update(self._send(query, texts))
+            return out
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        bar = tqdm(total=len(jobs), disable=not progress, unit="request",
+                   desc=f"reranking ({self.model or self.api})")
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs)),
+                                  thread_name_prefix="ragsieve-rerank")
+        try:
+            futures = [pool.submit(self._send, q, texts) for q, texts in jobs]
+            for future in as_completed(futures):
+                out.update(future.result())
+                bar.update(1)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            bar.close()
+        return out
+
+    def _send(self, query: str, texts: list[str]) -> dict[tuple[str, str], float]:
+        """One batch: ask (with retries), check, remember and cache each relevance."""
+        body = request_body(self.api, query, texts, model=self.model)
+        retrying = self._tenacity.Retrying(
+            retry=self._tenacity.retry_if_exception_type(_Retryable),
+            stop=self._tenacity.stop_after_attempt(self.max_retries + 1),
+            wait=self._wait, before_sleep=self._before_sleep, reraise=True)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    relevance = self._attempt(body, len(texts))
+        except _Retryable as failure:
+            n = self.max_retries + 1
+            raise RerankError(f"{failure.error} (gave up after {n} attempt"
+                              f"{'s' if n > 1 else ''})", url=self.url,
+                              status=failure.error.status) from None
+        for text, value in zip(texts, relevance, strict=True):
+            self._remember(query, text, value)
+            if self.cache is not None:
+                self.cache.put(self._key(query, text), {"relevance": value})
+        return {(query, text): value for text, value in zip(texts, relevance, strict=True)}
+
+    def _wait(self, state: Any) -> float:
+        """Seconds before the next attempt: ``Retry-After`` (capped), else exponential
+        backoff with full jitter."""
+        failure = state.outcome.exception() if state.outcome is not None else None
+        after = getattr(failure, "retry_after", None)
+        if after is not None:
+            return float(min(after, self.max_backoff))
+        jitter = self._tenacity.wait_random_exponential(multiplier=self.backoff,
+                                                        max=self.max_backoff)
+        return float(jitter(state))
+
+    def _before_sleep(self, state: Any) -> None:
+        with self._lock:
+            self._usage["n_retries"] += 1
+        failure = state.outcome.exception() if state.outcome is not None else None
+        logger.info("rerank request to %s failed (%s); retry %d of %d in %.2f s", self.url,
+                    failure, state.attempt_number, self.max_retries,
+                    state.next_action.sleep if state.next_action else 0.0)
+
+    def _post(self, body: dict[str, Any], n_texts: int) -> httpx.Response:
+        """One HTTP attempt within the bound on requests in flight."""
+        httpx = self._httpx
+        with self._slots:
+            start = time.perf_counter()
+            try:
+                return self._http.post(self.url, json=body)
+            except httpx.TimeoutException as exc:
+                raise _Retryable(RerankError(
+                    f"the reranker at {self.url} timed out after {self.timeout:g} s "
+                    f"({type(exc).__name__})", url=self.url)) from None
+            except httpx.TransportError as exc:
+                raise _Retryable(RerankError(
+                    f"cannot reach the reranker at {self.url} ({type(exc).__name__}: "
+                    f"{self._redact(str(exc))})", url=self.url)) from None
+            finally:
+                with self._lock:
+                    self._usage["n_requests"] += 1
+                    self._usage["n_pairs_sent"] += n_texts
+                    self._usage["seconds"] += time.perf_counter() - start
+
+    def _attempt(self, body: dict[str, Any], n_texts: int) -> tuple[float, ...]:
+        """One attempt: the relevance of each document, or an error (retryable or not)."""
+        response = self._post(body, n_texts)
+        status = response.status_code
+        said = f"the reranker at {self.url} answered HTTP {status}: " \
+               f"{self._redact(_excerpt(response.text))}"
+        if status == 429 or status >= 500:
+            raise _Retryable(RerankError(said, url=self.url, status=status),
+                             retry_after=_retry_after(response.headers.get("Retry-After")))
+        if status in (401, 403):
+            raise RerankError(f"{said}; it refused the credentials: put the API key in the "
+                              f"environment variable {self.api_key_env} (--rerank-key-env "
+                              "names another).", url=self.url, status=status)
+        if not 200 <= status < 300:
+            raise RerankError(said, url=self.url, status=status)
+        try:
+            data = response.json()
+        except ValueError:
+            raise RerankResponseError(
+                f"reranker answer from {self.url} is not JSON: "
+                f"{self._redact(_excerpt(response.text))}; never used as a score.",
+                url=self.url, status=status) from None
+        answer = parse_answer(self.api, data, n_texts, url=self.url)
+        if answer.model is not None:
+            with self._lock:
+                self.answered_model = self.answered_model or answer.model
+        return answer.relevance
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "***") if self._secret else text
