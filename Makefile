@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install browser demo test test-all lint bench docs api-docs figures clean
+.PHONY: install browser reranker demo test test-all lint bench docs api-docs figures clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
@@ -24,6 +24,23 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# a rerank server ragsieve did not write, for tests/test_rerank_infinity.py (marked slow):
+# infinity-emb in its own venv (it pins numpy<2), CPU torch first as above; ~80 s, 1.4 GB
+RERANKER_VENV ?= .venv-reranker
+RERANKER_PIP := $(RERANKER_VENV)/bin/python -m pip
+RERANKER_STAMP := $(RERANKER_VENV)/.infinity-installed
+
+$(RERANKER_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) on PATH"; exit 2; }
+	test -x $(RERANKER_VENV)/bin/python || $(PYTHON) -m venv $(RERANKER_VENV)
+	echo '*' > $(RERANKER_VENV)/.gitignore  # as python3.13's venv does: git ignores it
+	$(RERANKER_PIP) install --upgrade pip
+	$(RERANKER_PIP) install "torch==2.13.0"
+	$(RERANKER_PIP) install "infinity-emb[server,torch]==0.0.78"
+	touch $(RERANKER_STAMP)
+
+reranker: $(RERANKER_STAMP)
 
 # Debian's chromium + chromedriver for the browser tests of the report and the served page
 browser:
@@ -46,7 +63,7 @@ TEST_PROCS := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfi
 test: $(STAMP) browser
 	$(PY) -m pytest -m "not slow" -q $(TEST_PROCS)
 
-test-all: $(STAMP) browser
+test-all: $(STAMP) browser reranker
 	$(PY) -m pytest -q $(TEST_PROCS)
 
 # the linter and the type checker (not run by make test: a new release of either may flag
@@ -89,4 +106,4 @@ figures: $(STAMP)
 		--limit-queries 120 --llm-threads 2 --plot docs/answers-xquad-en.png
 
 clean:
-	rm -rf $(VENV) ragsieve-demo ragsieve-rag ragsieve-shift .pytest_cache site .figures
+	rm -rf $(VENV) $(RERANKER_VENV) ragsieve-demo ragsieve-rag ragsieve-shift .pytest_cache site .figures

@@ -696,3 +696,26 @@ def test_serve_rebuilds_the_scorer_with_the_url_from_the_command_line(
             "query": query[0].query, "snippets": [p.text for p in query]}).json()
     assert counter.documents > before  # scored by the reranker the command line named
     assert 0 < len(answer["kept"]) <= len(query)
+
+
+def test_serve_says_when_another_model_answers(tmp_path: Path) -> None:
+    """The gateway of a rerank filter whose reranker answers as another model than the
+    calibrated one says so beside its answers: the rerank answer's ``meta`` and ``/healthz``
+    (``endpoint_note``), and keeps answering."""
+    with _http_server(_AnotherModel) as url:
+        pairs = [Pair(f"q{q}", f"{QUERY} ({q})", f"s{i}", t, relevant=i == 0)
+                 for q in range(3) for i, t in enumerate(TEXTS)]
+        artifact = tmp_path / "f.json"
+        ConformalFilter(RerankScorer(url=url, model="bge-reranker-large", cache=False),
+                        alpha=0.5).calibrate(pairs).save(artifact)
+        app = create_app(artifact, scorer_options={"url": url, "cache": False},
+                         warmup=False, state_dir=tmp_path / "state")
+        with ThreadServer(app) as server:
+            assert httpx.get(f"{server.url}/healthz").json()["endpoint_note"] is None
+            answer = httpx.post(f"{server.url}/v1/rerank", timeout=60,
+                                json={"query": QUERY, "documents": TEXTS})
+            health = httpx.get(f"{server.url}/healthz").json()
+    assert answer.status_code == 200, answer.text
+    note = answer.json()["meta"]["ragsieve"]["endpoint_note"]
+    assert "'cheap-reranker'" in note and "'bge-reranker-large'" in note
+    assert health["endpoint_note"] == note

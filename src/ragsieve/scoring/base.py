@@ -371,6 +371,13 @@ class Scorer(ABC):
         """The scorer this one is computed from (relative, fused: their base); None: none."""
         return None
 
+    def endpoint_note(self) -> str | None:
+        """What the outside endpoint this score calls answered that differs from the score's
+        identity (a reranker answering with another model than the calibrated one); None
+        when nothing differs or the score calls no endpoint. Surfaces show it beside their
+        answers (``/healthz``, the rerank answers' ``meta``)."""
+        return None
+
     def embedding_model(self) -> Any:
         """The loaded embedding model whose cosine this score is (or is built on), for a
         caller that embeds with the same model (the served index shares it); None: the
@@ -482,6 +489,10 @@ class ListTransform(Scorer):
     def embedding_model(self) -> Any:
         """The base scorer's embedding model (None when the base is no embedding score)."""
         return self.base.embedding_model()
+
+    def endpoint_note(self) -> str | None:
+        """The base scorer's endpoint note (:meth:`Scorer.endpoint_note`)."""
+        return self.base.endpoint_note()
 
     @abstractmethod
     def scores_from_base(self, base: np.ndarray) -> np.ndarray:

@@ -185,6 +185,11 @@ class RerankScorer(Scorer):
                 "calibrated on one reranker does not hold for another; recalibrate, or point "
                 "--rerank-url at the calibrated model.")
 
+    def endpoint_note(self) -> str | None:
+        """:attr:`identity_note`: the endpoint answered with another model (see
+        :meth:`Scorer.endpoint_note`)."""
+        return self.identity_note
+
     def _identity(self) -> str:
         return f"{self.api} API" + (f", model {self.model}" if self.model else "")
 

@@ -180,6 +180,9 @@ class RerankMeta(BaseModel):
     lists_unlike: bool = Field(description="The list is unlike the calibration lists.")
     lists_note: str | None = Field(description="What differs, in numbers.")
     ignored: list[str] = Field(description="Request fields accepted and not used.")
+    endpoint_note: str | None = Field(
+        default=None, description="The reranker behind the served score answered with "
+        "another model than the calibrated one (the threshold does not hold for it).")
 
 
 class RerankResponse(BaseModel):
@@ -220,12 +223,15 @@ class ServedFilter:
         The served score's name, answered as ``model`` when the request names none.
     p_value_rule : str or None
         How its p-values read beside its rule.
+    endpoint_note : str or None
+        The score's endpoint answered with another model (:meth:`Scorer.endpoint_note`).
     """
 
     guarantee: Mapping[str, Any]
     rule: str
     name: str
     p_value_rule: str | None
+    endpoint_note: str | None = None
 
 
 def to_filter_request(request: RerankRequest) -> FilterRequest:
@@ -255,7 +261,7 @@ def _meta(res: FilterResult, request: RerankRequest, info: ServedFilter, n_answe
         total=res.n_input, kept=len(res.kept), removed=len(res.removed), answered=n_answered,
         kept_indices=[s.index for s in kept], note=res.note, n_cut=res.n_cut, unit=res.unit,
         lists_unlike=res.lists_unlike, lists_note=res.lists_note,
-        ignored=request.ignored[:_MAX_IGNORED_SHOWN])
+        ignored=request.ignored[:_MAX_IGNORED_SHOWN], endpoint_note=info.endpoint_note)
 
 
 def _headers(meta: RerankMeta, query_id: str) -> dict[str, str]:

@@ -423,6 +423,10 @@ class Health(BaseModel):
     lists: ListsInfo | None = Field(
         default=None, description="The calibration lists and the check of the served lists "
         "against them (this process's); null for an artifact written before it was recorded.")
+    endpoint_note: str | None = Field(
+        default=None, description="What the endpoint the served score calls (a reranker) "
+        "answered that differs from the artifact's score: another model than the calibrated "
+        "one. Null when nothing differs (or the score calls no endpoint).")
 
 
 class FeedbackItem(BaseModel):

@@ -459,7 +459,8 @@ class Service:
                                   "/filter.")
         res, query_id = self.filter_request(to_filter_request(request), endpoint=route)
         served = ServedFilter(guarantee=self.guarantee, rule=str(self.flt.scorer.keep_rule(
-            res.threshold)), name=self.flt.scorer.name, p_value_rule=_p_value_rule(self.flt))
+            res.threshold)), name=self.flt.scorer.name, p_value_rule=_p_value_rule(self.flt),
+            endpoint_note=self.flt.scorer.endpoint_note())
         return rerank_answer(res, query_id, request, api=api, everything=everything,
                              info=served)
 
@@ -742,7 +743,8 @@ class Service:
         return Health(status="ok", library_version=__version__, artifact=info,
                       index=rt.index_info, generation=self.generation, monitor=monitor,
                       adaptive=adaptive, published_generation=rt.published_generation,
-                      degraded=rt.degraded, lists=self.lists_info())
+                      degraded=rt.degraded, lists=self.lists_info(),
+                      endpoint_note=self.flt.scorer.endpoint_note())
 
     def lists_info(self) -> ListsInfo | None:
         """The calibration lists and this process's list check (None without a record)."""
