@@ -278,3 +278,23 @@ def test_a_filter_without_calibration_evidence_is_refused_in_one_line(
         assert "no calibration evidence" in r.json()["detail"]
         assert httpx.post(srv.url + "/filter", json={"query": "q", "snippets": ["a"]},
                           timeout=60).status_code == 200
+
+
+def test_a_jina_style_body_is_answered_the_jina_way(client: httpx.Client,
+                                                    xquad_en: list[Pair]) -> None:
+    """Jina's body (``return_documents`` true, its model name, objects with ``text``) gets the
+    fields Jina's clients read: ``model``, ``usage.total_tokens`` and ``results`` each with
+    ``index``, ``relevance_score`` and ``document.text``."""
+    query, docs = _lists(xquad_en)[0]
+    expected = _filter(client, query, docs)
+    r = client.post("/v1/rerank", json={
+        "model": "jina-reranker-v2-base-multilingual", "query": query,
+        "documents": [{"text": d} for d in docs], "top_n": len(docs),
+        "return_documents": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "jina-reranker-v2-base-multilingual"
+    assert body["usage"] == {"total_tokens": 0}
+    assert [x["index"] for x in body["results"]] == _best_first(
+        expected, [s["index"] for s in expected["kept"]])
+    assert all(x["document"] == {"text": docs[x["index"]]} for x in body["results"])
