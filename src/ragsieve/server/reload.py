@@ -202,12 +202,12 @@ def options_for_scorer(spec: Mapping[str, Any],
     >>> options_for_scorer({"scorer": "embedding", "model": "m"}, {"cache_dir": "/tmp/c"})
     {'cache_dir': '/tmp/c'}
     """
-    from ..scoring import scorer_options as declared_options
+    from ..scoring.registry import spec_option_names
 
     given = dict(scorer_options or {})
     kind = str(spec.get("scorer"))
-    try:
-        declared = {option.name for option in declared_options(kind)}
+    try:  # a fused score's also: the runtime options of its signals (a reranker's url)
+        declared = spec_option_names(spec)
     except ValueError:  # not registered: from_artifact says so
         return given
     dropped = sorted(set(given) - declared)
