@@ -295,6 +295,11 @@ def test_calibrate_then_filter_and_serve_with_the_reranker_url(
     assert f"reranker: {check['reason']}" in out  # fused or not, the line says why
     assert check["reason"].startswith("fused: " if check["fused"] else "not fused: ")
     assert (saved["scorer"]["signals"][-1] == RERANK_SPEC) is check["fused"]
+    # evaluate chooses auto's score without the check: a reranker is refused, one line
+    code, _, err = _run(["-q", "evaluate", "--data", str(cal), "--rerank-url", reranker,
+                         "--rerank-model", "stand-in", "--splits", "1"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--scorer best --preset PRESET --rerank-url URL" in err
     # --scorer best --preset portable with the reranker
     best = tmp_path / "best.json"
     code, out, err = _run(["-q", "calibrate", "--data", str(cal), "--scorer", "best",
@@ -314,6 +319,14 @@ def test_calibrate_then_filter_and_serve_with_the_reranker_url(
     result = flt.filter(first[0].query, [p.text for p in first])
     assert kept[first[0].query_id] == [first[s.index].snippet_id for s in result.kept]
     assert len(kept) == len({p.query_id for p in new_queries})
+    # the engine's path (filter --out) reaches the nested reranker too
+    out_path = tmp_path / "kept.jsonl"
+    code, _, err = _run(["-q", "filter", "--filter", str(best), "--data", str(new), *cache,
+                         "--rerank-url", reranker, "--out", str(out_path)], capsys)
+    assert code == 0, err
+    written = {line["query_id"]: line["kept"]
+               for line in map(json.loads, out_path.read_text().splitlines())}
+    assert written == kept
     # without the URL: the reranker's one-line error, exit 2
     code, _, err = _run(["-q", "filter", "--filter", str(best), "--data", str(new), *cache],
                         capsys)

@@ -471,9 +471,9 @@ class AutoScorer(Scorer):
                  rerank_max_retries: int = 4) -> None:
         from .reader_check import READER_CHECKS
 
-        named, _ = reranker_from_options(rerank_keywords(rerank_url, rerank_model, rerank_api, rerank_api_key_env,
-                                       rerank_batch_size, rerank_concurrency, rerank_timeout,
-                                       rerank_cache, rerank_max_retries))
+        named, _ = reranker_from_options(rerank_keywords(
+            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
+            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
         if named is not None and rerank is not None:
             raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
                              "options (--rerank-url, --rerank-model); give one.")

@@ -688,9 +688,9 @@ class FusedScorer(ListTransform):
             ``rerank`` and ``rerank_*`` options both, or ``rerank_*`` options naming no
             reranker (:func:`~ragsieve.scoring.rerank.reranker_from_options`).
         """
-        named, _ = reranker_from_options(rerank_keywords(rerank_url, rerank_model, rerank_api, rerank_api_key_env,
-                                       rerank_batch_size, rerank_concurrency, rerank_timeout,
-                                       rerank_cache, rerank_max_retries))
+        named, _ = reranker_from_options(rerank_keywords(
+            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
+            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
         if named is not None and rerank is not None:
             raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
                              "options (--rerank-url, --rerank-model); give one.")

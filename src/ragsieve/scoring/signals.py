@@ -58,6 +58,12 @@ oracle's removal at alpha 0.1 with ``fast`` (docs/cross-language.md).
 
 A base that is no bundled embedding score (an outside score, an LLM) has no language to
 choose from: its fused score learns from the base alone, as before the presets existed.
+
+The user's reranker (:class:`~ragsieve.scoring.rerank.RerankScorer`, ``rerank=`` or the CLI's
+``--rerank-url``) is one more signal of any preset, after the preset's own; it reads one pair
+at a time, so a list-free preset stays list-free. The default ``auto`` score fuses it only
+where it adds to the preset's signals on held-back fit topics
+(:func:`~ragsieve.scoring.signal_check.check_rerank`).
 """
 
 from __future__ import annotations

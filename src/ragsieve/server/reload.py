@@ -187,8 +187,10 @@ class ArtifactCheck:
 
 def options_for_scorer(spec: Mapping[str, Any],
                        scorer_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The service's scorer options that the scorer of ``spec`` declares
-    (:func:`ragsieve.scoring.scorer_options`); the others are not passed to it.
+    """The service's scorer options that the scorer of ``spec`` takes
+    (:func:`ragsieve.scoring.registry.spec_option_names`: those it declares, and a fused
+    score's also the runtime ones of its signals, a reranker's ``url``); the others are not
+    passed to it.
 
     A service keeps one set of scorer options (``ServeOptions.scorer_options``: e.g. the
     embedding cache) for every artifact it serves, and a reload may bring a scorer of
