@@ -49,12 +49,15 @@ def one_line(text: Any) -> str:
 
 def choice_lines(choice: dict[str, Any]) -> list[str]:
     """``score: fused (best) - whole lists ...``, ``reader: not tried: ...`` (when ``auto``
-    asked whether to fuse the reader) and ``model: ... - language ru (...)``, or
+    asked whether to fuse the reader), ``reranker: fused: ...`` (when it asked about the
+    user's reranker) and ``model: ... - language ru (...)``, or
     ``model: ... - queries en, snippets de (...)`` for queries in another language."""
     score = choice["score"]
     lines = [f"score: {score.get('label', score['scorer'])} - {score['reason']}"]
     if score.get("reader"):
         lines.append(f"reader: {score['reader']}")
+    if score.get("rerank"):
+        lines.append(f"reranker: {score['rerank']['reason']}")
     lang = choice["language"]
     code, query = lang["code"], lang.get("query_code") or lang["code"]
     said = f"queries {query}, snippets {code}" if query != code else f"language {code}"

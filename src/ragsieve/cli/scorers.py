@@ -398,13 +398,25 @@ def score_field_of(request: ScorerRequest) -> str | None:
 def artifact_scorer_options(request: ScorerRequest, spec: Mapping[str, Any]) -> dict[str, Any]:
     """Options that do not change scores, to rebuild a saved scorer from its ``spec``
     (``Artifact.scorer``): its declared ``runtime`` options (the embedding cache for
-    embedding-based scorers, the endpoint and cache for the LLM)."""
-    from ..scoring import registered_scorers
+    embedding-based scorers, the endpoint and cache for the LLM), and those of the scorers
+    nested in it (a fused score's signals: a reranker signal's ``--rerank-url``), which the
+    fused score passes on to them. A nested scorer's option of a name the outer scorer
+    declares too (the reranker's ``batch_size``) is left out: it would reach the outer one."""
+    from ..scoring import registered_scorers, scorer_options
+    from ..scoring.registry import nested_specs
 
     kind = spec.get("scorer")
     if kind not in registered_scorers():
         return {}
-    return scorer_kwargs(request, str(kind), runtime_only=True)
+    options = scorer_kwargs(request, str(kind), runtime_only=True)
+    declared = {o.name for o in scorer_options(str(kind))}
+    for nested in nested_specs(spec):
+        if nested["scorer"] not in registered_scorers():
+            continue
+        for name, value in scorer_kwargs(request, nested["scorer"], runtime_only=True).items():
+            if name not in declared:
+                options.setdefault(name, value)
+    return options
 
 
 def check_artifact_language(artifact: Artifact, path: str, *, language: str | None,

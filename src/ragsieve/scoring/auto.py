@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
@@ -44,6 +44,8 @@ from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer
+from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer, rerank_keywords, reranker_from_options
+from .signal_check import RERANK_CHECKS
 from .signals import LIST_FREE_PRESETS, READER_PRESETS
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
@@ -80,12 +82,22 @@ class ScoreChoice:
     reader : str or None
         Whether the reader was fused and why
         (:func:`~ragsieve.scoring.reader_check.check_reader`); None: not asked.
+    rerank : Mapping or None
+        Whether the user's reranker was fused, why and the numbers
+        (:meth:`SignalCheck.to_dict <ragsieve.scoring.signal_check.SignalCheck.to_dict>`:
+        ``fused``, ``reason``, ``without_auc``, ``with_auc``, ...); None: no reranker given.
     """
 
     alias: str
     reason: str
     preset: str | None = None
     reader: str | None = None
+    rerank: Mapping[str, Any] | None = None
+
+    @property
+    def rerank_fused(self) -> bool:
+        """True when the user's reranker is a signal of the chosen score."""
+        return bool(self.rerank and self.rerank.get("fused"))
 
     @property
     def label(self) -> str:
@@ -94,15 +106,19 @@ class ScoreChoice:
         if self.alias != "best":
             return "1 - cos (embedding)"
         with_reader = " with the reader" if self.preset in READER_PRESETS else ""
+        if self.rerank_fused:
+            with_reader += " and the reranker" if with_reader else " with the reranker"
         if self.preset in LIST_FREE_PRESETS:
             return f"fused, portable{with_reader} (list-free)"
         return f"fused (best{with_reader}, list-aware)"
 
     def to_dict(self) -> dict[str, Any]:
         """``{"scorer": alias, "preset": ..., "label": ..., "reason": ...}`` and, when the
-        reader was asked about, ``"reader"`` (the artifact's ``data.score_choice``)."""
+        reader was asked about, ``"reader"``, when a reranker was given, ``"rerank"`` (the
+        artifact's ``data.score_choice``)."""
         return {"scorer": self.alias, "preset": self.preset, "label": self.label,
-                "reason": self.reason, **({"reader": self.reader} if self.reader else {})}
+                "reason": self.reason, **({"reader": self.reader} if self.reader else {}),
+                **({"rerank": dict(self.rerank)} if self.rerank else {})}
 
 
 #: Why the list-free score, when the lists are the data set's own.
@@ -410,6 +426,16 @@ class AutoScorer(Scorer):
         The base that reader is fine-tuned from (None: the default base, which knows about
         100 languages; ``"all-MiniLM-L6-v2"``: English only, half the layers to run). Not
         with ``reader_check="never"``.
+    rerank : RerankScorer, optional
+        The user's reranker: a fused choice takes it as one more signal where
+        :func:`~ragsieve.scoring.signal_check.check_rerank` finds it adding to the preset's
+        signals on held-back fit topics (run by :meth:`resolve_for`). The ``rerank_*``
+        options (``rerank_url``, ``rerank_model``, ``rerank_api``, ...; the CLI's
+        ``--rerank-url`` and so on) name one instead.
+    rerank_check : {"auto", "always", "never"}
+        ``auto``: fused when the check finds it adding
+        :data:`~ragsieve.scoring.signal_check.MIN_RERANK_GAIN` of ROC-AUC; ``always``:
+        fused whatever the check finds (still measured and recorded); ``never``: not fused.
     """
 
     name: ClassVar[str] = "auto"
@@ -426,14 +452,39 @@ class AutoScorer(Scorer):
         "topics: auto (checked where the reader's base knows the languages and >= 500 relevant "
         "fit pairs), always (checked on data of any language the base knows), never", "--reader-check", choices=("auto", "always", "never")),
         ScorerOption("reader_base", str, None, READER_BASE_HELP, "--reader-base",
-                     choices=tuple(READER_BASES)))
+                     choices=tuple(READER_BASES)),
+        ScorerOption("rerank_check", str, "auto", "scorer auto, with --rerank-url: whether it "
+                     "may fuse your reranker as a signal: auto (when it adds >= 0.005 of "
+                     "ROC-AUC to the fused score on held-back fit topics), always, never",
+                     "--rerank-check", choices=RERANK_CHECKS),
+        *RERANK_SIGNAL_OPTIONS)
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
                  query_language: str | None = None, backend: str = "auto",
                  cache_dir: str | os.PathLike[str] | None = None, batch_size: int = 32,
-                 reader_check: str = "auto", reader_base: str | None = None) -> None:
+                 reader_check: str = "auto", reader_base: str | None = None,
+                 rerank: RerankScorer | None = None, rerank_check: str = "auto",
+                 rerank_url: str | None = None, rerank_model: str | None = None,
+                 rerank_api: str = "cohere", rerank_api_key_env: str = "RERANK_API_KEY",
+                 rerank_batch_size: int = 32, rerank_concurrency: int = 4,
+                 rerank_timeout: float = 60.0, rerank_cache: Any = True,
+                 rerank_max_retries: int = 4) -> None:
         from .reader_check import READER_CHECKS
 
+        named, _ = reranker_from_options(rerank_keywords(
+            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
+            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
+        if named is not None and rerank is not None:
+            raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
+                             "options (--rerank-url, --rerank-model); give one.")
+        if rerank_check not in RERANK_CHECKS:
+            raise ValueError(f"rerank_check == {rerank_check!r}, expected one of "
+                             f"{', '.join(RERANK_CHECKS)}.")
+        self.rerank = rerank if rerank is not None else named
+        if self.rerank is None and rerank_check != "auto":
+            raise ValueError(f"rerank_check == {rerank_check!r} (--rerank-check) says what to do "
+                             "with your reranker; none was given (--rerank-url, --rerank-model).")
+        self.rerank_check = rerank_check
         if reader_check not in READER_CHECKS:
             raise ValueError(f"reader_check == {reader_check!r}, expected one of "
                              f"{', '.join(READER_CHECKS)}.")
@@ -480,6 +531,11 @@ class AutoScorer(Scorer):
         from ..embeddings.languages import choose_model
         from ..lists import retriever_of
 
+        if seed is None and self.rerank is not None and self.rerank_check != "never":
+            raise ValueError(
+                f"a reranker ({self.rerank.spec()}): this command chooses auto's score without "
+                "the rerank check (calibrate runs it on its fit topics), so it would be "
+                "ignored; to measure it here use --scorer best --preset PRESET --rerank-url URL.")
         if seed is None and (self.reader_check == "always" or self.reader_base is not None):
             given = " and ".join(f for f, on in (  # the library's name and the CLI flag
                 ("reader_check='always' (--reader-check always)", self.reader_check == "always"),
@@ -502,13 +558,16 @@ class AutoScorer(Scorer):
         if options["model"] is None and found.cross:  # a model trained on both languages
             options["model"] = choose_model(str(found.code), found.query_code)
         base = resolve_scorer("embedding", language=found.code, **options)
-        if choice.alias == "best" and seed is not None:
-            choice = self._with_reader(choice, pairs, base, found, seed)
         # across languages the preset's signals are those for queries in another language
         cross = {"query_language": found.query_code} if found.cross else {}
+        if choice.alias == "best" and seed is not None:
+            choice = self._with_reader(choice, pairs, base, found, seed)
+            if self.rerank is not None:
+                choice = self._with_rerank(choice, pairs, base, cross, seed)
         if self.reader_base is not None and choice.preset in READER_PRESETS:
             cross["reader_base"] = self.reader_base
-        scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross)
+        rerank = {"rerank": self.rerank} if choice.rerank_fused else {}
+        scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross, **rerank)
                   if choice.alias == "best" else base)
         return scorer, choice, (str(found.code), found.source)
 
@@ -524,6 +583,22 @@ class AutoScorer(Scorer):
             if check.helps else choice.preset
         logger.info("reader: %s", check.reason)
         return replace(choice, preset=preset, reader=check.reason)
+
+    def _with_rerank(self, choice: ScoreChoice, pairs: list[Pair], base: Scorer,
+                     cross: Mapping[str, Any], seed: int) -> ScoreChoice:
+        """The fused choice with the user's reranker where :func:`check_rerank` finds it
+        adding to the preset's signals (a reader preset's without the reader: the check
+        fine-tunes nothing)."""
+        from .fusion import FusedScorer
+        from .signal_check import check_rerank
+        from .signals import without_reader
+
+        fused = (FusedScorer.unfitted(base, preset=without_reader(str(choice.preset)),
+                                      rerank=self.rerank, **cross)
+                 if self.rerank_check != "never" else None)
+        check = check_rerank(pairs, fused, seed=seed, mode=self.rerank_check)
+        logger.info("reranker: %s", check.reason)
+        return replace(choice, rerank=check.to_dict())
 
     def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
                     deployed_lists: bool = False, seed: int = 0) -> Resolution:
@@ -546,5 +621,8 @@ class AutoScorer(Scorer):
                                           ("query_language", self.query_language),
                                           ("reader_check", None if self.reader_check == "auto"
                                            else self.reader_check),
-                                          ("reader_base", self.reader_base))
-                   if v is not None}}
+                                          ("reader_base", self.reader_base),
+                                          ("rerank_check", None if self.rerank_check == "auto"
+                                           else self.rerank_check))
+                   if v is not None},
+                **({"rerank": self.rerank.spec()} if self.rerank is not None else {})}

@@ -63,6 +63,7 @@ from .options import ScorerOption
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
+from .rerank import RERANK_SIGNAL_OPTIONS, rerank_keywords, reranker_from_options
 from .sentence_cosine import SentenceCosineScorer
 from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
 from .signals import (
@@ -537,6 +538,12 @@ class FusedScorer(ListTransform):
         base built here from an alias without a model gets the bundled model trained on
         both languages (:func:`~ragsieve.embeddings.choose_model`). A saved spec records the
         signals themselves, so it needs no language to rebuild.
+    rerank : Scorer or spec Mapping, optional
+        The user's reranker (:class:`~ragsieve.scoring.rerank.RerankScorer`), one more signal
+        after the preset's (any preset; it reads one pair at a time, so ``portable`` stays
+        list-free). Only without ``signals``: a saved spec records it among its signals
+        (its API kind and model, never its URL), and the URL is given again where the spec
+        is rebuilt (``url=...``, below).
     weights, bias, mean, scale
         Fitted logistic parameters (one per feature); use :meth:`fit` to get them. A fitted
         score needs fitted signals (an unfitted text-fitted signal, the frozen-corpus BM25,
@@ -548,7 +555,11 @@ class FusedScorer(ListTransform):
         The feature names a saved spec records; checked against those computed.
     **base_options
         Passed to the base scorer when it is built from an alias or spec; the ``runtime``
-        ones (the embedding cache) also to signals built from specs.
+        ones (the embedding cache, a reranker's ``url``) also to the signals built from specs
+        that declare them. An option the base does not declare and such a signal does (a
+        reranker's ``url``, ``api_key_env``, ``timeout``, ...) goes to the signals alone, so
+        a saved fused score with a reranker signal loads with
+        ``ConformalFilter.load(path, scorer_options={"url": ...})``, as a saved reranker does.
     """
 
     name: ClassVar[str] = "fusion"
@@ -557,7 +568,7 @@ class FusedScorer(ListTransform):
     def __init__(self, base: Any = "embedding", *, signals: Sequence[Any] | None = None,
                  preset: str | None = None, learner: str | None = None,
                  query_language: str | None = None, reader_base: str | None = None,
-                 list_features: bool | None = None,
+                 rerank: Any = None, list_features: bool | None = None,
                  weights: Sequence[float] | np.ndarray | None = None, bias: float = 0.0,
                  mean: Sequence[float] | np.ndarray | None = None,
                  scale: Sequence[float] | np.ndarray | None = None,
@@ -569,7 +580,9 @@ class FusedScorer(ListTransform):
 
             base_options = {**base_options, "model": choose_model(
                 str(base_options.get("language") or "en"), query_language)}
-        self.base = resolve_scorer(base, **base_options) if base_options or not isinstance(base, Scorer) else base
+        own = _base_options(base, [*(signals or ()), *([] if rerank is None else [rerank])],
+                            base_options)
+        self.base = resolve_scorer(base, **own) if own or not isinstance(base, Scorer) else base
         # "base": the base alone, the fused score of earlier versions (and their spec format)
         self.preset = None if preset is None or check_preset(preset) == "base" else preset
         if reader_base is not None and (signals is not None or self.preset not in READER_PRESETS):
@@ -577,9 +590,14 @@ class FusedScorer(ListTransform):
                              f"reader; got preset {self.preset!r}"
                              f"{' and signals' if signals is not None else ''} (expected one of "
                              f"{', '.join(sorted(READER_PRESETS))}, without signals).")
+        if rerank is not None and signals is not None:
+            raise ValueError("rerank adds the reranker to a preset's signals; with signals "
+                             "given, give it among them (a saved spec records it there).")
         if signals is None:
-            signals = (preset_signals(self.base, self.preset, query_language,
-                                      reader_base=reader_base) if self.preset else [])
+            signals = preset_signals(self.base, self.preset or "base", query_language,
+                                     reader_base=reader_base,
+                                     rerank=None if rerank is None else _signal(
+                                         rerank, base_options, self.base))
         elif isinstance(signals, (str, bytes, Mapping, Scorer)):
             raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
                             "or scorer specs.")
@@ -646,18 +664,38 @@ class FusedScorer(ListTransform):
     @classmethod
     def unfitted(cls, base: Any = "embedding", *, preset: str | None = DEFAULT_PRESET,
                  query_language: str | None = None, reader_base: str | None = None,
+                 rerank: Any = None, rerank_url: str | None = None, rerank_model: str | None = None,
+                 rerank_api: str = "cohere", rerank_api_key_env: str = "RERANK_API_KEY",
+                 rerank_batch_size: int = 32, rerank_concurrency: int = 4,
+                 rerank_timeout: float = 60.0, rerank_cache: Any = True,
+                 rerank_max_retries: int = 4,
                  **options: Any) -> FusedScorer:
         """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals,
         features and learner (:mod:`ragsieve.scoring.signals`), those for queries in
         ``query_language`` when it is not the snippets' language; a reader preset's reader
-        fine-tuned from ``reader_base`` (None: the default base).
+        fine-tuned from ``reader_base`` (None: the default base); the user's reranker
+        ``rerank`` one more signal, or the one the ``rerank_*`` options name
+        (:data:`~ragsieve.scoring.rerank.RERANK_SIGNAL_OPTIONS`: ``rerank_url``,
+        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on).
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
         the rest (:func:`fit_fused_scorer`); scoring with it before then raises ``ScorerError``.
+
+        Raises
+        ------
+        ValueError
+            ``rerank`` and ``rerank_*`` options both, or ``rerank_*`` options naming no
+            reranker (:func:`~ragsieve.scoring.rerank.reranker_from_options`).
         """
+        named, _ = reranker_from_options(rerank_keywords(
+            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
+            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
+        if named is not None and rerank is not None:
+            raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
+                             "options (--rerank-url, --rerank-model); give one.")
         return cls(base, preset=preset, query_language=query_language, reader_base=reader_base,
-                   **options)
+                   rerank=rerank if rerank is not None else named, **options)
 
     # ------------------------------------------------------------------ signals, features
     @property
@@ -972,7 +1010,24 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
     ScorerOption("query_language", str, None, "scorer best: language of the queries, when "
                  "not the texts' (the model and the preset's embedders are then ones trained "
                  "on both)", "--query-language"),
+    # the user's reranker, one more signal of any preset (--rerank-url, --rerank-model)
+    *RERANK_SIGNAL_OPTIONS,
 )
+
+
+def _base_options(base: Any, signals: Sequence[Any] | None,
+                  options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options the base takes: all but those that the base does not declare and a
+    signal built from a spec declares as ``runtime`` (a reranker's ``url``), which go to
+    the signals alone (:func:`_signal`)."""
+    if isinstance(base, Scorer):
+        declared = {o.name for o in base.declared_options}
+    else:
+        alias = base.get("scorer") if isinstance(base, Mapping) else base
+        declared = ({o.name for o in scorer_options(alias)} if isinstance(alias, str) else set())
+    specs = [s for s in (signals or ()) if isinstance(s, Mapping) and isinstance(s.get("scorer"), str)]
+    theirs = {o.name for s in specs for o in scorer_options(s["scorer"]) if o.runtime}
+    return {k: v for k, v in options.items() if k in declared or k not in theirs}
 
 
 def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Scorer:

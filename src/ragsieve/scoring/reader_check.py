@@ -37,6 +37,8 @@ from ..errors import CalibrationError
 from ..types import Pair
 from .base import Scorer
 from .shares import pairs_fit_mask
+from .signal_check import held_back_halves
+from .signal_check import roc_auc as _auc
 
 __all__ = ["MIN_READER_GAIN", "MIN_READER_RELEVANT", "READER_CHECKS", "ReaderCheck",
            "check_reader"]
@@ -85,12 +87,6 @@ class ReaderCheck:
     base_auc: float | None = None
     n_pairs: int = 0
     fused_auc: float | None = None
-
-
-def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC-AUC of relevance against the score (lower score = more relevant)."""
-    metrics = require("sklearn.metrics", "embed")
-    return float(metrics.roc_auc_score(labels, -scores))
 
 
 def check_reader(pairs: Sequence[Pair], base: Scorer, *, seed: int = 0,
@@ -190,20 +186,14 @@ def _cross_fitted(labels: np.ndarray, base: np.ndarray, reader: np.ndarray,
                   held: Sequence[Pair]) -> tuple[float, float] | None:
     """ROC-AUC of ``base`` and of a logistic regression on (base, reader), each the mean
     over two topic-disjoint halves of the held-back pairs (the regression fitted on one
-    half, measured on the other); halves of the questions when they span one topic. None
-    when neither way round has both classes on both sides."""
-    model_selection = require("sklearn.model_selection", "embed")
+    half, measured on the other; :func:`~ragsieve.scoring.signal_check.held_back_halves`).
+    None when neither way round has both classes on both sides."""
     linear = require("sklearn.linear_model", "embed")
     pipeline = require("sklearn.pipeline", "embed")
     preprocessing = require("sklearn.preprocessing", "embed")
-    groups = np.array([str(p.group) for p in held])
-    if np.unique(groups).size < 2:
-        groups = np.array([str(p.query_id) for p in held])
     x = np.column_stack([base, reader])
     base_aucs, fused_aucs = [], []
-    for train, test in model_selection.GroupKFold(n_splits=2).split(x, labels, groups):
-        if np.unique(labels[train]).size < 2 or np.unique(labels[test]).size < 2:
-            continue
+    for train, test in held_back_halves(labels, held):
         model = pipeline.make_pipeline(preprocessing.StandardScaler(),
                                        linear.LogisticRegression())
         model.fit(x[train], labels[train])

@@ -15,8 +15,8 @@ from typing import Any
 from .base import Scorer
 from .options import ScorerOption, check_options
 
-__all__ = ["ScorerFactory", "register_scorer", "registered_scorers", "resolve_scorer",
-           "scorer_options"]
+__all__ = ["ScorerFactory", "nested_specs", "register_scorer", "registered_scorers",
+           "resolve_scorer", "scorer_options", "spec_option_names"]
 
 ScorerFactory = Callable[..., Scorer]
 
@@ -89,6 +89,42 @@ def scorer_options(alias: str) -> tuple[ScorerOption, ...]:
     """
     _lookup(alias)
     return _OPTIONS[alias.strip().lower()]
+
+
+def nested_specs(spec: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The specs of the scorers built inside the scorer of ``spec`` that take ``runtime``
+    options of their own: a fused score's signals (its ``"signals"``), which it passes the
+    runtime options they declare (a reranker signal's ``url``).
+
+    Examples
+    --------
+    >>> nested_specs({"scorer": "fusion", "signals": [{"scorer": "rerank", "model": "m"}]})
+    [{'scorer': 'rerank', 'model': 'm'}]
+    """
+    signals = spec.get("signals")
+    if not isinstance(signals, (list, tuple)):
+        return []
+    return [s for s in signals if isinstance(s, Mapping) and isinstance(s.get("scorer"), str)]
+
+
+def spec_option_names(spec: Mapping[str, Any]) -> set[str]:
+    """The option names the scorer rebuilt from ``spec`` takes: those its alias declares and
+    the ``runtime`` ones of the scorers nested in it (:func:`nested_specs`).
+
+    Raises
+    ------
+    ValueError
+        The alias (or a nested one) is not registered.
+
+    Examples
+    --------
+    >>> sorted(spec_option_names({"scorer": "field"}))
+    ['field', 'higher_is_better']
+    """
+    names = {o.name for o in scorer_options(str(spec.get("scorer")))}
+    for nested in nested_specs(spec):
+        names |= {o.name for o in scorer_options(nested["scorer"]) if o.runtime}
+    return names
 
 
 def _lookup(alias: str) -> ScorerFactory:

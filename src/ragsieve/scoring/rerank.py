@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from ..llm.cache import LLMCache
     from ..rerank.client import RerankClient
 
-__all__ = ["RerankScorer"]
+__all__ = ["RERANK_SIGNAL_OPTIONS", "RerankScorer", "rerank_keywords", "reranker_from_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -248,3 +249,60 @@ class RerankScorer(Scorer):
 
     def __repr__(self) -> str:
         return f"RerankScorer(api={self.api!r}, model={self.model!r}, url={self.url!r})"
+
+
+#: The reranker's options as the fused score (``best``) and ``auto`` take them, to add it as
+#: a signal: ``rerank_<name>`` (its ``model`` is not the base embedder's), the same flags
+#: (``--rerank-url``, ``--rerank-model``, ``--rerank-api``, ...).
+RERANK_SIGNAL_OPTIONS: tuple[ScorerOption, ...] = tuple(
+    replace(o, name=f"rerank_{o.name}", help=o.help.replace(
+        "scorer rerank:", "scorer rerank, or a signal of best / auto:"))
+    for o in RerankScorer.declared_options)
+_PREFIX = "rerank_"
+
+
+def reranker_from_options(options: Mapping[str, Any]) -> tuple[RerankScorer | None, dict[str, Any]]:
+    """The reranker the ``rerank_*`` options (:data:`RERANK_SIGNAL_OPTIONS`) give, and the
+    other options.
+
+    A reranker is built when ``rerank_url`` or ``rerank_model`` is given (not None); the
+    ``rerank_*`` options at their defaults, or ``rerank_cache`` alone (the shared
+    ``--no-cache``), build none.
+
+    Raises
+    ------
+    ValueError
+        Another ``rerank_*`` option off its default without ``rerank_url`` nor
+        ``rerank_model``.
+
+    Examples
+    --------
+    >>> scorer, rest = reranker_from_options({"rerank_model": "m", "preset": "portable"})
+    >>> scorer.spec(), rest
+    ({'scorer': 'rerank', 'api': 'cohere', 'model': 'm'}, {'preset': 'portable'})
+    >>> reranker_from_options({"rerank_cache": False, "rerank_timeout": 60.0})
+    (None, {})
+    """
+    own = {k.removeprefix(_PREFIX): v for k, v in options.items() if k.startswith(_PREFIX)}
+    rest = {k: v for k, v in options.items() if not k.startswith(_PREFIX)}
+    if own.get("url") is None and own.get("model") is None:
+        defaults = {o.name: o.default for o in RerankScorer.declared_options}
+        stray = sorted(f"rerank_{k}" for k, v in own.items()
+                       if k != "cache" and (k not in defaults or v != defaults[k]))
+        if stray:
+            raise ValueError(f"{', '.join(stray)} given without rerank_url or rerank_model "
+                             "(--rerank-url / --rerank-model): they set up a reranker signal, "
+                             "and none was named.")
+        return None, rest
+    return RerankScorer(**own), rest
+
+
+def rerank_keywords(url: str | None, model: str | None, api: str, api_key_env: str,
+                    batch_size: int, concurrency: int, timeout: float, cache: Any,
+                    max_retries: int) -> dict[str, Any]:
+    """The ``rerank_*`` keywords of a fused score or ``auto`` as one mapping (for
+    :func:`reranker_from_options`)."""
+    return {"rerank_url": url, "rerank_model": model, "rerank_api": api,
+            "rerank_api_key_env": api_key_env, "rerank_batch_size": batch_size,
+            "rerank_concurrency": concurrency, "rerank_timeout": timeout, "rerank_cache": cache,
+            "rerank_max_retries": max_retries}

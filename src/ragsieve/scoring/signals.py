@@ -58,6 +58,12 @@ oracle's removal at alpha 0.1 with ``fast`` (docs/cross-language.md).
 
 A base that is no bundled embedding score (an outside score, an LLM) has no language to
 choose from: its fused score learns from the base alone, as before the presets existed.
+
+The user's reranker (:class:`~ragsieve.scoring.rerank.RerankScorer`, ``rerank=`` or the CLI's
+``--rerank-url``) is one more signal of any preset, after the preset's own; it reads one pair
+at a time, so a list-free preset stays list-free. The default ``auto`` score fuses it only
+where it adds to the preset's signals on held-back fit topics
+(:func:`~ragsieve.scoring.signal_check.check_rerank`).
 """
 
 from __future__ import annotations
@@ -108,6 +114,17 @@ PRESET_LEARNERS: Mapping[str, str] = {"base": "logistic", "fast": "logistic", "q
                                       "quality-reader": "boosted"}
 
 
+def without_reader(preset: str) -> str:
+    """The preset a reader preset adds the reader to (any other: itself).
+
+    Examples
+    --------
+    >>> without_reader("portable-reader"), without_reader("fast")
+    ('portable', 'fast')
+    """
+    return _WITHOUT_READER.get(preset, preset)
+
+
 def check_preset(preset: Any) -> str:
     """``preset`` if it names a preset, else ``ValueError`` listing them."""
     if preset not in PRESETS:
@@ -116,7 +133,7 @@ def check_preset(preset: Any) -> str:
 
 
 def preset_signals(base: Scorer, preset: str, query_language: str | None = None, *,
-                   reader_base: str | None = None) -> list[Scorer]:
+                   reader_base: str | None = None, rerank: Scorer | None = None) -> list[Scorer]:
     """The signals ``preset`` adds to ``base`` (besides the base itself).
 
     Parameters
@@ -135,6 +152,10 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None,
         The base the reader presets' reader is fine-tuned from
         (:data:`~ragsieve.embeddings.cross_encoder.READER_BASES`); None: the default base.
         A base not trained on the languages warns, and the reader is fine-tuned all the same.
+    rerank : Scorer, optional
+        The user's reranker (:class:`~ragsieve.scoring.rerank.RerankScorer`), one more
+        signal after the preset's, of any preset (``base`` too). It reads one pair at a
+        time, so a list-free preset stays list-free.
 
     Returns
     -------
@@ -147,7 +168,8 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None,
         ``fast`` and ``portable`` add the other embedders trained on both languages before
         the BM25 and ``quality`` takes those instead of the snippets' language's. Empty for a base that is no embedding
         score. The embedders share the base's cache directory and batch size; the
-        best-sentence score shares the base's loaded model and cache.
+        best-sentence score shares the base's loaded model and cache. ``rerank`` comes last,
+        for a base of any kind.
 
     Examples
     --------
@@ -160,7 +182,17 @@ def preset_signals(base: Scorer, preset: str, query_language: str | None = None,
     ['bm25-corpus', 'sentence-cos']
     >>> [s.spec()["scorer"] for s in preset_signals(EmbeddingScorer(), "quality-reader")]
     ['embedding', 'embedding', 'bm25-list', 'sentence-cos', 'reader']
+    >>> from ragsieve.scoring.rerank import RerankScorer
+    >>> [s.spec()["scorer"] for s in preset_signals(base, "portable", rerank=RerankScorer())]
+    ['bm25-corpus', 'sentence-cos', 'rerank']
     """
+    signals = _preset_signals(base, preset, query_language, reader_base=reader_base)
+    return [*signals, rerank] if rerank is not None else signals
+
+
+def _preset_signals(base: Scorer, preset: str, query_language: str | None, *,
+                    reader_base: str | None) -> list[Scorer]:
+    """:func:`preset_signals` without the reranker."""
     if check_preset(preset) == "base" or not isinstance(base, EmbeddingScorer):
         return []
     also = ([query_language] if query_language is not None and

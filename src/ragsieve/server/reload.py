@@ -187,8 +187,10 @@ class ArtifactCheck:
 
 def options_for_scorer(spec: Mapping[str, Any],
                        scorer_options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The service's scorer options that the scorer of ``spec`` declares
-    (:func:`ragsieve.scoring.scorer_options`); the others are not passed to it.
+    """The service's scorer options that the scorer of ``spec`` takes
+    (:func:`ragsieve.scoring.registry.spec_option_names`: those it declares, and a fused
+    score's also the runtime ones of its signals, a reranker's ``url``); the others are not
+    passed to it.
 
     A service keeps one set of scorer options (``ServeOptions.scorer_options``: e.g. the
     embedding cache) for every artifact it serves, and a reload may bring a scorer of
@@ -202,12 +204,12 @@ def options_for_scorer(spec: Mapping[str, Any],
     >>> options_for_scorer({"scorer": "embedding", "model": "m"}, {"cache_dir": "/tmp/c"})
     {'cache_dir': '/tmp/c'}
     """
-    from ..scoring import scorer_options as declared_options
+    from ..scoring.registry import spec_option_names
 
     given = dict(scorer_options or {})
     kind = str(spec.get("scorer"))
-    try:
-        declared = {option.name for option in declared_options(kind)}
+    try:  # a fused score's also: the runtime options of its signals (a reranker's url)
+        declared = spec_option_names(spec)
     except ValueError:  # not registered: from_artifact says so
         return given
     dropped = sorted(set(given) - declared)
