@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
@@ -20,7 +21,7 @@ import uvicorn
 
 from ragsieve.server import create_app, uvicorn_config
 
-__all__ = ["ThreadServer", "serving"]
+__all__ = ["ThreadServer", "http_server", "serving"]
 
 
 class ThreadServer:
@@ -56,3 +57,18 @@ def serving(path: Path, **kwargs: Any) -> Iterator[ThreadServer]:
     """``create_app(path, **kwargs)`` served by a :class:`ThreadServer`."""
     with ThreadServer(create_app(path, **kwargs)) as server:
         yield server
+
+
+@contextmanager
+def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A plain ``http.server`` of ``handler`` on 127.0.0.1 in a background thread (an
+    endpoint double for failure injection, or a server whose answers a test controls);
+    yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

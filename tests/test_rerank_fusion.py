@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from servers import ThreadServer
+from servers import ThreadServer, http_server
 from topics import first_topics
 
 from ragsieve import ConformalFilter, Pair
@@ -88,10 +87,11 @@ def _stand_in(model: str | None, pairs: list[Pair], cache: Path, where: Path) ->
 @pytest.fixture(scope="module")
 def reranker(selqa: list[Pair], embedding_cache_dir: Path,
              tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The MiniLM stand-in, calibrated on 20 questions of each of the first three SelQA
-    topics."""
+    """The stand-in: ``1 - cos`` of the base's own model (fast to embed; it adds nothing
+    to the fused score, and these tests are about the plumbing), calibrated on 20 questions
+    of each of the first three SelQA topics."""
     own = _stand_in_topics(selqa)
-    with _stand_in(None, first_topics([p for p in selqa if p.group in own], 3, 20),
+    with _stand_in(BASE, first_topics([p for p in selqa if p.group in own], 3, 20),
                    embedding_cache_dir, tmp_path_factory.mktemp("stand-in")) as url:
         yield url
 
@@ -118,14 +118,8 @@ class _Noise(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def noise() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Noise)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_server(_Noise) as url:
+        yield url
 
 
 def _base(cache: Path) -> EmbeddingScorer:

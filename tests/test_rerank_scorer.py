@@ -18,15 +18,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from servers import ThreadServer
+from servers import ThreadServer, http_server
 from topics import first_topics
 
 from ragsieve import ConformalFilter, Pair
@@ -601,19 +600,6 @@ class _OutOfShape(_AnotherModel):
         self.wfile.write(data)
 
 
-@contextmanager
-def _http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
-    """A plain ``http.server`` reranker double on 127.0.0.1 (failure injection); its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_a_served_rerank_filter_answers_502_when_its_reranker_fails(tmp_path: Path) -> None:
     """``serve`` of a rerank filter whose reranker is down or answers out of shape: 502
     naming the reranker's URL, never a score (nor a 500)."""
@@ -622,7 +608,7 @@ def test_a_served_rerank_filter_answers_502_when_its_reranker_fails(tmp_path: Pa
     artifact = tmp_path / "f.json"
     scorer = RerankScorer(url=URL, transport=Recorder().transport, cache=False)
     ConformalFilter(scorer, alpha=0.5).calibrate(pairs).save(artifact)
-    with socket.socket() as bound, _http_server(_OutOfShape) as shapeless:
+    with socket.socket() as bound, http_server(_OutOfShape) as shapeless:
         bound.bind(("127.0.0.1", 0))  # never listening: refused
         down = f"http://127.0.0.1:{bound.getsockname()[1]}"
         for reranker, said in ((down, "cannot reach the reranker"),
@@ -638,7 +624,7 @@ def test_a_served_rerank_filter_answers_502_when_its_reranker_fails(tmp_path: Pa
 
 
 def test_filter_says_on_stderr_when_another_model_answers(tmp_path: Path) -> None:
-    with _http_server(_AnotherModel) as url:
+    with http_server(_AnotherModel) as url:
         pairs = [Pair(f"q{q}", f"{QUERY} ({q})", f"s{i}", t, relevant=i == 0)
                  for q in range(3) for i, t in enumerate(TEXTS)]
         data, artifact = tmp_path / "pairs.jsonl", tmp_path / "f.json"
@@ -702,7 +688,7 @@ def test_serve_says_when_another_model_answers(tmp_path: Path) -> None:
     """The gateway of a rerank filter whose reranker answers as another model than the
     calibrated one says so beside its answers: the rerank answer's ``meta`` and ``/healthz``
     (``endpoint_note``), and keeps answering."""
-    with _http_server(_AnotherModel) as url:
+    with http_server(_AnotherModel) as url:
         pairs = [Pair(f"q{q}", f"{QUERY} ({q})", f"s{i}", t, relevant=i == 0)
                  for q in range(3) for i, t in enumerate(TEXTS)]
         artifact = tmp_path / "f.json"

@@ -44,7 +44,7 @@ from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer
-from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer, rerank_keywords, reranker_from_options
+from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer, given_reranker, rerank_keywords
 from .signal_check import RERANK_CHECKS
 from .signals import LIST_FREE_PRESETS, READER_PRESETS
 
@@ -471,16 +471,13 @@ class AutoScorer(Scorer):
                  rerank_max_retries: int = 4) -> None:
         from .reader_check import READER_CHECKS
 
-        named, _ = reranker_from_options(rerank_keywords(
+        given = given_reranker(rerank, rerank_keywords(
             rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
             rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
-        if named is not None and rerank is not None:
-            raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
-                             "options (--rerank-url, --rerank-model); give one.")
         if rerank_check not in RERANK_CHECKS:
             raise ValueError(f"rerank_check == {rerank_check!r}, expected one of "
                              f"{', '.join(RERANK_CHECKS)}.")
-        self.rerank = rerank if rerank is not None else named
+        self.rerank = given
         if self.rerank is None and rerank_check != "auto":
             raise ValueError(f"rerank_check == {rerank_check!r} (--rerank-check) says what to do "
                              "with your reranker; none was given (--rerank-url, --rerank-model).")

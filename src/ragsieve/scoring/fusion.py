@@ -63,7 +63,7 @@ from .options import ScorerOption
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
-from .rerank import RERANK_SIGNAL_OPTIONS, rerank_keywords, reranker_from_options
+from .rerank import RERANK_SIGNAL_OPTIONS, given_reranker, rerank_keywords
 from .sentence_cosine import SentenceCosineScorer
 from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
 from .signals import (
@@ -688,14 +688,11 @@ class FusedScorer(ListTransform):
             ``rerank`` and ``rerank_*`` options both, or ``rerank_*`` options naming no
             reranker (:func:`~ragsieve.scoring.rerank.reranker_from_options`).
         """
-        named, _ = reranker_from_options(rerank_keywords(
+        given = given_reranker(rerank, rerank_keywords(
             rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
             rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
-        if named is not None and rerank is not None:
-            raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
-                             "options (--rerank-url, --rerank-model); give one.")
         return cls(base, preset=preset, query_language=query_language, reader_base=reader_base,
-                   rerank=rerank if rerank is not None else named, **options)
+                   rerank=given, **options)
 
     # ------------------------------------------------------------------ signals, features
     @property

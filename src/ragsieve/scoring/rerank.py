@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from ..llm.cache import LLMCache
     from ..rerank.client import RerankClient
 
-__all__ = ["RERANK_SIGNAL_OPTIONS", "RerankScorer", "rerank_keywords", "reranker_from_options"]
+__all__ = ["RERANK_SIGNAL_OPTIONS", "RerankScorer", "given_reranker", "rerank_keywords",
+           "reranker_from_options"]
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +296,23 @@ def reranker_from_options(options: Mapping[str, Any]) -> tuple[RerankScorer | No
                              "and none was named.")
         return None, rest
     return RerankScorer(**own), rest
+
+
+def given_reranker(rerank: Any, keywords: Mapping[str, Any]) -> Any:
+    """The user's reranker: ``rerank`` (a scorer or spec), or the one the ``rerank_*``
+    ``keywords`` name (:func:`rerank_keywords`, :func:`reranker_from_options`); None when
+    neither gives one.
+
+    Raises
+    ------
+    ValueError
+        Both give one, or the keywords are set without naming a reranker.
+    """
+    named, _ = reranker_from_options(keywords)
+    if named is not None and rerank is not None:
+        raise ValueError("the reranker is given twice: as rerank and by the rerank_* "
+                         "options (--rerank-url, --rerank-model); give one.")
+    return rerank if rerank is not None else named
 
 
 def rerank_keywords(url: str | None, model: str | None, api: str, api_key_env: str,
