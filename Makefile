@@ -79,6 +79,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_langchain.py
 	$(PY) benchmarks/bench_store.py
 	$(PY) benchmarks/bench_server.py --warm
+	$(PY) benchmarks/bench_rerank.py
 	$(PY) benchmarks/bench_drift.py
 	$(PY) benchmarks/bench_retriever_shift.py
 	$(PY) benchmarks/bench_list_watch.py
