@@ -388,3 +388,26 @@ def test_recalibrate_merges_and_refuses_out_of_bounds_state(
     assert code == 2 and len(err) == 1 and "not finite" in err[0], err
     assert not (tmp_path / "no.json").exists()
     assert math.isfinite(report["new_threshold"])
+
+
+@pytest.mark.parametrize(("snippets", "where"), [
+    ([{"text": "a", "snippet_id": "1"}, {"text": "b", "snippet_id": "1"}], "snippets[1]"),
+    (["a", {"text": "b", "snippet_id": "0"}], "snippets[1]"),  # a position is an id too
+    ([{"text": "a", "id": "x"}, "b", {"text": "c", "snippet_id": "x"}], "snippets[2]"),
+])
+def test_a_repeated_snippet_id_is_refused_so_feedback_labels_the_snippet_meant(
+        artifacts: dict[str, Path], options: dict[str, Any], tmp_path: Path,
+        snippets: list[Any], where: str) -> None:
+    """Two snippets of one ``/filter`` request sharing an id would let ``/feedback`` store
+    the other one's score: refused with 422 naming the id, nothing served or recorded."""
+    db = tmp_path / "fb.sqlite"
+    with serving(artifacts["marginal"], feedback_db=db, **options) as srv:
+        r = _post(srv.url, "/filter", {"query": "q", "query_id": "dup", "snippets": snippets})
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"].startswith(f"{where}.snippet_id == ")
+        assert "repeats" in r.json()["detail"]
+        label = _post(srv.url, "/feedback", {"items": [
+            {"query_id": "dup", "snippet_id": "0", "relevant": 1}]})
+        assert label.status_code == 200 and label.json()["unknown"] == 1
+        unique = _post(srv.url, "/filter", {"query": "q", "snippets": ["a", "b"]})
+        assert unique.status_code == 200, unique.text

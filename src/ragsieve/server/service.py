@@ -170,6 +170,24 @@ def upstream_as_502() -> Iterator[None]:
                          ) from exc
 
 
+def _request_snippet_ids(request: FilterRequest) -> list[str]:
+    """Each snippet's id (its own, else its position), refusing a repeated one with 422: the
+    served record keys a snippet by (query_id, snippet_id), so ``POST /feedback`` on a
+    repeated id would label another snippet than the one meant."""
+    ids = [str(i) if isinstance(s, str) or s.snippet_id is None else s.snippet_id
+           for i, s in enumerate(request.snippets)]
+    first: dict[str, int] = {}
+    for i, sid in enumerate(ids):
+        if sid in first:
+            raise http_error(
+                422, f"snippets[{i}].snippet_id == {printable(sid)[:80]!r} repeats "
+                     f"snippets[{first[sid]}]'s (a snippet without an id takes its position as "
+                     "its id); every snippet of a request needs its own id, or POST /feedback "
+                     "would label another snippet than the one meant.")
+        first[sid] = i
+    return ids
+
+
 def _check_query(query: str) -> None:
     if not query.strip():
         raise http_error(422, "query is blank; expected a non-empty string.")
@@ -477,6 +495,7 @@ class Service:
         if n > rt.max_snippets:
             raise http_error(413, f"got {n} snippets; the limit is {rt.max_snippets} per request.")
         _check_min_keep(request.min_keep, rt.max_snippets, "snippets")
+        snippet_ids = _request_snippet_ids(request)  # unique, before any model work
         _check_outside_scores(request, self.flt.scorer)
         vectors = _snippet_vectors(request)
         if vectors is not None:
@@ -490,8 +509,6 @@ class Service:
                 with self.lock:
                     res = self._filter_in_pool(use, request, items, vectors)
         query_id = request.query_id or uuid.uuid4().hex
-        snippet_ids = [str(i) if isinstance(s, str) or s.snippet_id is None else s.snippet_id
-                       for i, s in enumerate(request.snippets)]
         groups = [request.group if isinstance(s, str) or s.group is None else s.group
                   for s in request.snippets]
         self._served(endpoint, query_id, snippet_ids, groups, res)
