@@ -242,17 +242,24 @@ def to_filter_request(request: RerankRequest) -> FilterRequest:
     return FilterRequest(query=request.query, snippets=snippets)
 
 
-def _ranked(res: FilterResult, everything: bool) -> list[Scored]:
-    """The kept documents (or every document), most relevant first: by p-value, then by
-    score, then by position (a document's score is its best piece's)."""
-    answered = list(res.kept) + (list(res.removed) if everything else [])
-    return sorted(answered, key=lambda s: (-(s.p_value or 0.0), s.score, s.index))
+def _p_value(s: Scored) -> float:
+    """A document's p-value (the route refuses a filter without calibration evidence, so
+    every scored document has one: a missing one is a bug, never a relevance of 0)."""
+    if s.p_value is None:
+        raise RuntimeError(f"document {s.index} has no p-value; the rerank routes answer "
+                           "only filters with calibration evidence.")
+    return float(s.p_value)
 
 
-def _meta(res: FilterResult, request: RerankRequest, info: ServedFilter, n_answered: int,
-          everything: bool) -> RerankMeta:
+def _best_first(scored: list[Scored]) -> list[Scored]:
+    """Most relevant first: by p-value, then by score, then by position (a document's
+    score is its best piece's)."""
+    return sorted(scored, key=lambda s: (-_p_value(s), s.score, s.index))
+
+
+def _meta(res: FilterResult, request: RerankRequest, info: ServedFilter,
+          kept: list[Scored], n_answered: int, everything: bool) -> RerankMeta:
     guarantee = info.guarantee
-    kept = _ranked(res, everything=False)
     threshold = float(res.threshold) if math.isfinite(res.threshold) else None
     return RerankMeta(
         alpha=guarantee.get("alpha"), mode=guarantee.get("mode"), threshold=threshold,
@@ -298,16 +305,17 @@ def rerank_answer(res: FilterResult, query_id: str, request: RerankRequest, *, a
     tuple
         The JSON-ready answer (a dict, or a list for TEI) and the headers.
     """
-    ranked = _ranked(res, everything)
+    kept = _best_first(list(res.kept))
+    ranked = _best_first(kept + list(res.removed)) if everything else kept
     answered = ranked if request.top_n is None else ranked[: request.top_n]
-    meta = _meta(res, request, info, len(answered), everything)
+    meta = _meta(res, request, info, kept, len(answered), everything)
     headers = _headers(meta, query_id)
     texts = request.texts_sent
     if api == "tei" and request.texts is not None:
-        return [TEIRerankResult(index=s.index, score=float(s.p_value or 0.0),
+        return [TEIRerankResult(index=s.index, score=_p_value(s),
                                 text=texts[s.index] if request.wants_text else None
                                 ).model_dump(exclude_none=True) for s in answered], headers
-    results = [RerankResult(index=s.index, relevance_score=float(s.p_value or 0.0),
+    results = [RerankResult(index=s.index, relevance_score=_p_value(s),
                             document=RerankDocumentOut(text=texts[s.index])
                             if request.wants_text else None).model_dump(exclude_none=True)
                for s in answered]
