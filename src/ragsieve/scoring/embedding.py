@@ -255,7 +255,10 @@ class EmbeddingScorer(Scorer):
 
 
 def _unit_rows(vectors: Any, name: str, *, one: bool = False) -> np.ndarray:
-    """Rows scaled to unit norm; a 1-d input is one row."""
+    """Rows scaled to unit norm; a 1-d input is one row.
+
+    Any finite non-zero row has a unit direction, however large or small its components.
+    """
     try:
         arr = np.asarray(vectors, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -269,8 +272,11 @@ def _unit_rows(vectors: Any, name: str, *, one: bool = False) -> np.ndarray:
         return arr.reshape(0, arr.shape[1] if arr.ndim == 2 else 0)
     if not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} holds NaN or inf values; expected finite numbers.")
-    norms = np.linalg.norm(arr, axis=1)
-    zero = np.flatnonzero(norms == 0)
+    # Scaled by each row's largest component first, so the squares neither overflow
+    # (components near 1e155 and beyond) nor underflow to a zero norm (near 1e-160).
+    biggest = np.max(np.abs(arr), axis=1)
+    zero = np.flatnonzero(biggest == 0)
     if zero.size:
         raise ValueError(f"{name}[{int(zero[0])}] is a zero vector; its cosine is undefined.")
-    return arr / norms[:, None]
+    arr = arr / biggest[:, None]
+    return arr / np.linalg.norm(arr, axis=1)[:, None]
