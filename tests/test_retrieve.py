@@ -236,8 +236,8 @@ def test_retrieve_writes_the_index_lists_labelled(corpus: Corpus, labelled: Retr
     assert summary == {"k": K, "n_queries": len(corpus.queries),
                        "n_labelled": len(corpus.queries), "n_hits": len(pairs),
                        "n_relevant": len(relevant), "unlabelled": [],
-                       "no_relevant": no_relevant, "short": [],
-                       "out": str(labelled.out), "retriever": identity}
+                       "no_relevant": no_relevant, "short": [], "unknown_doc_ids": [],
+                       "unfindable": [], "out": str(labelled.out), "retriever": identity}
     if no_relevant:
         assert f"warning: {len(no_relevant)} of {len(corpus.queries)} labelled" in labelled.stderr
 
@@ -295,9 +295,15 @@ def test_unlabelled_and_evidence_free_queries(corpus: Corpus, tmp_path: Path) ->
     without = [q for q, got in by_query.items() if q != "unlabelled"
                and not any(p.relevant for p in got)]
     assert "7" in without
-    assert (f"warning: {len(without)} of 5 labelled queries have no relevant hit among their "
-            f"3 ({', '.join(without)})") in stderr
-    assert "no evidence to calibrate on" in stderr
+    # "no-such-doc" is no document of the index: named apart, never called a recall miss
+    assert ("warning: 1 relevant_doc_ids of 1 labelled queries name no document of the index "
+            "('no-such-doc' in 7): no retriever can return them; 1 of them (7) name no other"
+            ) in stderr
+    misses = [q for q in without if q != "7"]
+    if misses:
+        assert (f"warning: {len(misses)} of 5 labelled queries have no relevant snippet in "
+                f"their top 3 ({', '.join(misses)}): recall misses") in stderr
+    assert "calibrate on" not in stderr.split("recall misses")[0]
     assert "unlabelled queries: 1 (relevant: null)" in stdout
     assert f"ragsieve label --data {out}" in stdout
     assert f"wrote 18 pairs to {out}" in stdout
@@ -503,3 +509,79 @@ def test_written_lines_carry_the_documented_keys(labelled: Retrieved) -> None:
                           "doc_id", "path", "start", "end", "retrieval_score", "rank",
                           "retriever"}
     assert set(first["retriever"]) == {"kind", "index", "model", "k", "n_snippets", "path"}
+
+
+# ------------------------------------------------ Hardening IV item 10: input trust
+def test_a_huge_query_line_is_refused_unread(corpus: Corpus, tmp_path: Path) -> None:
+    """A 20 MB query line took 30 s and 3.9 GB (the model tokenised it whole): now refused
+    from its byte length before it is decoded, never held whole (tracemalloc's peak stays
+    far below the line), naming file:line, the size and the limit; nothing written."""
+    import tracemalloc
+
+    from ragsieve.data.queries import MAX_QUERY_LINE_BYTES
+
+    qfile = tmp_path / "huge.jsonl"
+    big = json.dumps({"query_id": "big", "query": "who won " * 2_500_000, "answers": ["x"]})
+    qfile.write_text(json.dumps(corpus.queries[0]) + "\n" + big + "\n", encoding="utf-8")
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as caught:
+            read_queries(qfile)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{qfile}:2: the line holds {len(big):,} bytes" in str(caught.value)
+    assert f"at most {MAX_QUERY_LINE_BYTES:,}" in str(caught.value)
+    assert peak < len(big) // 2  # a few MiB of buffers, never the 20 MB line
+    out = tmp_path / "pairs.jsonl"
+    code, _, err = run(["retrieve", "--index", str(corpus.index), "--queries", str(qfile),
+                        "--out", str(out)])
+    _one_line_error(code, err, f"{qfile}:2: the line holds {len(big):,} bytes")
+    assert not out.exists()
+
+
+def test_a_query_over_the_character_cap_is_refused() -> None:
+    from ragsieve.data.queries import MAX_QUERY_CHARS
+
+    assert read_queries([{"query_id": 1, "query": "q" * MAX_QUERY_CHARS}])[0].query
+    with pytest.raises(DataError, match=r"queries\[0\]: query holds 10,001 characters; a "
+                                        r"query may hold at most 10,000"):
+        read_queries([{"query_id": 1, "query": "q" * (MAX_QUERY_CHARS + 1)}])
+
+
+def test_answers_that_normalise_to_nothing_are_refused(corpus: Corpus, tmp_path: Path) -> None:
+    """``""`` was refused but ``"the"`` and ``"..."`` were accepted and labelled nothing;
+    now every answer must keep a word under the SQuAD normalisation of its language."""
+    good = json.dumps(corpus.queries[0])
+    out = tmp_path / "pairs.jsonl"
+    for answer in ("the", "...", " A ", "an."):
+        qfile = tmp_path / "q.jsonl"
+        qfile.write_text(f'{good}\n{{"query_id": "x", "query": "Who?", "answers": '
+                         f'["Ada", {json.dumps(answer)}]}}\n', encoding="utf-8")
+        code, _, err = run(["retrieve", "--index", str(corpus.index), "--queries", str(qfile),
+                            "--out", str(out)])
+        _one_line_error(code, err, f"{qfile}:2: answers[1] == {answer!r} holds no word once "
+                                   "normalised")
+        assert not out.exists()
+    # the articles are the answers' language's: "die" is a German article, an English word
+    german = [{"query_id": 1, "query": "Wer?", "answers": ["die"]}]
+    assert read_queries(german)[0].answers == ("die",)
+    with pytest.raises(DataError, match=r"answers\[0\] == 'die' .* articles of 'de'"):
+        read_queries(german, language="de")
+
+
+def test_unknown_doc_ids_are_counted_apart(corpus: Corpus) -> None:
+    """``relevant_doc_ids`` naming no indexed document ("../../etc/passwd") are counted in
+    the summary, not mistaken for recall misses."""
+    index = SnippetIndex.open(corpus.index)
+    known = index.document_ids()
+    assert "paragraphs.jsonl" in known and set(corpus.texts) <= known
+    queries = read_queries([
+        {"query_id": "a", "query": "Who won?", "relevant_doc_ids": ["../../etc/passwd"]},
+        {"query_id": "b", "query": "Who won?",
+         "relevant_doc_ids": ["../../etc/passwd", next(iter(corpus.texts))]}])
+    summary = describe_lists(queries, [], K, known_doc_ids=known)
+    assert summary.unknown_doc_ids == (("a", "../../etc/passwd"), ("b", "../../etc/passwd"))
+    assert summary.unfindable == ("a",) and summary.misses == ("b",)
+    assert summary.to_dict()["unknown_doc_ids"][0] == {"query_id": "a",
+                                                       "doc_id": "../../etc/passwd"}

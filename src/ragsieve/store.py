@@ -549,6 +549,12 @@ class SnippetIndex:
         """``{path: sha256}`` of the files committed to the index."""
         return {r["path"]: r["sha256"] for r in self._column(_FILES, ["path", "sha256"])}
 
+    def document_ids(self) -> frozenset[str]:
+        """The ids a labelled query's ``relevant_doc_ids`` can name: every stored snippet's
+        ``doc_id`` and every indexed file's path (relative to the indexed folder)."""
+        rows = self._column(_SNIPPETS, ["doc_id", "path"])
+        return frozenset(str(r[c]) for r in rows for c in ("doc_id", "path") if r[c] is not None)
+
     # ------------------------------------------------------------- identity
     @property
     def fingerprint(self) -> str:
@@ -962,9 +968,9 @@ class SnippetIndex:
         """
         from .data.queries import list_pairs, read_queries
 
-        labelled = read_queries(queries)
-        k = check_int(k, "k", min_value=1)
         check_str(language, "language", allow_none=True, hint="a language code such as 'en'")
+        labelled = read_queries(queries, language=language)
+        k = check_int(k, "k", min_value=1)
         self._check_whole()
         identity = self.retriever_identity(k)
         if identity["n_snippets"] == 0:

@@ -113,19 +113,15 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     from ..lists import describe_retriever, retriever_of
     from ..store import SnippetIndex
 
-    queries = read_queries(args.queries)  # a bad line fails before any model work
+    # a bad line fails before any model work
+    queries = read_queries(args.queries, language=args.language)
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
     pairs = index.retrieve_pairs(queries, args.k, language=args.language,
                                  progress=not args.quiet)
     write_pairs(pairs, args.out)
-    summary = describe_lists(queries, pairs, args.k)
+    summary = describe_lists(queries, pairs, args.k, known_doc_ids=index.document_ids())
     retriever = retriever_of(pairs) or index.retriever_identity(args.k)
-    if summary.no_relevant:
-        shown = ", ".join(summary.no_relevant[:5]) + (", ..." if len(summary.no_relevant) > 5
-                                                      else "")
-        eprint(f"warning: {len(summary.no_relevant)} of {summary.n_labelled} labelled queries "
-               f"have no relevant hit among their {args.k} ({shown}): they hold no evidence to "
-               "calibrate on (retrieve more with a larger -k, or check their labels)")
+    _warn_lists(summary, args.k)
     if args.json:
         print(dumps({**summary.to_dict(), "out": args.out, "retriever": retriever}))
         return 0
@@ -144,6 +140,35 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
               "calibrating", file=out)
     print(f"wrote {summary.n_hits} pairs to {args.out}", file=out)
     return 0
+
+
+def _shown(ids: Any, n: int = 5) -> str:
+    """The first ``n`` of ``ids``, then ``...``."""
+    ids = list(ids)
+    return ", ".join(ids[:n]) + (", ..." if len(ids) > n else "")
+
+
+def _warn_lists(summary: Any, k: int) -> None:
+    """Say (stderr) which labels name no indexed document and which queries the retriever
+    missed: one line each."""
+    if summary.unknown_doc_ids:
+        named: dict[str, str] = {}  # doc id -> the first query naming it
+        for q, d in summary.unknown_doc_ids:
+            named.setdefault(d, q)
+        shown = _shown(f"{d!r} in {q}" for d, q in named.items())
+        alone = (f"{len(summary.unfindable)} of them ({_shown(summary.unfindable)}) name no "
+                 "other" if summary.unfindable else "each query names another too")
+        eprint(f"warning: {len(summary.unknown_doc_ids)} relevant_doc_ids of "
+               f"{len({q for q, _ in summary.unknown_doc_ids})} labelled queries name no "
+               f"document of the index ({shown}): no retriever can return them; {alone}; use "
+               "the ids `ragsieve index` records (a file's path relative to the indexed "
+               "folder, or a JSONL document's \"id\")")
+    if summary.misses:
+        eprint(f"warning: {len(summary.misses)} of {summary.n_labelled} labelled queries have "
+               f"no relevant snippet in their top {k} ({_shown(summary.misses)}): recall "
+               "misses of the retriever, which no filter recovers; calibrating on these "
+               "lists needs relevant snippets only from the other queries (a larger -k finds "
+               "more; or check their labels)")
 
 
 def _warn_other_retriever(flt: Any, index: Any, k: int) -> str | None:

@@ -238,14 +238,23 @@ def _source_name(source: PathOrFile) -> str:
     return str(getattr(source, "name", "<stream>"))
 
 
-def _binary_lines(source: PathOrFile, name: str) -> Iterator[bytes]:
-    """Yield raw lines of ``source``; file-system errors become ``DataError``."""
+def _binary_lines(source: PathOrFile, name: str, *, max_line_bytes: int | None = None,
+                  what: str = "") -> Iterator[bytes]:
+    """Yield raw lines of ``source``; file-system errors become ``DataError``.
+
+    With ``max_line_bytes``, a longer line is refused (``DataError`` naming ``file:line``,
+    its size, the limit and ``what`` the limit is for) before it is held whole: a file or
+    stdin is read at most ``max_line_bytes + 1`` bytes of a line at a time.
+    """
     if not isinstance(source, (str, os.PathLike)):
-        for line in source:
-            yield line.encode("utf-8") if isinstance(line, str) else line
+        for lineno, line in enumerate(source, start=1):
+            raw = line.encode("utf-8") if isinstance(line, str) else line
+            if max_line_bytes is not None and len(raw.rstrip(b"\r\n")) > max_line_bytes:
+                raise _line_too_long(name, lineno, len(raw.rstrip(b"\r\n")), max_line_bytes, what)
+            yield raw
         return
     if os.fspath(source) == "-":
-        yield from sys.stdin.buffer
+        yield from _bounded_lines(sys.stdin.buffer, name, max_line_bytes, what)
         return
     try:
         handle = open(source, "rb")  # noqa: SIM115 - closed below, generator-friendly
@@ -259,9 +268,34 @@ def _binary_lines(source: PathOrFile, name: str) -> Iterator[bytes]:
         raise DataError(f"{name}: cannot be read ({exc.strerror or exc}).") from exc
     with handle:
         try:
-            yield from handle
+            yield from _bounded_lines(handle, name, max_line_bytes, what)
         except OSError as exc:  # pragma: no cover - I/O failure mid-read
             raise DataError(f"{name}: read failed ({exc.strerror or exc}).") from exc
+
+
+def _bounded_lines(handle: IO[bytes], name: str, max_line_bytes: int | None,
+                   what: str) -> Iterator[bytes]:
+    """The lines of a binary file, none held whole beyond ``max_line_bytes`` (None: any)."""
+    if max_line_bytes is None:
+        yield from handle
+        return
+    lineno = 0
+    while line := handle.readline(max_line_bytes + 1):
+        lineno += 1
+        if len(line) > max_line_bytes and not line.endswith(b"\n"):
+            size = len(line)
+            while rest := handle.readline(1 << 20):  # counted a MiB at a time, not kept
+                size += len(rest)
+                if rest.endswith(b"\n"):
+                    size -= 1
+                    break
+            raise _line_too_long(name, lineno, size, max_line_bytes, what)
+        yield line
+
+
+def _line_too_long(name: str, lineno: int, size: int, limit: int, what: str) -> DataError:
+    return DataError(f"{name}:{lineno}: the line holds {size:,} bytes; a line may hold at most "
+                     f"{limit:,}{what}.")
 
 
 def _shown_json(value: Any, limit: int = 60) -> str:

@@ -9,10 +9,12 @@ retrieved snippet.
 
 The queries file is JSONL, one query per line:
 
-``query_id`` (string or integer, required), ``query`` (non-empty string, required),
-``group`` (the topic, optional), ``relevant_doc_ids`` (a non-empty list of document ids,
-optional) and ``answers`` (a non-empty list of gold answer strings, optional); other keys
-are kept in :attr:`LabelledQuery.meta`.
+``query_id`` (string or integer, required), ``query`` (non-empty string of at most
+:data:`MAX_QUERY_CHARS` characters, required), ``group`` (the topic, optional),
+``relevant_doc_ids`` (a non-empty list of document ids, optional) and ``answers`` (a
+non-empty list of gold answer strings, each keeping a word under SQuAD normalisation,
+optional); other keys are kept in :attr:`LabelledQuery.meta`. A line holds at most
+:data:`MAX_QUERY_LINE_BYTES` bytes, checked before it is decoded.
 
 A retrieved snippet is labelled by :meth:`LabelledQuery.label`:
 
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -50,13 +53,19 @@ from ragsieve.data.jsonl import (
 from ragsieve.errors import DataError
 from ragsieve.types import RETRIEVER_KEY, Pair
 
-__all__ = ["QUERY_KEYS", "RETRIEVER_KEY", "LabelledQuery", "ListSummary", "describe_lists",
-           "documents_and_queries", "list_pairs", "read_queries"]
+__all__ = ["MAX_QUERY_CHARS", "MAX_QUERY_LINE_BYTES", "QUERY_KEYS", "RETRIEVER_KEY",
+           "LabelledQuery", "ListSummary", "describe_lists", "documents_and_queries",
+           "list_pairs", "read_queries", "unknown_doc_ids"]
 
 #: The keys a labelled query line may carry besides free ones (kept in ``meta``).
 QUERY_KEYS = ("query_id", "query", "group", "relevant_doc_ids", "answers")
 #: Longest document :func:`documents_and_queries` rebuilds from snippet offsets (characters).
 MAX_DOCUMENT_CHARS = 10_000_000
+#: Longest query a labelled query may hold (characters): a search query, not a document.
+MAX_QUERY_CHARS = 10_000
+#: Longest line of a labelled queries file (bytes), refused before it is decoded: room for
+#: a query of :data:`MAX_QUERY_CHARS` characters and its labels.
+MAX_QUERY_LINE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -140,17 +149,29 @@ class LabelledQuery:
         return {**out, **self.meta}
 
     @classmethod
-    def from_record(cls, record: Any, where: str = "query") -> LabelledQuery:
+    def from_record(cls, record: Any, where: str = "query", *,
+                    language: str | None = None) -> LabelledQuery:
         """A labelled query from one decoded JSON object (or a mapping given in Python).
+
+        Parameters
+        ----------
+        record : mapping
+            The query's fields (see the module docstring).
+        where : str
+            Where it comes from, for messages (``file:line``).
+        language : str, optional
+            The language of the answers' SQuAD normalisation (None: English).
 
         Raises
         ------
         DataError
             Naming ``where`` and the field: not an object, a missing or empty
-            ``query_id`` / ``query``, an id holding a control, bidirectional-control or
-            zero-width character, a string holding a lone surrogate, a number beyond the
-            range of a double, or ``relevant_doc_ids`` / ``answers`` that are not non-empty
-            lists of non-empty strings (ids may be integers).
+            ``query_id`` / ``query``, a query over :data:`MAX_QUERY_CHARS` characters, an
+            id holding a control, bidirectional-control or zero-width character, a string
+            holding a lone surrogate, a number beyond the range of a double,
+            ``relevant_doc_ids`` / ``answers`` that are not non-empty lists of non-empty
+            strings (ids may be integers), or an answer that normalises to no word
+            (``"the"``, ``"..."``: it would label nothing).
         """
         if not isinstance(record, Mapping):
             raise DataError(f"{where}: expected a JSON object (a query), got {_type_name(record)} "
@@ -161,11 +182,14 @@ class LabelledQuery:
         if not isinstance(query, str) or not query.strip():
             raise DataError(f"{where}: query == {query!r:.60} ({_type_name(query)}), must be a "
                             "non-empty string.")
+        if len(query) > MAX_QUERY_CHARS:
+            raise DataError(f"{where}: query holds {len(query):,} characters; a query may hold "
+                            f"at most {MAX_QUERY_CHARS:,} (a search query, not a document).")
         group = record.get("group")
         group = "" if group is None or group == "" else _id(group, "group", where)
         return cls(query_id=query_id, query=query, group=group,
                    relevant_doc_ids=_string_list(record, "relevant_doc_ids", where, ids=True),
-                   answers=_string_list(record, "answers", where, ids=False),
+                   answers=_answers(record, where, language),
                    meta={k: v for k, v in record.items() if k not in QUERY_KEYS})
 
 
@@ -201,8 +225,24 @@ def _string_list(record: Mapping[str, Any], key: str, where: str, *,
     return tuple(out)
 
 
+def _answers(record: Mapping[str, Any], where: str,
+             language: str | None) -> tuple[str, ...] | None:
+    """The query's ``answers``; one that SQuAD normalisation empties is refused: it is in
+    no snippet's text (``""`` is refused, so ``"the"`` and ``"..."`` are too)."""
+    answers = _string_list(record, "answers", where, ids=False)
+    for i, answer in enumerate(answers or ()):
+        if not answer_tokens(answer, language):
+            raise DataError(f"{where}: answers[{i}] == {answer!r:.60} holds no word once "
+                            f"normalised (SQuAD: lower case, no punctuation, no articles"
+                            f"{'' if language is None else f' of {language!r}'}), so it "
+                            "labels no snippet; give the answer's words or drop it.")
+    return answers
+
+
 def read_queries(
     source: PathOrFile | Iterable[LabelledQuery | Mapping[str, Any]],
+    *,
+    language: str | None = None,
 ) -> list[LabelledQuery]:
     """Read labelled queries: a JSONL file (one query per line) or mappings given in Python.
 
@@ -211,6 +251,9 @@ def read_queries(
     source : path, ``"-"``, open file, or iterable of mappings
         The queries file (see the module docstring), or the queries as dicts (or
         :class:`LabelledQuery` objects, returned as they are).
+    language : str, optional
+        The language of the answers' SQuAD normalisation (None: English): an answer it
+        leaves no word of is refused.
 
     Returns
     -------
@@ -220,7 +263,8 @@ def read_queries(
     Raises
     ------
     DataError
-        With ``file:line`` (``queries[i]`` for mappings): an unreadable file, bytes that
+        With ``file:line`` (``queries[i]`` for mappings): an unreadable file, a line over
+        :data:`MAX_QUERY_LINE_BYTES` bytes (refused before it is read whole), bytes that
         are not UTF-8, malformed JSON, a field :meth:`LabelledQuery.from_record` refuses,
         a repeated ``query_id``, or no query at all.
 
@@ -239,13 +283,16 @@ def read_queries(
                 and not os.path.exists(source)):
             raise DataError(f"{name}: no such file; expected a JSONL file of labelled queries "
                             "(one object per line with query_id and query).")
-        located = _from_lines(_binary_lines(source, name), name)  # type: ignore[arg-type]
+        lines = _binary_lines(source, name, max_line_bytes=MAX_QUERY_LINE_BYTES,  # type: ignore[arg-type]
+                              what=" (a labelled query: a query of at most "
+                              f"{MAX_QUERY_CHARS:,} characters and its labels)")
+        located = _from_lines(lines, name, language)
     elif isinstance(source, Mapping):
         raise TypeError("source is one mapping; pass a list of queries, e.g. [query].")
     else:
         name = "queries"
         located = [(f"queries[{i}]", q if isinstance(q, LabelledQuery)
-                    else LabelledQuery.from_record(q, f"queries[{i}]"))
+                    else LabelledQuery.from_record(q, f"queries[{i}]", language=language))
                    for i, q in enumerate(source)]
     seen: dict[str, str] = {}
     for where, q in located:
@@ -259,7 +306,8 @@ def read_queries(
     return [q for _, q in located]
 
 
-def _from_lines(lines: Iterable[bytes], name: str) -> list[tuple[str, LabelledQuery]]:
+def _from_lines(lines: Iterable[bytes], name: str,
+                language: str | None) -> list[tuple[str, LabelledQuery]]:
     out = []
     for lineno, raw in enumerate(lines, start=1):
         where = f"{name}:{lineno}"
@@ -272,7 +320,8 @@ def _from_lines(lines: Iterable[bytes], name: str) -> list[tuple[str, LabelledQu
                             "save the file as UTF-8.") from None
         if not line.strip():
             continue
-        out.append((where, LabelledQuery.from_record(load_line(line, where), where)))
+        out.append((where, LabelledQuery.from_record(load_line(line, where), where,
+                                                     language=language)))
     return out
 
 
@@ -348,10 +397,17 @@ class ListSummary:
     unlabelled : tuple of str
         Ids of the queries without labels (their pairs have ``relevant: null``).
     no_relevant : tuple of str
-        Ids of the labelled queries with no relevant hit among theirs: they hold no
-        evidence to calibrate on.
+        Ids of the labelled queries with no relevant hit among theirs (recall misses of
+        the retriever at ``k``, or labels naming no indexed document).
     short : tuple of str
         Ids of the queries that got fewer than ``k`` hits (a corpus smaller than ``k``).
+    unknown_doc_ids : tuple of (str, str)
+        ``(query_id, doc_id)`` of each ``relevant_doc_ids`` entry that names no document of
+        the index (empty unless :func:`describe_lists` is given the index's ids): a hit of
+        it can never be retrieved.
+    unfindable : tuple of str
+        Ids of the labelled queries whose every ``relevant_doc_ids`` entry names no
+        document of the index: no retriever could find their evidence.
     """
 
     k: int
@@ -361,6 +417,15 @@ class ListSummary:
     unlabelled: tuple[str, ...] = ()
     no_relevant: tuple[str, ...] = ()
     short: tuple[str, ...] = ()
+    unknown_doc_ids: tuple[tuple[str, str], ...] = ()
+    unfindable: tuple[str, ...] = ()
+
+    @property
+    def misses(self) -> tuple[str, ...]:
+        """The labelled queries with no relevant hit whose evidence is in the index:
+        recall misses of the retriever at ``k``."""
+        unfindable = set(self.unfindable)
+        return tuple(q for q in self.no_relevant if q not in unfindable)
 
     @property
     def n_labelled(self) -> int:
@@ -372,11 +437,14 @@ class ListSummary:
         return {"k": self.k, "n_queries": self.n_queries, "n_labelled": self.n_labelled,
                 "n_hits": self.n_hits, "n_relevant": self.n_relevant,
                 "unlabelled": list(self.unlabelled), "no_relevant": list(self.no_relevant),
-                "short": list(self.short)}
+                "short": list(self.short),
+                "unknown_doc_ids": [{"query_id": q, "doc_id": d}
+                                    for q, d in self.unknown_doc_ids],
+                "unfindable": list(self.unfindable)}
 
 
 def describe_lists(queries: Sequence[LabelledQuery], pairs: Iterable[Pair],
-                   k: int) -> ListSummary:
+                   k: int, *, known_doc_ids: Collection[str] | None = None) -> ListSummary:
     """Count what the retrieved lists of ``queries`` hold (``ragsieve retrieve``'s summary).
 
     Parameters
@@ -387,6 +455,9 @@ def describe_lists(queries: Sequence[LabelledQuery], pairs: Iterable[Pair],
         Their retrieved lists, as :func:`list_pairs` makes them.
     k : int
         The number of hits asked for per query.
+    known_doc_ids : collection of str, optional
+        The ids the retriever's documents go by (:meth:`SnippetIndex.document_ids`): the
+        ``relevant_doc_ids`` outside it are counted in ``unknown_doc_ids``.
 
     Returns
     -------
@@ -401,6 +472,8 @@ def describe_lists(queries: Sequence[LabelledQuery], pairs: Iterable[Pair],
     >>> s.n_hits, s.n_relevant, s.no_relevant, s.short
     (2, 1, (), ('q1',))
     """
+    unknown = () if known_doc_ids is None else unknown_doc_ids(queries, known_doc_ids)
+    n_unknown = Counter(q for q, _ in unknown)
     hits: dict[str, int] = {q.query_id: 0 for q in queries}
     relevant: dict[str, int] = dict(hits)
     n_hits = n_relevant = 0
@@ -414,7 +487,25 @@ def describe_lists(queries: Sequence[LabelledQuery], pairs: Iterable[Pair],
         unlabelled=tuple(q.query_id for q in queries if not q.labelled),
         no_relevant=tuple(q.query_id for q in queries
                           if q.labelled and not relevant[q.query_id]),
-        short=tuple(q.query_id for q in queries if hits[q.query_id] < k))
+        short=tuple(q.query_id for q in queries if hits[q.query_id] < k),
+        unknown_doc_ids=unknown,
+        unfindable=tuple(q.query_id for q in queries if q.relevant_doc_ids is not None
+                         and n_unknown[q.query_id] == len(q.relevant_doc_ids)))
+
+
+def unknown_doc_ids(queries: Iterable[LabelledQuery],
+                    known: Collection[str]) -> tuple[tuple[str, str], ...]:
+    """``(query_id, doc_id)`` of every ``relevant_doc_ids`` entry not in ``known``.
+
+    Examples
+    --------
+    >>> q = LabelledQuery("q1", "Who?", relevant_doc_ids=("a.txt", "../../etc/passwd"))
+    >>> unknown_doc_ids([q], {"a.txt", "b.txt"})
+    (('q1', '../../etc/passwd'),)
+    """
+    known = known if isinstance(known, (set, frozenset)) else set(known)
+    return tuple((q.query_id, d) for q in queries for d in q.relevant_doc_ids or ()
+                 if d not in known)
 
 
 def _is_offset(value: Any) -> TypeGuard[int]:

@@ -510,7 +510,7 @@ def retrieve_pairs(retrieval: Retrieval, queries: Queries, *, k: int | None = No
     from ragsieve.data.queries import list_pairs, read_queries
 
     k = check_int(k, "k", min_value=1, allow_none=True, hint="the retriever's list size")
-    labelled = read_queries(queries)
+    labelled = read_queries(queries, language=language)
     lists = [_retrieve(retrieval, q.query_id, q.query) for q in labelled]
     textless = sum(n for _, n in lists)
     if textless:
