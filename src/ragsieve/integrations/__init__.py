@@ -58,9 +58,12 @@ sentences' character spans in the original text are under ``"ragsieve_spans"`` a
 original text's length under ``"ragsieve_original_length"``; a document none of whose
 sentences is kept is removed.
 
-**Empty results.** When the rule keeps nothing (or ``min_keep`` keeps the best anyway), a
-WARNING log line gives the reason in the score's units (:func:`empty_reason`); kept
-documents carry it under ``"ragsieve_note"``.
+**Empty results.** When the rule keeps nothing (or ``min_keep`` keeps the best anyway), the
+component's first such list gets a WARNING log line with the reason in the score's units
+(:func:`empty_reason`) and the fix; the next ones are counted, not repeated
+(:class:`EmptyListLog`): a DEBUG line each and one WARNING summary line at the 10th, 100th,
+1000th, ... emptied list, the count in the component's ``empty_stats``. Documents kept by
+``min_keep`` carry the reason under ``"ragsieve_note"``.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Real
@@ -102,6 +106,8 @@ __all__ = [
     "SCORE_SOURCES",
     "SPANS_KEY",
     "THRESHOLD_KEY",
+    "EmptyListLog",
+    "EmptyListStats",
     "Retrieval",
     "RetrievedDoc",
     "calibrate_native",
@@ -684,6 +690,7 @@ def filter_documents(
     flt: ConformalFilter, query: str, docs: Sequence[D], *, texts: Sequence[str],
     metadatas: Sequence[Mapping[str, Any]], native: Sequence[Any] | None, native_name: str,
     copy: Callable[..., D], log: logging.Logger, kind: str = "documents", removed: bool = True,
+    empties: EmptyListLog | None = None,
 ) -> tuple[list[D], list[D], FilterResult, str | None]:
     """Filter a framework's documents and copy the kept (and removed) ones, in input order.
 
@@ -711,6 +718,8 @@ def filter_documents(
         How the documents are named in the log lines.
     removed : bool
         Copy the removed documents too (else the second list is empty).
+    empties : EmptyListLog, optional
+        The component's count of emptied lists (see :func:`report_result`).
 
     Returns
     -------
@@ -722,7 +731,7 @@ def filter_documents(
         Why the rule kept nothing (:func:`empty_reason`); None when it kept some.
     """
     result = flt.filter(query, filter_items(flt, texts, metadatas, native, native_name))
-    note = report_result(log, flt, result, kind)
+    note = report_result(log, flt, result, kind, empties)
     kept = [copy(docs[s.index], result, s, note) for s in result.kept]
     out = [copy(docs[s.index], result, s) for s in result.removed] if removed else []
     return kept, out, result, note
@@ -763,17 +772,93 @@ def empty_reason(flt: ConformalFilter, result: FilterResult, kind: str = "docume
 
 
 def report_result(log: logging.Logger, flt: ConformalFilter, result: FilterResult,
-                  kind: str = "documents") -> str | None:
-    """Log what a component kept: a WARNING with the reason when the rule kept nothing
-    (:func:`empty_reason`), else a DEBUG line. Returns the reason (None: kept some)."""
+                  kind: str = "documents", empties: EmptyListLog | None = None) -> str | None:
+    """Log what a component kept: when the rule kept nothing, a WARNING with the reason
+    (:func:`empty_reason`), or with ``empties`` what :meth:`EmptyListLog.see` logs; else a
+    DEBUG line. Returns the reason (None: kept some)."""
     reason = empty_reason(flt, result, kind)
-    if reason:
+    if empties is not None:
+        empties.see(log, result, reason, kind)
+    elif reason:
         log.warning("kept %d of %d %s for query %r: %s", len(result.kept), result.n_input,
                     kind, result.query[:80], reason)
-    else:
+    if not reason:
         log.debug("kept %d of %d %s (%s)", len(result.kept), result.n_input, kind,
                   flt.scorer.keep_rule(result.threshold))
     return reason
+
+
+@dataclass(frozen=True)
+class EmptyListStats:
+    """What a component's rule emptied so far (:attr:`EmptyListLog.stats`).
+
+    Attributes
+    ----------
+    lists : int
+        Lists the component filtered.
+    emptied : int
+        Lists of which the rule kept nothing (``min_keep`` may have kept the best anyway).
+    """
+
+    lists: int = 0
+    emptied: int = 0
+
+
+def _summary_due(n: int) -> bool:
+    """The counts of emptied lists that :class:`EmptyListLog` summarises in a WARNING:
+    1, 10, 100, 1000, ... (a power of ten)."""
+    while n >= 10 and n % 10 == 0:
+        n //= 10
+    return n == 1
+
+
+class EmptyListLog:
+    """How a framework component reports the lists its rule empties, one call per query:
+    as the CLI prints one summary rather than a line per query.
+
+    The first emptied list is a WARNING with its reason and the fix (:func:`empty_reason`);
+    every later one is a DEBUG line and counted, and at the 10th, 100th, 1000th, ... a
+    WARNING summary line gives the count so far. :attr:`stats` is the count (each
+    component's ``empty_stats``). Thread-safe: a component may serve several threads.
+
+    Parameters
+    ----------
+    component : str
+        The component's class name, for the log lines.
+    """
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self._lock = threading.Lock()
+        self._stats = EmptyListStats()
+
+    @property
+    def stats(self) -> EmptyListStats:
+        """The lists seen and emptied so far."""
+        return self._stats
+
+    def see(self, log: logging.Logger, result: FilterResult, reason: str | None,
+            kind: str = "documents") -> None:
+        """Count one filtered list; log it as the class says when ``reason`` (it was
+        emptied) is given."""
+        with self._lock:
+            lists, emptied = self._stats.lists + 1, self._stats.emptied + bool(reason)
+            self._stats = EmptyListStats(lists, emptied)
+        if not reason:
+            return
+        where = f"{self.component}.empty_stats"
+        if emptied == 1:
+            log.warning("kept %d of %d %s for query %r: %s (the next lists the rule empties "
+                        "are counted in %s and summarised at the 10th, 100th, ...)",
+                        len(result.kept), result.n_input, kind, result.query[:80], reason,
+                        where)
+        elif _summary_due(emptied):
+            log.warning("the rule emptied %d of the %d lists of %s %s has filtered so far "
+                        "(the count is in %s); the last: %s", emptied, lists, kind,
+                        self.component, where, reason)
+        else:
+            log.debug("kept %d of %d %s for query %r: %s", len(result.kept), result.n_input,
+                      kind, result.query[:80], reason)
 
 
 def check_documents(documents: Any, kind: type, name: str = "documents") -> list[Any]:

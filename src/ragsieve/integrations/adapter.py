@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
 from ragsieve.integrations import (
+    EmptyListLog,
+    EmptyListStats,
     Retrieval,
     calibrate_through,
     load_filter,
@@ -36,8 +38,18 @@ class FrameworkAdapter:
     component with a ``filter`` and a ``score_source``.
 
     A component implements ``_retrieval(retriever, run)``: the :class:`Retrieval` that runs
-    its framework's retriever (or ``run``) and reads what it returns.
+    its framework's retriever (or ``run``) and reads what it returns, and holds an
+    :class:`~ragsieve.integrations.EmptyListLog` as ``_empty_log`` (the lists its rule
+    emptied, :attr:`empty_stats`).
     """
+
+    if TYPE_CHECKING:  # set by each component (a pydantic private attribute or in __init__)
+        _empty_log: EmptyListLog
+
+    @property
+    def empty_stats(self) -> EmptyListStats:
+        """The lists this component filtered and those of which its rule kept nothing."""
+        return self._empty_log.stats
 
     @classmethod
     def _retrieval(cls, retriever: Any, run: Callable[[str], Sequence[Any]] | None) -> Retrieval:

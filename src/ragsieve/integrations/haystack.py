@@ -29,6 +29,7 @@ from ragsieve._optional import require
 from ragsieve._validation import check_instance, check_path, check_str
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
+    EmptyListLog,
     Retrieval,
     RetrievedDoc,
     calibrate_native,
@@ -144,7 +145,10 @@ class ConformalRanker(FrameworkAdapter):
     same score keys) and ``ragsieve``: ``{"kept", "removed", "dropped"`` (documents without
     text), ``"score", "keep_if", "threshold"`` (the rule, in the score's units),
     ``"mode", "reason"}``; ``reason`` is None unless the rule kept nothing, when it says why
-    (every score below the threshold, the best score) and a WARNING log line says the same.
+    (every score below the threshold, the best score). The first emptied list also gets a
+    WARNING log line saying why; the next are counted in :attr:`empty_stats`, with a
+    WARNING summary at the 10th, 100th, ... (:class:`~ragsieve.integrations.EmptyListLog`),
+    not a line each. The output depends on the query and documents alone.
 
     **Every mode.** Each document goes to the filter as its ``meta`` plus its text (see
     :func:`ragsieve.integrations.filter_items`): a ``group``-mode filter reads
@@ -203,6 +207,7 @@ class ConformalRanker(FrameworkAdapter):
                 min_keep, max_chars))
         self.scorer_options: dict[str, Any] = dict(scorer_options or {})
         self.min_keep, self.max_chars = min_keep, max_chars
+        self._empty_log = EmptyListLog(type(self).__name__)
         self.score_source = check_score_source(self.filter, score_source, _NATIVE_NAME)
 
     @staticmethod
@@ -332,7 +337,7 @@ class ConformalRanker(FrameworkAdapter):
         kept, removed, result, reason = filter_documents(
             self.filter, query, docs, texts=[d.content or "" for d in docs],
             metadatas=[d.meta for d in docs], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger)
+            copy=self._copy, log=logger, empties=self._empty_log)
         return self._outputs(kept, removed, result, dropped, reason)
 
     def _with_text(self, docs: list[Document]) -> list[Document]:

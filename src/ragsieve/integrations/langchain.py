@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Self
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations import (
+    EmptyListLog,
     Retrieval,
     RetrievedDoc,
     calibrate_native,
@@ -45,7 +46,7 @@ require("langchain_core.documents", "langchain")
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables.config import run_in_executor
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from ragsieve.integrations._pydantic import ScoreSourceCheck
 
@@ -139,6 +140,8 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    _empty_log: EmptyListLog = PrivateAttr(
+        default_factory=lambda: EmptyListLog("ConformalCompressor"))
     native_score_name: ClassVar[str] = _NATIVE_NAME
 
     filter: ConformalFilter
@@ -217,7 +220,8 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
         out, removed, _, _ = filter_documents(
             self.filter, query, docs, texts=[d.page_content for d in docs],
             metadatas=[d.metadata for d in docs], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger, removed=self.on_result is not None)
+            copy=self._copy, log=logger, removed=self.on_result is not None,
+            empties=self._empty_log)
         if self.on_result is not None:
             self.on_result(list(out), removed)
         return out

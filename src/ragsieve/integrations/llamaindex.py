@@ -25,6 +25,7 @@ from ragsieve.integrations import (
     SCORE_KEY,
     SPANS_KEY,
     THRESHOLD_KEY,
+    EmptyListLog,
     Retrieval,
     RetrievedDoc,
     calibrate_native,
@@ -42,7 +43,7 @@ from ragsieve.types import Pair
 require("llama_index.core.postprocessor.types", "llamaindex")
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
-from pydantic import ConfigDict, Field, field_serializer, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_serializer, model_validator
 
 from ragsieve.integrations._pydantic import ScoreSourceCheck
 
@@ -113,6 +114,8 @@ class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostpro
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+    _empty_log: EmptyListLog = PrivateAttr(
+        default_factory=lambda: EmptyListLog("ConformalPostprocessor"))
     native_score_name: ClassVar[str] = _NATIVE_NAME
 
     filter: ConformalFilter
@@ -216,7 +219,8 @@ class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostpro
             self.filter, query_bundle.query_str, nodes,
             texts=[n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
             metadatas=[n.node.metadata for n in nodes], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger, kind="nodes", removed=self.on_result is not None)
+            copy=self._copy, log=logger, kind="nodes", removed=self.on_result is not None,
+            empties=self._empty_log)
         if self.on_result is not None:
             self.on_result(list(out), removed)
         return out
