@@ -45,17 +45,17 @@ from typing import Any
 
 from ._io import atomic_write_text
 from ._monitor_reference import read_monitor_block
-from ._validation import check_int
+from ._validation import MAX_COUNT, check_int, loads_json
 from ._version import __version__
 from .calibration import BaseCalibrator, SplitConformalCalibrator, calibrator_from_state
 from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, ArtifactTooLargeError
-from .lists import ListRecord
+from .lists import MAX_LISTS, ListRecord
 from .units import UNITS
 
 __all__ = [
     "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CALIBRATION_KEYS", "CHECKSUM_COVERS", "FIELDS",
-    "MAX_ARTIFACT_BYTES", "READABLE_VERSIONS", "Artifact", "CalibrationBlock", "check_fields",
+    "MAX_ARTIFACT_BYTES", "MAX_COUNT", "READABLE_VERSIONS", "Artifact", "CalibrationBlock", "check_fields",
     "check_seal", "covers", "read_text", "seal_value",
 ]
 
@@ -70,6 +70,8 @@ CHECKSUM_COVERS = ("scorer", "calibration", "policy")
 #: The top-level fields of an artifact (version 1 has no monitor, lists or checksum).
 FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
           "policy", "data", "monitor", "lists", "weights", "evidence", "checksum")
+#: The provenance counts of the ``data`` block, range-checked on read.
+DATA_COUNTS = ("n_pairs", "n_queries", "n_relevant", "n_groups")
 #: Optional sealed blocks: the monitor's reference, the calibration lists' record, the
 #: learned weights a score names by sha256 (base64 of their bytes; a fine-tuned reader's),
 #: the relevant calibration scores the p-values are computed against (modes other than
@@ -296,13 +298,18 @@ class Artifact:
         Raises
         ------
         ArtifactError
-            Not strict JSON (NaN and Infinity are refused), not an object, or a field
-            :func:`check_fields` refuses; the message names ``source``.
+            Not strict JSON (the reader of request bodies and data lines,
+            :func:`ragsieve._validation.loads_json`: NaN / Infinity, a duplicate key, nesting
+            beyond 64 levels, a number beyond a double and a lone surrogate are refused), not
+            an object, or a field :func:`check_fields` refuses; one line naming ``source``.
         """
         try:
-            payload = json.loads(text, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
+            payload = loads_json(text, "artifact")
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc.msg} at line "
+                                f"{exc.lineno} column {exc.colno}.") from None
+        except ValueError as exc:  # a duplicate key, NaN, too deep, a number beyond a double
+            raise ArtifactError(f"filter artifact {source!r} is not strict JSON: {exc}") from None
         if not isinstance(payload, dict):
             raise ArtifactError(f"filter artifact {source!r} holds a JSON "
                                 f"{type(payload).__name__}, expected an object.")
@@ -446,7 +453,8 @@ class Artifact:
 
     def list_record(self) -> ListRecord | None:
         """The checked calibration lists' record, or None when the artifact has none."""
-        return None if self.lists is None else ListRecord.from_dict(self.lists)
+        return None if self.lists is None else ListRecord.from_dict(
+            self.lists, max_lists=_calibration_queries({"data": self.data}))
 
     def evidence_scores(self) -> EvidenceScores | None:
         """The relevant calibration scores behind the p-values: the ``"evidence"`` block,
@@ -625,12 +633,19 @@ def check_fields(payload: Any) -> int:
     if "monitor" in payload:
         read_monitor_block(payload["monitor"])
     if "lists" in payload:
-        ListRecord.from_dict(payload["lists"])
+        ListRecord.from_dict(payload["lists"], max_lists=_calibration_queries(payload))
     if "weights" in payload:
         read_weights_block(payload["weights"])
     if "evidence" in payload:
         EvidenceScores.from_dict(payload["evidence"])
     return version
+
+
+def _calibration_queries(payload: Mapping[str, Any]) -> int:
+    """Most calibration lists the artifact can hold: the calibration data's queries (one
+    list each) as ``calibrate`` records them, else :data:`ragsieve.lists.MAX_LISTS`."""
+    data = payload.get("data") or {}
+    return int(data["n_queries"]) if "n_pairs" in data and "n_queries" in data else MAX_LISTS
 
 
 def _check_unsealed(payload: Mapping[str, Any]) -> None:
@@ -649,6 +664,8 @@ def _check_unsealed(payload: Mapping[str, Any]) -> None:
     for key in ("policy", "data"):
         if key in payload and not isinstance(payload[key], Mapping):
             raise ArtifactError(f"artifact {key!r} is {_kind(payload[key])}, expected an object.")
+    if "data" in payload:
+        _check_data_counts(payload["data"])
     unit = payload.get("policy", {}).get("unit", UNITS[0])
     if not isinstance(unit, str) or unit not in UNITS:
         raise ArtifactError(f"artifact policy unit == {unit!r:.60}, expected one of {list(UNITS)}.")
@@ -657,6 +674,28 @@ def _check_unsealed(payload: Mapping[str, Any]) -> None:
                             "expected a string.")
     if "created" in payload:
         _check_created(payload["created"])
+
+
+def _check_data_counts(data: Mapping[str, Any]) -> None:
+    """The provenance counts (:data:`DATA_COUNTS`): ints in ``[0, MAX_COUNT]``, and no more
+    relevant pairs or queries than pairs."""
+    for key in DATA_COUNTS:
+        value = data.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+            raise ArtifactError(f"artifact data {key} == {_clip(value)}, expected an int in "
+                                f"[0, {MAX_COUNT}].")
+    if "n_pairs" in data:
+        for key in ("n_relevant", "n_queries"):
+            if data.get(key, 0) > data["n_pairs"]:
+                raise ArtifactError(f"artifact data {key} == {data[key]} exceeds its n_pairs "
+                                    f"({data['n_pairs']}); the artifact was edited: recalibrate.")
+
+
+def _clip(value: Any) -> str:
+    """``repr(value)`` in at most 60 characters (a 4,000-digit integer as its digit count)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value!r:.60}"
 
 
 def read_weights_block(block: Any) -> dict[str, bytes]:
@@ -777,6 +816,3 @@ def _regular_size(name: str) -> int:
         raise OSError(f"{name!r} is not a regular file")
     return st.st_size
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
