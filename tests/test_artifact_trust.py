@@ -71,8 +71,8 @@ def _lengths(rows: list[list[int]], n_lists: int | None = None) -> Any:
 
 # ------------------------------------------------------------------ item 2: counts bounded
 @pytest.mark.parametrize(("rows", "n_lists", "match"), [
-    ([[1, 100_000_000]], 100_000_000, "counts 100000000 calibration lists, more than its "
-                                      "calibration can hold \\(40\\)"),
+    ([[1, 100_000_000]], 100_000_000, ("counts 100000000 calibration lists, more than its "
+                                      "calibration can hold \\(40\\)")),
     ([[1, 100_000_000]], None, "counts 100000000 calibration lists"),
     ([[10**18, 10**18]], None, "a list of 1000000000000000000 snippets, expected at most"),
 ])
