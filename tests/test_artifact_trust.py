@@ -152,3 +152,104 @@ def test_the_artifact_reader_is_the_strict_reader(
     code, err = _filter(path, pairs_file, capsys)
     assert code == 2, err
     assert err.count("\n") == 1 and "not strict JSON" in err
+
+
+# ------------------------------------------------------------------ item 11: a signature
+KEY_ENV = "RAGSIEVE_TEST_SIGNING_KEY"
+KEY = "a-test-signing-key-of-32-chars!!"
+
+
+@pytest.fixture()
+def signing_key(monkeypatch: pytest.MonkeyPatch) -> bytes:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    monkeypatch.setenv("RAGSIEVE_OTHER_KEY", "another-key-of-enough-characters")
+    return KEY.encode()
+
+
+@pytest.fixture(scope="module")
+def field_filter() -> ConformalFilter:
+    return ConformalFilter(FieldScorer("score"), alpha=0.2).calibrate(_pairs())
+
+
+def test_a_signed_artifact_loads_with_its_key_and_no_other(
+        field_filter: ConformalFilter, signing_key: bytes, tmp_path: Path) -> None:
+    signed = field_filter.save(tmp_path / "signed.json", sign_key=signing_key)
+    unsigned = field_filter.save(tmp_path / "unsigned.json")
+    text = signed.read_text()
+    assert KEY not in text and json.loads(text)["signature"]["algorithm"] == "hmac-sha256"
+    assert ConformalFilter.load(signed, verify_key=signing_key).threshold == field_filter.threshold
+    assert ConformalFilter.load(signed).threshold == field_filter.threshold  # no key: no check
+    with pytest.raises(ArtifactError, match="signature does not match: it was signed with "
+                                            "another key"):
+        ConformalFilter.load(signed, verify_key=b"another-key-of-enough-characters")
+    with pytest.raises(ArtifactError, match="is not signed, and a signed one is required"):
+        ConformalFilter.load(unsigned, verify_key=signing_key)
+    # an edit resealed after signing keeps the signature of other blocks: refused
+    forged = resealed(json.loads(text), lambda p: p["policy"].update(min_keep=3))
+    with pytest.raises(ArtifactError, match="signature does not match"):
+        Artifact.from_dict(forged).verify(signing_key)
+    with pytest.raises(ArtifactError, match="signing key is 5 bytes, expected at least 16"):
+        field_filter.to_artifact().signed(b"short")
+
+
+def test_calibrate_signs_and_filter_verifies_on_the_command_line(
+        signing_key: bytes, tmp_path: Path, pairs_file: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "cal.jsonl"
+    data.write_text("".join(json.dumps({"query_id": p.query_id, "query": p.query,
+                                        "snippet_id": p.snippet_id, "text": p.text,
+                                        "relevant": p.relevant, "score": p.meta["score"]}) + "\n"
+                            for p in _pairs()))
+    signed, unsigned = tmp_path / "signed.json", tmp_path / "unsigned.json"
+    base = ["-q", "calibrate", "--data", str(data), "--scorer", "field", "--score-field",
+            "score", "--alpha", "0.2", "--no-expected"]
+    assert main([*base, "--out", str(signed), "--sign-key-env", KEY_ENV]) == 0
+    assert main([*base, "--out", str(unsigned)]) == 0
+    assert main([*base, "--out", str(tmp_path / "x.json"), "--sign-key-env", "RAGSIEVE_UNSET"]) == 2
+    assert "signing key variable RAGSIEVE_UNSET is not set" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+    verify = ["-q", "filter", "--data", str(pairs_file), "--verify-key-env"]
+    assert main([*verify, KEY_ENV, "--filter", str(signed)]) == 0
+    capsys.readouterr()
+    for path, key_env, match in ((unsigned, KEY_ENV, "is not signed"),
+                                 (signed, "RAGSIEVE_OTHER_KEY", "signature does not match")):
+        assert main([*verify, key_env, "--filter", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and match in err and KEY not in err, err
+
+
+def test_a_service_with_a_key_refuses_unsigned_artifacts_at_start_and_on_reload(
+        field_filter: ConformalFilter, signing_key: bytes, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    httpx = pytest.importorskip("httpx")
+    from servers import serving
+
+    from ragsieve.server import create_app
+
+    unsigned = field_filter.save(tmp_path / "unsigned.json")
+    assert main(["-q", "serve", "--filter", str(unsigned), "--verify-key-env", KEY_ENV,
+                 "--state-dir", str(tmp_path / "cli-state")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not signed" in err, err
+    with pytest.raises(ArtifactError, match="is not signed"):
+        create_app(unsigned, state_dir=tmp_path / "refused", verify_key_env=KEY_ENV)
+
+    served = field_filter.save(tmp_path / "served.json", sign_key=signing_key)
+    first = Artifact.read(served).checksum
+    auth = {"X-API-Key": "reload-key"}
+    with serving(served, state_dir=tmp_path / "state", api_key="reload-key",
+                 verify_key_env=KEY_ENV) as srv:
+        other = ConformalFilter(FieldScorer("score"), alpha=0.1).calibrate(_pairs())
+        other.save(served)  # unsigned
+        r = httpx.post(srv.url + "/admin/reload", headers=auth, timeout=60)
+        assert r.status_code == 422 and "is not signed" in r.json()["detail"], r.text
+        other.save(served, sign_key=b"another-key-of-enough-characters")
+        r = httpx.post(srv.url + "/admin/reload", headers=auth, timeout=60)
+        assert r.status_code == 422 and "signature does not match" in r.json()["detail"], r.text
+        health = httpx.get(srv.url + "/healthz", timeout=30).json()
+        assert health["generation"] == 1 and health["artifact"]["checksum"] == first, health
+        other.save(served, sign_key=signing_key)
+        r = httpx.post(srv.url + "/admin/reload", headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        assert httpx.get(srv.url + "/healthz", timeout=30).json()["artifact"]["checksum"] \
+            == other.to_artifact().checksum
