@@ -124,6 +124,45 @@ def test_a_budget_report_counting_more_than_its_calibration_is_refused() -> None
         calibrator_from_state("budget", cal.get_params(), state)
 
 
+def _fitted_state(mode: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    from ragsieve.calibration import make_calibrator
+
+    rng = np.random.default_rng(0)
+    cal = make_calibrator(mode, alpha=0.2).fit(
+        rng.uniform(size=200), (np.arange(200) % 4 == 0).astype(int),
+        query_ids=[f"q{i // 4}" for i in range(200)], groups=[f"t{i // 20}" for i in range(200)])
+    return cal.get_params(), cal.to_state()
+
+
+@pytest.mark.parametrize(("mode", "key", "value", "match"), [
+    ("topic", "n_topics", 10**30, "n_topics == 10+, expected an int in \\[1, 1000000000\\]"),
+    ("topic", "n_calibration", 10**30, "n_calibration == 10+, expected an int in \\[1, "),
+    ("adaptive", "n_updates", 10**30, "adaptive state counts .* must be ints in"),
+])
+def test_every_calibration_state_count_is_bounded(mode: str, key: str, value: int,
+                                                  match: str) -> None:
+    params, state = _fitted_state(mode)
+    state[key] = value
+    with pytest.raises(ArtifactError, match=match):
+        calibrator_from_state(mode, params, state)
+
+
+def test_an_int64_overflow_in_a_state_is_an_artifact_error() -> None:
+    cal = BudgetCalibrator(budget=100).fit([0.1, 0.2, 0.3, 0.4], [1, 0, 1, 0],
+                                           query_ids=["a", "a", "b", "b"],
+                                           lengths=[60, 50, 40, 70])
+    state = cal.to_state()
+    state["curve_budgets"] = [10**30] * len(state["curve_budgets"])  # before: OverflowError
+    with pytest.raises(ArtifactError, match="malformed budget calibration state: "
+                                            "OverflowError"):
+        calibrator_from_state("budget", cal.get_params(), state)
+
+
+def test_the_monitor_reference_counts_are_bounded(payload: dict[str, Any]) -> None:
+    with pytest.raises(ArtifactError, match="artifact monitor 'n_queries' == 1000000000000"):
+        Artifact.from_dict(resealed(payload, lambda p: p["monitor"].update(n_queries=10**30)))
+
+
 # ------------------------------------------------------------------ item 4: the strict reader
 def _text_with_duplicate(payload: dict[str, Any]) -> str:
     """The sealed policy holds ``min_keep`` twice; the last (the sealed value) would win."""

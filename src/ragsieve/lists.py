@@ -351,7 +351,7 @@ class ListRecord:
                                 f"than its calibration can hold ({min(max_lists, MAX_LISTS)}); the "
                                 "artifact was edited: recalibrate.")
         if isinstance(n_lists, bool) or n_lists != total or isinstance(seed, bool) \
-                or not isinstance(seed, int) or not 0 <= seed < 2**63:
+                or not isinstance(seed, int) or seed < 0:
             raise ArtifactError(f"artifact 'lists' n_lists == {n_lists!r:.20} disagrees with its "
                                 f"{total} lengths (or seed {seed!r:.20} is not an int >= 0).")
         lengths = np.repeat(np.array([r[0] for r in rows], dtype=np.int64),
