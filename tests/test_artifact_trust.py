@@ -341,3 +341,31 @@ def test_the_reader_limits_are_the_models_own() -> None:
     e5 = READER_BASES["multilingual-e5-small-q4"]
     file = e5._file  # type: ignore[attr-defined]
     assert (e5.max_positions, e5.n_layers) == (file.max_pos, file.layers)
+
+
+def test_a_reload_of_a_crafted_artifact_is_422_and_the_old_one_keeps_serving(
+        payload: dict[str, Any], tmp_path: Path) -> None:
+    """Items 2 and 4 on the service: before, a reload took the 1e8-list artifact (the
+    server grew by 1.5 GB) and answered 500 to the 1e18 one and to the deep one."""
+    httpx = pytest.importorskip("httpx")
+    from servers import serving
+
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps(payload))
+    auth = {"X-API-Key": "reload-key"}
+    crafted = [
+        (json.dumps(resealed(payload, _lengths([[1, 100_000_000]], 100_000_000))),
+         "counts 100000000 calibration lists"),
+        (json.dumps(resealed(payload, _lengths([[10**18, 10**18]]))), "snippets, expected at most"),
+        (json.dumps(resealed(payload, lambda q: q["data"].update(
+            nest=json.loads("[" * 900 + "]" * 900)))), "nests arrays and objects more than 64"),
+        (_text_with_duplicate(payload), "duplicate key 'min_keep'"),
+    ]
+    with serving(served, state_dir=tmp_path / "state", api_key="reload-key") as srv:
+        for text, match in crafted:
+            served.write_text(text)
+            r = httpx.post(srv.url + "/admin/reload", headers=auth, timeout=60)
+            assert r.status_code == 422 and match in r.json()["detail"], r.text
+        health = httpx.get(srv.url + "/healthz", timeout=30).json()
+        assert health["generation"] == 1
+        assert health["artifact"]["checksum"] == payload["checksum"]["value"]
