@@ -72,7 +72,7 @@ def _lengths(rows: list[list[int]], n_lists: int | None = None) -> Any:
 # ------------------------------------------------------------------ item 2: counts bounded
 @pytest.mark.parametrize(("rows", "n_lists", "match"), [
     ([[1, 100_000_000]], 100_000_000, ("counts 100000000 calibration lists, more than its "
-                                      "calibration can hold \\(40\\)")),
+                                      "calibration can hold \\(160\\)")),
     ([[1, 100_000_000]], None, "counts 100000000 calibration lists"),
     ([[10**18, 10**18]], None, "a list of 1000000000000000000 snippets, expected at most"),
 ])
@@ -100,7 +100,7 @@ def test_without_the_data_counts_the_lists_are_capped_at_max_lists(
     from ragsieve.lists import MAX_LISTS
 
     def edit(p: dict[str, Any]) -> None:
-        del p["data"]["n_pairs"]
+        del p["data"]["n_pairs"]  # (a recalibrated artifact's data has no count of pairs)
         p["lists"].update(lengths=[[1, MAX_LISTS + 1]], n_lists=MAX_LISTS + 1)
     with pytest.raises(ArtifactError, match=f"more than its calibration can hold \\({MAX_LISTS}\\)"):
         Artifact.from_dict(resealed(payload, edit))

@@ -80,7 +80,7 @@ SIGNATURE_ALGORITHM = "hmac-sha256"
 #: Shortest signing key accepted (characters of the environment variable's value).
 MIN_KEY_CHARS = 16
 #: The provenance counts of the ``data`` block, range-checked on read.
-DATA_COUNTS = ("n_pairs", "n_queries", "n_relevant", "n_groups")
+DATA_COUNTS = ("n_pairs", "n_queries", "n_relevant", "n_groups", "n_snippet_pairs")
 #: Optional sealed blocks: the monitor's reference, the calibration lists' record, the
 #: learned weights a score names by sha256 (base64 of their bytes; a fine-tuned reader's),
 #: the relevant calibration scores the p-values are computed against (modes other than
@@ -506,7 +506,7 @@ class Artifact:
     def list_record(self) -> ListRecord | None:
         """The checked calibration lists' record, or None when the artifact has none."""
         return None if self.lists is None else ListRecord.from_dict(
-            self.lists, max_lists=_calibration_queries({"data": self.data}))
+            self.lists, max_lists=_calibration_snippets({"data": self.data}))
 
     def evidence_scores(self) -> EvidenceScores | None:
         """The relevant calibration scores behind the p-values: the ``"evidence"`` block,
@@ -753,7 +753,7 @@ def check_fields(payload: Any) -> int:
     if "monitor" in payload:
         read_monitor_block(payload["monitor"])
     if "lists" in payload:
-        ListRecord.from_dict(payload["lists"], max_lists=_calibration_queries(payload))
+        ListRecord.from_dict(payload["lists"], max_lists=_calibration_snippets(payload))
     if "weights" in payload:
         read_weights_block(payload["weights"])
     if "evidence" in payload:
@@ -761,11 +761,14 @@ def check_fields(payload: Any) -> int:
     return version
 
 
-def _calibration_queries(payload: Mapping[str, Any]) -> int:
-    """Most calibration lists the artifact can hold: the calibration data's queries (one
-    list each) as ``calibrate`` records them, else :data:`ragsieve.lists.MAX_LISTS`."""
+def _calibration_snippets(payload: Mapping[str, Any]) -> int:
+    """Most calibration lists the artifact can hold: the snippets its lists were recorded
+    from (each list holds one at least) as ``calibrate`` counts them in ``data``
+    (``n_snippet_pairs`` for the sentence unit, else ``n_pairs``), else
+    :data:`ragsieve.lists.MAX_LISTS`."""
     data = payload.get("data") or {}
-    return int(data["n_queries"]) if "n_pairs" in data and "n_queries" in data else MAX_LISTS
+    count = data.get("n_snippet_pairs", data.get("n_pairs"))
+    return count if isinstance(count, int) and not isinstance(count, bool) else MAX_LISTS
 
 
 def _check_unsealed(payload: Mapping[str, Any]) -> None:

@@ -307,9 +307,9 @@ class ListRecord:
         block : Mapping
             The block as stored.
         max_lists : int, default=MAX_LISTS
-            Most calibration lists the artifact can hold (its calibration's count of
-            queries, when it states one); lengths counting more lists are refused before
-            any array is allocated.
+            Most calibration lists the artifact can hold (the snippets they were recorded
+            from, when it states them); lengths counting more lists are refused before any
+            array is allocated.
 
         Raises
         ------
