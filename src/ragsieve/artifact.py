@@ -11,6 +11,15 @@ artifacts (marginal only, no monitor, no seal) and version 2 artifacts (whose ca
 block also held copies of alpha, the threshold, the count and the guarantee, checked
 against the state on load) still read.
 
+The seal is a sha256 anyone can recompute, so an artifact edited and sealed again passes
+it: the reader is the strict JSON reader of request bodies
+(:func:`ragsieve._validation.loads_json`), and every count an artifact states is bounded
+before anything is allocated from it (the lists, the calibration states, the monitor
+reference, the evidence, the ``data`` counts). What tells an artifact you made from one
+anyone resealed is the optional ``"signature"``: an HMAC-SHA256 with a secret key of what
+the seal hashes (:meth:`Artifact.signed`, :meth:`Artifact.verify`, ``verify_key=`` of the
+readers).
+
 Every reader goes through :meth:`Artifact.read` (a file, size-capped),
 :meth:`Artifact.parse` (text) or :meth:`Artifact.from_dict` (a dict already in memory):
 each type-checks every top-level field and verifies the seal. :meth:`Artifact.write`
