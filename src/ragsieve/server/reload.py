@@ -240,7 +240,7 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
         unit other than ``"snippet"`` under ``--adaptive``, or a malformed monitor
         reference; with ``verify_key``, no signature made with it (checked first).
     """
-    artifact = Artifact.parse(text, source, verify_key=verify_key)  # signed, when a key is
+    artifact = Artifact.parse(text, source, verify_key=verify_key)
     reuse = scorer if scorer is not None and scorer.spec() == artifact.scorer else None
     options = options_for_scorer(artifact.scorer, scorer_options)
     try:
