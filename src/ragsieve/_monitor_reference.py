@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._validation import MAX_COUNT
 from .errors import ArtifactError
 from .types import Pair
 
@@ -167,8 +168,10 @@ def calibration_reference(pairs: Sequence[Pair], used: Sequence[Pair], scores: n
 
 def _count(block: Mapping[str, Any], key: str, low: int) -> int:
     value = block.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ArtifactError(f"artifact monitor {key!r} == {value!r}, expected an int >= {low}.")
+    if isinstance(value, bool) or not isinstance(value, int) or value < low \
+            or (key != "seed" and value > MAX_COUNT):
+        raise ArtifactError(f"artifact monitor {key!r} == {value!r:.30}, expected an int >= "
+                            f"{low}" + ("." if key == "seed" else f" and <= {MAX_COUNT}."))
     return value
 
 

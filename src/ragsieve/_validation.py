@@ -40,6 +40,7 @@ import numpy as np
 from .errors import DataError
 
 __all__ = [
+    "MAX_COUNT",
     "MAX_JSON_DEPTH",
     "check_aligned",
     "check_alpha",
@@ -615,6 +616,10 @@ def check_lengths(lengths: Any, n: int, name: str = "lengths", *, mode: str | No
 #: levels), far below where a parser or a later ``json.dumps`` would hit Python's recursion
 #: limit.
 MAX_JSON_DEPTH = 64
+#: Largest count a saved artifact may state (calibration pairs, queries, relevant pairs):
+#: far beyond any calibration, small enough that no reader's arithmetic or loop over it runs
+#: away.
+MAX_COUNT = 10**9
 #: The largest integer that is a finite double; JSON numbers beyond it are refused.
 _MAX_FINITE_INT = int(sys.float_info.max)
 #: Characters no id may hold, by kind: C0 / C1 controls (NUL, newline, escape, ...) and the

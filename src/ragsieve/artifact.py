@@ -11,6 +11,15 @@ artifacts (marginal only, no monitor, no seal) and version 2 artifacts (whose ca
 block also held copies of alpha, the threshold, the count and the guarantee, checked
 against the state on load) still read.
 
+The seal is a sha256 anyone can recompute, so an artifact edited and sealed again passes
+it: the reader is the strict JSON reader of request bodies
+(:func:`ragsieve._validation.loads_json`), and every count an artifact states is bounded
+before anything is allocated from it (the lists, the calibration states, the monitor
+reference, the evidence, the ``data`` counts). What tells an artifact you made from one
+anyone resealed is the optional ``"signature"``: an HMAC-SHA256 with a secret key of what
+the seal hashes (:meth:`Artifact.signed`, :meth:`Artifact.verify`, ``verify_key=`` of the
+readers).
+
 Every reader goes through :meth:`Artifact.read` (a file, size-capped),
 :meth:`Artifact.parse` (text) or :meth:`Artifact.from_dict` (a dict already in memory):
 each type-checks every top-level field and verifies the seal. :meth:`Artifact.write`
@@ -32,8 +41,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import datetime as _dt
 import hashlib
+import hmac
 import json
 import math
 import os
@@ -45,18 +56,19 @@ from typing import Any
 
 from ._io import atomic_write_text
 from ._monitor_reference import read_monitor_block
-from ._validation import check_int
+from ._validation import MAX_COUNT, check_int, loads_json
 from ._version import __version__
 from .calibration import BaseCalibrator, SplitConformalCalibrator, calibrator_from_state
 from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, ArtifactTooLargeError
-from .lists import ListRecord
+from .lists import MAX_LISTS, ListRecord
 from .units import UNITS
 
 __all__ = [
     "ARTIFACT_FORMAT", "ARTIFACT_VERSION", "CALIBRATION_KEYS", "CHECKSUM_COVERS", "FIELDS",
-    "MAX_ARTIFACT_BYTES", "READABLE_VERSIONS", "Artifact", "CalibrationBlock", "check_fields",
-    "check_seal", "covers", "read_text", "seal_value",
+    "MAX_ARTIFACT_BYTES", "MIN_KEY_CHARS", "READABLE_VERSIONS", "SIGNATURE_ALGORITHM", "Artifact",
+    "CalibrationBlock", "check_fields", "check_seal", "check_signature", "covers", "key_from_env",
+    "read_text", "seal_value", "sign_value",
 ]
 
 ARTIFACT_FORMAT = "ragsieve.filter"
@@ -67,9 +79,17 @@ READABLE_VERSIONS = (1, 2, ARTIFACT_VERSION)
 MAX_ARTIFACT_BYTES = 64 * 2**20
 #: Artifact blocks sealed by the sha256 checksum (and ``"monitor"``, ``"lists"`` when present).
 CHECKSUM_COVERS = ("scorer", "calibration", "policy")
-#: The top-level fields of an artifact (version 1 has no monitor, lists or checksum).
+#: The top-level fields of an artifact (version 1 has no monitor, lists, checksum or
+#: signature).
 FIELDS = ("format", "format_version", "library_version", "created", "scorer", "calibration",
-          "policy", "data", "monitor", "lists", "weights", "evidence", "checksum")
+          "policy", "data", "monitor", "lists", "weights", "evidence", "checksum", "signature")
+#: The algorithm of the optional ``"signature"``: HMAC-SHA256 with a secret key over the
+#: text the seal hashes (:func:`sign_value`).
+SIGNATURE_ALGORITHM = "hmac-sha256"
+#: Shortest signing key accepted (characters of the environment variable's value).
+MIN_KEY_CHARS = 16
+#: The provenance counts of the ``data`` block, range-checked on read.
+DATA_COUNTS = ("n_pairs", "n_queries", "n_relevant", "n_groups", "n_snippet_pairs")
 #: Optional sealed blocks: the monitor's reference, the calibration lists' record, the
 #: learned weights a score names by sha256 (base64 of their bytes; a fine-tuned reader's),
 #: the relevant calibration scores the p-values are computed against (modes other than
@@ -236,6 +256,9 @@ class Artifact:
         (its calibration state holds them) and for artifacts written before it existed.
     seal : dict or None
         The ``"checksum"`` block (``algorithm``, ``covers``, ``value``); None for version 1.
+    signature : dict or None
+        The ``"signature"`` (``algorithm`` ``"hmac-sha256"``, ``value``): an HMAC of the
+        sealed blocks with a secret key (:meth:`signed`, :meth:`verify`); None: unsigned.
     library_version : str or None
         The ragsieve that wrote it.
     created : str or None
@@ -255,6 +278,7 @@ class Artifact:
     weights: dict[str, str] | None = None
     evidence: dict[str, Any] | None = None
     seal: dict[str, Any] | None = None
+    signature: dict[str, Any] | None = None
     library_version: str | None = None
     created: str | None = None
 
@@ -263,8 +287,8 @@ class Artifact:
 
     # -------------------------------------------------------------------- readers
     @classmethod
-    def read(cls, path: str | os.PathLike[str], *,
-             max_bytes: int = MAX_ARTIFACT_BYTES) -> Artifact:
+    def read(cls, path: str | os.PathLike[str], *, max_bytes: int = MAX_ARTIFACT_BYTES,
+             verify_key: bytes | None = None) -> Artifact:
         """Read an artifact file: size cap, UTF-8, strict JSON, every field, the seal.
 
         Parameters
@@ -273,17 +297,21 @@ class Artifact:
             The JSON artifact.
         max_bytes : int, default=64 MiB
             Larger files are refused before they are read (:func:`read_text`).
+        verify_key : bytes, optional
+            Require a signature made with this key (:meth:`verify`).
 
         Raises
         ------
         ArtifactError
             The file cannot be read, is too large (``ArtifactTooLargeError``), is not UTF-8
-            or JSON, or :meth:`parse` refuses it.
+            or JSON, or :meth:`parse` refuses it (an unsigned or wrongly signed artifact
+            when ``verify_key`` is given).
         """
-        return cls.parse(read_text(path, max_bytes=max_bytes), os.fspath(path))
+        return cls.parse(read_text(path, max_bytes=max_bytes), os.fspath(path),
+                         verify_key=verify_key)
 
     @classmethod
-    def parse(cls, text: str, source: str) -> Artifact:
+    def parse(cls, text: str, source: str, *, verify_key: bytes | None = None) -> Artifact:
         """Parse an artifact's text, type-check every field and verify its seal.
 
         Parameters
@@ -292,21 +320,35 @@ class Artifact:
             The artifact's JSON text.
         source : str
             Where it came from (a path), for the error messages.
+        verify_key : bytes, optional
+            Require a signature made with this key (:meth:`verify`).
 
         Raises
         ------
         ArtifactError
-            Not strict JSON (NaN and Infinity are refused), not an object, or a field
-            :func:`check_fields` refuses; the message names ``source``.
+            Not strict JSON (the reader of request bodies and data lines,
+            :func:`ragsieve._validation.loads_json`: NaN / Infinity, a duplicate key, nesting
+            beyond 64 levels, a number beyond a double and a lone surrogate are refused), not
+            an object, a field :func:`check_fields` refuses, or (``verify_key``) no valid
+            signature; one line naming ``source``.
         """
         try:
-            payload = json.loads(text, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-            raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc}") from exc
+            payload = loads_json(text, "artifact")
+        except json.JSONDecodeError as exc:
+            raise ArtifactError(f"filter artifact {source!r} is not valid JSON: {exc.msg} at line "
+                                f"{exc.lineno} column {exc.colno}.") from None
+        except ValueError as exc:  # a duplicate key, NaN, too deep, a number beyond a double
+            raise ArtifactError(f"filter artifact {source!r} is not strict JSON: {exc}") from None
         if not isinstance(payload, dict):
             raise ArtifactError(f"filter artifact {source!r} holds a JSON "
                                 f"{type(payload).__name__}, expected an object.")
-        return cls.from_dict(payload, source=source)
+        artifact = cls.from_dict(payload, source=source)
+        if verify_key is not None:
+            try:
+                artifact.verify(verify_key)
+            except ArtifactError as exc:
+                raise ArtifactError(f"filter artifact {source!r}: {exc}") from None
+        return artifact
 
     @classmethod
     def from_dict(cls, payload: Any, *, source: str | None = None) -> Artifact:
@@ -335,7 +377,7 @@ class Artifact:
                    calibration=dict(own["calibration"]), policy=own.get("policy"),
                    data=own.get("data"), monitor=own.get("monitor"), lists=own.get("lists"),
                    weights=own.get("weights"), evidence=own.get("evidence"),
-                   seal=own.get("checksum"),
+                   seal=own.get("checksum"), signature=own.get("signature"),
                    library_version=own.get("library_version"), created=own.get("created"))
 
     @classmethod
@@ -404,7 +446,7 @@ class Artifact:
                            ("policy", self.policy), ("data", self.data),
                            ("monitor", self.monitor), ("lists", self.lists),
                            ("weights", self.weights), ("evidence", self.evidence),
-                           ("checksum", self.seal)):
+                           ("checksum", self.seal), ("signature", self.signature)):
             if value is not None:
                 out[key] = copy.deepcopy(value)
         return out
@@ -416,6 +458,32 @@ class Artifact:
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write the artifact atomically (a reader never sees half a file); return the path."""
         return atomic_write_text(path, self.to_json())
+
+    # -------------------------------------------------------------------- signature
+    def signed(self, key: bytes) -> Artifact:
+        """This artifact with a ``"signature"`` made with ``key`` (:func:`sign_value`).
+
+        Raises
+        ------
+        ArtifactError
+            A version 1 artifact (it has no seal to sign), or a key shorter than
+            :data:`MIN_KEY_CHARS`.
+        """
+        if self.seal is None:
+            raise ArtifactError("a version 1 artifact has no seal to sign; recalibrate it first.")
+        value = sign_value(self.to_dict(), _check_key(key))
+        return dataclasses.replace(self, signature={"algorithm": SIGNATURE_ALGORITHM,
+                                                    "value": value})
+
+    def verify(self, key: bytes) -> None:
+        """Check that the artifact was signed with ``key`` (:func:`check_signature`).
+
+        Raises
+        ------
+        ArtifactError
+            No signature, or one another key (or none of these sealed blocks) made.
+        """
+        check_signature(self.to_dict(), key)
 
     # -------------------------------------------------------------------- identity
     @property
@@ -446,7 +514,8 @@ class Artifact:
 
     def list_record(self) -> ListRecord | None:
         """The checked calibration lists' record, or None when the artifact has none."""
-        return None if self.lists is None else ListRecord.from_dict(self.lists)
+        return None if self.lists is None else ListRecord.from_dict(
+            self.lists, max_lists=_calibration_snippets({"data": self.data}))
 
     def evidence_scores(self) -> EvidenceScores | None:
         """The relevant calibration scores behind the p-values: the ``"evidence"`` block,
@@ -548,12 +617,78 @@ def covers(payload: Mapping[str, Any]) -> list[str]:
     return [*CHECKSUM_COVERS, *(key for key in OPTIONAL_SEALED if key in payload)]
 
 
+def _sealed_bytes(payload: Mapping[str, Any]) -> bytes:
+    """The canonical JSON of the sealed blocks (what the seal hashes and the key signs)."""
+    sealed = {k: payload.get(k) for k in covers(payload)}
+    return json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
 def seal_value(payload: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON of the sealed blocks."""
-    sealed = {k: payload.get(k) for k in covers(payload)}
-    text = json.dumps(sealed, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(_sealed_bytes(payload)).hexdigest()
+
+
+def sign_value(payload: Mapping[str, Any], key: bytes) -> str:
+    """HMAC-SHA256 with ``key`` of the canonical JSON of the sealed blocks (hex): what only a
+    holder of the key can compute, unlike the seal."""
+    return hmac.new(key, _sealed_bytes(payload), hashlib.sha256).hexdigest()
+
+
+def check_signature(payload: Mapping[str, Any], key: bytes) -> None:
+    """Verify an artifact dict's ``"signature"`` against ``key`` (constant-time compare).
+
+    Raises
+    ------
+    ArtifactError
+        No signature, or a value ``key`` does not give for the sealed blocks (another key,
+        or blocks edited and resealed after signing). The key is never in the message.
+    """
+    found = payload.get("signature")
+    if found is None:
+        raise ArtifactError("artifact is not signed, and a signed one is required (a key was "
+                            "given to verify it); sign it with `calibrate --sign-key-env NAME`.")
+    _check_signature_field(found)
+    try:
+        expected = sign_value(payload, key)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"artifact blocks are not plain JSON: {exc}") from exc
+    if not hmac.compare_digest(expected, found["value"]):
+        raise ArtifactError("artifact signature does not match: it was signed with another key, "
+                            "or its blocks were edited after signing; sign it again with the "
+                            "serving key.")
+
+
+def key_from_env(name: str) -> bytes:
+    """The signing key held by the environment variable ``name`` (UTF-8 bytes).
+
+    Raises
+    ------
+    ArtifactError
+        The variable is unset, or its value is shorter than :data:`MIN_KEY_CHARS` (the
+        value itself is never shown).
+    """
+    value = os.environ.get(name, "")
+    if len(value) < MIN_KEY_CHARS:
+        state = "is not set" if name not in os.environ else f"holds {len(value)} characters"
+        raise ArtifactError(f"signing key variable {name} {state}; expected a secret of at "
+                            f"least {MIN_KEY_CHARS} characters.")
+    return value.encode("utf-8")
+
+
+def _check_key(key: Any) -> bytes:
+    if not isinstance(key, bytes) or len(key) < MIN_KEY_CHARS:
+        got = f"{len(key)} bytes" if isinstance(key, bytes) else type(key).__name__
+        raise ArtifactError(f"signing key is {got}, expected at least {MIN_KEY_CHARS} bytes.")
+    return key
+
+
+def _check_signature_field(found: Any) -> None:
+    if not isinstance(found, Mapping) or set(found) != {"algorithm", "value"} \
+            or found["algorithm"] != SIGNATURE_ALGORITHM or not isinstance(found["value"], str) \
+            or len(found["value"]) != 64 or any(c not in "0123456789abcdef" for c in found["value"]):
+        raise ArtifactError(f"artifact signature {_kind(found)} is not {{'algorithm': "
+                            f"{SIGNATURE_ALGORITHM!r}, 'value': 64 hex digits}}.")
 
 
 def check_seal(payload: Mapping[str, Any]) -> None:
@@ -614,23 +749,35 @@ def check_fields(payload: Any) -> int:
     version = _check_format(payload)
     _check_unsealed(payload)
     if version == 1:
-        extra = sorted({*OPTIONAL_SEALED, "checksum"} & set(payload))
+        extra = sorted({*OPTIONAL_SEALED, "checksum", "signature"} & set(payload))
         if extra:
             raise ArtifactError(f"version 1 artifacts have no {extra}; this one was edited: "
                                 "recalibrate.")
         return version
     check_seal(payload)
+    if "signature" in payload:
+        _check_signature_field(payload["signature"])
     if version >= 3:
         _check_calibration_keys(payload["calibration"])
     if "monitor" in payload:
         read_monitor_block(payload["monitor"])
     if "lists" in payload:
-        ListRecord.from_dict(payload["lists"])
+        ListRecord.from_dict(payload["lists"], max_lists=_calibration_snippets(payload))
     if "weights" in payload:
         read_weights_block(payload["weights"])
     if "evidence" in payload:
         EvidenceScores.from_dict(payload["evidence"])
     return version
+
+
+def _calibration_snippets(payload: Mapping[str, Any]) -> int:
+    """Most calibration lists the artifact can hold: the snippets its lists were recorded
+    from (each list holds one at least) as ``calibrate`` counts them in ``data``
+    (``n_snippet_pairs`` for the sentence unit, else ``n_pairs``), else
+    :data:`ragsieve.lists.MAX_LISTS`."""
+    data = payload.get("data") or {}
+    count = data.get("n_snippet_pairs", data.get("n_pairs"))
+    return count if isinstance(count, int) and not isinstance(count, bool) else MAX_LISTS
 
 
 def _check_unsealed(payload: Mapping[str, Any]) -> None:
@@ -649,6 +796,8 @@ def _check_unsealed(payload: Mapping[str, Any]) -> None:
     for key in ("policy", "data"):
         if key in payload and not isinstance(payload[key], Mapping):
             raise ArtifactError(f"artifact {key!r} is {_kind(payload[key])}, expected an object.")
+    if "data" in payload:
+        _check_data_counts(payload["data"])
     unit = payload.get("policy", {}).get("unit", UNITS[0])
     if not isinstance(unit, str) or unit not in UNITS:
         raise ArtifactError(f"artifact policy unit == {unit!r:.60}, expected one of {list(UNITS)}.")
@@ -657,6 +806,28 @@ def _check_unsealed(payload: Mapping[str, Any]) -> None:
                             "expected a string.")
     if "created" in payload:
         _check_created(payload["created"])
+
+
+def _check_data_counts(data: Mapping[str, Any]) -> None:
+    """The provenance counts (:data:`DATA_COUNTS`): ints in ``[0, MAX_COUNT]``, and no more
+    relevant pairs or queries than pairs."""
+    for key in DATA_COUNTS:
+        value = data.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+            raise ArtifactError(f"artifact data {key} == {_clip(value)}, expected an int in "
+                                f"[0, {MAX_COUNT}].")
+    if "n_pairs" in data:
+        for key in ("n_relevant", "n_queries"):
+            if data.get(key, 0) > data["n_pairs"]:
+                raise ArtifactError(f"artifact data {key} == {data[key]} exceeds its n_pairs "
+                                    f"({data['n_pairs']}); the artifact was edited: recalibrate.")
+
+
+def _clip(value: Any) -> str:
+    """``repr(value)`` in at most 60 characters (a 4,000-digit integer as its digit count)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return f"{value!r:.60}"
 
 
 def read_weights_block(block: Any) -> dict[str, bytes]:
@@ -777,6 +948,3 @@ def _regular_size(name: str) -> int:
         raise OSError(f"{name!r} is not a regular file")
     return st.st_size
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")

@@ -302,9 +302,13 @@ class ConformalFilter:
         """The artifact (format version 3) as a dict."""
         return self.to_artifact().to_dict()
 
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the calibrated filter as a JSON artifact (atomically)."""
-        return self.to_artifact().write(path)
+    def save(self, path: str | os.PathLike[str], *, sign_key: bytes | None = None) -> Path:
+        """Write the calibrated filter as a JSON artifact (atomically); ``sign_key``: sign it
+        with this secret (:meth:`Artifact.signed <ragsieve.artifact.Artifact.signed>`), so
+        a reader given the key (``load(..., verify_key=)``, ``serve --verify-key-env``)
+        accepts it."""
+        artifact = self.to_artifact()
+        return (artifact if sign_key is None else artifact.signed(sign_key)).write(path)
 
     @classmethod
     def from_artifact(cls, artifact: Artifact, *, scorer: Scorer | None = None,
@@ -330,16 +334,20 @@ class ConformalFilter:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, scorer: Scorer | None = None,
-             scorer_options: Mapping[str, Any] | None = None) -> ConformalFilter:
+             scorer_options: Mapping[str, Any] | None = None,
+             verify_key: bytes | None = None) -> ConformalFilter:
         """Load a filter :meth:`save` wrote. ``scorer``: use this one (it must have the
         artifact's ``spec()``) instead of rebuilding it; ``scorer_options``: keyword
-        arguments for the rebuild that do not change the scores (e.g. ``cache_dir``).
+        arguments for the rebuild that do not change the scores (e.g. ``cache_dir``);
+        ``verify_key``: require a signature made with this key (checked before anything
+        is built).
 
         Raises ``ArtifactError`` for a file :meth:`Artifact.read
-        <ragsieve.artifact.Artifact.read>` refuses or a state the mode refuses, and
-        ``ScorerMismatchError`` for a supplied scorer of another score.
+        <ragsieve.artifact.Artifact.read>` refuses (unsigned or wrongly signed when
+        ``verify_key`` is given) or a state the mode refuses, and ``ScorerMismatchError``
+        for a supplied scorer of another score.
         """
-        return cls.from_artifact(Artifact.read(path), scorer=scorer,
+        return cls.from_artifact(Artifact.read(path, verify_key=verify_key), scorer=scorer,
                                  scorer_options=scorer_options)
 
     def __repr__(self) -> str:

@@ -80,7 +80,8 @@ from .errors import ArtifactError
 from .types import RETRIEVER_KEY, Pair
 
 __all__ = [
-    "DEFAULT_DELTA", "DEFAULT_MIN_LISTS", "DOCS", "SOURCE_KINDS", "ListCheck", "ListRecord",
+    "DEFAULT_DELTA", "DEFAULT_MIN_LISTS", "DOCS", "MAX_LISTS", "MAX_LIST_LENGTH", "SOURCE_KINDS",
+    "ListCheck", "ListRecord",
     "ListWatch", "compare_retriever", "describe_retriever", "list_spread", "lists_source",
     "retriever_of",
 ]
@@ -100,6 +101,11 @@ DEFAULT_MIN_LISTS = 10
 WINDOW = 50
 #: At most this many calibration lists' statistics are kept (a seeded random subsample).
 MAX_REFERENCE = 20_000
+#: Most calibration lists a ``"lists"`` block may count (far beyond any calibration; its
+#: lengths are held as one int64 array).
+MAX_LISTS = 10**7
+#: Longest calibration list a ``"lists"`` block may record (snippets).
+MAX_LIST_LENGTH = 10**6
 _VERSION = 1
 _KEYS = frozenset({"version", "source", "list_dependent", "n_lists", "lengths", "seed"})
 _OPTIONAL = frozenset({"spread", "score", "floors"})
@@ -293,14 +299,25 @@ class ListRecord:
         return out
 
     @classmethod
-    def from_dict(cls, block: Any) -> ListRecord:
+    def from_dict(cls, block: Any, *, max_lists: int = MAX_LISTS) -> ListRecord:
         """Read an artifact's ``"lists"`` block strictly.
+
+        Parameters
+        ----------
+        block : Mapping
+            The block as stored.
+        max_lists : int, default=MAX_LISTS
+            Most calibration lists the artifact can hold (the snippets they were recorded
+            from, when it states them); lengths counting more lists are refused before any
+            array is allocated.
 
         Raises
         ------
         ArtifactError
             Not an object, missing or unknown keys, a version this ragsieve does not read,
             lengths that are not ``[length >= 1, count >= 1]`` rows summing to ``n_lists``,
+            more lists than ``max_lists`` or :data:`MAX_LISTS`, a list longer than
+            :data:`MAX_LIST_LENGTH`,
             statistics that are not finite numbers (at most one per list), or a malformed
             source.
         """
@@ -320,12 +337,25 @@ class ListRecord:
                 for r in rows):
             raise ArtifactError("artifact 'lists' lengths must be a non-empty list of "
                                 "[length >= 1, count >= 1] integer pairs.")
-        lengths = np.repeat([r[0] for r in rows], [r[1] for r in rows]).astype(np.int64)
+        # the counts are checked before any array is made of them (a 24-byte row may ask
+        # for a billion lists)
+        longest = max(r[0] for r in rows)
+        if longest > MAX_LIST_LENGTH:
+            raise ArtifactError(f"artifact 'lists' holds a list of {_digits(longest)} snippets, "
+                                f"expected at most {MAX_LIST_LENGTH}; the artifact was edited: "
+                                "recalibrate.")
+        total = sum(r[1] for r in rows)
         n_lists, seed = block["n_lists"], block["seed"]
-        if isinstance(n_lists, bool) or n_lists != lengths.size or isinstance(seed, bool) \
+        if total > min(max_lists, MAX_LISTS):
+            raise ArtifactError(f"artifact 'lists' counts {_digits(total)} calibration lists, more "
+                                f"than its calibration can hold ({min(max_lists, MAX_LISTS)}); the "
+                                "artifact was edited: recalibrate.")
+        if isinstance(n_lists, bool) or n_lists != total or isinstance(seed, bool) \
                 or not isinstance(seed, int) or seed < 0:
             raise ArtifactError(f"artifact 'lists' n_lists == {n_lists!r:.20} disagrees with its "
-                                f"{lengths.size} lengths (or seed {seed!r:.20} is not an int >= 0).")
+                                f"{total} lengths (or seed {seed!r:.20} is not an int >= 0).")
+        lengths = np.repeat(np.array([r[0] for r in rows], dtype=np.int64),
+                            [r[1] for r in rows])
         spread = _floats(block.get("spread"), "spread", lengths.size)
         if spread is not None and np.any(spread < 0):
             raise ArtifactError("artifact 'lists' spread must hold numbers >= 0 (mean - best).")
@@ -427,6 +457,12 @@ def list_spread(scores: Any) -> float:
     """
     arr = np.asarray(scores, dtype=np.float64)
     return float(arr.mean() - arr.min())
+
+
+def _digits(value: int) -> str:
+    """An int as written, or its digit count when it is long."""
+    text = str(value)
+    return text if len(text) <= 20 else f"a {len(text)}-digit number of"
 
 
 def _floats(value: Any, name: str, n_lists: int) -> np.ndarray | None:

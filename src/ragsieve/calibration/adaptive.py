@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import (
+    MAX_COUNT,
     check_alpha,
     check_bool,
     check_finite_real,
@@ -333,8 +334,10 @@ class AdaptiveCalibrator(BaseCalibrator):
         self.alpha_t_ = _read_float(state, "alpha_t", allow_inf=False)
         self.clipped_ = _read_float(state, "clipped", allow_inf=False) if "clipped" in state else 0.0
         counts = [state[k] for k in ("n_updates", "n_errors", "n_calibration")]
-        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
-            raise ArtifactError(f"adaptive state counts {counts!r} must be ints >= 0.")
+        if any(isinstance(c, bool) or not isinstance(c, int) or not 0 <= c <= MAX_COUNT
+               for c in counts):
+            raise ArtifactError(f"adaptive state counts {counts!r:.80} must be ints in "
+                                f"[0, {MAX_COUNT}].")
         if counts[1] > counts[0] or self.clipped_ < 0:
             raise ArtifactError(f"adaptive state n_errors == {counts[1]} > n_updates == "
                                 f"{counts[0]} or clipped == {self.clipped_!r} < 0.")

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from .._validation import check_alpha, check_scores
+from .._validation import MAX_COUNT, check_alpha, check_scores
 from ..errors import ArtifactError, NotFittedError
 
 __all__ = ["UNIT_NOUNS", "BaseCalibrator", "Guarantee", "Nouns", "ThresholdCalibrator", "nouns"]
@@ -290,10 +290,10 @@ class BaseCalibrator(ABC):
             raise ArtifactError(f"calibration params {params!r} do not fit {cls.__name__}: {exc}") from exc
         try:
             self._set_state(state)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:  # Overflow: an int64
             if isinstance(exc, ArtifactError):
                 raise
-            raise ArtifactError(f"malformed {cls.mode} calibration state: {exc!r}") from exc
+            raise ArtifactError(f"malformed {cls.mode} calibration state: {exc!r:.300}") from exc
         return self
 
 
@@ -324,6 +324,7 @@ class ThresholdCalibrator(BaseCalibrator):
     def _set_state(self, state: dict[str, Any]) -> None:
         check_alpha(self.alpha)
         n = state["n_calibration"]
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ArtifactError(f"calibration state n_calibration == {n!r}, expected an int >= 1.")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
+            raise ArtifactError(f"calibration state n_calibration == {n!r:.30}, expected an int in "
+                                f"[1, {MAX_COUNT}].")
         self._set_fitted(_read_float(state, "threshold"), n)

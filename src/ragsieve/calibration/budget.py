@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._validation import (
+    MAX_COUNT,
     check_codes,
     check_int,
     check_lengths,
@@ -718,7 +719,16 @@ class BudgetCalibrator(BaseCalibrator):
                 f"budget calibration state is for {self.report_.budget} {self.report_.unit}, "
                 f"but the params say {self.budget} {self.unit}."
             )
-        self.n_calibration_ = int(state["n_calibration"])
+        n = state["n_calibration"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
+            raise ArtifactError(f"budget calibration state n_calibration == {n!r:.30}, expected "
+                                f"an int in [1, {MAX_COUNT}].")
+        for key in ("n_relevant", "n_queries"):  # n_relevant sizes a loop of budget_for
+            value = getattr(self.report_, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= n:
+                raise ArtifactError(f"budget calibration report {key} == {value!r:.30}, expected "
+                                    f"an int in [0, {n}] (its n_calibration).")
+        self.n_calibration_ = n
         self._curve_budgets = np.asarray(state["curve_budgets"], dtype=np.int64)
         self._curve_hits = np.asarray(state["curve_hits"], dtype=np.int64)
         self.threshold_ = self._cap()

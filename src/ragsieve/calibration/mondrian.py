@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import check_aligned, check_alpha, check_positive_int, check_scores
+from .._validation import MAX_COUNT, check_aligned, check_alpha, check_positive_int, check_scores
 from ..errors import ArtifactError
 from .base import Guarantee, ThresholdCalibrator, _json_float, _read_float, nouns
 from .split import SplitConformalCalibrator, relevant_scores
@@ -119,7 +119,8 @@ class MondrianCalibrator(ThresholdCalibrator):
         self.thresholds_ = {str(k): _read_float(thresholds, k) for k in thresholds}
         self.group_sizes_ = {}
         for k, v in sizes.items():
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ArtifactError(f"group size of {k!r} == {v!r}, expected an int >= 1.")
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT:
+                raise ArtifactError(f"group size of {k!r:.60} == {v!r:.30}, expected an int in "
+                                    f"[1, {MAX_COUNT}].")
             self.group_sizes_[str(k)] = v
         self.fallback_groups_ = [str(x) for x in state.get("fallback_groups", [])]

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_scores
+from .._validation import MAX_COUNT, check_scores
 from ..errors import ArtifactError
 
 __all__ = ["MAX_EVIDENCE", "EvidenceScores", "marginal_keeps"]
@@ -143,10 +143,12 @@ class EvidenceScores:
         if not 0 < scores.size <= MAX_EVIDENCE or np.any(np.diff(scores) < 0):
             raise ArtifactError(f"artifact evidence scores: {scores.size} values, expected "
                                 f"1 to {MAX_EVIDENCE} sorted ones.")
-        for key, value, low in (("n_relevant", n, scores.size), ("seed", seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ArtifactError(f"artifact evidence {key} == {value!r}, expected an int "
-                                    f">= {low}.")
+        for key, value, low, high in (("n_relevant", n, scores.size, MAX_COUNT),
+                                      ("seed", seed, 0, None)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low \
+                    or (high is not None and value > high):
+                raise ArtifactError(f"artifact evidence {key} == {value!r:.30}, expected an int "
+                                    f">= {low}" + ("." if high is None else f" and <= {high}."))
         return cls(scores, int(n), int(seed))
 
     @classmethod

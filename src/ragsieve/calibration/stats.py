@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_alpha
+from .._validation import MAX_COUNT, check_alpha
 from ..errors import ArtifactError
 
 logger = logging.getLogger(__name__)
@@ -184,6 +184,7 @@ def left_out_of(state: dict[str, Any], unit: str, mode: str) -> int:
     """
     key = f"n_{_plural(unit)}_left_out"
     value = state.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ArtifactError(f"{mode} state {key} == {value!r}, expected an int >= 0.")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise ArtifactError(f"{mode} state {key} == {value!r:.30}, expected an int in "
+                            f"[0, {MAX_COUNT}].")
     return value

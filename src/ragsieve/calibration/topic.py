@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import check_alpha, check_codes
+from .._validation import MAX_COUNT, check_alpha, check_codes
 from ..errors import ArtifactError
 from .base import Guarantee, ThresholdCalibrator, nouns
 from .split import relevant_scores
@@ -82,8 +82,9 @@ class TopicCalibrator(ThresholdCalibrator):
     def _set_state(self, state: dict[str, Any]) -> None:
         super()._set_state(state)
         k = state["n_topics"]
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ArtifactError(f"topic calibration state n_topics == {k!r}, expected an int >= 1.")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_COUNT:
+            raise ArtifactError(f"topic calibration state n_topics == {k!r:.30}, expected an int "
+                                f"in [1, {MAX_COUNT}].")
         self.n_topics_ = k
         self.n_topics_left_out_ = left_out_of(state, "topic", self.mode)
         self.topics_required_ = math.ceil((1 - check_alpha(self.alpha)) / self.alpha - 1e-9)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import check_alpha, check_codes
+from .._validation import MAX_COUNT, check_alpha, check_codes
 from ..errors import ArtifactError
 from .base import Guarantee, ThresholdCalibrator, nouns
 from .bounds import BOUNDS, certifies, upper_bound
@@ -190,8 +190,9 @@ class TopicPACCalibrator(ThresholdCalibrator):
         super()._set_state(state)
         alpha, delta = self._check_params()
         k, achieved = state["n_topics"], state.get("bound_achieved")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ArtifactError(f"topic-pac state n_topics == {k!r}, expected an int >= 1.")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_COUNT:
+            raise ArtifactError(f"topic-pac state n_topics == {k!r:.30}, expected an int in "
+                                f"[1, {MAX_COUNT}].")
         if achieved is not None and (isinstance(achieved, bool) or not isinstance(achieved, float)):
             raise ArtifactError(f"topic-pac state bound_achieved == {achieved!r}, expected a number.")
         self.n_topics_ = k

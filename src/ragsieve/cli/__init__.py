@@ -58,9 +58,11 @@ from .options import (
     add_saved_scorer_options,
     add_scorer_options,
     add_seed_option,
+    add_sign_key_option,
     add_splits_option,
     add_top_k_option,
     add_unit_option,
+    add_verify_key_option,
     subparser,
 )
 from .output import one_line
@@ -241,6 +243,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p.add_argument("--no-expected", action="store_true",
                    help="skip the expected coverage and removal on new topics (a 5-fold "
                         "cross-validation over the calibration topics; it scores every pair)")
+    add_sign_key_option(p)
     add_json_option(p)
     p.set_defaults(func=filtering.cmd_calibrate)
 
@@ -259,6 +262,7 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     p.add_argument("--show-removed", action="store_true",
                    help="also print each removed snippet with its score and the threshold it "
                         "missed (--json always carries them under 'removed')")
+    add_verify_key_option(p)
     p.set_defaults(func=filtering.cmd_filter)
 
 
@@ -438,6 +442,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--port", type=port, default=None, help="port to listen on (default 8000)")
     p.add_argument("--api-key-env", default=None,
                    help="env var holding the API key (required to bind a non-loopback host)")
+    add_verify_key_option(p)
     p.add_argument("--allowed-hosts", default=None, metavar="HOSTS",
                    help="comma-separated Host names the service answers to besides the "
                         "address it listens on (and localhost for a loopback one), e.g. "
@@ -518,6 +523,7 @@ def _add_recalibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
                           "modes marginal and adaptive, which keep their scores)")
     how.add_argument("--replace", dest="merge", action="store_false",
                      help="fit on the labels alone (any mode labels can feed)")
+    add_sign_key_option(p)
     add_json_option(p)
     p.set_defaults(func=serving.cmd_recalibrate)
 

@@ -39,9 +39,11 @@ __all__ = ["check_artifact_unit", "cmd_calibrate", "cmd_filter", "cmd_score"]
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """``ragsieve calibrate``: fit a filter of one guarantee mode and save the artifact."""
+    from ..artifact import key_from_env
     from ..calibration import make_calibrator
     from ..filter import ConformalFilter
 
+    sign_key = key_from_env(args.sign_key_env) if args.sign_key_env else None  # before work
     request = ScorerRequest.from_args(args)
     check_scorer_options(request)
     guarantee = GuaranteeOptions.from_args(args)
@@ -57,7 +59,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     flt.calibrate(pairs, group_by=guarantee.group_by, progress=not args.quiet,
                   language=chosen.language, lists=args.lists)
     chosen.record(flt.calibration_info)  # where the CLI took the languages from
-    flt.save(args.out)
+    flt.save(args.out, sign_key=sign_key)
 
     def expected() -> Any:  # cross-validation over the calibration topics
         return _expected(pairs, flt.scorer, guarantee, params, unit=unit,
@@ -177,10 +179,11 @@ def cmd_filter(args: argparse.Namespace) -> int:
     With ``--out`` the results are written by an engine (streaming, resumable, local or
     Ray) as one JSON object per query; without it they are printed.
     """
-    from ..artifact import Artifact
+    from ..artifact import Artifact, key_from_env
     from ..filter import ConformalFilter
 
-    artifact = Artifact.read(args.filter)
+    artifact = Artifact.read(args.filter, verify_key=key_from_env(args.verify_key_env)
+                             if args.verify_key_env else None)
     check_artifact_unit(pruning_unit(args.unit), artifact)
     check_artifact_language(artifact, args.filter, language=args.language,
                             query_language=args.query_language)

@@ -58,9 +58,11 @@ __all__ = [
     "add_saved_scorer_options",
     "add_scorer_options",
     "add_seed_option",
+    "add_sign_key_option",
     "add_splits_option",
     "add_top_k_option",
     "add_unit_option",
+    "add_verify_key_option",
     "shared_scorer_flags",
     "subparser",
 ]
@@ -409,6 +411,22 @@ def add_filter_option(p: Options, *,
         p.add_argument("--filter", required=True, help=help, metavar=metavar)
     else:
         p.add_argument("--filter", default=None, help=help, metavar=metavar)
+
+
+def add_sign_key_option(p: Options) -> None:
+    """``--sign-key-env NAME``: sign the written artifact with the key in env var ``NAME``."""
+    p.add_argument("--sign-key-env", default=None, metavar="NAME",
+                   help="sign the artifact with the secret in this environment variable "
+                        "(HMAC-SHA256 over its sealed blocks; at least 16 characters), so "
+                        "`serve` / `filter --verify-key-env NAME` accept it")
+
+
+def add_verify_key_option(p: Options) -> None:
+    """``--verify-key-env NAME``: require an artifact signed with the key in env var ``NAME``."""
+    p.add_argument("--verify-key-env", default=None, metavar="NAME",
+                   help="require an artifact signed with the secret in this environment "
+                        "variable (`calibrate --sign-key-env`); an unsigned or wrongly signed "
+                        "one is refused")
 
 
 def add_top_k_option(p: Options) -> None:

@@ -23,7 +23,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from ..server import run_server
 
     options = serve_options(args)  # every option checked before the artifact is read
-    artifact = Artifact.read(args.filter, max_bytes=options.max_artifact_bytes)
+    artifact = Artifact.read(args.filter, max_bytes=options.max_artifact_bytes,
+                             verify_key=options.verify_key())
     options = options.replace(scorer_options=artifact_scorer_options(
         ScorerRequest.from_args(args), artifact.scorer))
     line = (f"ragsieve serve: state dir {options.state_dir}; feedback database "
@@ -59,13 +60,14 @@ def serve_options(args: argparse.Namespace) -> Any:
 
 def cmd_recalibrate(args: argparse.Namespace) -> int:
     """``ragsieve recalibrate``: a new artifact from the labels stored by ``serve``."""
-    from ..artifact import Artifact
+    from ..artifact import Artifact, key_from_env
     from ..server.recalibrate import recalibrate
 
+    sign_key = key_from_env(args.sign_key_env) if args.sign_key_env else None
     artifact = Artifact.read(args.filter)
     result = recalibrate(artifact, args.feedback, min_labels=args.min_labels,
                          merge=args.merge)  # scores nothing
-    result.filter.save(args.out)
+    result.filter.save(args.out, sign_key=sign_key)
     report = {
         "out": args.out, "mode": result.mode, "labels": result.n_labels,
         "labels_used": result.n_used, "relevant_used": result.n_relevant,

@@ -55,6 +55,11 @@ class ReaderBase(ABC):
 
     #: The base's name (a reader's spec ``model``).
     name: str
+    #: Most tokens the base reads (its config's ``max_position_embeddings``): the largest
+    #: ``max_length`` of a reader of it.
+    max_positions: int
+    #: Its transformer layers (``num_hidden_layers``): the most ``layers`` a reader trains.
+    n_layers: int
 
     @property
     def languages(self) -> frozenset[str]:
@@ -83,6 +88,8 @@ class ReaderBase(ABC):
 
 class _MiniLMBase(ReaderBase):
     name = MINILM_ID
+    max_positions = 512
+    n_layers = 6
 
     @staticmethod
     def _folder() -> Path:
@@ -125,6 +132,8 @@ class _MiniLMBase(ReaderBase):
 
 class _E5Base(ReaderBase):
     name = E5_ID
+    max_positions = 512
+    n_layers = 12
 
     def __init__(self) -> None:
         self._build_lock = threading.Lock()

@@ -75,7 +75,7 @@ class Tree:
                 "value": np.asarray(tree["value"], dtype=np.float64),
                 "missing_go_to_left": _bools(tree["missing_go_to_left"]),
             }
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # Overflow: beyond an int64
             raise ValueError(f"{where}: {exc}") from exc
         n = arrays["feature"].shape
         if len(n) != 1 or not n[0] or any(a.shape != n for a in arrays.values()):

@@ -85,9 +85,10 @@ class ReaderScorer(Scorer):
     base_sha256 : str, optional
         The sha256 of the base weights file the reader was trained on (set by the fit).
     layers : int, default=6
-        Top transformer layers trained (six: all of MiniLM's, the top half of e5's).
+        Top transformer layers trained (six: all of MiniLM's, the top half of e5's; at most
+        the base's layers).
     max_length : int, default=256
-        Tokens read of a (question, snippet) pair.
+        Tokens read of a (question, snippet) pair, at most what the base reads (512).
     max_fit_pairs : int, default=4000
         Most pairs the fit reads.
     negatives : int, default=3
@@ -125,8 +126,12 @@ class ReaderScorer(Scorer):
                                  hint="the sha256 of the reader's trained tensors")
         self.base_sha256 = check_str(base_sha256, "base_sha256", allow_none=True,
                                      non_blank=True, hint="the sha256 of the base weights")
-        self.layers = check_int(layers, "layers", min_value=1)
-        self.max_length = check_int(max_length, "max_length", min_value=16)
+        base = READER_BASES[model]  # an artifact's settings must be ones the base can run
+        self.layers = check_int(layers, "layers", min_value=1, max_value=base.n_layers,
+                                hint=f"{model} has {base.n_layers} layers")
+        self.max_length = check_int(max_length, "max_length", min_value=16,
+                                    max_value=base.max_positions,
+                                    hint=f"{model} reads at most {base.max_positions} tokens")
         self.max_fit_pairs = check_int(max_fit_pairs, "max_fit_pairs", min_value=2)
         self.negatives = check_int(negatives, "negatives", min_value=1)
         if self.weights is not None:

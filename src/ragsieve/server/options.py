@@ -26,6 +26,7 @@ from .._validation import (
     check_real,
     check_str,
 )
+from ..artifact import key_from_env
 from .connections import check_seconds
 from .feedback import (
     DEFAULT_FEEDBACK_RETENTION,
@@ -172,6 +173,11 @@ class ServeOptions:
         URL does not say: the documents the filter keeps, or every document ranked with its
         p-value (for clients that cut themselves). A request chooses with ``?return=`` or
         the ``/all`` path prefix (:mod:`ragsieve.server.rerank`).
+    verify_key_env : str, optional
+        The environment variable holding the key every served artifact must be signed
+        with (``serve --verify-key-env``; :meth:`verify_key`): an unsigned or wrongly
+        signed one is refused at start and on reload. The name travels; the key is read
+        from the environment, never stored here.
 
     Raises
     ------
@@ -224,6 +230,7 @@ class ServeOptions:
     max_labels_per_query: int = DEFAULT_MAX_LABELS_PER_QUERY
     max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE
     rerank_return: str = "kept"
+    verify_key_env: str | None = None
 
     def __post_init__(self) -> None:
         for name in _COUNTS:  # stored converted: a numpy int becomes an int (JSON-safe)
@@ -245,6 +252,7 @@ class ServeOptions:
         object.__setattr__(self, "scorer_options", dict(scorer_options or {}))
         check_str(self.api_key, "api_key", non_blank=True, allow_none=True)
         check_str(self.host, "host", non_blank=True)
+        check_str(self.verify_key_env, "verify_key_env", non_blank=True, allow_none=True)
         check_str(self.log_level, "log_level", non_blank=True)
         port = check_int(self.port, "port", min_value=0, max_value=65535)
         object.__setattr__(self, "port", port)
@@ -253,6 +261,16 @@ class ServeOptions:
                               min_value=self.max_body_bytes, allow_none=True,
                               hint="at least max_body_bytes")
         object.__setattr__(self, "max_receiving_bytes", receiving)
+
+    def verify_key(self) -> bytes | None:
+        """The key served artifacts must be signed with (from ``verify_key_env``), or None.
+
+        Raises
+        ------
+        ArtifactError
+            The variable is unset or holds a key too short (:func:`ragsieve.artifact.key_from_env`).
+        """
+        return None if self.verify_key_env is None else key_from_env(self.verify_key_env)
 
     @property
     def receiving_limit(self) -> int:

@@ -222,7 +222,7 @@ def options_for_scorer(spec: Mapping[str, Any],
 def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] | None = None,
                    index_path: str | Path | None = None, adaptive: bool = False,
                    monitor_check: Callable[[Artifact], object] | None = None,
-                   scorer: Any = None) -> ArtifactCheck:
+                   scorer: Any = None, verify_key: bytes | None = None) -> ArtifactCheck:
     """Check an artifact's text as the service would load it (no model is loaded).
 
     The text is read by :meth:`~ragsieve.artifact.Artifact.parse` (every field's type, the
@@ -238,9 +238,9 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
         be rebuilt or does not match the served index (a filter of unit ``"sentence"``
         never does: the index holds snippet vectors), a mode other than ``adaptive`` or a
         unit other than ``"snippet"`` under ``--adaptive``, or a malformed monitor
-        reference.
+        reference; with ``verify_key``, no signature made with it (checked first).
     """
-    artifact = Artifact.parse(text, source)
+    artifact = Artifact.parse(text, source, verify_key=verify_key)
     reuse = scorer if scorer is not None and scorer.spec() == artifact.scorer else None
     options = options_for_scorer(artifact.scorer, scorer_options)
     try:

@@ -968,7 +968,8 @@ class Runtime:
             text, source, scorer_options=self.scorer_options,
             index_path=None if self.index is None else self.index.path, adaptive=self.adaptive,
             monitor_check=self.check_monitor,
-            scorer=None if current is None else current.flt.scorer)
+            scorer=None if current is None else current.flt.scorer,
+            verify_key=self.options.verify_key())
         artifact_view(checked)
         return checked
 

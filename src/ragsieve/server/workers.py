@@ -186,7 +186,8 @@ def _publish_first(filter_path: str | Path, options: ServeOptions, state: Path,
         checked = check_artifact(
             text, source, scorer_options=options.scorer_options, index_path=options.index_path,
             adaptive=options.adaptive,
-            monitor_check=lambda p: monitor_from_artifact(p, delta=delta, store=None))
+            monitor_check=lambda p: monitor_from_artifact(p, delta=delta, store=None),
+            verify_key=options.verify_key())
         artifact_view(checked)  # what a worker builds and shows: a bad one fails here
         return checked
 
