@@ -13,9 +13,11 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ragsieve.cli import main
+from ragsieve.lists import ListRecord, ListWatch
 
 
 def _tiny_pairs(path: Path) -> Path:
@@ -51,3 +53,23 @@ def test_the_embedding_cache_has_its_own_folder_under_ragsieve_cache(
         main(["score", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "default $RAGSIEVE_CACHE/embeddings" in text and "onnx/, serve/" in text
+
+
+# ------------------------------------------------------------------ item 15: one wording per event
+def test_the_list_alarm_has_one_wording_in_the_log_and_every_note(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The sequential test's alarm fires once; the log said "over the last 10" while the
+    notes of the lists after it (``--json``, stdout) said "over the last 50"."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 16, 600)  # calibration: lists of 1-15, about 8 snippets
+    qids = [f"q{i}" for i, n in enumerate(lengths) for _ in range(n)]
+    watch = ListWatch(ListRecord.from_lists(qids, source={"kind": "data"}, list_dependent=True))
+    with caplog.at_level(logging.WARNING, logger="ragsieve.lists"):
+        checks = [watch.see(14) for _ in range(80)]  # in range, but always long
+    assert watch.alarm and watch.fired_at < 50
+    logged = [r.getMessage() for r in caplog.records if r.name == "ragsieve.lists"]
+    assert len(logged) == 1
+    event = checks[watch.fired_at - 1].note.removesuffix(" (see docs/deploy.md)")
+    assert logged[0].startswith(event + "; ")
+    assert {c.note for c in checks[watch.fired_at - 1:]} == {watch.alarm_check().note}
+    assert f"over the last {watch.fired_at}," in event
