@@ -258,7 +258,8 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_json_option(p)
     p.add_argument("--show-removed", action="store_true",
                    help="also print each removed snippet with its score and the threshold it "
-                        "missed (--json always carries them under 'removed')")
+                        "missed, marked '[relevant: missed]' when the data labels it relevant "
+                        "(--json always carries them under 'removed')")
     p.set_defaults(func=filtering.cmd_filter)
 
 
