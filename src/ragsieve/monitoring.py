@@ -539,8 +539,8 @@ class ExchangeabilityMonitor:
             :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>` (every field,
             the seal), a bare ``{"monitor": block}`` by the block check alone.
         **kwargs
-            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests`` (``k`` comes
-            from the artifact).
+            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests``,
+            ``log_alarm`` (``k`` comes from the artifact).
 
         Returns
         -------

@@ -246,7 +246,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query)")
+    p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query); printed "
+                                 "results also run the service's exchangeability alarm over the "
+                                 "queries and say when it fires")
     add_filter_option(p)
     add_data_options(p)
     add_unit_option(p, what="must be the artifact's unit, or omitted")
