@@ -286,6 +286,23 @@ def test_every_nav_link_opens_a_page_from_file_urls(site: Path, chrome: Any) -> 
         assert headings and headings[0].text.strip(), f"{href} has no page heading"
 
 
+def test_search_works_from_file_urls(site: Path, chrome: Any) -> None:  # noqa: F811
+    """Opened from disk, the site's search finds a page (issue 50: it could not load its
+    index from file://, where the theme reads ``search/search_index.js`` as a script)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chrome.get((site / "index.html").as_uri())
+    chrome.execute_script("document.getElementById('__search').click()")  # open the search box
+    box = chrome.find_element(By.CSS_SELECTOR, "input.md-search__input")
+    WebDriverWait(chrome, 30).until(lambda d: box.is_enabled() and box.is_displayed())
+    box.send_keys("exchangeability")
+    found = WebDriverWait(chrome, 30).until(lambda d: d.find_elements(
+        By.CSS_SELECTOR, ".md-search-result__item a"))
+    assert any("monitoring.html" in (a.get_attribute("href") or "") for a in found), \
+        [a.get_attribute("href") for a in found]
+
+
 def test_the_layer_table_of_the_architecture_page_is_the_one_the_tests_enforce() -> None:
     from test_layers import LAYERS  # tests/ is on sys.path (rootdir-relative imports)
 

@@ -115,3 +115,18 @@ def test_served_query_and_filter_carry_the_flag(deployed: dict[str, Any], server
     assert "index " in lists["calibration"] and "top 5" in lists["calibration"]
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert "this retrieves the top 9" in logged and "a list of 9 snippets" in logged
+
+
+def test_query_reports_a_list_length_issue_once(deployed: dict[str, Any],
+                                                capsys: pytest.CaptureFixture[str],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 50 item 15: ``query -k 12`` on a filter calibrated on top-5 lists said it three
+    times (a ``warning:`` line, a WARNING log line and a ``lists:`` line); now once."""
+    question = deployed["queries"][0]["query"]
+    with caplog.at_level(logging.WARNING):
+        assert main(["query", "--index", str(deployed["index"]), "--filter",
+                     str(deployed["artifact"]), "-k", "12", question]) == 0
+    said = capsys.readouterr()
+    assert said.err.count("warning:") == 1 and "the top 12" in said.err
+    assert not [r for r in caplog.records if r.name.startswith("ragsieve.lists")]
+    assert "lists:" not in said.out and "kept " in said.out

@@ -2,21 +2,39 @@
 (the lowest layer: no ragsieve imports).
 
 ``llm`` (reply cache), ``data`` (downloaded datasets) and the CLI (embedding cache) all
-put files under :func:`cache_dir`; it lives here so that none of them has to import
-another for it. :func:`check_outputs_apart` is the CLI's guard that no command writes
+put files under :func:`cache_dir`, each kind in its own folder (:data:`CACHE_KINDS`); it
+lives here so that none of them has to import another for it. :func:`check_outputs_apart` is the CLI's guard that no command writes
 over, or into, what it reads.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["CACHE_ENV", "cache_dir", "check_outputs_apart", "figure_path", "overlap"]
+__all__ = ["CACHE_ENV", "CACHE_KINDS", "cache_dir", "check_outputs_apart", "embeddings_dir",
+           "figure_path", "overlap"]
+
+logger = logging.getLogger(__name__)
 
 CACHE_ENV = "RAGSIEVE_CACHE"
 """Environment variable naming the cache directory (default ``~/.cache/ragsieve``)."""
+
+CACHE_KINDS = {
+    "embeddings/": "the per-text embedding cache (embeddings.sqlite)",
+    "onnx/": "the ONNX graphs exported from the embedding models",
+    "serve/": "each served filter's feedback, monitor and adaptive state",
+    "models/": "the local LLM's weights",
+    "datasets/": "downloaded datasets",
+    "inputs/": "named datasets written once as JSONL for engine jobs",
+    "llm-cache.sqlite": "the LLM replies",
+    "rerank-cache.sqlite": "an outside reranker's replies",
+}
+"""What :func:`cache_dir` holds, each kind in its own place (``--help`` and the docs say it)."""
+
+_LEGACY_WARNED: set[Path] = set()
 
 
 def cache_dir() -> Path:
@@ -32,6 +50,31 @@ def cache_dir() -> Path:
     """
     env = os.environ.get(CACHE_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ragsieve"
+
+
+def embeddings_dir() -> Path:
+    """The embedding cache's directory: ``cache_dir() / "embeddings"``.
+
+    Earlier versions put the command line's embedding cache directly in
+    ``$RAGSIEVE_CACHE`` (the ``--cache-dir`` default was the variable itself). When that file exists and the new
+    place holds none, the old place is used (vectors already computed are not lost), with
+    one logged warning per process saying how to move it.
+
+    Returns
+    -------
+    Path
+        The directory of ``embeddings.sqlite`` (not created here).
+    """
+    root = cache_dir()
+    new, old = root / "embeddings", root / "embeddings.sqlite"
+    if old.is_file() and not (new / "embeddings.sqlite").exists():
+        if root not in _LEGACY_WARNED:
+            _LEGACY_WARNED.add(root)
+            logger.warning("using the embedding cache at its old place %s; each cache now has "
+                           "its own folder under %s: `mkdir -p %s && mv %s* %s/` moves it there",
+                           old, root, new, old, new)
+        return root
+    return new
 
 
 def _resolved(path: str | os.PathLike[str]) -> Path:

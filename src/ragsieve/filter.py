@@ -214,13 +214,14 @@ class ConformalFilter:
         self.watch_lists()
         return self
 
-    def watch_lists(self, *, delta: float = DEFAULT_DELTA,
-                    min_lists: int = DEFAULT_MIN_LISTS) -> ListWatch | None:
+    def watch_lists(self, *, delta: float = DEFAULT_DELTA, min_lists: int = DEFAULT_MIN_LISTS,
+                    log: bool = True) -> ListWatch | None:
         """(Re)start the check of the given lists against the calibration lists
-        (:class:`ragsieve.lists.ListWatch`); None without a record of the calibration lists."""
+        (:class:`ragsieve.lists.ListWatch`; ``log=False``: the caller reports the results'
+        ``lists_note`` itself); None without a record of the calibration lists."""
         self.list_watch = None if self.lists is None else ListWatch(
             self.lists, delta=delta, min_lists=min_lists,
-            score_name=f"the {self.scorer.keep_rule(0.0).score}")
+            score_name=f"the {self.scorer.keep_rule(0.0).score}", log=log)
         return self.list_watch
 
     def _cut(self, snippets: Sequence[SnippetLike]) -> Pieces:

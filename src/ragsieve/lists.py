@@ -561,13 +561,17 @@ class ListWatch:
         How the filter's score is named in the warning (``"the fused score"``).
     seed : int
         Seed of the p-values' tie-breaking.
+    log : bool, default=True
+        Log one WARNING per event (a list outside the lengths, the alarm); False when the
+        caller reports each :class:`ListCheck` note itself (``ragsieve query``), so that the
+        event is said once.
 
     Thread-safe: a served filter's copies share one watch.
     """
 
     def __init__(self, record: ListRecord, *, delta: float = DEFAULT_DELTA,
                  min_lists: int = DEFAULT_MIN_LISTS, score_name: str = "this score",
-                 seed: int = 0) -> None:
+                 seed: int = 0, log: bool = True) -> None:
         if not 0.0 < delta < 1.0:
             raise ValueError(f"delta == {delta!r}, must be in (0, 1).")
         self.record = record
@@ -575,6 +579,7 @@ class ListWatch:
         self.min_lists = int(min_lists)
         self.score_name = score_name
         self.seed = seed
+        self.log = bool(log)
         self.active = record.list_dependent
         self._lock = threading.Lock()
         self.reset()
@@ -595,6 +600,8 @@ class ListWatch:
             self.n_outside = 0
             self.fired_at: int | None = None
             self._fired: str | None = None
+            #: The alarm's one wording, fixed when it fires (its numbers are the firing's).
+            self._alarm_note: str | None = None
             self._warned_outside = False
 
     @property
@@ -630,15 +637,16 @@ class ListWatch:
             if self.fired_at is None and self.n_seen >= self.min_lists and crossing:
                 self.fired_at = self.n_seen
                 self._fired = max(crossing, key=lambda k: self._log_m[k])
-                warn.append(self._alarm_text())
+                self._alarm_note = self._alarm_text()
+                warn.append(self._alarm_note)
             if outside and not self._warned_outside:
                 self._warned_outside = True
                 warn.append(self._outside_text(length))
             alarm = self.fired_at is not None
             note = None
             if outside or alarm:
-                note = self._outside_text(length) if outside else self._alarm_text()
-        for text in warn:
+                note = self._outside_text(length) if outside else self._alarm_note
+        for text in warn if self.log else ():
             logger.warning("%s; %s", text, self._advice())
         if note is None:
             return ListCheck()
@@ -665,7 +673,7 @@ class ListWatch:
         with self._lock:
             if self.fired_at is None:
                 return ListCheck()
-            return ListCheck(True, False, True, f"{self._alarm_text()} (see {DOCS})")
+            return ListCheck(True, False, True, f"{self._alarm_note} (see {DOCS})")
 
     def _outside_text(self, length: int) -> str:
         lengths = self.record.lengths
@@ -676,6 +684,8 @@ class ListWatch:
                 f"({lengths.mean():.1f} on average)")
 
     def _alarm_text(self) -> str:
+        """The alarm's wording, with the numbers of the lists seen when it fired: computed
+        once, at the firing, so the log, ``lists_note`` and every later note say the same."""
         stat = self._fired
         text = (f"the lists are unlike the calibration lists: {self._mean('length'):.1f} snippets "
                 f"on average over the last {len(self._recent['length'])}, where calibration saw "

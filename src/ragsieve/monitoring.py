@@ -131,7 +131,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -159,8 +159,8 @@ from ._validation import check_alpha, check_instance, check_int, check_path, che
 from .artifact import Artifact
 
 __all__ = [
-    "ALTERNATIVES", "DriftResult", "ExchangeabilityMonitor", "MonitorState", "drift_check",
-    "reference_block", "separation",
+    "ALTERNATIVES", "BatchAlarm", "DriftResult", "ExchangeabilityMonitor", "MonitorState",
+    "alarm_message", "drift_check", "reference_block", "separation", "watch_batch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -230,6 +230,110 @@ class MonitorState:
     def to_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
         return asdict(self)
+
+
+def alarm_message(state: MonitorState, statistic: str, *, where: str = "request %d",
+                  what: str = "served requests",
+                  advice: str = "check the traffic and recalibrate") -> str:
+    """The exchangeability alarm in words, with its numbers: the one wording of the event.
+
+    Parameters
+    ----------
+    state : MonitorState
+        The state after the request that fired (``martingale``, ``fired_at``, ``delta``).
+    statistic : str
+        The statistic whose martingale fired (``"separation"``, ``"best"``).
+    where : str
+        Where it fired, with ``%d`` for ``fired_at`` (``"query %d of 40 (q7)"``).
+    what, advice : str
+        What stopped looking exchangeable, and what to do.
+    """
+    at = where % state.fired_at if "%d" in where else where
+    return (f"exchangeability alarm: the conformal test martingale reached "
+            f"{state.martingale:.3g} >= 1/delta = {1.0 / state.delta:.3g} at {at}; {what} no "
+            f"longer look exchangeable with the calibration data (the {statistic} statistic "
+            f"moved; false-alarm probability <= {state.delta:g}), so the filter's guarantee may "
+            f"not hold for them: {advice}.")
+
+
+@dataclass(frozen=True)
+class BatchAlarm:
+    """Where the exchangeability monitor fired over a batch of queries (:func:`watch_batch`).
+
+    Attributes
+    ----------
+    fired_at : int
+        Position (from 1) of the query that made it fire.
+    query_id : str
+        That query's id.
+    n_queries : int
+        Queries observed (the batch's queries with two scores or more).
+    martingale : float
+        The martingale when it fired (``max_i M^i / K``).
+    threshold : float
+        ``1/delta``: the alarm fires when the martingale reaches it.
+    statistic : str
+        The statistic whose martingale fired.
+    delta : float
+        False-alarm bound: on exchangeable queries it fires with probability at most delta.
+    message : str
+        The alarm in words (:func:`alarm_message`), with what to do.
+    """
+
+    fired_at: int
+    query_id: str
+    n_queries: int
+    martingale: float
+    threshold: float
+    statistic: str
+    delta: float
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return asdict(self)
+
+
+def watch_batch(monitor: ExchangeabilityMonitor,
+                batch: Iterable[tuple[str, Any]]) -> BatchAlarm | None:
+    """Run the service's exchangeability monitor over a batch of queries, in order.
+
+    Each query is one request: its scores (every snippet's, kept or not; each sentence's
+    for a sentence filter, ``FilterResult.unit_scores``) are observed as ``serve`` observes
+    a request's, so a batch says what the service would have said of the same traffic.
+
+    Parameters
+    ----------
+    monitor : ExchangeabilityMonitor
+        A fresh monitor (e.g. ``ExchangeabilityMonitor.from_artifact(artifact,
+        log_alarm=False)``); this function says the alarm, the monitor need not log it.
+    batch : iterable of (str, array-like of float)
+        ``(query_id, scores)`` in the order the queries were given.
+
+    Returns
+    -------
+    BatchAlarm or None
+        Where it fired; None when the queries look exchangeable with the calibration data.
+    """
+    n, alarm = 0, None
+    for query_id, scores in batch:
+        before = monitor.state.n_observed
+        state = monitor.observe(np.asarray(scores, dtype=np.float64))
+        if state.n_observed == before:
+            continue  # fewer than two scores: not observed
+        n += 1
+        if alarm is None and state.alarm and state.fired_at == state.n_observed:
+            stat = monitor.fired_statistic or "separation"
+            alarm = (n, str(query_id), state, stat)
+    if alarm is None:
+        return None
+    at, query_id, state, stat = alarm
+    message = alarm_message(
+        state, stat, where=f"query {at} of {n} ({query_id})", what="these queries",
+        advice="recalibrate on data like these queries (labelled pairs of this collection) "
+               "before trusting the filter on them; see docs/monitoring.md")
+    return BatchAlarm(at, query_id, n, state.martingale, 1.0 / state.delta, stat, state.delta,
+                      message)
 
 
 def _keys(values: np.ndarray) -> np.ndarray:
@@ -355,6 +459,9 @@ class ExchangeabilityMonitor:
         martingale itself is unchanged, and firing only when ``M_t >= 1/delta`` *and*
         ``t >= min_requests`` is a sub-event of ``sup_t M_t >= 1/delta``, so the bound on
         false alarms still holds.
+    log_alarm : bool, default=True
+        Log the alarm (one WARNING, :func:`alarm_message`) in the process whose request
+        fired it; False when the caller says it itself (:func:`watch_batch`).
 
     Raises
     ------
@@ -376,7 +483,8 @@ class ExchangeabilityMonitor:
     def __init__(self, reference: Any, *, delta: float = 0.01,
                  store: str | os.PathLike[str] | None = None, seed: int = 0,
                  alternative: str = "two-sided", k: int = TOP_K,
-                 min_requests: int = DEFAULT_MIN_REQUESTS, best: Any = None) -> None:
+                 min_requests: int = DEFAULT_MIN_REQUESTS, best: Any = None,
+                 log_alarm: bool = True) -> None:
         ref = check_scores(reference, name="reference")
         if ref.size == 0:
             raise ValueError("reference is empty; expected the separation of at least one "
@@ -396,6 +504,9 @@ class ExchangeabilityMonitor:
         self.min_requests = check_int(min_requests, "min_requests", min_value=1)
         store = check_path(store, "store", allow_none=True)
         self.seed, self.alternative, self.k = seed, alternative, k
+        self.log_alarm = bool(log_alarm)
+        #: The statistic whose martingale made the alarm fire in this process (None before).
+        self.fired_statistic: str | None = None
         self.store = None if store is None else Path(store)
         self._ref = refs["separation"]
         #: The watched statistics and their sorted reference keys, in a fixed order.
@@ -428,8 +539,8 @@ class ExchangeabilityMonitor:
             :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>` (every field,
             the seal), a bare ``{"monitor": block}`` by the block check alone.
         **kwargs
-            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests`` (``k`` comes
-            from the artifact).
+            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests``,
+            ``log_alarm`` (``k`` comes from the artifact).
 
         Returns
         -------
@@ -528,12 +639,9 @@ class ExchangeabilityMonitor:
                 raise
         state = self._as_state(_Row(row.fingerprint, row.epoch, t, {}, log_m, fired_at, fired_time))
         if fired is not None:
-            logger.warning(
-                "exchangeability alarm: the conformal test martingale reached %.3g >= 1/delta = "
-                "%.3g at request %d; served requests no longer look exchangeable with the "
-                "calibration data (the %s statistic moved; false-alarm probability <= %g), so "
-                "the filter's guarantee may not hold: check the traffic and recalibrate.",
-                state.martingale, 1.0 / self.delta, fired_at, fired, self.delta)
+            self.fired_statistic = fired
+            if self.log_alarm:
+                logger.warning("%s", alarm_message(state, fired))
         return state
 
     @property

@@ -221,6 +221,15 @@ class FilterResult:
         """True when the threshold is infinite."""
         return math.isinf(self.threshold)
 
+    @property
+    def unit_scores(self) -> list[float]:
+        """The scores of what the filter scored, kept or not: each sentence's (unit
+        ``"sentence"``) or each snippet's -- what an exchangeability monitor's calibration
+        reference holds for a calibration query."""
+        if self.unit == "sentence":
+            return [s[3] for s in self.sentences]
+        return list(self.scores)
+
 
 def fingerprint_pairs(pairs: Iterable[Pair]) -> str:
     """SHA-256 of the labelled content of ``pairs``, independent of their order.

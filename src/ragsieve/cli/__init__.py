@@ -249,7 +249,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
 
 
 def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query)")
+    p = subparser(sub, "filter", "apply a saved filter to pairs (one line per query); printed "
+                                 "results also run the service's exchangeability alarm over the "
+                                 "queries and say when it fires")
     add_filter_option(p)
     add_data_options(p)
     add_unit_option(p, what="must be the artifact's unit, or omitted")
@@ -261,7 +263,8 @@ def _add_filter(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_json_option(p)
     p.add_argument("--show-removed", action="store_true",
                    help="also print each removed snippet with its score and the threshold it "
-                        "missed (--json always carries them under 'removed')")
+                        "missed, marked '[relevant: missed]' when the data labels it relevant "
+                        "(--json always carries them under 'removed')")
     add_verify_key_option(p)
     p.set_defaults(func=filtering.cmd_filter)
 

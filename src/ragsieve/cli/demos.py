@@ -18,7 +18,7 @@ from typing import Any
 from .output import dumps, eprint
 from .scorers import ScorerRequest, embedding_cache_dir, embedding_options
 
-__all__ = ["cmd_demo", "cmd_rag_demo", "cmd_shift_demo"]
+__all__ = ["cmd_demo", "cmd_rag_demo", "cmd_shift_demo", "demo_split"]
 
 EXAMPLE_ALPHA = 0.1
 """Miscoverage of the filters shown on the demo's example query."""
@@ -150,15 +150,48 @@ def _demo_sweep(demo: _Demo, pairs: list[Any], out: Path) -> tuple[dict[str, Any
     return reports, plot
 
 
+def demo_split(pairs: list[Any], seed: int) -> tuple[list[Any], list[Any]]:
+    """The demo's calibration and held-out halves: the topics split in two
+    (:func:`~ragsieve.data.splits.group_splits`), with the topics of the shortest and of the
+    longest lists moved into the calibration half (each swapped for a calibration topic of
+    a length in between).
+
+    A list-aware score's guarantee holds for lists like its calibration lists, and the
+    filter flags any other; calibrating on data that spans the lengths it is applied to, as
+    a deployment should, keeps the demo from showing its own held-out lists as suspect.
+    """
+    from ..data.splits import group_splits
+
+    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=seed)[0]
+    sizes: dict[Any, int] = {}
+    for p in pairs:
+        sizes[p.query_id] = sizes.get(p.query_id, 0) + 1
+    length: dict[Any, int] = {}  # a topic's longest list
+    for p in pairs:
+        length[p.group] = max(length.get(p.group, 0), sizes[p.query_id])
+    cal = {pairs[i].group for i in cal_idx}
+    test = {pairs[i].group for i in test_idx}
+    extremes = [min(length, key=lambda g: (length[g], str(g))),
+                max(length, key=lambda g: (length[g], str(g)))]
+    lo, hi = length[extremes[0]], length[extremes[1]]
+    for topic in extremes:
+        between = sorted((g for g in cal if lo < length[g] < hi), key=str)
+        if topic in test and between:
+            cal.add(topic)
+            test.discard(topic)
+            cal.discard(between[0])
+            test.add(between[0])
+    return [p for p in pairs if p.group in cal], [p for p in pairs if p.group in test]
+
+
 def _demo_filters(demo: _Demo, pairs: list[Any],
                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, set[str]]]:
-    """Filters calibrated on half of the topics, applied to the queries of the other half:
-    the filters, their results and the relevant snippets of each held-out query."""
-    from ..data.splits import group_splits
+    """Filters calibrated on half of the topics, applied to the queries of the other half
+    (:func:`demo_split`): the filters, their results and the relevant snippets of each
+    held-out query."""
     from ..filter import ConformalFilter
 
-    cal_idx, test_idx = group_splits([p.group for p in pairs], n_splits=1, seed=demo.seed)[0]
-    cal, test = [pairs[i] for i in cal_idx], [pairs[i] for i in test_idx]
+    cal, test = demo_split(pairs, demo.seed)
     relevant: dict[str, set[str]] = {}
     for p in test:
         if p.relevant:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .common import _job_line, _run_job, _tau
-from .output import choice_lines, dumps
+from .output import choice_lines, dumps, eprint
 from .scorers import (
     ScorerRequest,
     artifact_scorer_options,
@@ -34,7 +34,10 @@ from .values import (
 if TYPE_CHECKING:
     from ..artifact import Artifact
 
-__all__ = ["check_artifact_unit", "cmd_calibrate", "cmd_filter", "cmd_score"]
+__all__ = ["MISSED", "check_artifact_unit", "cmd_calibrate", "cmd_filter", "cmd_score"]
+
+MISSED = "  [relevant: missed]"
+"""How ``filter --show-removed`` marks a removed snippet the data labels relevant."""
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -199,29 +202,53 @@ def cmd_filter(args: argparse.Namespace) -> int:
     pairs = data.load(score_field=artifact.score_field)
     warn_traffic_language(artifact, pairs)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
+    alarm = _watch_exchangeability(artifact, results)
     _print_filtered(results, flt, as_json=args.json, show_removed=args.show_removed,
-                    pairs=pairs)
+                    pairs=pairs, alarm=alarm)
     return 0
 
 
+def _watch_exchangeability(artifact: Artifact, results: dict[str, Any]) -> Any:
+    """The service's exchangeability monitor run over the batch's queries in their order
+    (each query one request, as ``serve`` observes it); when it fires, one ``warning:``
+    line on stderr with its numbers and what to do. The alarm (``BatchAlarm``), or None."""
+    from ..monitoring import ExchangeabilityMonitor, watch_batch
+
+    monitor = ExchangeabilityMonitor.from_artifact(artifact, log_alarm=False)
+    if monitor is None:  # an artifact without a monitor reference: nothing to compare with
+        return None
+    with monitor:
+        alarm = watch_batch(monitor, ((qid, r.unit_scores) for qid, r in results.items()))
+    if alarm is not None:
+        eprint(f"warning: {alarm.message}")
+    return alarm
+
+
 def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
-                    show_removed: bool, pairs: Any = None) -> None:
+                    show_removed: bool, pairs: Any = None, alarm: Any = None) -> None:
     """``filter``'s results on stdout: a JSON object per query, or the kept (and with
-    ``show_removed`` the removed) snippets of each, with their scores in the score's own
-    units and their p-values, and a summary (with coverage when ``pairs`` are labelled)."""
+    ``show_removed`` the removed, those labelled relevant marked as misses) snippets of
+    each, with their scores in the score's own units and their p-values, and a summary
+    (with coverage when ``pairs`` are labelled). The exchangeability ``alarm`` (said on
+    stderr) is in the JSON object of the query that made it fire, under
+    ``exchangeability_alarm``."""
     from ..engines import filter_record
     from ..keeping import p_value_rule
 
     total_in = sum(r.n_input for r in results.values())
     total_kept = sum(len(r.kept) for r in results.values())
     shown: list[Any] = []  # results printed so far: the lists note is printed once
+    relevant = {(p.query_id, p.snippet_id) for p in pairs or () if p.relevant == 1}
 
     def own(score: float) -> str:  # the score in its own units and direction
         return f"{flt.scorer.keep_rule(score).threshold:.4f}"
 
     for qid, r in results.items():
         if as_json:
-            print(dumps(filter_record(qid, r, flt.scorer)))
+            record = filter_record(qid, r, flt.scorer)
+            if alarm is not None and alarm.query_id == qid:
+                record["exchangeability_alarm"] = alarm.to_dict()
+            print(dumps(record))
             continue
         print(f"{qid}: kept {len(r.kept)}/{r.n_input}  {r.query[:70]}")
         for s in r.kept:
@@ -232,8 +259,9 @@ def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
         if show_removed:
             rule = flt.scorer.keep_rule(r.threshold)
             for s in r.removed:
+                miss = MISSED if (qid, s.snippet_id) in relevant else ""
                 print(f"    removed {own(s.score)}{_p_text(s)} (rule {rule.keep_if} "
-                      f"{rule.threshold:.4f})  {s.snippet_id}")
+                      f"{rule.threshold:.4f})  {s.snippet_id}{miss}")
         if r.note:
             print(f"    note: {r.note}")
         if r.lists_note and r.lists_unlike and not any(x.lists_unlike for x in shown):

@@ -64,7 +64,8 @@ def cmd_query(args: argparse.Namespace) -> int:
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
     if args.filter:
         flt = ConformalFilter.load(args.filter)
-        _warn_other_retriever(flt, index, args.k)
+        flt.watch_lists(log=False)  # a list unlike the calibration lists is said once, below
+        said = _warn_other_retriever(flt, index, args.k)
         if flt.unit == "sentence":  # it reads each hit's sentences: scored from the texts
             hits = index.search(args.query, k=args.k)
             res = flt.filter(args.query, [h.text for h in hits], group=args.group)
@@ -72,7 +73,9 @@ def cmd_query(args: argparse.Namespace) -> int:
             hits, res = index.query_with_filter(args.query, flt, k=args.k, group=args.group)
         kept: set[int] | None = {s.index for s in res.kept}
     else:
-        hits, res, kept = index.search(args.query, k=args.k), None, None
+        hits, res, kept, said = index.search(args.query, k=args.k), None, None, None
+    if res is not None and res.lists_unlike and not said:
+        eprint(f"warning: {res.lists_note}")  # the one report of it (the warning above, else)
     if args.json:
         print(dumps(_query_json(args.query, hits, res, kept)))
         return 0
@@ -83,8 +86,6 @@ def cmd_query(args: argparse.Namespace) -> int:
     if res is not None:
         print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} "
               f"removed), tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))
-        if res.lists_unlike:
-            print(f"lists: {res.lists_note}")
     if args.generate:
         from ..generation import answer_with_citations
         from ..llm.connect import connect

@@ -117,9 +117,11 @@ def add_cache_options(p: argparse.ArgumentParser, *, embeddings: bool = True) ->
     """``--cache-dir`` (embedding cache, when ``embeddings``) and ``--no-cache``."""
     g = p.add_argument_group("cache")
     if embeddings:
-        g.add_argument("--cache-dir", default=os.environ.get("RAGSIEVE_CACHE"),
-                       help="embedding cache directory (env RAGSIEVE_CACHE; default "
-                            "~/.cache/ragsieve/embeddings)")
+        g.add_argument("--cache-dir", default=None,
+                       help="embedding cache directory (default $RAGSIEVE_CACHE/embeddings; "
+                            "RAGSIEVE_CACHE, default ~/.cache/ragsieve, holds every ragsieve "
+                            "cache, each in its own folder: embeddings/, onnx/, serve/, "
+                            "models/, datasets/, inputs/ and the LLM and rerank reply caches)")
     g.add_argument("--no-cache", action="store_true",
                    help="persist nothing on disk (embeddings, LLM replies)")
 

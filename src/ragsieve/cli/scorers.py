@@ -140,10 +140,12 @@ def language_of(request: ScorerRequest, pairs: Any = None) -> str:
 
 # ------------------------------------------------------------------ scorer keyword arguments
 def embedding_cache_dir(cache_dir: str | None) -> Path:
-    """``--cache-dir``, or ``<ragsieve cache>/embeddings``."""
-    from .._paths import cache_dir as ragsieve_cache
+    """``--cache-dir``, or ``$RAGSIEVE_CACHE/embeddings`` (:func:`ragsieve._paths.embeddings_dir`:
+    an embedding cache left directly in ``$RAGSIEVE_CACHE`` by an earlier version is read
+    where it is)."""
+    from .._paths import embeddings_dir
 
-    return Path(cache_dir) if cache_dir else ragsieve_cache() / "embeddings"
+    return Path(cache_dir) if cache_dir else embeddings_dir()
 
 
 def embedding_options(request: ScorerRequest, language: str | None = None) -> dict[str, Any]:
