@@ -55,7 +55,7 @@ from .schemas import (
     FilterRequest,
     FilterResponse,
     Health,
-    MonitorInfo,
+    MonitorResetResponse,
     QueryRequest,
     QueryResponse,
     ReloadResponse,
@@ -277,7 +277,8 @@ def _add_admin_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publish
                                   "loaded here; see the service log.")
         changed = checked.checksum != before.checksum
         return ReloadResponse(generation=now.generation, checksum=now.checksum, changed=changed,
-                              monitor_reset=changed and now.monitor is not None)
+                              monitor_reset=changed and now.monitor is not None,
+                              lists_reset=changed and now.flt.list_watch is not None)
 
 
 def _add_page(app: fastapi.FastAPI, runtime: Runtime, api_key: str | None,
@@ -316,24 +317,26 @@ def _add_monitor_reset(app: fastapi.FastAPI, runtime: Runtime, api_key: str | No
         **_GUARD_ERRORS,
         403: _error("Cross-site request (Sec-Fetch-Site, Origin), or no API key is "
                     "configured and the client is not on a loopback address."),
-        404: _error("The served artifact has no monitor reference."),
+        404: _error("The served artifact has neither a monitor reference nor a record of "
+                    "its calibration lists."),
     }
     if api_key is not None:
         responses[401] = _error("Missing or invalid API key.")
 
-    @app.post("/admin/monitor/reset", response_model=MonitorInfo, dependencies=protected,
-              responses=responses)
-    def admin_monitor_reset(request: fastapi.Request) -> MonitorInfo:
+    @app.post("/admin/monitor/reset", response_model=MonitorResetResponse,
+              dependencies=protected, responses=responses)
+    def admin_monitor_reset(request: fastapi.Request) -> MonitorResetResponse:
         client = _admin_client(request, api_key, "/admin/monitor/reset")
         service = runtime.current
-        if service.monitor is None:
+        if service.monitor is None and service.flt.list_watch is None:
             raise http_error(404, NO_MONITOR)
-        service.monitor.reset()
-        state = service.monitor.state
-        runtime.metrics.set_monitor(state)
-        logger.warning("exchangeability monitor reset by POST /admin/monitor/reset from %s "
-                       "(generation %d)", printable(client), service.generation)
-        return monitor_info(state)
+        state, lists_reset = runtime.reset_monitors(service)
+        logger.warning("exchangeability monitor%s reset by POST /admin/monitor/reset from %s "
+                       "(generation %d)", " and list check" if lists_reset else "",
+                       printable(client), service.generation)
+        info = {} if state is None else monitor_info(state).model_dump()
+        return MonitorResetResponse(**info, monitor_reset=state is not None,
+                                    lists_reset=lists_reset)
 
 
 def _prepare_index(runtime: Runtime, index_path: str | Path | None, checked: Any, *,
@@ -508,9 +511,10 @@ def _start_runtime(filter_path: str | Path, options: ServeOptions, state: _Serve
         closables.append(generations)
         runtime = Runtime(options, generations=generations, store=store,
                           metrics=ServiceMetrics(), index=None,
-                          monitor_dir=state.path if role == "worker" else None,
+                          monitor_dir=state.path,
                           monitor_factory=monitor_factory)
-        publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish,
+        publisher = Publisher(filter_path, generations, runtime.check_to_publish,
+                              runtime.before_publish,
                               max_bytes=options.max_artifact_bytes,
                               served=lambda: runtime.current.generation)
         prepare = partial(_prepare_index, runtime, options.index_path, warmup=options.warmup)
@@ -530,6 +534,18 @@ def _start_single(runtime: Runtime, filter_path: str | Path, options: ServeOptio
     """Check the artifact file, publish it as the first generation and serve it."""
     checked = runtime.check(read_text(filter_path, max_bytes=options.max_artifact_bytes),
                             str(filter_path))
+    previous = runtime.generations.latest()
+    if previous is not None and previous.checksum == checked.checksum:
+        logger.warning("state directory holds the monitors' state of this artifact (checksum "
+                       "%s): the drift alarm and the list check go on from it",
+                       checked.checksum[:12])
+    else:
+        if previous is not None:
+            logger.warning("state directory held the monitors' state of another artifact "
+                           "(checksum %s); discarded: the drift alarm and the list check start "
+                           "afresh for checksum %s", previous.checksum[:12],
+                           checked.checksum[:12])
+        runtime.before_publish(checked, None)  # a fresh martingale and list check
     number = runtime.generations.publish(checked.text, checked.checksum, "start")
     runtime.start([Generation(number, checked.checksum, checked.text, "start")], prepare,
                   checked=checked)

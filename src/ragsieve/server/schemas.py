@@ -43,6 +43,7 @@ __all__ = [
     "KeepRuleInfo",
     "KeptSnippet",
     "MonitorInfo",
+    "MonitorResetResponse",
     "QueryRequest",
     "QueryResponse",
     "RecentRequest",
@@ -334,6 +335,22 @@ class MonitorInfo(BaseModel):
     delta: float = Field(description="False-alarm probability bound on exchangeable traffic.")
 
 
+class MonitorResetResponse(BaseModel):
+    """``POST /admin/monitor/reset``: the exchangeability monitor after the reset (its fields
+    null when the artifact has none) and which checks were reset."""
+
+    alarm: bool | None = Field(default=None, description="The monitor's alarm (false).")
+    martingale: float | None = None
+    log10_martingale: float | None = None
+    fired_at: int | None = None
+    fired_time: str | None = None
+    n_observed: int | None = None
+    delta: float | None = None
+    monitor_reset: bool = Field(description="The exchangeability monitor was reset.")
+    lists_reset: bool = Field(description="The list check (alarm, lists seen) was reset; "
+                              "false when the artifact records no calibration lists.")
+
+
 class AdaptiveInfo(BaseModel):
     """The served threshold under ``serve --adaptive`` (adaptive conformal inference)."""
 
@@ -500,6 +517,8 @@ class ReloadResponse(BaseModel):
     checksum: str | None
     changed: bool = Field(description="The new artifact differs from the one served before.")
     monitor_reset: bool = Field(description="The exchangeability monitor was reset.")
+    lists_reset: bool = Field(default=False, description="The list check (alarm, lists seen) "
+                              "was reset: only when the artifact changed.")
 
 
 class ErrorItem(BaseModel):

@@ -1,0 +1,173 @@
+"""Hardening IV, the service: reloads that cannot score, the list check across reloads,
+restarts and resets, keyless uploads beside keyed requests, and the page's list note.
+
+Real components throughout: real MiniLM (and reader base) models, a real uvicorn server on
+127.0.0.1 (in a thread, or the CLI's ``serve`` as a child process where a process must be
+killed), real sockets for the uploads.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from servers import serving
+
+from ragsieve import ConformalFilter, Pair
+from ragsieve.artifact import covers, seal_value
+from ragsieve.calibration import SplitConformalCalibrator
+from ragsieve.scoring import ReaderScorer, RelativeScorer
+from ragsieve.server.reload import Generations
+
+KEY = "h4-key"
+AUTH = {"X-API-Key": KEY}
+
+
+# ---------------------------------------------------------------------- fixtures, helpers
+@pytest.fixture(scope="module")
+def minilm_artifact(served_artifact: Any) -> Path:
+    return Path(served_artifact(SplitConformalCalibrator(alpha=0.2)))
+
+
+@pytest.fixture(scope="module")
+def lists_artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[Pair],
+                   embedding_cache_dir: Path) -> Path:
+    """A list-aware filter (MiniLM's query-relative score) on XQuAD-en's own lists (3 to 9
+    snippets), with a monitor reference."""
+    root = tmp_path_factory.mktemp("h4-lists")
+    flt = ConformalFilter(RelativeScorer(cache_dir=embedding_cache_dir), alpha=0.2)
+    return Path(flt.calibrate(xquad_en[:300]).save(root / "relative.json"))
+
+
+def _reader_twin(path: Path, out: Path, blob: bytes) -> Path:
+    """``path`` resealed as a reader whose sealed weights are ``blob`` (hashing to its name:
+    only the seal's recomputation, no reader fit, made it)."""
+    payload = json.loads(path.read_text())
+    sha = hashlib.sha256(blob).hexdigest()
+    payload["scorer"] = {**ReaderScorer().spec(), "weights": sha}
+    payload["weights"] = {sha: base64.b64encode(blob).decode("ascii")}
+    payload["checksum"]["covers"] = covers(payload)
+    payload["checksum"]["value"] = seal_value(payload)
+    out.write_text(json.dumps(payload))
+    return out
+
+
+def _safetensors(header: dict[str, Any], data: bytes = b"", *, size: int | None = None) -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text) if size is None else size) + text + data
+
+
+#: Weights that are no safetensors file, a header that declares 2**40 bytes, one tensor of
+#: another name and shape.
+BAD_WEIGHTS = {
+    "junk": b"not weights at all " * 64,
+    "header-bomb": _safetensors({"x": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]}},
+                                b"\0\0", size=2**40),
+    "wrong-tensor": _safetensors({"x": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}},
+                                 b"\0\0\0\0"),
+}
+
+
+def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except httpx.TransportError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _short_list(i: int) -> dict[str, Any]:
+    """A list of 2 snippets, where every calibration list had 3 to 9."""
+    return {"query": f"Which river flows through city {i}?",
+            "snippets": [f"The river Zq{i} flows through the city.", "Cities have streets."]}
+
+
+# ---------------------------------------------------------------------- item 3
+def test_a_reload_whose_scorer_cannot_score_is_refused_and_never_published(
+        minilm_artifact: Path, tmp_path: Path, embedding_cache_dir: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    served = tmp_path / "served.json"
+    shutil.copy(minilm_artifact, served)
+    state = tmp_path / "state"
+    options = {"scorer_options": {"cache_dir": embedding_cache_dir}, "api_key": KEY,
+               "state_dir": state}
+    body = {"query": "Where is the river?", "snippets": ["The river is in the north."]}
+    caplog.set_level(logging.INFO, logger="ragsieve")
+    with serving(served, **options) as srv:
+        before = httpx.get(srv.url + "/healthz").json()
+        for name, blob in BAD_WEIGHTS.items():
+            _reader_twin(minilm_artifact, served, blob)
+            caplog.clear()
+            reply = httpx.post(srv.url + "/admin/reload", headers=AUTH, timeout=300)
+            assert reply.status_code == 422, (name, reply.status_code, reply.text)
+            detail = reply.json()["detail"]
+            assert "\n" not in detail and "cannot score with its scorer" in detail, detail
+            time.sleep(1.5)  # three polls of the reload thread: nothing more is logged
+            errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert len(errors) == 1 and "refused" in errors[0].getMessage(), (
+                name, [r.getMessage()[:200] for r in errors])
+            assert not any(r.exc_info for r in caplog.records), name  # no traceback
+            health = httpx.get(srv.url + "/healthz").json()
+            assert health["generation"] == before["generation"], name
+            assert health["published_generation"] == before["generation"], name
+            assert health["degraded"] is None
+            assert httpx.post(srv.url + "/filter", json=body, headers=AUTH,
+                              timeout=60).status_code == 200
+        control = Generations(state / "control.sqlite")
+        try:
+            assert control.latest_number() == before["generation"]  # nothing published
+        finally:
+            control.close()
+        shutil.copy(minilm_artifact, served)  # the good file back: served as before
+        again = httpx.post(srv.url + "/admin/reload", headers=AUTH, timeout=300)
+        assert again.status_code == 200 and again.json()["changed"] is False
+
+
+# ---------------------------------------------------------------------- item 6
+def test_an_unchanged_reload_keeps_the_list_alarm_and_only_a_reset_clears_it(
+        lists_artifact: Path, tmp_path: Path, embedding_cache_dir: Path) -> None:
+    served = tmp_path / "served.json"
+    shutil.copy(lists_artifact, served)
+    options = {"scorer_options": {"cache_dir": embedding_cache_dir}, "api_key": KEY,
+               "state_dir": tmp_path / "state"}
+    with serving(served, **options) as srv:
+        for i in range(15):
+            reply = httpx.post(srv.url + "/filter", json=_short_list(i), headers=AUTH,
+                               timeout=60)
+            assert reply.status_code == 200 and reply.json()["lists_unlike"] is True
+        lists = httpx.get(srv.url + "/healthz").json()["lists"]
+        assert lists["alarm"] is True and lists["n_seen"] == 15
+        reload = httpx.post(srv.url + "/admin/reload", headers=AUTH, timeout=120).json()
+        assert reload["changed"] is False and reload["lists_reset"] is False
+        lists = httpx.get(srv.url + "/healthz").json()["lists"]
+        assert lists["alarm"] is True and lists["n_seen"] == 15  # the same artifact: kept
+        reset = httpx.post(srv.url + "/admin/monitor/reset", headers=AUTH, timeout=60)
+        assert reset.status_code == 200, reset.text
+        assert reset.json()["lists_reset"] is True and reset.json()["monitor_reset"] is True
+        lists = httpx.get(srv.url + "/healthz").json()["lists"]
+        assert lists["alarm"] is False and lists["n_seen"] == 0
