@@ -12,13 +12,9 @@ import base64
 import hashlib
 import json
 import logging
-import os
 import shutil
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -171,3 +167,58 @@ def test_an_unchanged_reload_keeps_the_list_alarm_and_only_a_reset_clears_it(
         assert reset.json()["lists_reset"] is True and reset.json()["monitor_reset"] is True
         lists = httpx.get(srv.url + "/healthz").json()["lists"]
         assert lists["alarm"] is False and lists["n_seen"] == 0
+
+
+# ---------------------------------------------------------------------- item 1
+def _idle_upload(port: int, *, key: str | None = None, source: str = "127.0.0.1",
+                 size: int = 1_000_000) -> socket.socket:
+    """A ``POST /filter`` that declares ``size`` bytes of body and sends none of them."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
+    head = (f"POST /filter HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {size}\r\n")
+    if key is not None:
+        head += f"X-API-Key: {key}\r\n"
+    sock.sendall((head + "\r\n").encode())
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, str]:
+    """The status and body of the one response on ``sock`` (then closed)."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode("utf-8", "replace")
+
+
+def test_keyless_idle_uploads_cannot_block_keyed_requests(minilm_artifact: Path,
+                                                         embedding_cache_dir: Path) -> None:
+    options = {"scorer_options": {"cache_dir": embedding_cache_dir}, "api_key": KEY,
+               "body_idle_timeout": 3.0}
+    body = {"query": "Where is the river?", "snippets": ["The river is in the north."]}
+    with serving(minilm_artifact, **options) as srv:
+        keyless = [_idle_upload(srv.port) for _ in range(4)]  # 4 x 1 MB: the whole cap
+        keyed = httpx.post(srv.url + "/filter", json=body, headers=AUTH, timeout=60)
+        assert keyed.status_code == 200, keyed.text
+        for sock in keyless:  # refused from their head, nothing reserved
+            status, text = _answer(sock)
+            assert status == 401 and "API key" in text
+        # one address holds at most 2 x max_body_bytes of the receiving cap
+        held = [_idle_upload(srv.port, key=KEY, source="127.0.0.2") for _ in range(2)]
+        time.sleep(0.5)  # both heads read (order only: nothing is timed)
+        status, text = _answer(_idle_upload(srv.port, key=KEY, source="127.0.0.2"))
+        assert status == 429 and "--max-receiving-per-client" in text, text
+        keyed = httpx.post(srv.url + "/filter", json=body, headers=AUTH, timeout=60)
+        assert keyed.status_code == 200, keyed.text  # another address still gets in
+        for sock in held:  # the idle bodies time out on the idle timeout, not the 60 s
+            status, text = _answer(sock)
+            assert status == 408 and "--body-idle-timeout" in text, text
+        # the unknown and the admin paths want the key too; /healthz does not
+        assert httpx.post(srv.url + "/nowhere", json={}).status_code == 401
+        assert httpx.get(srv.url + "/healthz").status_code == 200

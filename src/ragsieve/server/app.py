@@ -63,6 +63,7 @@ from .schemas import (
 )
 from .security import (
     CLIENT_HEADER,
+    APIKeyMiddleware,
     BodyLimitMiddleware,
     CrossSiteGuard,
     HostCheckMiddleware,
@@ -79,6 +80,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two looks at the published generation (and, with watch, the file).
 POLL_SECONDS = 0.5
+#: The paths a keyed service answers without the key (the page asks for it itself).
+OPEN_PATHS = ("/healthz", "/")
 
 Role = Literal["single", "worker"]
 
@@ -100,13 +103,16 @@ _GUARD_ERRORS: dict[int | str, dict[str, Any]] = {
 #: The error answers of a route that reads a JSON body (``/filter``, ``/query``).
 _BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     **_GUARD_ERRORS,
-    408: _error("The body did not arrive within the service's body timeout."),
+    408: _error("The body did not arrive within the service's body timeout, or no byte of "
+                "it arrived for body_idle_timeout seconds."),
     413: _error("Body larger than the service's max_body_bytes."),
     415: _error("Content-Type is not application/json."),
     422: _error(
         "Body is not strict JSON (UTF-8, finite numbers, unique keys, valid Unicode), does "
         "not match the schema, or holds values the filter refuses (detail says which)."
     ),
+    429: _error("The bodies this client address is sending at once would pass "
+                "max_receiving_per_client; Retry-After says when to retry."),
     503: _error("The bodies being received at once would pass max_receiving_bytes; "
                 "Retry-After says when to retry."),
 }
@@ -278,7 +284,8 @@ def _add_admin_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publish
         changed = checked.checksum != before.checksum
         return ReloadResponse(generation=now.generation, checksum=now.checksum, changed=changed,
                               monitor_reset=changed and now.monitor is not None,
-                              lists_reset=changed and now.flt.list_watch is not None)
+                              lists_reset=changed and now.flt.list_watch is not None
+                              and now.flt.list_watch.active)
 
 
 def _add_page(app: fastapi.FastAPI, runtime: Runtime, api_key: str | None,
@@ -328,7 +335,8 @@ def _add_monitor_reset(app: fastapi.FastAPI, runtime: Runtime, api_key: str | No
     def admin_monitor_reset(request: fastapi.Request) -> MonitorResetResponse:
         client = _admin_client(request, api_key, "/admin/monitor/reset")
         service = runtime.current
-        if service.monitor is None and service.flt.list_watch is None:
+        watch = service.flt.list_watch
+        if service.monitor is None and (watch is None or not watch.active):
             raise http_error(404, NO_MONITOR)
         state, lists_reset = runtime.reset_monitors(service)
         logger.warning("exchangeability monitor%s reset by POST /admin/monitor/reset from %s "
@@ -592,12 +600,17 @@ def _wire(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         app.add_exception_handler(exc_class, handler)
     _add_routes(app, runtime, publisher, options.api_key)
     _add_monitor_reset(app, runtime, options.api_key)
-    # the last added runs first: metrics, Host, cross-site, body limits, unexpected
-    # errors, then the routes
+    # the last added runs first: metrics, Host, cross-site, API key, body limits,
+    # unexpected errors, then the routes
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes,
                        body_timeout=options.body_timeout,
-                       max_receiving_bytes=options.receiving_limit)
+                       max_receiving_bytes=options.receiving_limit,
+                       max_receiving_per_client=options.per_client_limit,
+                       body_idle_timeout=options.body_idle_timeout)
+    if options.api_key is not None:  # from the request head, before any body is reserved
+        app.add_middleware(APIKeyMiddleware, api_key=options.api_key,
+                           open_paths=OPEN_PATHS)
     app.add_middleware(CrossSiteGuard, routes=app.router.routes)
     if "*" in options.allowed_hosts:
         logger.warning("allowed_hosts '*': the Host check is off; a page of any site can "

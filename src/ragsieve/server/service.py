@@ -1009,16 +1009,18 @@ class Runtime:
 
     def reset_monitors(self, service: Service) -> tuple[Any, bool]:
         """Reset a service's exchangeability monitor (its state, or None without one) and
-        its list check (True when it has one): ``POST /admin/monitor/reset``."""
+        its list check (True when it has one that watches: a list-dependent score):
+        ``POST /admin/monitor/reset``."""
         state = None
         if service.monitor is not None:
             service.monitor.reset()
             state = service.monitor.state
             self.metrics.set_monitor(state)
         watch = service.flt.list_watch
-        if watch is not None:
-            watch.reset()
-        return state, watch is not None
+        if watch is None or not watch.active:
+            return state, False
+        watch.reset()
+        return state, True
 
     # ------------------------------------------------------------------ building, swapping
     def check_to_publish(self, text: str, source: str) -> ArtifactCheck:
