@@ -26,6 +26,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from browser import chrome  # noqa: F401  (the session's headless Chromium)
 from servers import serving
 
 from ragsieve import ConformalFilter, Pair
@@ -35,6 +36,7 @@ from ragsieve.scoring import ReaderScorer, RelativeScorer
 from ragsieve.server.reload import Generations
 
 KEY = "h4-key"
+XSS = '<img src=x onerror="window.__pwned = 1"> <script>window.__pwned = 2</script>'
 AUTH = {"X-API-Key": KEY}
 
 
@@ -222,3 +224,37 @@ def test_keyless_idle_uploads_cannot_block_keyed_requests(minilm_artifact: Path,
         # the unknown and the admin paths want the key too; /healthz does not
         assert httpx.post(srv.url + "/nowhere", json={}).status_code == 401
         assert httpx.get(srv.url + "/healthz").status_code == 200
+
+
+# ---------------------------------------------------------------------- item 12
+def test_the_page_shows_the_list_check(lists_artifact: Path, embedding_cache_dir: Path,
+                                       chrome: Any) -> None:  # noqa: F811
+    """A list of 2 snippets to a filter calibrated on lists of 3 to 9: the page's result
+    says so, as text (the note is set with textContent, never parsed as markup)."""
+    pytest.importorskip("selenium")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with serving(lists_artifact, scorer_options={"cache_dir": embedding_cache_dir}) as srv:
+        query, snippets = "Which river flows through the city?", [
+            "The river <b>Zq</b> flows through the city.", XSS]
+        answer = httpx.post(srv.url + "/filter", json={"query": query, "snippets": snippets},
+                            timeout=60).json()
+        assert answer["lists_unlike"] is True and "a list of 2 snippets" in answer["lists_note"]
+        chrome.get(srv.url + "/")
+        WebDriverWait(chrome, 60).until(
+            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-status")
+            == "loaded")
+        chrome.find_element(By.ID, "query").send_keys(query)
+        chrome.find_element(By.ID, "snippets").send_keys("\n".join(snippets))
+        chrome.find_element(By.ID, "submit").click()
+        WebDriverWait(chrome, 120).until(
+            lambda d: d.find_element(By.ID, "result").get_attribute("data-done")
+            or d.find_element(By.ID, "error").text)
+        assert chrome.find_element(By.ID, "error").text == ""
+        note = chrome.find_element(By.ID, "lists-note")
+        assert note.is_displayed()
+        assert answer["lists_note"] in note.text and note.text.startswith("Unlike the calibration")
+        assert note.find_elements(By.XPATH, "./*") == []  # text only, no markup
+        assert chrome.execute_script("return window.__pwned") is None
+        chrome.get("about:blank")
