@@ -12,9 +12,13 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import shutil
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -169,6 +173,86 @@ def test_an_unchanged_reload_keeps_the_list_alarm_and_only_a_reset_clears_it(
         assert reset.json()["lists_reset"] is True and reset.json()["monitor_reset"] is True
         lists = httpx.get(srv.url + "/healthz").json()["lists"]
         assert lists["alarm"] is False and lists["n_seen"] == 0
+
+
+# ---------------------------------------------------------------------- item 7
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Serve:
+    """The CLI's ``serve`` as a child process (its log in a file), up when it answers."""
+
+    def __init__(self, artifact: Path, state: Path, cache: Path, log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log
+        self._log = open(log, "w", encoding="utf-8")  # noqa: SIM115 (closed in stop)
+        cmd = [sys.executable, "-m", "ragsieve.cli", "serve", "--filter", str(artifact),
+               "--port", str(self.port), "--state-dir", str(state), "--cache-dir", str(cache)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ))
+        _until("serve to answer", self._up, timeout=300)
+
+    def _up(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"serve exited with {self.proc.returncode}:\n"
+                                 + self.log_path.read_text()[-3000:])
+        return httpx.get(self.url + "/healthz", timeout=5).status_code == 200
+
+    def health(self) -> dict[str, Any]:
+        return dict(httpx.get(self.url + "/healthz", timeout=30).json())
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def test_the_alarms_survive_kill_9_and_not_another_artifact(
+        lists_artifact: Path, minilm_artifact: Path, tmp_path: Path,
+        embedding_cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A real ``serve`` process fires both alarms and is killed (SIGKILL); a service started
+    on its state directory with the same artifact has them on, another artifact not."""
+    state = tmp_path / "state"
+    first = _Serve(lists_artifact, state, embedding_cache_dir, tmp_path / "first.log")
+    try:
+        for i in range(40):  # the question itself and noise, 2 snippets: both alarms fire
+            question = f"Which river flows through the city number {i}?"
+            body = {"query": question, "snippets": [question, f"zq{i} xv kk pp"]}
+            assert httpx.post(first.url + "/filter", json=body, headers={"X-Ragsieve": "1"},
+                              timeout=60).status_code == 200
+            fired = first.health()
+            if fired["monitor"]["alarm"] and fired["lists"]["alarm"]:
+                break
+        assert fired["monitor"]["alarm"] and fired["lists"]["alarm"]
+    finally:
+        first.stop(signal.SIGKILL)
+    assert first.proc.returncode == -signal.SIGKILL
+    options = {"scorer_options": {"cache_dir": embedding_cache_dir}, "state_dir": state}
+    caplog.set_level(logging.INFO, logger="ragsieve")
+    with serving(lists_artifact, **options) as again:  # the same state directory
+        health = httpx.get(again.url + "/healthz").json()
+    for name, n in (("monitor", "n_observed"), ("lists", "n_seen")):
+        assert health[name]["alarm"] is True, (name, health[name])
+        assert health[name][n] == fired[name][n]
+        assert health[name]["fired_at"] == fired[name]["fired_at"]
+    assert "go on from it" in caplog.text
+    caplog.clear()
+    with serving(minilm_artifact, **options) as other:  # another artifact: discarded
+        assert httpx.get(other.url + "/healthz").json()["monitor"]["alarm"] is False
+    assert "discarded" in caplog.text
+    with serving(lists_artifact, **options) as back:  # its state is from before: not used
+        health = httpx.get(back.url + "/healthz").json()
+    assert health["monitor"]["alarm"] is False and health["monitor"]["n_observed"] == 0
+    assert health["lists"]["alarm"] is False and health["lists"]["n_seen"] == 0
 
 
 # ---------------------------------------------------------------------- item 1
