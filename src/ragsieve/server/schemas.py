@@ -394,14 +394,16 @@ class StatusResponse(BaseModel):
 
 
 class ListsInfo(BaseModel):
-    """The calibration lists and this process's check of the served lists against them."""
+    """The calibration lists and the service's check of the served lists against them (kept
+    in the state directory: shared by the workers, kept across restarts on one artifact)."""
 
     calibration: str = Field(description="Where the calibration lists came from and their "
                              "lengths, in words.")
     source: str = Field(description="'retriever', 'deployed' or 'data' (see docs/deploy.md).")
     list_dependent: bool = Field(description="Whether the score reads the whole list (only then "
                                  "are the served lists checked).")
-    n_seen: int = Field(description="Lists checked by this process.")
+    n_seen: int = Field(description="Lists checked since this artifact was first served here "
+                        "or the last POST /admin/monitor/reset.")
     n_outside: int = Field(description="Of them, lists whose length was outside the "
                            "calibration lengths.")
     alarm: bool = Field(description="True once the sequential test fired (stays on).")

@@ -1075,6 +1075,10 @@ class Runtime:
         self.metrics.set_monitor(None if service.monitor is None else service.monitor.state)
         if old is None:
             return
+        watch: Any = old.flt.list_watch
+        if watch is not None and watch is not service.flt.list_watch \
+                and callable(getattr(watch, "close", None)):
+            watch.close()  # its file: the old artifact's (in-flight requests go on in memory)
         logger.warning("pid %d now serves generation %d (checksum %s, mode %s; was generation "
                        "%d, checksum %s)", os.getpid(), service.generation, service.checksum[:12],
                        service.flt.mode, old.generation, old.checksum[:12])
