@@ -799,7 +799,7 @@ class Service:
                       endpoint_note=self.flt.scorer.endpoint_note())
 
     def lists_info(self) -> ListsInfo | None:
-        """The calibration lists and this process's list check (None without a record)."""
+        """The calibration lists and the service's list check (None without a record)."""
         flt = self.flt
         if flt.lists is None or flt.list_watch is None:
             return None
