@@ -7,9 +7,11 @@ prepares everything the workers share, then runs uvicorn's process supervisor:
   building what a worker builds) and published as generation 1 in ``control.sqlite``;
   each worker serves the newest generation it can build and polls for a newer one every
   0.5 s;
-* the exchangeability monitor's store (``monitor-<checksum>.sqlite``, reset at start and
-  on a reload of another artifact): one sequential martingale over the merged stream of
-  requests of all workers, updated in a transaction per request;
+* the exchangeability monitor's store (``monitor-<checksum>.sqlite``) and the list
+  check's (``lists-<checksum>.sqlite``), reset at start when the state directory's newest
+  generation is another artifact and on a reload of another artifact, kept otherwise: one
+  sequential test over the merged stream of requests of all workers, updated in a
+  transaction per request;
 * the feedback database and its adaptive threshold;
 * a fresh ``PROMETHEUS_MULTIPROC_DIR`` (removed at exit), so ``GET /metrics`` on any
   worker reports the sum over all workers.
