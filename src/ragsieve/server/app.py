@@ -544,9 +544,9 @@ def _start_single(runtime: Runtime, filter_path: str | Path, options: ServeOptio
                             str(filter_path))
     previous = runtime.generations.latest()
     if previous is not None and previous.checksum == checked.checksum:
-        logger.warning("state directory holds the monitors' state of this artifact (checksum "
-                       "%s): the drift alarm and the list check go on from it",
-                       checked.checksum[:12])
+        logger.info("state directory holds the monitors' state of this artifact (checksum "
+                    "%s): the drift alarm and the list check go on from it",
+                    checked.checksum[:12])
     else:
         if previous is not None:
             logger.warning("state directory held the monitors' state of another artifact "

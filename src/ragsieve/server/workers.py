@@ -211,9 +211,9 @@ def _publish_first(filter_path: str | Path, options: ServeOptions, state: Path,
             logger.warning("state directory held the monitors' state of another artifact "
                            "(checksum %s); discarded", previous.checksum[:12])
     else:
-        logger.warning("state directory holds the monitors' state of this artifact (checksum "
-                       "%s): the drift alarm and the list check go on from it",
-                       checked.checksum[:12])
+        logger.info("state directory holds the monitors' state of this artifact (checksum "
+                    "%s): the drift alarm and the list check go on from it",
+                    checked.checksum[:12])
     number = generations.publish(checked.text, checked.checksum, "start")
     logger.info("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
                 filter_path, number, checked.checksum[:12], options.workers, state)
