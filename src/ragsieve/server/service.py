@@ -278,15 +278,19 @@ def monitor_path(monitor_dir: Path, checksum: str) -> Path:
 def reset_shared_monitor(artifact: Artifact, checksum: str, monitor_dir: Path,
                          delta: float, factory: Callable[..., Any] | None = None) -> bool:
     """Reset an artifact's shared monitor store and its list check's
-    (:mod:`ragsieve.server.list_store`); False when the artifact has no monitor reference."""
+    (:mod:`ragsieve.server.list_store`) when they were kept (a store not there yet starts
+    fresh, at epoch 0, like a monitor in memory); False when nothing was reset or the
+    artifact has no monitor reference."""
     lists = lists_path(monitor_dir, checksum)
     try:
         reset_lists_file(lists)
     except (sqlite3.Error, OSError) as exc:
         raise DataError(f"state file {str(lists)!r} cannot be reset ({exc}); move it away or "
                         "pass another --state-dir.") from exc
-    monitor = (factory or monitor_from_artifact)(artifact, delta=delta,
-                                                 store=monitor_path(monitor_dir, checksum))
+    store = monitor_path(monitor_dir, checksum)
+    if not store.exists():
+        return False
+    monitor = (factory or monitor_from_artifact)(artifact, delta=delta, store=store)
     if monitor is None:
         return False
     try:
