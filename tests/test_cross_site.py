@@ -406,8 +406,11 @@ def _finish(conn: _Conn) -> str:
 
 def test_slow_bodies_cannot_take_more_than_max_receiving_bytes(
         artifacts: dict[str, Path]) -> None:
+    # every connection here comes from 127.0.0.1: the per-address cap is set to the whole
+    # cap, so that this test sees the cap over all connections alone
     with serving(artifacts["a"], warmup=False, max_body_bytes=MAX_BODY,
-                 max_receiving_bytes=MAX_RECEIVING) as srv:
+                 max_receiving_bytes=MAX_RECEIVING,
+                 max_receiving_per_client=MAX_RECEIVING) as srv:
         first, second = _slow(srv.port), _slow(srv.port)  # 2000 bytes being received
         third = _Conn(srv.port)
         status = third.head(MAX_BODY)  # 3000 > 2500: refused before its body is read

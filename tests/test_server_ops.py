@@ -141,7 +141,7 @@ def test_each_app_has_its_own_registry(artifacts: dict[str, Path], options: dict
 def test_unknown_paths_share_one_label(artifacts: dict[str, Path], options: dict[str, Any]) -> None:
     with serving(artifacts["a"], **options) as srv:
         for i in range(3):
-            assert httpx.get(srv.url + f"/nope/{i}").status_code == 404
+            assert httpx.get(srv.url + f"/nope/{i}", headers=AUTH).status_code == 404
         m = _metrics(srv.url)
     assert _m(m, "ragsieve_requests_total", endpoint="other", status="404") == 3
     assert not any("/nope" in str(k) for k in m)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -111,6 +113,34 @@ class OnlineConformalTest:
         self._log_a = np.full(self._eps.size, -math.inf)
         #: Values observed so far.
         self.t = 0
+
+    def to_state(self) -> dict[str, Any]:
+        """What the test has seen, as plain JSON (the reference is not included: it is the
+        calibration's, rebuilt from the artifact)."""
+        return {"t": self.t, "live": [[k, n] for k, n in sorted(self._live.items())],
+                "rng": self._rng.bit_generator.state,
+                "log_a": [None if not math.isfinite(v) else float(v) for v in self._log_a]}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`to_state`'s output.
+
+        Raises
+        ------
+        ValueError, TypeError, KeyError
+            A state of another shape (e.g. an edited file).
+        """
+        t, live, log_a = state["t"], state["live"], state["log_a"]
+        if not isinstance(t, int) or not isinstance(live, list) or not isinstance(log_a, list) \
+                or len(log_a) != self._log_a.size:
+            raise ValueError(f"a test state needs an int t, a live list and {self._log_a.size} "
+                             "log capitals.")
+        counts: Counter[float] = Counter()
+        for key, n in live:
+            counts[float(key)] = int(n)
+        rng = np.random.default_rng()
+        rng.bit_generator.state = state["rng"]
+        self._live, self._rng, self.t = counts, rng, t
+        self._log_a = np.array([-math.inf if v is None else float(v) for v in log_a])
 
     def p_value(self, value: float) -> float:
         """The smoothed p-value of ``value`` against the reference and the live values,

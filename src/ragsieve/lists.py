@@ -604,6 +604,40 @@ class ListWatch:
             self._alarm_note: str | None = None
             self._warned_outside = False
 
+    def to_state(self) -> dict[str, Any]:
+        """Everything the watch has seen, as plain JSON (:meth:`load_state` continues from
+        it): the service keeps it in its state directory so a restart keeps the alarm."""
+        with self._lock:
+            return {"n_seen": self.n_seen, "n_outside": self.n_outside,
+                    "fired_at": self.fired_at, "fired": self._fired,
+                    "warned_outside": self._warned_outside, "log_m": dict(self._log_m),
+                    "recent": {k: list(v) for k, v in self._recent.items()},
+                    "tests": {k: t.to_state() for k, t in self._tests.items()}}
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`to_state`'s output (of a watch of the same record).
+
+        Raises
+        ------
+        ValueError, TypeError, KeyError
+            A state of another shape or of other statistics.
+        """
+        tests = state["tests"]
+        if set(tests) != set(self._tests) or set(state["recent"]) != set(self._tests):
+            raise ValueError(f"a list watch state of statistics {sorted(tests)}, expected "
+                             f"{sorted(self._tests)}.")
+        with self._lock:
+            for name, test in self._tests.items():
+                test.load_state(tests[name])
+            self._log_m = {k: float(state["log_m"][k]) for k in self._tests}
+            self._recent = {k: deque((float(v) for v in state["recent"][k]), maxlen=WINDOW)
+                            for k in self._tests}
+            self.n_seen, self.n_outside = int(state["n_seen"]), int(state["n_outside"])
+            fired_at = state["fired_at"]
+            self.fired_at = None if fired_at is None else int(fired_at)
+            self._fired = None if state["fired"] is None else str(state["fired"])
+            self._warned_outside = bool(state["warned_outside"])
+
     @property
     def alarm(self) -> bool:
         """True once the sequential test has fired."""

@@ -458,6 +458,14 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
                         "connections (of one process); a request that would pass it gets 503 "
                         "with Retry-After before its body is read (default 4 x "
                         "--max-body-bytes)")
+    p.add_argument("--max-receiving-per-client", type=positive_int, default=None, metavar="N",
+                   help="most bytes of request bodies one client address may be sending at "
+                        "once; beyond it 429 with Retry-After (default 2 x --max-body-bytes, at "
+                        "most --max-receiving-bytes; behind a proxy every client has its "
+                        "address: raise it)")
+    p.add_argument("--body-idle-timeout", type=positive_float, default=None, metavar="S",
+                   help="seconds a request body may go without a byte arriving before 408 and "
+                        "the connection closed (default 10)")
     p.add_argument("--max-snippets", type=positive_int, default=None,
                    help="requests with more snippets or labels get 413 (default 1000)")
     p.add_argument("--rerank-return", choices=("kept", "all"), default=None,

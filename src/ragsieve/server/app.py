@@ -55,7 +55,7 @@ from .schemas import (
     FilterRequest,
     FilterResponse,
     Health,
-    MonitorInfo,
+    MonitorResetResponse,
     QueryRequest,
     QueryResponse,
     ReloadResponse,
@@ -63,6 +63,7 @@ from .schemas import (
 )
 from .security import (
     CLIENT_HEADER,
+    APIKeyMiddleware,
     BodyLimitMiddleware,
     CrossSiteGuard,
     HostCheckMiddleware,
@@ -79,6 +80,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two looks at the published generation (and, with watch, the file).
 POLL_SECONDS = 0.5
+#: The paths a keyed service answers without the key (the page asks for it itself).
+OPEN_PATHS = ("/healthz", "/")
 
 Role = Literal["single", "worker"]
 
@@ -100,13 +103,16 @@ _GUARD_ERRORS: dict[int | str, dict[str, Any]] = {
 #: The error answers of a route that reads a JSON body (``/filter``, ``/query``).
 _BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     **_GUARD_ERRORS,
-    408: _error("The body did not arrive within the service's body timeout."),
+    408: _error("The body did not arrive within the service's body timeout, or no byte of "
+                "it arrived for body_idle_timeout seconds."),
     413: _error("Body larger than the service's max_body_bytes."),
     415: _error("Content-Type is not application/json."),
     422: _error(
         "Body is not strict JSON (UTF-8, finite numbers, unique keys, valid Unicode), does "
         "not match the schema, or holds values the filter refuses (detail says which)."
     ),
+    429: _error("The bodies this client address is sending at once would pass "
+                "max_receiving_per_client; Retry-After says when to retry."),
     503: _error("The bodies being received at once would pass max_receiving_bytes; "
                 "Retry-After says when to retry."),
 }
@@ -277,7 +283,9 @@ def _add_admin_routes(app: fastapi.FastAPI, runtime: Runtime, publisher: Publish
                                   "loaded here; see the service log.")
         changed = checked.checksum != before.checksum
         return ReloadResponse(generation=now.generation, checksum=now.checksum, changed=changed,
-                              monitor_reset=changed and now.monitor is not None)
+                              monitor_reset=changed and now.monitor is not None,
+                              lists_reset=changed and now.flt.list_watch is not None
+                              and now.flt.list_watch.active)
 
 
 def _add_page(app: fastapi.FastAPI, runtime: Runtime, api_key: str | None,
@@ -316,24 +324,27 @@ def _add_monitor_reset(app: fastapi.FastAPI, runtime: Runtime, api_key: str | No
         **_GUARD_ERRORS,
         403: _error("Cross-site request (Sec-Fetch-Site, Origin), or no API key is "
                     "configured and the client is not on a loopback address."),
-        404: _error("The served artifact has no monitor reference."),
+        404: _error("The served artifact has neither a monitor reference nor a record of "
+                    "its calibration lists."),
     }
     if api_key is not None:
         responses[401] = _error("Missing or invalid API key.")
 
-    @app.post("/admin/monitor/reset", response_model=MonitorInfo, dependencies=protected,
-              responses=responses)
-    def admin_monitor_reset(request: fastapi.Request) -> MonitorInfo:
+    @app.post("/admin/monitor/reset", response_model=MonitorResetResponse,
+              dependencies=protected, responses=responses)
+    def admin_monitor_reset(request: fastapi.Request) -> MonitorResetResponse:
         client = _admin_client(request, api_key, "/admin/monitor/reset")
         service = runtime.current
-        if service.monitor is None:
+        watch = service.flt.list_watch
+        if service.monitor is None and (watch is None or not watch.active):
             raise http_error(404, NO_MONITOR)
-        service.monitor.reset()
-        state = service.monitor.state
-        runtime.metrics.set_monitor(state)
-        logger.warning("exchangeability monitor reset by POST /admin/monitor/reset from %s "
-                       "(generation %d)", printable(client), service.generation)
-        return monitor_info(state)
+        state, lists_reset = runtime.reset_monitors(service)
+        logger.warning("exchangeability monitor%s reset by POST /admin/monitor/reset from %s "
+                       "(generation %d)", " and list check" if lists_reset else "",
+                       printable(client), service.generation)
+        info = {} if state is None else monitor_info(state).model_dump()
+        return MonitorResetResponse(**info, monitor_reset=state is not None,
+                                    lists_reset=lists_reset)
 
 
 def _prepare_index(runtime: Runtime, index_path: str | Path | None, checked: Any, *,
@@ -508,9 +519,10 @@ def _start_runtime(filter_path: str | Path, options: ServeOptions, state: _Serve
         closables.append(generations)
         runtime = Runtime(options, generations=generations, store=store,
                           metrics=ServiceMetrics(), index=None,
-                          monitor_dir=state.path if role == "worker" else None,
+                          monitor_dir=state.path,
                           monitor_factory=monitor_factory)
-        publisher = Publisher(filter_path, generations, runtime.check, runtime.before_publish,
+        publisher = Publisher(filter_path, generations, runtime.check_to_publish,
+                              runtime.before_publish,
                               max_bytes=options.max_artifact_bytes,
                               served=lambda: runtime.current.generation)
         prepare = partial(_prepare_index, runtime, options.index_path, warmup=options.warmup)
@@ -530,6 +542,18 @@ def _start_single(runtime: Runtime, filter_path: str | Path, options: ServeOptio
     """Check the artifact file, publish it as the first generation and serve it."""
     checked = runtime.check(read_text(filter_path, max_bytes=options.max_artifact_bytes),
                             str(filter_path))
+    previous = runtime.generations.latest()
+    if previous is not None and previous.checksum == checked.checksum:
+        logger.info("state directory holds the monitors' state of this artifact (checksum "
+                    "%s): the drift alarm and the list check go on from it",
+                    checked.checksum[:12])
+    else:
+        if previous is not None:
+            logger.warning("state directory held the monitors' state of another artifact "
+                           "(checksum %s); discarded: the drift alarm and the list check start "
+                           "afresh for checksum %s", previous.checksum[:12],
+                           checked.checksum[:12])
+        runtime.before_publish(checked, None)  # a fresh martingale and list check
     number = runtime.generations.publish(checked.text, checked.checksum, "start")
     runtime.start([Generation(number, checked.checksum, checked.text, "start")], prepare,
                   checked=checked)
@@ -576,12 +600,17 @@ def _wire(app: fastapi.FastAPI, runtime: Runtime, publisher: Publisher,
         app.add_exception_handler(exc_class, handler)
     _add_routes(app, runtime, publisher, options.api_key)
     _add_monitor_reset(app, runtime, options.api_key)
-    # the last added runs first: metrics, Host, cross-site, body limits, unexpected
-    # errors, then the routes
+    # the last added runs first: metrics, Host, cross-site, API key, body limits,
+    # unexpected errors, then the routes
     app.add_middleware(UnexpectedErrorMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=options.max_body_bytes,
                        body_timeout=options.body_timeout,
-                       max_receiving_bytes=options.receiving_limit)
+                       max_receiving_bytes=options.receiving_limit,
+                       max_receiving_per_client=options.per_client_limit,
+                       body_idle_timeout=options.body_idle_timeout)
+    if options.api_key is not None:  # from the request head, before any body is reserved
+        app.add_middleware(APIKeyMiddleware, api_key=options.api_key,
+                           open_paths=OPEN_PATHS)
     app.add_middleware(CrossSiteGuard, routes=app.router.routes)
     if "*" in options.allowed_hosts:
         logger.warning("allowed_hosts '*': the Host check is off; a page of any site can "

@@ -35,7 +35,7 @@ from .feedback import (
     DEFAULT_MAX_SERVED_ROWS,
 )
 from .reload import DEFAULT_MAX_ARTIFACT_BYTES
-from .security import RECEIVING_FACTOR, check_allowed_hosts
+from .security import BODY_IDLE_TIMEOUT, PER_CLIENT_FACTOR, RECEIVING_FACTOR, check_allowed_hosts
 
 __all__ = [
     "DEFAULT_MAX_PIECES",
@@ -67,7 +67,7 @@ _COUNTS = ("workers", "max_body_bytes", "max_snippets", "max_k", "max_served_row
            "max_labels_per_minute")
 #: Options that are durations: a number of seconds > 0.
 _SECONDS = ("timeout_keep_alive", "timeout_request_header", "body_timeout",
-            "feedback_retention")
+            "feedback_retention", "body_idle_timeout")
 #: Options that are switches: a bool.
 _SWITCHES = ("warmup", "adaptive", "watch")
 #: Options that are paths (or None).
@@ -124,6 +124,13 @@ class ServeOptions:
     body_timeout : float, default=60.0
         Seconds a request has, after its head, to deliver the whole body (408 and the
         connection closed otherwise).
+    body_idle_timeout : float, default=10.0
+        Seconds a body may go without a byte arriving (408 and the connection closed).
+    max_receiving_per_client : int, optional
+        Most bytes of request bodies one client address may be sending at once (429 with
+        ``Retry-After`` beyond). Default (None): ``2 * max_body_bytes``, at most
+        ``max_receiving_bytes``; at least ``max_body_bytes``. Behind a reverse proxy every
+        client has the proxy's address: raise it to ``max_receiving_bytes``.
     scorer_options : Mapping, optional
         Passed to ``ConformalFilter.load`` (e.g. ``{"cache_dir": ...}``).
     warmup : bool, default=True
@@ -231,6 +238,8 @@ class ServeOptions:
     max_labels_per_minute: int = DEFAULT_MAX_LABELS_PER_MINUTE
     rerank_return: str = "kept"
     verify_key_env: str | None = None
+    body_idle_timeout: float = BODY_IDLE_TIMEOUT
+    max_receiving_per_client: int | None = None
 
     def __post_init__(self) -> None:
         for name in _COUNTS:  # stored converted: a numpy int becomes an int (JSON-safe)
@@ -261,6 +270,18 @@ class ServeOptions:
                               min_value=self.max_body_bytes, allow_none=True,
                               hint="at least max_body_bytes")
         object.__setattr__(self, "max_receiving_bytes", receiving)
+        per_client = check_int(self.max_receiving_per_client, "max_receiving_per_client",
+                               min_value=self.max_body_bytes, allow_none=True,
+                               hint="at least max_body_bytes")
+        object.__setattr__(self, "max_receiving_per_client", per_client)
+
+    @property
+    def per_client_limit(self) -> int:
+        """``max_receiving_per_client``, or its default ``2 * max_body_bytes`` (at most
+        :attr:`receiving_limit`)."""
+        if self.max_receiving_per_client is None:
+            return min(PER_CLIENT_FACTOR * self.max_body_bytes, self.receiving_limit)
+        return self.max_receiving_per_client
 
     def verify_key(self) -> bytes | None:
         """The key served artifacts must be signed with (from ``verify_key_env``), or None.

@@ -43,6 +43,7 @@ __all__ = [
     "KeepRuleInfo",
     "KeptSnippet",
     "MonitorInfo",
+    "MonitorResetResponse",
     "QueryRequest",
     "QueryResponse",
     "RecentRequest",
@@ -334,6 +335,22 @@ class MonitorInfo(BaseModel):
     delta: float = Field(description="False-alarm probability bound on exchangeable traffic.")
 
 
+class MonitorResetResponse(BaseModel):
+    """``POST /admin/monitor/reset``: the exchangeability monitor after the reset (its fields
+    null when the artifact has none) and which checks were reset."""
+
+    alarm: bool | None = Field(default=None, description="The monitor's alarm (false).")
+    martingale: float | None = None
+    log10_martingale: float | None = None
+    fired_at: int | None = None
+    fired_time: str | None = None
+    n_observed: int | None = None
+    delta: float | None = None
+    monitor_reset: bool = Field(description="The exchangeability monitor was reset.")
+    lists_reset: bool = Field(description="The list check (alarm, lists seen) was reset; "
+                              "false when the artifact records no calibration lists.")
+
+
 class AdaptiveInfo(BaseModel):
     """The served threshold under ``serve --adaptive`` (adaptive conformal inference)."""
 
@@ -377,14 +394,16 @@ class StatusResponse(BaseModel):
 
 
 class ListsInfo(BaseModel):
-    """The calibration lists and this process's check of the served lists against them."""
+    """The calibration lists and the service's check of the served lists against them (kept
+    in the state directory: shared by the workers, kept across restarts on one artifact)."""
 
     calibration: str = Field(description="Where the calibration lists came from and their "
                              "lengths, in words.")
     source: str = Field(description="'retriever', 'deployed' or 'data' (see docs/deploy.md).")
     list_dependent: bool = Field(description="Whether the score reads the whole list (only then "
                                  "are the served lists checked).")
-    n_seen: int = Field(description="Lists checked by this process.")
+    n_seen: int = Field(description="Lists checked since this artifact was first served here "
+                        "or the last POST /admin/monitor/reset.")
     n_outside: int = Field(description="Of them, lists whose length was outside the "
                            "calibration lengths.")
     alarm: bool = Field(description="True once the sequential test fired (stays on).")
@@ -500,6 +519,8 @@ class ReloadResponse(BaseModel):
     checksum: str | None
     changed: bool = Field(description="The new artifact differs from the one served before.")
     monitor_reset: bool = Field(description="The exchangeability monitor was reset.")
+    lists_reset: bool = Field(default=False, description="The list check (alarm, lists seen) "
+                              "was reset: only when the artifact changed.")
 
 
 class ErrorItem(BaseModel):

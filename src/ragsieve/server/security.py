@@ -3,10 +3,12 @@
 Every request passes, outermost first: :class:`HostCheckMiddleware` (the ``Host`` header
 must name the service: no DNS rebinding), :class:`CrossSiteGuard` (a request that changes
 state must come from the service's own origin and carry JSON or the client header
-``X-Ragsieve``, which no cross-site form or ``no-cors`` fetch can send) and
-:class:`BodyLimitMiddleware` (the per-request body cap and deadline, and a cap on the bytes
-being received across all connections); then the routes' API-key check
-(:func:`api_key_check`).
+``X-Ragsieve``, which no cross-site form or ``no-cors`` fetch can send),
+:class:`APIKeyMiddleware` (the API key, from the request head, before any byte of the body
+is reserved or read) and :class:`BodyLimitMiddleware` (the per-request body cap, deadline
+and idle timeout, and caps on the bytes being received across all connections and per
+client address); then the routes' API-key check (:func:`api_key_check`: the same
+comparison, :func:`key_refusal`, which also declares the schemes in the OpenAPI schema).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ __all__ = [
     "API_KEY_SCHEME",
     "BEARER_SCHEME",
     "CLIENT_HEADER",
+    "APIKeyMiddleware",
     "BodyLimitMiddleware",
     "CrossSiteGuard",
     "HostCheckMiddleware",
@@ -44,6 +47,7 @@ __all__ = [
     "cross_site_refusal",
     "is_loopback_host",
     "is_same_origin",
+    "key_refusal",
     "same_origin",
     "split_host",
 ]
@@ -370,14 +374,62 @@ def is_same_origin(request: fastapi.Request) -> bool:
     sent, equal to the service's own origin (scheme, host and port: :func:`same_origin`).
     A request with neither header (curl, a script) is not same-origin.
     """
-    site = request.headers.get("sec-fetch-site")
-    origin = request.headers.get("origin")
+    return _same_origin_headers(request.headers, request.scope.get("scheme", "http"))
+
+
+def _same_origin_headers(headers: Any, scheme: str) -> bool:
+    """:func:`is_same_origin` of a request's headers (a case-insensitive mapping)."""
+    site = headers.get("sec-fetch-site")
+    origin = headers.get("origin")
     if site is None and origin is None:
         return False
     if site is not None and site.strip().lower() != "same-origin":
         return False
-    return origin is None or same_origin(origin, request.scope.get("scheme", "http"),
-                                         request.headers.get("host"))
+    return origin is None or same_origin(origin, scheme, headers.get("host"))
+
+
+#: The 401 detail of a request without the key (or with another one).
+_NO_KEY = ("missing or invalid API key: send 'Authorization: Bearer <key>' or "
+           "'X-API-Key: <key>'.")
+#: The 403 detail of the key as a Basic password from another origin.
+_BASIC_ELSEWHERE = ("Basic credentials are accepted only from the service's page at / "
+                    "(same-origin requests); send 'Authorization: Bearer <key>' or "
+                    "'X-API-Key: <key>'.")
+
+
+def key_refusal(headers: Any, scheme: str, key: bytes) -> tuple[int, str] | None:
+    """Why a request's head does not carry the API key ``key`` (status, one-line detail), or
+    None when it does: the one comparison of the middleware and the routes' dependency.
+
+    The key is accepted as ``Authorization: Bearer <key>``, ``X-API-Key: <key>`` or, from
+    same-origin requests only (:func:`is_same_origin`; elsewhere 403), as the password of
+    ``Authorization: Basic``; every candidate is compared in constant time
+    (``hmac.compare_digest``). ``headers`` is a case-insensitive mapping.
+
+    Examples
+    --------
+    >>> key_refusal({"x-api-key": "s3cret"}, "http", b"s3cret") is None
+    True
+    >>> key_refusal({}, "http", b"s3cret")[0]
+    401
+    """
+    offered: list[str] = []
+    authorization = headers.get("authorization") or ""
+    scheme_name, _, credentials = authorization.partition(" ")
+    if scheme_name.lower() == "bearer" and credentials.strip():
+        offered.append(credentials.strip())
+    x_api_key = headers.get(API_KEY_HEADER.lower())
+    if x_api_key:
+        offered.append(x_api_key)
+    password = basic_password(authorization)
+    if password is not None:
+        if not _same_origin_headers(headers, scheme):
+            return 403, _BASIC_ELSEWHERE
+        offered.append(password)
+    ok = False  # compare every candidate (no short-circuit) in constant time
+    for candidate in offered:
+        ok |= hmac.compare_digest(candidate.encode("utf-8", "surrogateescape"), key)
+    return None if ok else (401, _NO_KEY)
 
 
 def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
@@ -396,34 +448,47 @@ def api_key_check(api_key: str | None) -> Callable[..., Awaitable[None]]:
 
     async def check_api_key(request: fastapi.Request, credentials: _BearerKey,
                             x_api_key: _HeaderKey) -> None:
+        del credentials, x_api_key  # declared for the OpenAPI schema; read by key_refusal
         if key_bytes is None:
             return
-        offered: list[str] = []
-        if credentials is not None:
-            offered.append(credentials.credentials.strip())
-        if x_api_key:
-            offered.append(x_api_key)
-        password = basic_password(request.headers.get("authorization"))
-        if password is not None:
-            if not is_same_origin(request):
-                raise fastapi.HTTPException(
-                    status_code=403,
-                    detail="Basic credentials are accepted only from the service's page at / "
-                    "(same-origin requests); send 'Authorization: Bearer <key>' or "
-                    "'X-API-Key: <key>'.")
-            offered.append(password)
-        ok = False  # compare every candidate (no short-circuit) in constant time
-        for candidate in offered:
-            ok |= hmac.compare_digest(candidate.encode(), key_bytes)
-        if not ok:
-            raise fastapi.HTTPException(
-                status_code=401,
-                detail="missing or invalid API key: send 'Authorization: Bearer <key>' "
-                "or 'X-API-Key: <key>'.",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        refused = key_refusal(request.headers, request.scope.get("scheme", "http"), key_bytes)
+        if refused is not None:
+            status, detail = refused
+            raise fastapi.HTTPException(status_code=status, detail=detail,
+                                        headers=_challenge(status))
 
     return check_api_key
+
+
+def _challenge(status: int) -> dict[str, str] | None:
+    return {"WWW-Authenticate": "Bearer"} if status == 401 else None
+
+
+class APIKeyMiddleware:
+    """ASGI middleware: 401 (403 for Basic credentials from another origin) unless the
+    request head carries the API key (:func:`key_refusal`), before its body is reserved or
+    read, so clients without the key cannot hold any of the receiving caps.
+
+    Every path but ``open_paths`` (``/healthz``; the page ``/``, which asks for the key
+    itself) needs the key, unknown paths included: they would reserve their body too.
+    """
+
+    def __init__(self, app: Any, api_key: str, open_paths: Iterable[str] = ()) -> None:
+        self.app = app
+        self.key = api_key.encode()
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            refused = key_refusal(fastapi.Request(scope).headers, scope.get("scheme", "http"),
+                                  self.key)
+            if refused is not None:
+                status, detail = refused
+                logger.info("request refused (%d): %s %s without the API key", status,
+                            scope.get("method"), _clip(scope["path"]))
+                await _send_json(send, status, {"detail": detail}, _challenge(status))
+                return
+        await self.app(scope, receive, send)
 
 
 async def _send_json(send: _Send, status: int, payload: dict[str, Any],
@@ -534,26 +599,33 @@ class CrossSiteGuard:
 RECEIVING_FACTOR = 4
 #: Seconds a request refused by the receiving cap is told to wait (``Retry-After``).
 RECEIVING_RETRY_AFTER = 2
+#: ``max_receiving_per_client`` when not given: this many times ``max_body_bytes`` (and at
+#: most ``max_receiving_bytes``), so one address never holds the whole receiving cap.
+PER_CLIENT_FACTOR = 2
+#: Seconds a body may go without a byte arriving before 408 (``--body-idle-timeout``).
+BODY_IDLE_TIMEOUT = 10.0
 
 
 class _Held:
-    """Bytes one request holds of the receiving cap."""
+    """Bytes one request (of client address ``client``) holds of the receiving caps."""
 
-    __slots__ = ("n",)
+    __slots__ = ("client", "n")
 
-    def __init__(self) -> None:
+    def __init__(self, client: str) -> None:
+        self.client = client
         self.n = 0
 
 
 class BodyLimitMiddleware:
-    """ASGI middleware: 413 for bodies over ``max_body_bytes``, 408 for slow bodies, 503 when
-    the bodies being received at once would pass ``max_receiving_bytes``.
+    """ASGI middleware: 413 for bodies over ``max_body_bytes``, 408 for slow or idle bodies,
+    503 when the bodies being received at once would pass ``max_receiving_bytes``, 429 when
+    one client address would hold more than ``max_receiving_per_client`` of them.
 
     The limit is checked on the ``Content-Length`` header and on the bytes actually
     received (chunked uploads have no header); the body is buffered once and replayed
     (the middleware keeps no copy of it while the request is served). A body that has
-    not fully arrived ``body_timeout`` seconds after the request head gets 408 and the
-    connection is closed.
+    not fully arrived ``body_timeout`` seconds after the request head, or that goes
+    ``body_idle_timeout`` seconds without a byte, gets 408 and the connection is closed.
 
     The receiving cap holds across all connections of this process: a request reserves its
     ``Content-Length`` before its first byte is read (a chunked one reserves each chunk as
@@ -563,13 +635,20 @@ class BodyLimitMiddleware:
     """
 
     def __init__(self, app: Any, max_body_bytes: int, body_timeout: float = 60.0,
-                 max_receiving_bytes: int | None = None) -> None:
+                 max_receiving_bytes: int | None = None, *,
+                 max_receiving_per_client: int | None = None,
+                 body_idle_timeout: float = BODY_IDLE_TIMEOUT) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self.body_idle_timeout = body_idle_timeout
         self.max_receiving_bytes = (RECEIVING_FACTOR * max_body_bytes
                                     if max_receiving_bytes is None else max_receiving_bytes)
+        self.max_receiving_per_client = (
+            min(PER_CLIENT_FACTOR * max_body_bytes, self.max_receiving_bytes)
+            if max_receiving_per_client is None else max_receiving_per_client)
         self.receiving = 0  # bytes reserved by the bodies being received (one event loop)
+        self.by_client: dict[str, int] = {}  # of them, by client address
 
     def _too_large(self, size: str) -> dict[str, Any]:
         return {
@@ -585,13 +664,45 @@ class BodyLimitMiddleware:
         await _send_json(send, 503, {"detail": detail},
                          {"Retry-After": str(RECEIVING_RETRY_AFTER)})
 
-    def _reserve(self, held: _Held, n: int) -> bool:
-        """Reserve ``n`` more bytes for one request; False when the cap would be passed."""
-        if n and self.receiving + n > self.max_receiving_bytes:
-            return False
+    async def _client_busy(self, send: _Send, held: _Held, size: str) -> None:
+        holding = self.by_client.get(held.client, 0)
+        detail = (f"client {_clip(held.client)} is sending {holding} bytes of request bodies "
+                  f"at once; this body ({size} bytes) would take that over the limit of "
+                  f"{self.max_receiving_per_client} per client address "
+                  f"(--max-receiving-per-client): retry after {RECEIVING_RETRY_AFTER} s.")
+        logger.warning("request refused (429): %s", detail)
+        await _send_json(send, 429, {"detail": detail},
+                         {"Retry-After": str(RECEIVING_RETRY_AFTER)})
+
+    def _reserve(self, held: _Held, n: int) -> str | None:
+        """Reserve ``n`` more bytes for one request; the cap that would be passed
+        (``"all"``, ``"client"``) refuses it, else None."""
+        if not n:
+            return None
+        if self.receiving + n > self.max_receiving_bytes:
+            return "all"
+        holding = self.by_client.get(held.client, 0)
+        if holding + n > self.max_receiving_per_client:
+            return "client"
         self.receiving += n
+        self.by_client[held.client] = holding + n
         held.n += n
-        return True
+        return None
+
+    def _release(self, held: _Held) -> None:
+        self.receiving -= held.n
+        left = self.by_client.get(held.client, 0) - held.n
+        if left > 0:
+            self.by_client[held.client] = left
+        else:
+            self.by_client.pop(held.client, None)
+        held.n = 0
+
+    async def _refuse(self, send: _Send, cap: str, held: _Held, size: str) -> None:
+        if cap == "client":
+            await self._client_busy(send, held, size)
+        else:
+            await self._busy(send, size)
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "http":
@@ -609,10 +720,12 @@ class BodyLimitMiddleware:
             if n_declared > self.max_body_bytes:
                 await _send_json(send, 413, self._too_large(str(n_declared)))
                 return
-        held = _Held()
+        client = scope.get("client")
+        held = _Held(str(client[0]) if client else "")
         try:
-            if not self._reserve(held, max(n_declared, 0)):
-                await self._busy(send, str(n_declared))
+            cap = self._reserve(held, max(n_declared, 0))
+            if cap is not None:
+                await self._refuse(send, cap, held, str(n_declared))
                 return
             try:
                 body = await asyncio.wait_for(self._read_body(receive, send, held),
@@ -625,7 +738,7 @@ class BodyLimitMiddleware:
                 await _send_json(send, 408, {"detail": detail})
                 return
         finally:
-            self.receiving -= held.n
+            self._release(held)
         if body is None:
             return
         pending: list[bytes] = [body]
@@ -643,7 +756,15 @@ class BodyLimitMiddleware:
         chunks: list[bytes] = []
         total = 0
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_idle_timeout)
+            except TimeoutError:
+                detail = (f"no byte of the request body for {self.body_idle_timeout:g} s "
+                          f"(--body-idle-timeout), {total} bytes received; send the whole "
+                          "body at once.")
+                logger.info("request refused (408): %s", detail)
+                await _send_json(send, 408, {"detail": detail})
+                return None
             if message["type"] == "http.disconnect":
                 return None
             chunk = message.get("body", b"")
@@ -651,8 +772,9 @@ class BodyLimitMiddleware:
             if total > self.max_body_bytes:
                 await _send_json(send, 413, self._too_large(f"more than {total - len(chunk)}"))
                 return None
-            if total > held.n and not self._reserve(held, total - held.n):
-                await self._busy(send, f"more than {total - len(chunk)}")
+            cap = self._reserve(held, total - held.n) if total > held.n else None
+            if cap is not None:
+                await self._refuse(send, cap, held, f"more than {total - len(chunk)}")
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):

@@ -59,6 +59,7 @@ from ..filter import ConformalFilter
 from ..keeping import p_value_rule
 from ..types import FilterResult
 from .feedback import AdaptiveThreshold, FeedbackStore, LabelRateLimited, ServedRow, scorer_key
+from .list_store import SharedListWatch, lists_path, reset_lists_file
 from .metrics import ServiceMetrics
 from .options import DEFAULT_MAX_PIECES, DEFAULT_MAX_QUEUE, ServeOptions  # noqa: F401 (re-exported)
 from .page import RecentRequests
@@ -103,7 +104,7 @@ from .schemas import (
 )
 
 __all__ = ["Runtime", "Service", "monitor_from_artifact", "monitor_info", "monitor_path",
-           "reset_shared_monitor"]
+           "probe_scorer", "reset_shared_monitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -276,13 +277,51 @@ def monitor_path(monitor_dir: Path, checksum: str) -> Path:
 
 def reset_shared_monitor(artifact: Artifact, checksum: str, monitor_dir: Path,
                          delta: float, factory: Callable[..., Any] | None = None) -> bool:
-    """Reset an artifact's shared monitor store; False when the artifact has no reference."""
-    monitor = (factory or monitor_from_artifact)(artifact, delta=delta,
-                                                 store=monitor_path(monitor_dir, checksum))
+    """Reset an artifact's shared monitor store and its list check's
+    (:mod:`ragsieve.server.list_store`) when they were kept (a store not there yet starts
+    fresh, at epoch 0, like a monitor in memory); False when nothing was reset or the
+    artifact has no monitor reference."""
+    lists = lists_path(monitor_dir, checksum)
+    try:
+        reset_lists_file(lists)
+    except (sqlite3.Error, OSError) as exc:
+        raise DataError(f"state file {str(lists)!r} cannot be reset ({exc}); move it away or "
+                        "pass another --state-dir.") from exc
+    store = monitor_path(monitor_dir, checksum)
+    if not store.exists():
+        return False
+    monitor = (factory or monitor_from_artifact)(artifact, delta=delta, store=store)
     if monitor is None:
         return False
-    monitor.reset()
+    try:
+        monitor.reset()
+    finally:
+        close = getattr(monitor, "close", None)
+        if callable(close):
+            close()
     return True
+
+
+def probe_scorer(checked: ArtifactCheck, source: str,
+                 run: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    """Score one pair with a checked artifact's scorer (its model and learned weights are
+    loaded here), so an artifact whose scorer cannot score is refused before it is
+    published. A scorer that needs no model (an outside score) has nothing to load.
+
+    Raises
+    ------
+    ArtifactError
+        The scorer failed (one line naming the artifact and the reason).
+    """
+    scorer = checked.filter.scorer
+    if scorer.model_free:
+        return
+    call = run or (lambda fn: fn())
+    try:
+        call(lambda: scorer.score_batch("ragsieve reload check", ["ragsieve reload check"]))
+    except Exception as exc:  # whatever the weights or the model raise: refused, never published
+        raise ArtifactError(f"artifact {source!r} cannot score with its scorer "
+                            f"({type(exc).__name__}: {printable(str(exc))[:300]})") from exc
 
 
 def _check_outside_scores(request: FilterRequest, scorer: Any) -> None:
@@ -764,7 +803,7 @@ class Service:
                       endpoint_note=self.flt.scorer.endpoint_note())
 
     def lists_info(self) -> ListsInfo | None:
-        """The calibration lists and this process's list check (None without a record)."""
+        """The calibration lists and the service's list check (None without a record)."""
         flt = self.flt
         if flt.lists is None or flt.list_watch is None:
             return None
@@ -926,7 +965,8 @@ class Runtime:
         """Stop the model thread (after the step it is running, if any) and close the files."""
         self._model_queue.close()
         monitor = None if self.service is None else self.service.monitor
-        for closable in (self.store, self.generations, monitor):
+        watch: Any = None if self.service is None else self.service.flt.list_watch
+        for closable in (self.store, self.generations, monitor, watch):
             if closable is None or not callable(getattr(closable, "close", None)):
                 continue
             try:
@@ -959,7 +999,43 @@ class Runtime:
             reset_shared_monitor(checked.artifact, checked.checksum, self.monitor_dir,
                                  self.monitor_delta, self.monitor_factory)
 
+    def _list_watch(self, flt: ConformalFilter, checksum: str) -> Any:
+        """The filter's list check, kept in the state directory when there is one."""
+        watch = flt.list_watch
+        if watch is None or self.monitor_dir is None:
+            return watch
+        try:
+            return SharedListWatch(watch, lists_path(self.monitor_dir, checksum))
+        except (sqlite3.Error, OSError) as exc:
+            logger.error("list check state %s cannot be used (%s); the check runs in memory",
+                         lists_path(self.monitor_dir, checksum), exc)
+            return watch
+
+    def reset_monitors(self, service: Service) -> tuple[Any, bool]:
+        """Reset a service's exchangeability monitor (its state, or None without one) and
+        its list check (True when it has one that watches: a list-dependent score):
+        ``POST /admin/monitor/reset``."""
+        state = None
+        if service.monitor is not None:
+            service.monitor.reset()
+            state = service.monitor.state
+            self.metrics.set_monitor(state)
+        watch = service.flt.list_watch
+        if watch is None or not watch.active:
+            return state, False
+        watch.reset()
+        return state, True
+
     # ------------------------------------------------------------------ building, swapping
+    def check_to_publish(self, text: str, source: str) -> ArtifactCheck:
+        """:meth:`check`, then one score computed with the new scorer (model and weights
+        loaded: :func:`probe_scorer`) in the model thread: what a reload publishes."""
+        checked = self.check(text, source)
+        current = self.service
+        if current is None or checked.filter.scorer is not current.flt.scorer:
+            probe_scorer(checked, source, self.in_model_thread)
+        return checked
+
     def check(self, text: str, source: str) -> ArtifactCheck:
         """Check an artifact by building what this runtime would serve from it
         (:func:`check_artifact`, then :func:`artifact_view`)."""
@@ -984,7 +1060,9 @@ class Runtime:
             self.in_model_thread(lambda: flt.scorer.score_batch("warm-up", ["warm-up"]))
         if current is not None and current.checksum == checked.checksum:
             monitor = current.monitor  # the same artifact again: the martingale goes on
+            flt.list_watch = current.flt.list_watch  # and so does the list check
         else:
+            flt.list_watch = self._list_watch(flt, checked.checksum)
             monitor = self.monitor_factory(checked.artifact, delta=self.monitor_delta,
                                            store=self.monitor_store(checked.checksum))
             if monitor is None:
@@ -1002,13 +1080,17 @@ class Runtime:
         self.metrics.set_monitor(None if service.monitor is None else service.monitor.state)
         if old is None:
             return
+        watch: Any = old.flt.list_watch
+        if watch is not None and watch is not service.flt.list_watch \
+                and callable(getattr(watch, "close", None)):
+            watch.close()  # its file: the old artifact's (in-flight requests go on in memory)
         logger.warning("pid %d now serves generation %d (checksum %s, mode %s; was generation "
                        "%d, checksum %s)", os.getpid(), service.generation, service.checksum[:12],
                        service.flt.mode, old.generation, old.checksum[:12])
 
     def load_generation(self, gen: Generation) -> Service:
         """Build and swap in a published generation (``ArtifactError`` keeps the old one)."""
-        checked = self.check(gen.text, f"generation {gen.number}")
+        checked = self.check_to_publish(gen.text, f"generation {gen.number}")
         service = self.build(checked, gen.number)
         self.swap(service)
         return service
@@ -1038,7 +1120,7 @@ class Runtime:
                 if prepare is not None:
                     prepare(checked)
                 self.swap(self.build(checked, gen.number))
-            except (ArtifactError, ValueError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 (a scorer's load error is any type)
                 reasons.append(f"generation {gen.number}: {exc}")
                 error = exc
                 if i + 1 < len(generations):
@@ -1082,7 +1164,7 @@ class Runtime:
                 self.load_generation(gen)
                 self.metrics.reloads.labels("loaded").inc()
                 self._set_published(gen.number, None)
-            except (ArtifactError, ValueError, OSError) as exc:
+            except Exception as exc:  # noqa: BLE001 (a scorer's load error is any type): logged once
                 self._refused_generation = gen.number
                 self.metrics.reloads.labels("refused").inc()
                 self._set_published(gen.number, f"generation {gen.number}: {printable(str(exc))}")

@@ -2,7 +2,9 @@
 
 ``<state dir>/feedback.sqlite`` (served scores, labels, adaptive state; ``--feedback``
 puts it elsewhere), ``control.sqlite`` (published artifact generations),
-``monitor-<checksum>.sqlite`` (the monitor shared by worker processes) and ``serve.lock``
+``monitor-<checksum>.sqlite`` and ``lists-<checksum>.sqlite`` (the exchangeability monitor and
+the list check, shared by worker processes and kept across restarts on one artifact) and
+``serve.lock``
 (held by the serving process, so two services never share one directory).
 
 The default directory is stable for one artifact path, so a restart finds its feedback

@@ -7,9 +7,11 @@ prepares everything the workers share, then runs uvicorn's process supervisor:
   building what a worker builds) and published as generation 1 in ``control.sqlite``;
   each worker serves the newest generation it can build and polls for a newer one every
   0.5 s;
-* the exchangeability monitor's store (``monitor-<checksum>.sqlite``, reset at start and
-  on a reload of another artifact): one sequential martingale over the merged stream of
-  requests of all workers, updated in a transaction per request;
+* the exchangeability monitor's store (``monitor-<checksum>.sqlite``) and the list
+  check's (``lists-<checksum>.sqlite``), reset at start when the state directory's newest
+  generation is another artifact and on a reload of another artifact, kept otherwise: one
+  sequential test over the merged stream of requests of all workers, updated in a
+  transaction per request;
 * the feedback database and its adaptive threshold;
 * a fresh ``PROMETHEUS_MULTIPROC_DIR`` (removed at exit), so ``GET /metrics`` on any
   worker reports the sum over all workers.
@@ -52,7 +54,7 @@ from .reload import (
     check_artifact,
     read_text,
 )
-from .service import artifact_view, monitor_from_artifact, reset_shared_monitor
+from .service import artifact_view, monitor_from_artifact, probe_scorer, reset_shared_monitor
 from .state import StateLock
 
 __all__ = ["API_KEY_ENV", "CONFIG_ENV", "app_from_env", "run_workers"]
@@ -195,14 +197,29 @@ def _publish_first(filter_path: str | Path, options: ServeOptions, state: Path,
         if checked.checksum != previous:
             reset_shared_monitor(checked.artifact, checked.checksum, state, delta)
 
-    _remove_monitor_stores(state)  # a new serve starts a new martingale
+    def check_to_publish(text: str, source: str) -> ArtifactCheck:
+        checked = check(text, source)
+        probe_scorer(checked, source)  # weights loaded, one score: before any worker sees it
+        return checked
+
     max_bytes = options.max_artifact_bytes
     checked = check(read_text(filter_path, max_bytes=max_bytes), str(filter_path))
-    reset_shared_monitor(checked.artifact, checked.checksum, state, delta)
+    previous = generations.latest()
+    if previous is None or previous.checksum != checked.checksum:
+        _remove_monitor_stores(state)  # another artifact: a new martingale and list check
+        reset_shared_monitor(checked.artifact, checked.checksum, state, delta)
+        if previous is not None:
+            logger.warning("state directory held the monitors' state of another artifact "
+                           "(checksum %s); discarded", previous.checksum[:12])
+    else:
+        logger.info("state directory holds the monitors' state of this artifact (checksum "
+                    "%s): the drift alarm and the list check go on from it",
+                    checked.checksum[:12])
     number = generations.publish(checked.text, checked.checksum, "start")
     logger.info("serving %s (generation %d, checksum %s) with %d workers; state dir %s",
                 filter_path, number, checked.checksum[:12], options.workers, state)
-    publisher = Publisher(filter_path, generations, check, before_publish, max_bytes=max_bytes)
+    publisher = Publisher(filter_path, generations, check_to_publish, before_publish,
+                          max_bytes=max_bytes)
     return Trigger(publisher, watch=options.watch, interval=POLL_SECONDS)
 
 
@@ -230,7 +247,7 @@ def _restore_env(saved: Mapping[str, str | None]) -> None:
 
 def _remove_monitor_stores(state: Path) -> None:
     """Delete the monitor stores of an earlier serve (``DataError`` naming one that stays)."""
-    for old in state.glob("monitor-*.sqlite*"):
+    for old in [*state.glob("monitor-*.sqlite*"), *state.glob("lists-*.sqlite*")]:
         try:
             old.unlink(missing_ok=True)
         except OSError as exc:
