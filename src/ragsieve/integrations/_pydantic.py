@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from pydantic import model_validator
 
-from ragsieve.integrations import check_score_source
+from ragsieve.integrations.filtering import check_score_source
 
 __all__ = ["ScoreSourceCheck"]
 

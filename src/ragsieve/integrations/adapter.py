@@ -14,19 +14,13 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Self
 
-from ragsieve.integrations import (
-    EmptyListLog,
-    EmptyListStats,
-    Retrieval,
-    calibrate_through,
-    load_filter,
-    retrieve_pairs,
-    split_options,
-)
+from ragsieve.integrations.empty_lists import EmptyListLog, EmptyListStats
+from ragsieve.integrations.loading import load_filter, split_options
+from ragsieve.integrations.retrieval import Retrieval, calibrate_through, retrieve_pairs
 
 if TYPE_CHECKING:
     from ragsieve.filter import ConformalFilter
-    from ragsieve.integrations import Queries
+    from ragsieve.integrations.retrieval import Queries
     from ragsieve.scoring import Scorer
     from ragsieve.types import Pair
 

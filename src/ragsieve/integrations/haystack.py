@@ -28,21 +28,13 @@ from typing import Any, Self
 from ragsieve._optional import require
 from ragsieve._validation import check_instance, check_path, check_str
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import (
-    EmptyListLog,
-    Retrieval,
-    RetrievedDoc,
-    calibrate_native,
-    check_score_source,
-    document_ids,
-    filter_documents,
-    kept_metadata,
-    load_filter,
-    native_pairs,
-    pruned_text,
-    retrieval_run,
-)
 from ragsieve.integrations.adapter import FrameworkAdapter
+from ragsieve.integrations.empty_lists import EmptyListLog
+from ragsieve.integrations.filtering import check_score_source, filter_documents
+from ragsieve.integrations.loading import load_filter
+from ragsieve.integrations.metadata import kept_metadata, pruned_text
+from ragsieve.integrations.native import calibrate_native, native_pairs
+from ragsieve.integrations.retrieval import Retrieval, RetrievedDoc, document_ids, retrieval_run
 from ragsieve.types import FilterResult, Pair
 
 require("haystack", "haystack")

@@ -26,20 +26,12 @@ from typing import Any, ClassVar, Self
 
 from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import (
-    EmptyListLog,
-    Retrieval,
-    RetrievedDoc,
-    calibrate_native,
-    check_documents,
-    document_ids,
-    filter_documents,
-    kept_metadata,
-    native_pairs,
-    pruned_text,
-    retrieval_run,
-)
 from ragsieve.integrations.adapter import FrameworkAdapter
+from ragsieve.integrations.empty_lists import EmptyListLog
+from ragsieve.integrations.filtering import check_documents, filter_documents
+from ragsieve.integrations.metadata import kept_metadata, pruned_text
+from ragsieve.integrations.native import calibrate_native, native_pairs
+from ragsieve.integrations.retrieval import Retrieval, RetrievedDoc, document_ids, retrieval_run
 from ragsieve.types import Pair
 
 require("langchain_core.documents", "langchain")

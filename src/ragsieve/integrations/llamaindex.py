@@ -16,7 +16,10 @@ from typing import Any, ClassVar, Self
 from ragsieve._optional import require
 from ragsieve.artifact import Artifact
 from ragsieve.filter import ConformalFilter
-from ragsieve.integrations import (
+from ragsieve.integrations.adapter import FrameworkAdapter
+from ragsieve.integrations.empty_lists import EmptyListLog
+from ragsieve.integrations.filtering import check_documents, filter_documents
+from ragsieve.integrations.metadata import (
     KEEP_IF_KEY,
     MODE_KEY,
     NOTE_KEY,
@@ -25,19 +28,11 @@ from ragsieve.integrations import (
     SCORE_KEY,
     SPANS_KEY,
     THRESHOLD_KEY,
-    EmptyListLog,
-    Retrieval,
-    RetrievedDoc,
-    calibrate_native,
-    check_documents,
-    document_ids,
-    filter_documents,
     kept_metadata,
-    native_pairs,
     pruned_text,
-    retrieval_run,
 )
-from ragsieve.integrations.adapter import FrameworkAdapter
+from ragsieve.integrations.native import calibrate_native, native_pairs
+from ragsieve.integrations.retrieval import Retrieval, RetrievedDoc, document_ids, retrieval_run
 from ragsieve.types import Pair
 
 require("llama_index.core.postprocessor.types", "llamaindex")

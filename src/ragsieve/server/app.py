@@ -360,6 +360,7 @@ def _prepare_index(runtime: Runtime, index_path: str | Path | None, checked: Any
 
 def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
     """Open a served index, sharing the filter's loaded model, and check they match."""
+    from ..filtered_search import list_scorer
     from ..store import SnippetIndex
 
     if not Path(index_path).is_dir():
@@ -372,7 +373,7 @@ def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
             "and the index stores one vector per snippet, so /query cannot score its hits from "
             "it. Serve it without --index and POST /filter the hits' texts.")
     index = SnippetIndex.open(index_path)  # reads metadata only, loads no weights
-    index.list_scorer(flt)  # raises ScorerMismatchError now, not on the first request
+    list_scorer(index, flt)  # raises ScorerMismatchError now, not on the first request
     # the filter's score is the index's 1 - cos (or built on it): share the loaded model
     model = flt.scorer.embedding_model()
     return index if model is None else SnippetIndex.open(index_path, model=model)

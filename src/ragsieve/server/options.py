@@ -139,7 +139,7 @@ class ServeOptions:
     index_path : str or Path, optional
         A :class:`~ragsieve.store.SnippetIndex` directory served by ``POST /query``. The
         filter must be one the index can compute from its stored vectors (see
-        :meth:`~ragsieve.store.SnippetIndex.list_scorer`); checked at start and on reloads.
+        :func:`~ragsieve.filtered_search.list_scorer`); checked at start and on reloads.
     max_k : int, default=100
         Largest ``k`` a ``/query`` request may ask for (413 above).
     state_dir : str or Path, optional

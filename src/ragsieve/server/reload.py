@@ -266,10 +266,11 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
             "each snippet, and the served index stores one vector per snippet, so /query cannot "
             "score its hits from it. Serve it without --index and POST /filter the hits' texts.")
     if index_path is not None:
+        from ..filtered_search import list_scorer
         from ..store import SnippetIndex
 
         try:
-            SnippetIndex.open(index_path).list_scorer(flt)
+            list_scorer(SnippetIndex.open(index_path), flt)
         except ValueError as exc:  # ScorerMismatchError is a ValueError
             raise ArtifactError(f"artifact {source!r} does not match the served index: {exc}") from exc
     if monitor_check is not None:

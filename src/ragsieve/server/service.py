@@ -633,13 +633,14 @@ class Service:
         _check_min_keep(request.min_keep, rt.max_k, "hits (k)")
         use = self.filter_for(request.min_keep)
         rt.check_budget([request.query])  # the question is embedded; the hits are stored
+        from ..filtered_search import query_with_filter
         from ..store import IndexMissingError
 
         try:
             with bad_request_as_422(), rt.index_lock:
                 hits, res = rt.run_model_work(  # embeds the question; hits use stored vectors
-                    [lambda: rt.index.query_with_filter(
-                        request.query, use, k=request.k, group=request.group)],
+                    [lambda: query_with_filter(
+                        rt.index, request.query, use, k=request.k, group=request.group)],
                     costs=[max(1, work_pieces([request.query]))],
                 )
         except IndexMissingError as exc:
@@ -1054,7 +1055,9 @@ class Runtime:
         flt = checked.filter
         current = self.service
         if self.index is not None:
-            self.index.list_scorer(flt)
+            from ..filtered_search import list_scorer
+
+            list_scorer(self.index, flt)
         reused = current is not None and flt.scorer is current.flt.scorer
         if self.warmup and not reused and not flt.scorer.model_free:
             self.in_model_thread(lambda: flt.scorer.score_batch("warm-up", ["warm-up"]))
