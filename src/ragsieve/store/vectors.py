@@ -1,11 +1,10 @@
 """Exact search over an index's stored vectors: the ``k`` nearest by cosine, as hits.
 
 By default (``"memory"``) the vectors are read once into a numpy matrix, re-read when the
-table's version changes, and searched with one matrix-vector product:
-``benchmarks/bench_store.py`` measured LanceDB's brute-force search at 8.5 ms (10k x 384)
-and 150 ms (100k x 384) per query against 0.25 ms and 8.1 ms for numpy. The matrix costs
-``4 * dim`` bytes per snippet (154 MB for 100k MiniLM snippets); ``"lancedb"`` searches on
-disk instead, without that memory.
+table's version changes, and searched with one matrix-vector product, much faster than
+LanceDB's brute force (``benchmarks/bench_store.py``; the times are in the integrations
+guide). The matrix costs ``4 * dim`` bytes per snippet; ``"lancedb"`` searches on disk
+instead, without that memory.
 
 A hit's score is ``1 - cos`` of the stored unit vectors, the score of
 :class:`~ragsieve.scoring.EmbeddingScorer` on the same model, so a filter calibrated with
