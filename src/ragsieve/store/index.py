@@ -71,7 +71,6 @@ class SnippetIndex:
         self.model_id: str = meta["model"]
         self.dim: int = int(meta["dim"])
         self.n_embedded = 0
-        require("lancedb", "store")
         #: the index's LanceDB tables (storage) and the exact search over their vectors
         self.tables = SnippetTables(path, self.dim)
         self._search = VectorSearch(self.tables, search)
@@ -260,8 +259,8 @@ class SnippetIndex:
 
         Only files whose sha256 changed are chunked and embedded; rows of changed and
         removed files are deleted. Files that cannot be read are listed in
-        ``skipped``, never abort the run. The run holds the index's write lock (see the
-        module docstring) and first repairs duplicate rows left by unlocked writers.
+        ``skipped``, never abort the run. The run holds the index's write lock (see
+        :mod:`ragsieve.store`) and first repairs duplicate rows left by unlocked writers.
 
         Parameters
         ----------
