@@ -69,8 +69,8 @@ test-all: $(STAMP) browser reranker
 # the linter and the type checker (not run by make test: a new release of either may flag
 # what the one of the day does not)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/mypy src
+	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(VENV)/bin/mypy src tools
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_scoring.py
@@ -93,7 +93,7 @@ docs: $(STAMP)
 # docs/http-api.md, rendered from the service's OpenAPI schema (every route, body, status
 # code and the authentication); tests/test_http_api_docs.py fails until it is current
 api-docs: $(STAMP)
-	$(PY) -m ragsieve.server.api_page --out docs/http-api.md
+	$(PY) tools/api_page.py --out docs/http-api.md
 
 # every figure in docs/, each written by the command named beside it in the docs
 FIGURES_TMP ?= .figures

@@ -2,7 +2,7 @@
 
 A real uvicorn server (``tests/servers.py``) serves a real artifact, calibrated on
 XQuAD-en with an API key; the test fetches ``GET /openapi.json`` over HTTP, renders it
-with :func:`ragsieve.server.api_page.render` and requires the page in the repository to be
+with ``render`` of ``tools/api_page.py`` (the page's generator) and requires the page in the repository to be
 exactly that, so a change to a route or a schema model fails here until ``make api-docs``
 is run. The page must also show every route of the live schema and the ``POST /filter``
 body, and ``make api-docs``'s in-process schema must be the live one (what it writes is
@@ -12,7 +12,9 @@ what this test checks).
 from __future__ import annotations
 
 import difflib
+import doctest
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +25,12 @@ pytest.importorskip("fastapi", reason="needs the service: pip install 'ragsieve[
 import httpx
 from servers import serving
 
-from ragsieve.server.api_page import render, service_schema
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))  # the page's generator: a tool, not in the package
+
+import api_page
+from api_page import render, service_schema
+
 PAGE = ROOT / "docs" / "http-api.md"
 KEY = "api-docs-test-key"
 
@@ -57,7 +62,7 @@ def test_the_page_is_the_rendering_of_the_live_schema(live_schema: dict[str, Any
             actual.splitlines(keepends=True), expected.splitlines(keepends=True),
             "docs/http-api.md", "rendered from the live /openapi.json", n=1))
         pytest.fail("docs/http-api.md is stale: run `make api-docs` "
-                    f"(python -m ragsieve.server.api_page --out docs/http-api.md)\n{diff[:4000]}")
+                    f"(python tools/api_page.py --out docs/http-api.md)\n{diff[:4000]}")
 
 
 def test_every_route_of_the_live_schema_is_on_the_page(live_schema: dict[str, Any]) -> None:
@@ -86,9 +91,15 @@ def test_the_filter_body_and_the_authentication_are_visible() -> None:
 
 
 def test_make_api_docs_renders_the_live_schema(live_schema: dict[str, Any]) -> None:
-    """``python -m ragsieve.server.api_page`` builds the schema in its own process over a
+    """``python tools/api_page.py`` builds the schema in its own process over a
     placeholder artifact: it is the live one (the schema depends on the key, not on the
     artifact served)."""
     built = service_schema()
     assert built == live_schema
     assert render(built) == render(live_schema)
+
+
+def test_the_generator_doctests() -> None:
+    """The generator's examples run (tests/test_api.py runs those of the package's modules)."""
+    result = doctest.testmod(api_page, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted and result.failed == 0

@@ -38,9 +38,9 @@ from servers import ThreadServer
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.server import create_app
+from ragsieve.server.model_work import PIECES_PER_STEP
 from ragsieve.server.options import DEFAULT_MAX_PIECES
 from ragsieve.server.scheduling import PIECE_CHARS, cost_steps, least_work, work_pieces
-from ragsieve.server.service import PIECES_PER_STEP
 from ragsieve.units import sentence_pairs, sentence_pieces, split_sentences
 
 #: The query whose evidence ("308") ends the 3,700-character sentence.

@@ -1,6 +1,6 @@
 """The FastAPI app: the served filter (and optionally an index) behind its routes.
 
-The routes read the :class:`~ragsieve.server.service.Runtime`'s current service once per
+The routes read the :class:`~ragsieve.server.runtime.Runtime`'s current service once per
 request, so a hot reload swaps the artifact between requests, never inside one.
 :func:`~ragsieve.server.run.run_server` serves it (in this process, or in N worker
 processes with :mod:`ragsieve.server.workers`).
@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .._version import __version__
 from ..errors import ArtifactError, ArtifactTooLargeError
 from ..filter import ConformalFilter
+from .answers import monitor_info
 from .feedback import FeedbackStore
 from .metrics import ServiceMetrics
 from .options import ServeOptions, check_delta, serve_options
@@ -39,6 +40,7 @@ from .parsing import (
     validation_error_handler,
 )
 from .reload import Generation, Generations, Publisher, Trigger, read_text
+from .request_checks import http_error
 from .rerank import (
     ALL_PREFIX,
     RERANK_DESCRIPTION,
@@ -48,6 +50,7 @@ from .rerank import (
     RerankResponse,
     TEIRerankResult,
 )
+from .runtime import NO_MONITOR, Runtime
 from .schemas import (
     ErrorResponse,
     FeedbackRequest,
@@ -71,7 +74,6 @@ from .security import (
     api_key_check,
     is_loopback_host,
 )
-from .service import NO_MONITOR, Runtime, http_error, monitor_info
 from .state import StateLock
 
 __all__ = ["ServeOptions", "check_delta", "create_app"]

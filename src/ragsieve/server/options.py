@@ -3,7 +3,7 @@
 A small frozen record with its defaults beside it (httpx's ``Timeout`` / ``Limits`` are the
 model): checked once when built, then passed down whole to
 :func:`~ragsieve.server.create_app`, :func:`~ragsieve.server.run_server`, the
-:class:`~ragsieve.server.service.Runtime` and, as JSON (:meth:`ServeOptions.to_dict`), to
+:class:`~ragsieve.server.runtime.Runtime` and, as JSON (:meth:`ServeOptions.to_dict`), to
 the worker processes of :mod:`ragsieve.server.workers`. ``ragsieve serve`` builds it from
 its parsed options in one function; an option left unset on the command line takes the
 default defined here.

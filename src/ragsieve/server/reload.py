@@ -39,9 +39,10 @@ from .._sqlite import connect_shared
 from ..artifact import MAX_ARTIFACT_BYTES, Artifact, read_text
 from ..errors import ArtifactError, DataError
 from ..filter import ConformalFilter
+from .parsing import printable
 
 __all__ = ["DEFAULT_MAX_ARTIFACT_BYTES", "ArtifactCheck", "Generation", "Generations", "Publisher",
-           "check_artifact", "file_signature", "options_for_scorer", "read_text"]
+           "check_artifact", "file_signature", "options_for_scorer", "probe_scorer", "read_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,7 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
     The text is read by :meth:`~ragsieve.artifact.Artifact.parse` (every field's type, the
     seal), then the filter is built from the :class:`~ragsieve.artifact.Artifact`, its
     scorer from the artifact's own spec with the ``scorer_options`` that scorer declares
-    (:func:`options_for_scorer`: a reload may bring another kind of scorer). :meth:`~ragsieve.server.service.Runtime.check` adds
+    (:func:`options_for_scorer`: a reload may bring another kind of scorer). :meth:`~ragsieve.server.runtime.Runtime.check` adds
     the ``/healthz`` view.
 
     Raises
@@ -279,6 +280,28 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
         except (TypeError, ValueError, KeyError) as exc:
             raise ArtifactError(f"artifact {source!r} has a malformed monitor reference: {exc}") from exc
     return ArtifactCheck(artifact, text, flt)
+
+
+def probe_scorer(checked: ArtifactCheck, source: str,
+                 run: Callable[[Callable[[], Any]], Any] | None = None) -> None:
+    """Score one pair with a checked artifact's scorer (its model and learned weights are
+    loaded here), so an artifact whose scorer cannot score is refused before it is
+    published. A scorer that needs no model (an outside score) has nothing to load.
+
+    Raises
+    ------
+    ArtifactError
+        The scorer failed (one line naming the artifact and the reason).
+    """
+    scorer = checked.filter.scorer
+    if scorer.model_free:
+        return
+    call = run or (lambda fn: fn())
+    try:
+        call(lambda: scorer.score_batch("ragsieve reload check", ["ragsieve reload check"]))
+    except Exception as exc:  # whatever the weights or the model raise: refused, never published
+        raise ArtifactError(f"artifact {source!r} cannot score with its scorer "
+                            f"({type(exc).__name__}: {printable(str(exc))[:300]})") from exc
 
 
 def file_signature(path: str | Path) -> tuple[int, int, int] | None:

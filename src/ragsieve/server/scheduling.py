@@ -2,7 +2,7 @@
 
 Every call that may run the model is a *job* of one or more steps (callables) run in the
 service's single model thread (the reason for one thread is in
-:mod:`ragsieve.server.service`). The thread takes the job at the head of the queue, runs
+:mod:`ragsieve.server.model_work`). The thread takes the job at the head of the queue, runs
 its next step and, when the job has steps left, puts it at the back. A request of 4,000
 snippet pieces is cut into steps of a few pieces, so a small request that arrives
 meanwhile waits for one step of each job ahead of it, never for the whole large job.

@@ -10,18 +10,28 @@ the list check, shared by worker processes and kept across restarts on one artif
 The default directory is stable for one artifact path, so a restart finds its feedback
 and adaptive state again: ``$RAGSIEVE_CACHE/serve/<artifact stem>-<8 hex of its absolute
 path>`` (``~/.cache/ragsieve/serve/...`` when the variable is unset).
+
+A new artifact starts a fresh monitor and list check: :func:`reset_shared_monitor` resets
+its files (:func:`monitor_path`, :func:`~ragsieve.server.list_store.lists_path`) before it is
+published; the same artifact served again goes on with them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Self
+from typing import IO, Any, Self
 
 from .._paths import cache_dir
+from ..artifact import Artifact
+from ..errors import DataError
+from .list_store import lists_path, reset_lists_file
 
-__all__ = ["StateLock", "default_state_dir"]
+__all__ = ["StateLock", "default_state_dir", "monitor_from_artifact", "monitor_path",
+           "reset_shared_monitor"]
 
 
 def default_state_dir(filter_path: str | os.PathLike[str]) -> Path:
@@ -87,3 +97,44 @@ class StateLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def monitor_from_artifact(artifact: Artifact, *, delta: float,
+                          store: str | Path | None) -> Any:
+    """The exchangeability monitor of an artifact, or None when it carries no reference."""
+    from ..monitoring import ExchangeabilityMonitor
+
+    return ExchangeabilityMonitor.from_artifact(artifact, delta=delta, store=store)
+
+
+def monitor_path(monitor_dir: Path, checksum: str) -> Path:
+    """The shared monitor file of the artifact ``checksum`` in ``monitor_dir``."""
+    return monitor_dir / f"monitor-{checksum[:16]}.sqlite"
+
+
+def reset_shared_monitor(artifact: Artifact, checksum: str, monitor_dir: Path,
+                         delta: float, factory: Callable[..., Any] | None = None) -> bool:
+    """Reset an artifact's shared monitor store and its list check's
+    (:mod:`ragsieve.server.list_store`) when they were kept (a store not there yet starts
+    fresh, at epoch 0, like a monitor in memory); False when nothing was reset or the
+    artifact has no monitor reference."""
+    lists = lists_path(monitor_dir, checksum)
+    try:
+        reset_lists_file(lists)
+    except (sqlite3.Error, OSError) as exc:
+        raise DataError(f"state file {str(lists)!r} cannot be reset ({exc}); move it away or "
+                        "pass another --state-dir.") from exc
+    store = monitor_path(monitor_dir, checksum)
+    if not store.exists():
+        return False
+    monitor = (factory or monitor_from_artifact)(artifact, delta=delta, store=store)
+    if monitor is None:
+        return False
+    try:
+        monitor.reset()
+    finally:
+        close = getattr(monitor, "close", None)
+        if callable(close):
+            close()
+    return True
+

@@ -45,6 +45,7 @@ from typing import Any
 
 from .._optional import require
 from ..errors import ArtifactError, DataError
+from .answers import artifact_view
 from .options import ServeOptions
 from .reload import (
     ArtifactCheck,
@@ -52,10 +53,10 @@ from .reload import (
     Publisher,
     Trigger,
     check_artifact,
+    probe_scorer,
     read_text,
 )
-from .service import artifact_view, monitor_from_artifact, probe_scorer, reset_shared_monitor
-from .state import StateLock
+from .state import StateLock, monitor_from_artifact, reset_shared_monitor
 
 __all__ = ["API_KEY_ENV", "CONFIG_ENV", "app_from_env", "run_workers"]
 
