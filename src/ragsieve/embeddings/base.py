@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["EmbeddingModel"]
+__all__ = ["EmbeddingModel", "cosine_distances"]
 
 
 class EmbeddingModel(ABC):
@@ -88,3 +88,16 @@ def _normalise_rows(vecs: np.ndarray) -> np.ndarray:
     vecs = np.asarray(vecs, dtype=np.float32)
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
     return vecs / np.where(norms > 0, norms, np.float32(1.0))
+
+
+def cosine_distances(query_vec: np.ndarray, snippet_vecs: np.ndarray) -> np.ndarray:
+    """``1 - cos`` of a unit query vector and unit rows, float64 clipped to [0, 2].
+
+    Examples
+    --------
+    >>> cosine_distances(np.array([1.0, 0.0]), np.eye(2))
+    array([0., 1.])
+    """
+    scores = 1.0 - np.asarray(snippet_vecs, dtype=np.float64) @ np.asarray(query_vec,
+                                                                          dtype=np.float64)
+    return np.clip(scores, 0.0, 2.0, out=scores)

@@ -17,6 +17,7 @@ from ..embeddings import (
     load_embedding_model,
     resolve_model_id,
 )
+from ..embeddings.base import cosine_distances
 from ..types import Pair
 from .base import Scorer, check_score_array, group_pairs
 from .options import ScorerOption
@@ -163,8 +164,7 @@ class EmbeddingScorer(Scorer):
             raise ValueError(
                 f"snippet_vecs has shape {s.shape}, expected (n, {q.shape[0]}) to match query_vec."
             )
-        scores = 1.0 - s @ q
-        return np.clip(scores, 0.0, 2.0, out=scores)
+        return cosine_distances(q, s)
 
     def scores_from_vectors(self, query_vector: Any, snippet_vectors: Any) -> np.ndarray:
         """``1 - cos`` from the caller's own vectors (normalised here; no model call).

@@ -18,27 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from ..embeddings.base import cosine_distances
 from .records import Hit
 from .tables import SNIPPETS, SnippetTables
 
-__all__ = ["SEARCH_BACKENDS", "VectorSearch", "cosine_distances"]
+__all__ = ["SEARCH_BACKENDS", "VectorSearch"]
 
 logger = logging.getLogger(__name__)
 
 SEARCH_BACKENDS = ("memory", "lancedb")
-
-
-def cosine_distances(query_vec: np.ndarray, snippet_vecs: np.ndarray) -> np.ndarray:
-    """``1 - cos`` of a unit query vector and unit rows, float64 clipped to [0, 2].
-
-    Examples
-    --------
-    >>> cosine_distances(np.array([1.0, 0.0]), np.eye(2))
-    array([0., 1.])
-    """
-    scores = 1.0 - np.asarray(snippet_vecs, dtype=np.float64) @ np.asarray(query_vec,
-                                                                          dtype=np.float64)
-    return np.clip(scores, 0.0, 2.0, out=scores)
 
 
 class VectorSearch:
