@@ -47,7 +47,7 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
@@ -60,22 +60,14 @@ from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
 from .boosting import BoostedTrees
 from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .options import ScorerOption
+from .presets import DEFAULT_PRESET, PRESETS, READER_PRESETS, Preset, get_preset, preset_help
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
-from .rerank import RERANK_SIGNAL_OPTIONS, given_reranker, rerank_keywords
+from .rerank import RERANK_SIGNAL_OPTIONS, given_reranker
 from .sentence_cosine import SentenceCosineScorer
 from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
-from .signals import (
-    DEFAULT_PRESET,
-    LIST_FREE_PRESETS,
-    PRESET_LEARNERS,
-    PRESETS,
-    READER_PRESETS,
-    check_preset,
-    preset_signals,
-    signal_label,
-)
+from .signals import preset_signals, signal_label
 
 __all__ = [
     "FEATURES", "FUSION_FIT_FRACTION", "LEARNERS", "FittedFusion", "FusedScoreFit", "FusedScorer",
@@ -503,59 +495,75 @@ def fit_fused_scorer(scorer: FusedScorer, pairs: Sequence[Pair], topics: Any, *,
     return FusedScoreFit(fitted, done.fit, done.scores)
 
 
+@dataclass(frozen=True)
+class FusionSetup:
+    """What a fused score is made of: the record :class:`FusedScorer` takes.
+
+    Attributes
+    ----------
+    base : Scorer
+        The base score (fitted): the first signal.
+    signals : tuple of Scorer
+        The signals besides the base (a text-fitted one may be unfitted).
+    preset : Preset
+        Its preset's row (:mod:`ragsieve.scoring.presets`; ``base``: the base alone or
+        signals given without a preset), with the learner and list features this score
+        fits (``dataclasses.replace`` of the row when they differ from the row's).
+    fitted : FusionWeights, BoostedTrees or None
+        The fitted learner (None: not fitted yet).
+    """
+
+    base: Scorer
+    signals: tuple[Scorer, ...]
+    preset: Preset = field(default_factory=lambda: get_preset("base"))
+    fitted: FittedFusion | None = None
+
+
+#: The options of the user's reranker as a signal (:data:`~ragsieve.scoring.rerank.RERANK_SIGNAL_OPTIONS`).
+_RERANK_PREFIX = "rerank_"
+
+
 class FusedScorer(ListTransform):
     """``A = -logit P(relevant | features)``: a fitted learner on the features of the signals.
 
     List-aware (``list_dependent``) when it has list features or a list-dependent signal
     (the ``base``, ``fast`` and ``quality`` presets); list-free otherwise (``portable``).
 
+    Two constructors build one: :meth:`unfitted` from a preset (the ``"best"`` alias), and
+    this one from the keywords of a saved spec (the ``"fusion"`` alias: its signals, learner
+    and fitted parameters), or from a :class:`FusionSetup` record (``setup=``).
+
     Parameters
     ----------
     base : Scorer, str or Mapping
         Base score (``"embedding"`` by default): the first signal, and the score the
         baselines of ``evaluate`` use.
-    signals : sequence of Scorer or spec Mapping, optional
-        The signals besides the base (a saved spec records them); default: those of
-        ``preset`` (:func:`~ragsieve.scoring.signals.preset_signals`), none without one.
-    preset : {"base", "fast", "quality", "portable"} or None
-        Which signals, features and learner (see :mod:`ragsieve.scoring.signals`); None or
-        ``"base"``: the base alone, fitted by logistic regression (the fused score of
-        earlier versions).
-    learner : {"logistic", "boosted"} or None
-        The learner; default: the preset's (logistic without a preset).
-    list_features : bool or None
-        Whether each signal brings its four list-relative transforms besides its score;
-        default: the preset's (False for ``portable``, else True). A spec records it only
-        when False.
-    reader_base : str or None
-        The base a reader preset's reader is fine-tuned from
-        (:func:`~ragsieve.scoring.signals.preset_signals`); None: the default base. Only
-        with a reader preset and no ``signals`` (a saved spec records the reader itself).
-    query_language : str or None
-        The queries' language when they are asked in another language than the snippets
-        are written in (the base's language): the preset's signals are then those for
-        queries across languages (:func:`~ragsieve.scoring.signals.preset_signals`), and a
-        base built here from an alias without a model gets the bundled model trained on
-        both languages (:func:`~ragsieve.embeddings.choose_model`). A saved spec records the
-        signals themselves, so it needs no language to rebuild.
-    rerank : Scorer or spec Mapping, optional
-        The user's reranker (:class:`~ragsieve.scoring.rerank.RerankScorer`), one more signal
-        after the preset's (any preset; it reads one pair at a time, so ``portable`` stays
-        list-free). Only without ``signals``: a saved spec records it among its signals
-        (its API kind and model, never its URL), and the URL is given again where the spec
-        is rebuilt (``url=...``, below).
-    weights, bias, mean, scale
-        Fitted logistic parameters (one per feature); use :meth:`fit` to get them. A fitted
-        score needs fitted signals (an unfitted text-fitted signal, the frozen-corpus BM25,
-        is fitted with the learner: :func:`fit_fused_scorer`).
-    trees : Mapping, optional
-        Fitted boosted trees (:meth:`BoostedTrees.to_dict
-        <ragsieve.scoring.boosting.BoostedTrees.to_dict>`).
-    features : sequence of str, optional
-        The feature names a saved spec records; checked against those computed.
-    **base_options
-        Passed to the base scorer when it is built from an alias or spec; the ``runtime``
-        ones (the embedding cache, a reranker's ``url``) also to the signals built from specs
+    setup : FusionSetup, optional
+        The parts, built already (then no other argument).
+    **spec
+        The keywords of a spec, read by :func:`read_fused_setup`: ``signals`` (the signals
+        besides the base, a sequence of Scorer or spec Mapping; default: those of ``preset``,
+        :func:`~ragsieve.scoring.signals.preset_signals`, none without one); ``preset`` (a
+        name or a :class:`~ragsieve.scoring.presets.Preset`; None or ``"base"``: the base
+        alone, fitted by logistic regression, the fused score of earlier versions);
+        ``learner`` (``"logistic"`` or ``"boosted"``; default: the preset's);
+        ``list_features`` (whether each signal brings its four list-relative transforms
+        besides its score; default: the preset's; a spec records it only when False);
+        ``reader_base`` (the base a reader preset's reader is fine-tuned from; only with a
+        reader preset and no ``signals``); ``query_language`` (the queries' language when it
+        is not the snippets': the preset's signals are then those for queries across
+        languages, and a base built here from an alias without a model gets the bundled
+        model trained on both languages, :func:`~ragsieve.embeddings.choose_model`);
+        ``rerank`` (the user's reranker, one more signal after the preset's; only without
+        ``signals``: a saved spec records it among its signals, its API kind and model,
+        never its URL); ``weights``, ``bias``, ``mean``, ``scale`` (fitted logistic
+        parameters, one per feature) or ``trees`` (fitted boosted trees,
+        :meth:`BoostedTrees.to_dict <ragsieve.scoring.boosting.BoostedTrees.to_dict>`): a
+        fitted score needs fitted signals (an unfitted text-fitted signal, the frozen-corpus
+        BM25, is fitted with the learner: :func:`fit_fused_scorer`); ``features`` (the
+        feature names a saved spec records; checked against those computed). Any other
+        keyword is the base's when it is built from an alias or spec; the ``runtime`` ones
+        (the embedding cache, a reranker's ``url``) also go to the signals built from specs
         that declare them. An option the base does not declare and such a signal does (a
         reranker's ``url``, ``api_key_env``, ``timeout``, ...) goes to the signals alone, so
         a saved fused score with a reranker signal loads with
@@ -565,64 +573,68 @@ class FusedScorer(ListTransform):
     name: ClassVar[str] = "fusion"
     score_label: ClassVar[str] = "fused score"
 
-    def __init__(self, base: Any = "embedding", *, signals: Sequence[Any] | None = None,
-                 preset: str | None = None, learner: str | None = None,
-                 query_language: str | None = None, reader_base: str | None = None,
-                 rerank: Any = None, list_features: bool | None = None,
-                 weights: Sequence[float] | np.ndarray | None = None, bias: float = 0.0,
-                 mean: Sequence[float] | np.ndarray | None = None,
-                 scale: Sequence[float] | np.ndarray | None = None,
-                 trees: Mapping[str, Any] | None = None, features: Sequence[str] | None = None,
-                 **base_options: Any) -> None:
-        query_language = check_str(query_language, "query_language", non_blank=True, allow_none=True)
-        if query_language is not None and base == "embedding" and base_options.get("model") is None:
-            from ..embeddings.languages import choose_model
-
-            base_options = {**base_options, "model": choose_model(
-                str(base_options.get("language") or "en"), query_language)}
-        own = _base_options(base, [*(signals or ()), *([] if rerank is None else [rerank])],
-                            base_options)
-        self.base = resolve_scorer(base, **own) if own or not isinstance(base, Scorer) else base
-        # "base": the base alone, the fused score of earlier versions (and their spec format)
-        self.preset = None if preset is None or check_preset(preset) == "base" else preset
-        if reader_base is not None and (signals is not None or self.preset not in READER_PRESETS):
-            raise ValueError(f"reader_base == {reader_base!r} names the base of a reader preset's "
-                             f"reader; got preset {self.preset!r}"
-                             f"{' and signals' if signals is not None else ''} (expected one of "
-                             f"{', '.join(sorted(READER_PRESETS))}, without signals).")
-        if rerank is not None and signals is not None:
-            raise ValueError("rerank adds the reranker to a preset's signals; with signals "
-                             "given, give it among them (a saved spec records it there).")
-        if signals is None:
-            signals = preset_signals(self.base, self.preset or "base", query_language,
-                                     reader_base=reader_base,
-                                     rerank=None if rerank is None else _signal(
-                                         rerank, base_options, self.base))
-        elif isinstance(signals, (str, bytes, Mapping, Scorer)):
-            raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
-                            "or scorer specs.")
-        self.signals: tuple[Scorer, ...] = tuple(_signal(s, base_options, self.base) for s in signals)
+    def __init__(self, base: Any = "embedding", *, setup: FusionSetup | None = None,
+                 **spec: Any) -> None:
+        if setup is None:
+            setup = read_fused_setup(base, spec)
+        elif spec or not (isinstance(base, str) and base == "embedding"):
+            raise TypeError("setup= holds the whole fused score; give it alone.")
+        self.setup = setup
+        self.base, self.signals = setup.base, setup.signals
         self._check_signals()
-        self.learner = check_learner(
-            learner if learner is not None else PRESET_LEARNERS[self.preset] if self.preset else "logistic")
-        if list_features is not None and not isinstance(list_features, bool):
-            raise TypeError(f"list_features is {type(list_features).__name__}, expected a bool.")
-        self.list_features = (self.preset not in LIST_FREE_PRESETS if list_features is None
-                              else list_features)
+        self.learner = check_learner(setup.preset.learner)
+        self.list_features = not setup.preset.list_free
         # per instance: list-aware with list features or a signal that reads the list
         self.list_dependent = self.list_features or any(  # type: ignore[misc]
             s.list_dependent for s in self.signal_scorers)
-        names = self.feature_names
-        if features is not None and tuple(features) != names:
-            raise ValueError(f"features == {list(features)!r}; this ragsieve computes {list(names)} "
-                             "for these signals.")
-        self._fitted = self._read_fitted(weights, bias, mean, scale, trees)
+        self.feature_names  # noqa: B018  (raises for a signal given twice)
+        self._fitted = setup.fitted
         if self._fitted is not None and self.unfitted_signals:
             raise ValueError(
                 f"the fused score has fitted weights but unfitted signal(s) "
                 f"{[self.signal_scorers[i].spec()['scorer'] for i in self.unfitted_signals]}; a "
                 "fitted spec records its signals fitted (fit_fused_scorer fits both).")
         self.is_fitted = self._fitted is not None
+
+    @property
+    def preset(self) -> str | None:
+        """The preset's name (None for the base alone or signals given without a preset)."""
+        return None if self.setup.preset.name == "base" else self.setup.preset.name
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The logistic learner's weights (zeros before it is fitted)."""
+        return self._logistic().weights
+
+    @property
+    def bias(self) -> float:
+        """The logistic learner's bias (0 before it is fitted)."""
+        return self._logistic().bias
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The logistic learner's feature means (zeros before it is fitted)."""
+        return self._logistic().mean
+
+    @property
+    def scale(self) -> np.ndarray:
+        """The logistic learner's feature scales (ones before it is fitted)."""
+        return self._logistic().scale
+
+    def _logistic(self) -> FusionWeights:
+        """The fitted logistic learner, or its neutral parameters before it is fitted.
+
+        Raises
+        ------
+        AttributeError
+            The learner is the boosted trees.
+        """
+        if self.learner != "logistic":
+            raise AttributeError(f"the {self.learner} learner has no logistic parameters.")
+        if isinstance(self._fitted, FusionWeights):
+            return self._fitted
+        k = len(self.feature_names)
+        return FusionWeights(weights=np.zeros(k), bias=0.0, mean=np.zeros(k), scale=np.ones(k))
 
     def _check_signals(self) -> None:
         """The base is fitted; an unfitted signal is one fitted on texts (:class:`TextFitted`)."""
@@ -639,44 +651,23 @@ class FusedScorer(ListTransform):
         """The positions (0 is the base) of the signals still to be fitted on texts."""
         return tuple(i for i, s in enumerate(self.signal_scorers) if not s.is_fitted)
 
-    def _read_fitted(self, weights: Any, bias: float, mean: Any, scale: Any,
-                     trees: Mapping[str, Any] | None) -> FittedFusion | None:
-        """The fitted learner from the constructor's parameters (None: not fitted yet)."""
-        k = len(self.feature_names)
-        if self.learner == "boosted":
-            if weights is not None:
-                raise ValueError("weights are the logistic learner's; the boosted learner takes trees.")
-            return None if trees is None else BoostedTrees.from_dict(trees, k)
-        if trees is not None:
-            raise ValueError("trees are the boosted learner's; pass learner='boosted'.")
-        arrays = {"weights": np.zeros(k) if weights is None else np.asarray(weights, dtype=float),
-                  "mean": np.zeros(k) if mean is None else np.asarray(mean, dtype=float),
-                  "scale": np.ones(k) if scale is None else np.asarray(scale, dtype=float)}
-        for name, arr in arrays.items():
-            if arr.shape != (k,) or not np.all(np.isfinite(arr)):
-                raise ValueError(f"{name} must be {k} finite numbers, got {arr.tolist()!r}.")
-        self.weights, self.mean, self.scale = arrays["weights"], arrays["mean"], arrays["scale"]
-        self.bias = float(bias)
-        if weights is None:
-            return None
-        return FusionWeights(weights=self.weights, bias=self.bias, mean=self.mean, scale=self.scale)
+    @classmethod
+    def restore(cls, base: Any = "embedding", **spec: Any) -> FusedScorer:
+        """The fused score of a saved spec's keywords (the ``"fusion"`` alias; see the class
+        parameters)."""
+        return cls(base, **spec)
 
     @classmethod
-    def unfitted(cls, base: Any = "embedding", *, preset: str | None = DEFAULT_PRESET,
-                 query_language: str | None = None, reader_base: str | None = None,
-                 rerank: Any = None, rerank_url: str | None = None, rerank_model: str | None = None,
-                 rerank_api: str = "cohere", rerank_api_key_env: str = "RERANK_API_KEY",
-                 rerank_batch_size: int = 32, rerank_concurrency: int = 4,
-                 rerank_timeout: float = 60.0, rerank_cache: Any = True,
-                 rerank_max_retries: int = 4,
-                 **options: Any) -> FusedScorer:
+    def unfitted(cls, base: Any = "embedding", *, preset: str | Preset | None = DEFAULT_PRESET,
+                 rerank: Any = None, **options: Any) -> FusedScorer:
         """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals,
-        features and learner (:mod:`ragsieve.scoring.signals`), those for queries in
+        features and learner (:mod:`ragsieve.scoring.presets`), those for queries in
         ``query_language`` when it is not the snippets' language; a reader preset's reader
         fine-tuned from ``reader_base`` (None: the default base); the user's reranker
         ``rerank`` one more signal, or the one the ``rerank_*`` options name
         (:data:`~ragsieve.scoring.rerank.RERANK_SIGNAL_OPTIONS`: ``rerank_url``,
-        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on).
+        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on). The
+        other ``options`` as the class takes them (``learner``, ``list_features``, the base's).
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
@@ -688,11 +679,10 @@ class FusedScorer(ListTransform):
             ``rerank`` and ``rerank_*`` options both, or ``rerank_*`` options naming no
             reranker (:func:`~ragsieve.scoring.rerank.reranker_from_options`).
         """
-        given = given_reranker(rerank, rerank_keywords(
-            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
-            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
-        return cls(base, preset=preset, query_language=query_language, reader_base=reader_base,
-                   rerank=given, **options)
+        given = given_reranker(rerank, {k: v for k, v in options.items()
+                                        if k.startswith(_RERANK_PREFIX)})
+        rest = {k: v for k, v in options.items() if not k.startswith(_RERANK_PREFIX)}
+        return cls(base, preset=preset, rerank=given, **rest)
 
     # ------------------------------------------------------------------ signals, features
     @property
@@ -705,14 +695,7 @@ class FusedScorer(ListTransform):
         """One name per feature: :data:`FEATURES` for the base alone with list features,
         else ``"<signal>.<feature>"`` for every signal (``"bm25-list.gap"``; without list
         features only ``"<signal>.score"``)."""
-        if not self.signals and self.list_features:
-            return FEATURES
-        labels = [signal_label(s.spec()) for s in self.signal_scorers]
-        twice = sorted({x for x in labels if labels.count(x) > 1})
-        if twice:
-            raise ValueError(f"the fused score has the signal(s) {twice} twice; give each once.")
-        per = FEATURES if self.list_features else OWN_FEATURES
-        return tuple(f"{label}.{f}" for label in labels for f in per)
+        return feature_names_of(self.signal_scorers, self.list_features)
 
     def _matrix(self, scores: Sequence[np.ndarray], query_index: np.ndarray) -> np.ndarray:
         """The feature matrix of the signals' scores (with or without list features)."""
@@ -779,13 +762,12 @@ class FusedScorer(ListTransform):
         return self._like(signals=[s.unfitted_copy() for s in self.signals])
 
     def _like(self, *, signals: Sequence[Scorer] | None = None, base: Scorer | None = None,
-              **fitted: Any) -> FusedScorer:
+              fitted: FittedFusion | None = None) -> FusedScorer:
         """A fused score of this preset, learner and features; these signals (default: its
-        own) and fitted parameters (default: none)."""
-        return type(self)(self.base if base is None else base,
-                          signals=self.signals if signals is None else signals,
-                          preset=self.preset, learner=self.learner,
-                          list_features=self.list_features, **fitted)
+        own) and fitted learner (default: none)."""
+        return type(self)(setup=replace(
+            self.setup, base=self.base if base is None else base,
+            signals=self.signals if signals is None else tuple(signals), fitted=fitted))
 
     def with_signals_fitted(self, fitted: Mapping[int, Scorer]) -> FusedScorer:
         """The unfitted fused score with the signals at these positions (0 is the base)
@@ -860,7 +842,7 @@ class FusedScorer(ListTransform):
         params: dict[str, Any] = (
             {"trees": fitted.to_dict()} if isinstance(fitted, BoostedTrees) else
             {"weights": fitted.weights, "bias": fitted.bias, "mean": fitted.mean, "scale": fitted.scale})
-        return self._like(**params)
+        return self._like(fitted=read_fitted(self.learner, len(self.feature_names), params))
 
     def map_signals(self, wrap: Callable[[Scorer], Scorer]) -> FusedScorer:
         """The same fused score (same spec, same fitted learner) with every signal replaced
@@ -992,15 +974,7 @@ class FusedScorer(ListTransform):
 #: The options of the ``"best"`` alias: the base embedding scorer's, the preset and the
 #: queries' language.
 BEST_OPTIONS: tuple[ScorerOption, ...] = (
-    ScorerOption("preset", str, DEFAULT_PRESET, "scorer best: which signals the fused score "
-                 "learns from (fast: the embedder and in-list BM25, and across languages "
-                 "every other embedder trained on both; quality: every bundled embedder of "
-                 "the language(s), BM25 and the best sentence's cosine; base: the embedder "
-                 "alone, which scores from vectors; portable: list-free, the embedder, a "
-                 "BM25 of frozen corpus statistics and the best sentence's cosine, valid "
-                 "behind any retriever; reader, portable-reader, quality-reader: fast, "
-                 "portable, quality and a cross-encoder fine-tuned on the calibration fit "
-                 "topics, tens of minutes to fit on 2 cores)", "--preset", choices=PRESETS),
+    ScorerOption("preset", str, DEFAULT_PRESET, preset_help(), "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
     ScorerOption("reader_base", str, None, READER_BASE_HELP, "--reader-base",
                  choices=tuple(READER_BASES)),
@@ -1042,3 +1016,143 @@ def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Score
             return shared
     runtime = {o.name for o in scorer_options(signal["scorer"]) if o.runtime}
     return resolve_scorer(signal, **{k: v for k, v in base_options.items() if k in runtime})
+
+
+def read_fused_setup(base: Any, spec: Mapping[str, Any]) -> FusionSetup:
+    """The parts of the fused score that ``base`` and the keywords of a spec give (see
+    :class:`FusedScorer`'s parameters), in the order a reader of the spec checks them.
+
+    Raises
+    ------
+    TypeError
+        ``query_language`` not a string, ``signals`` not a list, ``list_features`` not a
+        bool, a signal neither a scorer nor a spec.
+    ValueError
+        An unknown preset or learner, ``reader_base`` without a reader preset or with
+        ``signals``, ``rerank`` with ``signals``, ``features`` other than those computed,
+        fitted parameters of the wrong shape or of the other learner.
+    """
+    options = dict(spec)
+    fitted: dict[str, Any] = {k: options.pop(k) for k in ("weights", "bias", "mean", "scale", "trees",
+                                          "features") if k in options}
+    ask = _SetupKeywords(**{f.name: options.pop(f.name) for f in fields(_SetupKeywords)
+                            if f.name in options})
+    scorer = _setup_base(base, ask, options)
+    row = _setup_preset(ask)
+    signals = _setup_signals(scorer, row, ask, options)
+    names = feature_names_of([scorer, *signals], not row.list_free)
+    if fitted.get("features") is not None and tuple(fitted["features"]) != names:
+        raise ValueError(f"features == {list(fitted['features'])!r}; this ragsieve computes "
+                         f"{list(names)} for these signals.")
+    return FusionSetup(scorer, signals, row, read_fitted(row.learner, len(names), fitted))
+
+
+@dataclass(frozen=True)
+class _SetupKeywords:
+    """The keywords of a fused score's spec that say what it is made of (the rest are the
+    fitted learner's and the base's)."""
+
+    signals: Sequence[Any] | None = None
+    preset: str | Preset | None = None
+    learner: str | None = None
+    list_features: bool | None = None
+    query_language: str | None = None
+    reader_base: str | None = None
+    rerank: Any = None
+
+
+def _setup_base(base: Any, ask: _SetupKeywords, options: Mapping[str, Any]) -> Scorer:
+    """The base score: ``base`` as it is, or built from an alias or spec with the options it
+    takes (across languages an alias without a model gets one trained on both)."""
+    query_language = check_str(ask.query_language, "query_language", non_blank=True,
+                               allow_none=True)
+    if query_language is not None and base == "embedding" and options.get("model") is None:
+        from ..embeddings.languages import choose_model
+
+        options = {**options, "model": choose_model(str(options.get("language") or "en"),
+                                                   query_language)}
+    own = _base_options(base, [*(ask.signals or ()), *([] if ask.rerank is None else [ask.rerank])],
+                        options)
+    return resolve_scorer(base, **own) if own or not isinstance(base, Scorer) else base
+
+
+def _setup_preset(ask: _SetupKeywords) -> Preset:
+    """The preset's row with the learner and list features asked for (``"base"`` without a
+    preset)."""
+    row = get_preset("base" if ask.preset is None else ask.preset)
+    if ask.reader_base is not None and (ask.signals is not None or not row.reader):
+        shown = None if row.name == "base" else row.name
+        raise ValueError(f"reader_base == {ask.reader_base!r} names the base of a reader preset's "
+                         f"reader; got preset {shown!r}"
+                         f"{' and signals' if ask.signals is not None else ''} (expected one of "
+                         f"{', '.join(sorted(READER_PRESETS))}, without signals).")
+    if ask.rerank is not None and ask.signals is not None:
+        raise ValueError("rerank adds the reranker to a preset's signals; with signals "
+                         "given, give it among them (a saved spec records it there).")
+    if ask.list_features is not None and not isinstance(ask.list_features, bool):
+        raise TypeError(f"list_features is {type(ask.list_features).__name__}, expected a bool.")
+    learner = row.learner if ask.learner is None else check_learner(ask.learner)
+    list_free = row.list_free if ask.list_features is None else not ask.list_features
+    return replace(row, learner=learner, list_free=list_free)
+
+
+def _setup_signals(base: Scorer, row: Preset, ask: _SetupKeywords,
+                   options: Mapping[str, Any]) -> tuple[Scorer, ...]:
+    """The signals besides the base: those given (scorers or specs), else the preset's."""
+    signals = ask.signals
+    if signals is None:
+        rerank = None if ask.rerank is None else _signal(ask.rerank, options, base)
+        signals = preset_signals(base, row, ask.query_language, reader_base=ask.reader_base,
+                                 rerank=rerank)
+    elif isinstance(signals, (str, bytes, Mapping, Scorer)):
+        raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
+                        "or scorer specs.")
+    return tuple(_signal(s, options, base) for s in signals)
+
+
+def feature_names_of(signals: Sequence[Scorer], list_features: bool) -> tuple[str, ...]:
+    """One name per feature of these signals (the base first): :data:`FEATURES` for the base
+    alone with list features, else ``"<signal>.<feature>"`` for every signal
+    (``"bm25-list.gap"``; without list features only ``"<signal>.score"``).
+
+    Raises
+    ------
+    ValueError
+        A signal given twice.
+    """
+    if len(signals) == 1 and list_features:
+        return FEATURES
+    labels = [signal_label(s.spec()) for s in signals]
+    twice = sorted({x for x in labels if labels.count(x) > 1})
+    if twice:
+        raise ValueError(f"the fused score has the signal(s) {twice} twice; give each once.")
+    per = FEATURES if list_features else OWN_FEATURES
+    return tuple(f"{label}.{f}" for label in labels for f in per)
+
+
+def read_fitted(learner: str, k: int, params: Mapping[str, Any]) -> FittedFusion | None:
+    """The fitted learner from a spec's parameters (``weights``, ``bias``, ``mean``,
+    ``scale`` or ``trees``) for ``k`` features; None: not fitted yet.
+
+    Raises
+    ------
+    ValueError
+        The other learner's parameters, or arrays not ``k`` finite numbers.
+    """
+    weights, trees = params.get("weights"), params.get("trees")
+    if learner == "boosted":
+        if weights is not None:
+            raise ValueError("weights are the logistic learner's; the boosted learner takes trees.")
+        return None if trees is None else BoostedTrees.from_dict(trees, k)
+    if trees is not None:
+        raise ValueError("trees are the boosted learner's; pass learner='boosted'.")
+    arrays = {name: np.full(k, fill) if params.get(name) is None else
+              np.asarray(params[name], dtype=float)
+              for name, fill in (("weights", 0.0), ("mean", 0.0), ("scale", 1.0))}
+    for name, arr in arrays.items():
+        if arr.shape != (k,) or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name} must be {k} finite numbers, got {arr.tolist()!r}.")
+    if weights is None:
+        return None
+    return FusionWeights(weights=arrays["weights"], bias=float(params.get("bias", 0.0)),
+                         mean=arrays["mean"], scale=arrays["scale"])
