@@ -9,7 +9,7 @@ to ``A = -logit P(relevant)``: logistic regression (:func:`fit_logistic`) or mon
 gradient-boosted trees (:mod:`ragsieve.scoring.boosting`). Lower = more relevant, as every
 nonconformity score.
 
-The presets (:data:`~ragsieve.scoring.signals.PRESETS`):
+The presets (:data:`~ragsieve.scoring.presets.PRESET_TABLE`):
 
 * ``fast`` (the ``"best"`` alias's default), ``base`` and ``quality`` are *list-aware*: the
   list features (and the in-list BM25, whose IDF is the list's) make a snippet's score
@@ -47,27 +47,34 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from .._validation import check_str
 from ..embeddings.reader_bases import READER_BASES
-from ..errors import CalibrationError, ScorerError
+from ..errors import ScorerError
 from ..types import Pair
 from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
 from .boosting import BoostedTrees
-from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
+from .embedding import EMBEDDING_OPTIONS
+from .fusion_setup import FEATURES, OWN_FEATURES, FusionSetup, feature_names_of, read_fused_setup
+from .learners import (
+    LEARNER_TYPES,
+    LEARNERS,
+    FittedFusion,
+    FusionWeights,
+    check_learner,
+    fit_learner,
+    fit_logistic,
+    read_fitted,
+)
 from .options import ScorerOption
-from .presets import DEFAULT_PRESET, PRESETS, READER_PRESETS, Preset, get_preset, preset_help
+from .presets import DEFAULT_PRESET, PRESETS, Preset, preset_help
 from .reader import READER_BASE_HELP
-from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
 from .rerank import RERANK_SIGNAL_OPTIONS, given_reranker
-from .sentence_cosine import SentenceCosineScorer
 from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
-from .signals import preset_signals, signal_label
 
 __all__ = [
     "FEATURES", "FUSION_FIT_FRACTION", "LEARNERS", "FittedFusion", "FusedScoreFit", "FusedScorer",
@@ -77,13 +84,7 @@ __all__ = [
     "signals_feature_matrix",
 ]
 
-#: The features of one signal (its score and its four list-relative transforms); the
-#: feature names of a fused score of its base alone.
-FEATURES = ("score", "gap", "z", "log_rank", "ratio")
-#: The feature of one signal without list features (``list_features=False``): its score.
-OWN_FEATURES = ("score",)
-#: The learners of the fused score: logistic regression, monotone boosted trees.
-LEARNERS = ("logistic", "boosted")
+
 def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
     """Features of every pair, one column per name in ``FEATURES``."""
     base = np.asarray(base, dtype=float)
@@ -108,99 +109,6 @@ def signals_feature_matrix(signal_scores: Sequence[np.ndarray], query_index: np.
     if not list_features:
         return np.column_stack([np.asarray(s, dtype=float) for s in signal_scores])
     return np.column_stack([feature_matrix(s, query_index) for s in signal_scores])
-
-
-def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 100) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
-    """L2-regularised logistic regression by Newton's method on standardised features.
-
-    Returns
-    -------
-    weights, bias, mean, scale
-        ``logit = ((x - mean) / scale) @ weights + bias``.
-
-    Raises
-    ------
-    CalibrationError
-        When ``y`` holds only one class.
-    """
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if y.min() == y.max():
-        raise CalibrationError(
-            f"the fusion fold has only {'relevant' if y.min() == 1 else 'non-relevant'} pairs; "
-            "it needs both to fit the weights."
-        )
-    mean, scale = x.mean(axis=0), x.std(axis=0)
-    scale = np.where(scale > 1e-12, scale, 1.0)
-    z = np.column_stack([(x - mean) / scale, np.ones(len(x))])
-    w = np.zeros(z.shape[1])
-    reg = np.full(z.shape[1], l2 * len(x))
-    reg[-1] = 0.0
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
-        grad = z.T @ (p - y) + reg * w
-        hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg + 1e-9)
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if np.max(np.abs(step)) < 1e-8:
-            break
-    return w[:-1], float(w[-1]), mean, scale
-
-
-@dataclass(frozen=True, eq=False)  # numpy fields: compare the arrays, not the records
-class FusionWeights:
-    """Fitted parameters of the fused score: ``A = -(((x - mean) / scale) @ weights + bias)``.
-
-    Attributes
-    ----------
-    weights, mean, scale : numpy.ndarray
-        One value per feature in ``FEATURES``.
-    bias : float
-    """
-
-    weights: np.ndarray
-    bias: float
-    mean: np.ndarray
-    scale: np.ndarray
-
-    @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray) -> FusionWeights:
-        """Fit on a feature matrix (see :func:`feature_matrix`) and 0/1 labels (:func:`fit_logistic`)."""
-        w, b, mean, scale = fit_logistic(x, y)
-        return cls(weights=w, bias=b, mean=mean, scale=scale)
-
-    def scores(self, x: np.ndarray) -> np.ndarray:
-        """Fused nonconformity scores of a feature matrix (lower = more relevant), rounded to
-        12 decimals: a matrix product may give two equal rows results a last bit apart
-        (its vectorised loops differ by the row's memory alignment), and equal texts of one
-        list must get one score."""
-        return np.round(-(((np.asarray(x, dtype=float) - self.mean) / self.scale)
-                          @ self.weights + self.bias), 12)
-
-
-FittedFusion = FusionWeights | BoostedTrees
-"""A fitted learner of the fused score: anything with ``scores(features)``."""
-
-_LEARNER_TYPES: dict[str, type[FusionWeights | BoostedTrees]] = {
-    "logistic": FusionWeights, "boosted": BoostedTrees}
-
-
-def check_learner(learner: Any) -> str:
-    """``learner`` if it names a learner, else ``ValueError`` listing them."""
-    if learner not in LEARNERS:
-        raise ValueError(f"learner == {learner!r}, must be one of {', '.join(map(repr, LEARNERS))}.")
-    return str(learner)
-
-
-def fit_learner(learner: str, x: np.ndarray, y: np.ndarray) -> FittedFusion:
-    """Fit ``learner`` (``"logistic"`` or ``"boosted"``) on a feature matrix and 0/1 labels.
-
-    Raises
-    ------
-    CalibrationError
-        ``y`` holds one class only.
-    """
-    return _LEARNER_TYPES[check_learner(learner)].fit(x, y)
 
 
 class TextShareFit(Protocol):
@@ -495,30 +403,6 @@ def fit_fused_scorer(scorer: FusedScorer, pairs: Sequence[Pair], topics: Any, *,
     return FusedScoreFit(fitted, done.fit, done.scores)
 
 
-@dataclass(frozen=True)
-class FusionSetup:
-    """What a fused score is made of: the record :class:`FusedScorer` takes.
-
-    Attributes
-    ----------
-    base : Scorer
-        The base score (fitted): the first signal.
-    signals : tuple of Scorer
-        The signals besides the base (a text-fitted one may be unfitted).
-    preset : Preset
-        Its preset's row (:mod:`ragsieve.scoring.presets`; ``base``: the base alone or
-        signals given without a preset), with the learner and list features this score
-        fits (``dataclasses.replace`` of the row when they differ from the row's).
-    fitted : FusionWeights, BoostedTrees or None
-        The fitted learner (None: not fitted yet).
-    """
-
-    base: Scorer
-    signals: tuple[Scorer, ...]
-    preset: Preset = field(default_factory=lambda: get_preset("base"))
-    fitted: FittedFusion | None = None
-
-
 #: The options of the user's reranker as a signal (:data:`~ragsieve.scoring.rerank.RERANK_SIGNAL_OPTIONS`).
 _RERANK_PREFIX = "rerank_"
 
@@ -541,7 +425,7 @@ class FusedScorer(ListTransform):
     setup : FusionSetup, optional
         The parts, built already (then no other argument).
     **spec
-        The keywords of a spec, read by :func:`read_fused_setup`: ``signals`` (the signals
+        The keywords of a spec, read by :func:`~ragsieve.scoring.fusion_setup.read_fused_setup`: ``signals`` (the signals
         besides the base, a sequence of Scorer or spec Mapping; default: those of ``preset``,
         :func:`~ragsieve.scoring.signals.preset_signals`, none without one); ``preset`` (a
         name or a :class:`~ragsieve.scoring.presets.Preset`; None or ``"base"``: the base
@@ -836,9 +720,9 @@ class FusedScorer(ListTransform):
         TypeError
             ``fitted`` is another learner's than this score's.
         """
-        if not isinstance(fitted, _LEARNER_TYPES[self.learner]):
+        if not isinstance(fitted, LEARNER_TYPES[self.learner]):
             raise TypeError(f"fitted is a {type(fitted).__name__}; the {self.learner} learner "
-                            f"gives a {_LEARNER_TYPES[self.learner].__name__}.")
+                            f"gives a {LEARNER_TYPES[self.learner].__name__}.")
         params: dict[str, Any] = (
             {"trees": fitted.to_dict()} if isinstance(fitted, BoostedTrees) else
             {"weights": fitted.weights, "bias": fitted.bias, "mean": fitted.mean, "scale": fitted.scale})
@@ -984,175 +868,3 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
     # the user's reranker, one more signal of any preset (--rerank-url, --rerank-model)
     *RERANK_SIGNAL_OPTIONS,
 )
-
-
-def _base_options(base: Any, signals: Sequence[Any] | None,
-                  options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options the base takes: all but those that the base does not declare and a
-    signal built from a spec declares as ``runtime`` (a reranker's ``url``), which go to
-    the signals alone (:func:`_signal`)."""
-    if isinstance(base, Scorer):
-        declared = {o.name for o in base.declared_options}
-    else:
-        alias = base.get("scorer") if isinstance(base, Mapping) else base
-        declared = ({o.name for o in scorer_options(alias)} if isinstance(alias, str) else set())
-    specs = [s for s in (signals or ()) if isinstance(s, Mapping) and isinstance(s.get("scorer"), str)]
-    theirs = {o.name for s in specs for o in scorer_options(s["scorer"]) if o.runtime}
-    return {k: v for k, v in options.items() if k in declared or k not in theirs}
-
-
-def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Scorer:
-    """A signal from a scorer or a spec; a spec gets the ``runtime`` options it declares. The
-    best-sentence cosine of the base's own model shares the base's loaded model and cache
-    (as the presets build it), so a saved filter loads that model once."""
-    if isinstance(signal, Scorer):
-        return signal
-    if not isinstance(signal, Mapping) or not isinstance(signal.get("scorer"), str):
-        raise TypeError(f"a signal is {signal!r}; expected a Scorer or a spec mapping with a "
-                        "'scorer' key.")
-    if signal["scorer"] == SentenceCosineScorer.name and isinstance(base, EmbeddingScorer):
-        shared = SentenceCosineScorer.sharing(base)
-        if shared.spec() == dict(signal):
-            return shared
-    runtime = {o.name for o in scorer_options(signal["scorer"]) if o.runtime}
-    return resolve_scorer(signal, **{k: v for k, v in base_options.items() if k in runtime})
-
-
-def read_fused_setup(base: Any, spec: Mapping[str, Any]) -> FusionSetup:
-    """The parts of the fused score that ``base`` and the keywords of a spec give (see
-    :class:`FusedScorer`'s parameters), in the order a reader of the spec checks them.
-
-    Raises
-    ------
-    TypeError
-        ``query_language`` not a string, ``signals`` not a list, ``list_features`` not a
-        bool, a signal neither a scorer nor a spec.
-    ValueError
-        An unknown preset or learner, ``reader_base`` without a reader preset or with
-        ``signals``, ``rerank`` with ``signals``, ``features`` other than those computed,
-        fitted parameters of the wrong shape or of the other learner.
-    """
-    options = dict(spec)
-    fitted: dict[str, Any] = {k: options.pop(k) for k in ("weights", "bias", "mean", "scale", "trees",
-                                          "features") if k in options}
-    ask = _SetupKeywords(**{f.name: options.pop(f.name) for f in fields(_SetupKeywords)
-                            if f.name in options})
-    scorer = _setup_base(base, ask, options)
-    row = _setup_preset(ask)
-    signals = _setup_signals(scorer, row, ask, options)
-    names = feature_names_of([scorer, *signals], not row.list_free)
-    if fitted.get("features") is not None and tuple(fitted["features"]) != names:
-        raise ValueError(f"features == {list(fitted['features'])!r}; this ragsieve computes "
-                         f"{list(names)} for these signals.")
-    return FusionSetup(scorer, signals, row, read_fitted(row.learner, len(names), fitted))
-
-
-@dataclass(frozen=True)
-class _SetupKeywords:
-    """The keywords of a fused score's spec that say what it is made of (the rest are the
-    fitted learner's and the base's)."""
-
-    signals: Sequence[Any] | None = None
-    preset: str | Preset | None = None
-    learner: str | None = None
-    list_features: bool | None = None
-    query_language: str | None = None
-    reader_base: str | None = None
-    rerank: Any = None
-
-
-def _setup_base(base: Any, ask: _SetupKeywords, options: Mapping[str, Any]) -> Scorer:
-    """The base score: ``base`` as it is, or built from an alias or spec with the options it
-    takes (across languages an alias without a model gets one trained on both)."""
-    query_language = check_str(ask.query_language, "query_language", non_blank=True,
-                               allow_none=True)
-    if query_language is not None and base == "embedding" and options.get("model") is None:
-        from ..embeddings.languages import choose_model
-
-        options = {**options, "model": choose_model(str(options.get("language") or "en"),
-                                                   query_language)}
-    own = _base_options(base, [*(ask.signals or ()), *([] if ask.rerank is None else [ask.rerank])],
-                        options)
-    return resolve_scorer(base, **own) if own or not isinstance(base, Scorer) else base
-
-
-def _setup_preset(ask: _SetupKeywords) -> Preset:
-    """The preset's row with the learner and list features asked for (``"base"`` without a
-    preset)."""
-    row = get_preset("base" if ask.preset is None else ask.preset)
-    if ask.reader_base is not None and (ask.signals is not None or not row.reader):
-        shown = None if row.name == "base" else row.name
-        raise ValueError(f"reader_base == {ask.reader_base!r} names the base of a reader preset's "
-                         f"reader; got preset {shown!r}"
-                         f"{' and signals' if ask.signals is not None else ''} (expected one of "
-                         f"{', '.join(sorted(READER_PRESETS))}, without signals).")
-    if ask.rerank is not None and ask.signals is not None:
-        raise ValueError("rerank adds the reranker to a preset's signals; with signals "
-                         "given, give it among them (a saved spec records it there).")
-    if ask.list_features is not None and not isinstance(ask.list_features, bool):
-        raise TypeError(f"list_features is {type(ask.list_features).__name__}, expected a bool.")
-    learner = row.learner if ask.learner is None else check_learner(ask.learner)
-    list_free = row.list_free if ask.list_features is None else not ask.list_features
-    return replace(row, learner=learner, list_free=list_free)
-
-
-def _setup_signals(base: Scorer, row: Preset, ask: _SetupKeywords,
-                   options: Mapping[str, Any]) -> tuple[Scorer, ...]:
-    """The signals besides the base: those given (scorers or specs), else the preset's."""
-    signals = ask.signals
-    if signals is None:
-        rerank = None if ask.rerank is None else _signal(ask.rerank, options, base)
-        signals = preset_signals(base, row, ask.query_language, reader_base=ask.reader_base,
-                                 rerank=rerank)
-    elif isinstance(signals, (str, bytes, Mapping, Scorer)):
-        raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
-                        "or scorer specs.")
-    return tuple(_signal(s, options, base) for s in signals)
-
-
-def feature_names_of(signals: Sequence[Scorer], list_features: bool) -> tuple[str, ...]:
-    """One name per feature of these signals (the base first): :data:`FEATURES` for the base
-    alone with list features, else ``"<signal>.<feature>"`` for every signal
-    (``"bm25-list.gap"``; without list features only ``"<signal>.score"``).
-
-    Raises
-    ------
-    ValueError
-        A signal given twice.
-    """
-    if len(signals) == 1 and list_features:
-        return FEATURES
-    labels = [signal_label(s.spec()) for s in signals]
-    twice = sorted({x for x in labels if labels.count(x) > 1})
-    if twice:
-        raise ValueError(f"the fused score has the signal(s) {twice} twice; give each once.")
-    per = FEATURES if list_features else OWN_FEATURES
-    return tuple(f"{label}.{f}" for label in labels for f in per)
-
-
-def read_fitted(learner: str, k: int, params: Mapping[str, Any]) -> FittedFusion | None:
-    """The fitted learner from a spec's parameters (``weights``, ``bias``, ``mean``,
-    ``scale`` or ``trees``) for ``k`` features; None: not fitted yet.
-
-    Raises
-    ------
-    ValueError
-        The other learner's parameters, or arrays not ``k`` finite numbers.
-    """
-    weights, trees = params.get("weights"), params.get("trees")
-    if learner == "boosted":
-        if weights is not None:
-            raise ValueError("weights are the logistic learner's; the boosted learner takes trees.")
-        return None if trees is None else BoostedTrees.from_dict(trees, k)
-    if trees is not None:
-        raise ValueError("trees are the boosted learner's; pass learner='boosted'.")
-    arrays = {name: np.full(k, fill) if params.get(name) is None else
-              np.asarray(params[name], dtype=float)
-              for name, fill in (("weights", 0.0), ("mean", 0.0), ("scale", 1.0))}
-    for name, arr in arrays.items():
-        if arr.shape != (k,) or not np.all(np.isfinite(arr)):
-            raise ValueError(f"{name} must be {k} finite numbers, got {arr.tolist()!r}.")
-    if weights is None:
-        return None
-    return FusionWeights(weights=arrays["weights"], bias=float(params.get("bias", 0.0)),
-                         mean=arrays["mean"], scale=arrays["scale"])
