@@ -89,7 +89,7 @@ def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Score
 
 def read_fused_setup(base: Any, spec: Mapping[str, Any]) -> FusionSetup:
     """The parts of the fused score that ``base`` and the keywords of a spec give (see
-    :class:`FusedScorer`'s parameters), in the order a reader of the spec checks them.
+    :class:`~ragsieve.scoring.fusion.FusedScorer`'s parameters), in the order a reader of the spec checks them.
 
     Raises
     ------
@@ -102,8 +102,7 @@ def read_fused_setup(base: Any, spec: Mapping[str, Any]) -> FusionSetup:
         fitted parameters of the wrong shape or of the other learner.
     """
     options = dict(spec)
-    fitted: dict[str, Any] = {k: options.pop(k) for k in ("weights", "bias", "mean", "scale", "trees",
-                                          "features") if k in options}
+    fitted: dict[str, Any] = {k: options.pop(k) for k in _FITTED_KEYS if k in options}
     ask = _SetupKeywords(**{f.name: options.pop(f.name) for f in fields(_SetupKeywords)
                             if f.name in options})
     scorer = _setup_base(base, ask, options)
@@ -114,6 +113,11 @@ def read_fused_setup(base: Any, spec: Mapping[str, Any]) -> FusionSetup:
         raise ValueError(f"features == {list(fitted['features'])!r}; this ragsieve computes "
                          f"{list(names)} for these signals.")
     return FusionSetup(scorer, signals, row, read_fitted(row.learner, len(names), fitted))
+
+
+#: The keywords of a spec that hold the fitted learner (:func:`~ragsieve.scoring.learners.read_fitted`)
+#: and the feature names it was fitted on.
+_FITTED_KEYS = ("weights", "bias", "mean", "scale", "trees", "features")
 
 
 @dataclass(frozen=True)
