@@ -42,11 +42,11 @@ from ..types import Pair
 from .base import Resolution, Scorer
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
+from .presets import Preset, get_preset
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer
 from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer, given_reranker, rerank_keywords
 from .signal_check import RERANK_CHECKS
-from .signals import LIST_FREE_PRESETS, READER_PRESETS
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
            "choose_languages", "choose_score"]
@@ -75,10 +75,11 @@ class ScoreChoice:
     reason : str
         Why, in the user's terms: ``"whole lists of 3-6 snippets per query from the deployed
         retriever (16 queries, 8 topics)"``.
-    preset : str or None
-        The fused score's preset (:mod:`ragsieve.scoring.signals`): ``"fast"`` (list-aware)
-        or ``"portable"`` (list-free), ``"reader"`` or ``"portable-reader"`` when the reader
-        check fused the reader; None for ``1 - cos``.
+    fused : Preset or None
+        The fused score's preset (:mod:`ragsieve.scoring.presets`): ``fast`` (list-aware)
+        or ``portable`` (list-free), the same with the reader (:meth:`Preset.with_reader
+        <ragsieve.scoring.presets.Preset.with_reader>`: ``reader``, ``portable-reader``)
+        when the reader check fused the reader; None for ``1 - cos``.
     reader : str or None
         Whether the reader was fused and why
         (:func:`~ragsieve.scoring.reader_check.check_reader`); None: not asked.
@@ -90,9 +91,14 @@ class ScoreChoice:
 
     alias: str
     reason: str
-    preset: str | None = None
+    fused: Preset | None = None
     reader: str | None = None
     rerank: Mapping[str, Any] | None = None
+
+    @property
+    def preset(self) -> str | None:
+        """The name of the fused score's preset (None for ``1 - cos``)."""
+        return None if self.fused is None else self.fused.name
 
     @property
     def rerank_fused(self) -> bool:
@@ -105,10 +111,10 @@ class ScoreChoice:
         ``"1 - cos (embedding)"``."""
         if self.alias != "best":
             return "1 - cos (embedding)"
-        with_reader = " with the reader" if self.preset in READER_PRESETS else ""
+        with_reader = " with the reader" if self.fused and self.fused.reader else ""
         if self.rerank_fused:
             with_reader += " and the reranker" if with_reader else " with the reranker"
-        if self.preset in LIST_FREE_PRESETS:
+        if self.fused and self.fused.list_free:
             return f"fused, portable{with_reader} (list-free)"
         return f"fused (best{with_reader}, list-aware)"
 
@@ -172,16 +178,16 @@ def choose_score(pairs: Sequence[Pair], *, deployed_lists: bool = False) -> Scor
                            f"{MIN_FUSION_TOPICS} (a quarter fit it, the rest calibrate)")
     counts = f"{n_queries} queries, {len(topics)} topics"
     if not deployed_lists:
-        return ScoreChoice("best", f"{counts}; {_NOT_DEPLOYED}", "portable")
+        return ScoreChoice("best", f"{counts}; {_NOT_DEPLOYED}", get_preset("portable"))
     lists = sum(1 for n in sizes.values() if n >= 2)
     if lists < MIN_LIST_SHARE * n_queries:
         return ScoreChoice("best", f"{n_queries - lists} of {n_queries} queries have a single "
                            "snippet; the list-aware fused score needs whole retrieved lists, "
-                           f"so the list-free score ({counts})", "portable")
+                           f"so the list-free score ({counts})", get_preset("portable"))
     lo, hi = min(sizes.values()), max(sizes.values())
     span = str(lo) if lo == hi else f"{lo}-{hi}"
     return ScoreChoice("best", f"whole lists of {span} snippets per query from the deployed "
-                       f"retriever ({counts})", "fast")
+                       f"retriever ({counts})", get_preset("fast"))
 
 
 @dataclass(frozen=True)
@@ -561,11 +567,11 @@ class AutoScorer(Scorer):
             choice = self._with_reader(choice, pairs, base, found, seed)
             if self.rerank is not None:
                 choice = self._with_rerank(choice, pairs, base, cross, seed)
-        if self.reader_base is not None and choice.preset in READER_PRESETS:
+        if self.reader_base is not None and choice.fused is not None and choice.fused.reader:
             cross["reader_base"] = self.reader_base
         rerank = {"rerank": self.rerank} if choice.rerank_fused else {}
-        scorer = (resolve_scorer("best", base=base, preset=choice.preset, **cross, **rerank)
-                  if choice.alias == "best" else base)
+        scorer = (resolve_scorer("best", base=base, preset=choice.fused, **cross, **rerank)
+                  if choice.fused is not None else base)
         return scorer, choice, (str(found.code), found.source)
 
     def _with_reader(self, choice: ScoreChoice, pairs: list[Pair], base: Scorer,
@@ -576,10 +582,9 @@ class AutoScorer(Scorer):
         check = check_reader(pairs, base, seed=seed, language=found.code,
                              query_language=found.query_code, mode=self.reader_check,
                              reader_base=self.reader_base)
-        preset = ("portable-reader" if choice.preset == "portable" else "reader") \
-            if check.helps else choice.preset
+        fused = choice.fused.with_reader() if check.helps and choice.fused else choice.fused
         logger.info("reader: %s", check.reason)
-        return replace(choice, preset=preset, reader=check.reason)
+        return replace(choice, fused=fused, reader=check.reason)
 
     def _with_rerank(self, choice: ScoreChoice, pairs: list[Pair], base: Scorer,
                      cross: Mapping[str, Any], seed: int) -> ScoreChoice:
@@ -588,9 +593,8 @@ class AutoScorer(Scorer):
         fine-tunes nothing)."""
         from .fusion import FusedScorer
         from .signal_check import check_rerank
-        from .signals import without_reader
 
-        fused = (FusedScorer.unfitted(base, preset=without_reader(str(choice.preset)),
+        fused = (FusedScorer.unfitted(base, preset=get_preset(choice.fused).without_reader(),
                                       rerank=self.rerank, **cross)
                  if self.rerank_check != "never" else None)
         check = check_rerank(pairs, fused, seed=seed, mode=self.rerank_check)

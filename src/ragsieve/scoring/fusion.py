@@ -9,7 +9,7 @@ to ``A = -logit P(relevant)``: logistic regression (:func:`fit_logistic`) or mon
 gradient-boosted trees (:mod:`ragsieve.scoring.boosting`). Lower = more relevant, as every
 nonconformity score.
 
-The presets (:data:`~ragsieve.scoring.signals.PRESETS`):
+The presets (:data:`~ragsieve.scoring.presets.PRESET_TABLE`):
 
 * ``fast`` (the ``"best"`` alias's default), ``base`` and ``quality`` are *list-aware*: the
   list features (and the in-list BM25, whose IDF is the list's) make a snippet's score
@@ -47,35 +47,34 @@ unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, NamedTuple, Protocol, cast, runtime_checkable
 
 import numpy as np
 
-from .._validation import check_str
 from ..embeddings.reader_bases import READER_BASES
-from ..errors import CalibrationError, ScorerError
+from ..errors import ScorerError
 from ..types import Pair
 from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
 from .boosting import BoostedTrees
-from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
+from .embedding import EMBEDDING_OPTIONS
+from .fusion_setup import FEATURES, OWN_FEATURES, FusionSetup, feature_names_of, read_fused_setup
+from .learners import (
+    LEARNER_TYPES,
+    LEARNERS,
+    FittedFusion,
+    FusionWeights,
+    check_learner,
+    fit_learner,
+    fit_logistic,
+    read_fitted,
+)
 from .options import ScorerOption
+from .presets import DEFAULT_PRESET, PRESETS, Preset, preset_help
 from .reader import READER_BASE_HELP
-from .registry import resolve_scorer, scorer_options
 from .relative import query_index_of, relative_scores
 from .rerank import RERANK_SIGNAL_OPTIONS, given_reranker, rerank_keywords
-from .sentence_cosine import SentenceCosineScorer
 from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
-from .signals import (
-    DEFAULT_PRESET,
-    LIST_FREE_PRESETS,
-    PRESET_LEARNERS,
-    PRESETS,
-    READER_PRESETS,
-    check_preset,
-    preset_signals,
-    signal_label,
-)
 
 __all__ = [
     "FEATURES", "FUSION_FIT_FRACTION", "LEARNERS", "FittedFusion", "FusedScoreFit", "FusedScorer",
@@ -85,13 +84,7 @@ __all__ = [
     "signals_feature_matrix",
 ]
 
-#: The features of one signal (its score and its four list-relative transforms); the
-#: feature names of a fused score of its base alone.
-FEATURES = ("score", "gap", "z", "log_rank", "ratio")
-#: The feature of one signal without list features (``list_features=False``): its score.
-OWN_FEATURES = ("score",)
-#: The learners of the fused score: logistic regression, monotone boosted trees.
-LEARNERS = ("logistic", "boosted")
+
 def feature_matrix(base: np.ndarray, query_index: np.ndarray) -> np.ndarray:
     """Features of every pair, one column per name in ``FEATURES``."""
     base = np.asarray(base, dtype=float)
@@ -116,99 +109,6 @@ def signals_feature_matrix(signal_scores: Sequence[np.ndarray], query_index: np.
     if not list_features:
         return np.column_stack([np.asarray(s, dtype=float) for s in signal_scores])
     return np.column_stack([feature_matrix(s, query_index) for s in signal_scores])
-
-
-def fit_logistic(x: np.ndarray, y: np.ndarray, *, l2: float = 1e-3, iters: int = 100) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
-    """L2-regularised logistic regression by Newton's method on standardised features.
-
-    Returns
-    -------
-    weights, bias, mean, scale
-        ``logit = ((x - mean) / scale) @ weights + bias``.
-
-    Raises
-    ------
-    CalibrationError
-        When ``y`` holds only one class.
-    """
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    if y.min() == y.max():
-        raise CalibrationError(
-            f"the fusion fold has only {'relevant' if y.min() == 1 else 'non-relevant'} pairs; "
-            "it needs both to fit the weights."
-        )
-    mean, scale = x.mean(axis=0), x.std(axis=0)
-    scale = np.where(scale > 1e-12, scale, 1.0)
-    z = np.column_stack([(x - mean) / scale, np.ones(len(x))])
-    w = np.zeros(z.shape[1])
-    reg = np.full(z.shape[1], l2 * len(x))
-    reg[-1] = 0.0
-    for _ in range(iters):
-        p = 1.0 / (1.0 + np.exp(-np.clip(z @ w, -30, 30)))
-        grad = z.T @ (p - y) + reg * w
-        hess = (z * (p * (1 - p))[:, None]).T @ z + np.diag(reg + 1e-9)
-        step = np.linalg.solve(hess, grad)
-        w -= step
-        if np.max(np.abs(step)) < 1e-8:
-            break
-    return w[:-1], float(w[-1]), mean, scale
-
-
-@dataclass(frozen=True, eq=False)  # numpy fields: compare the arrays, not the records
-class FusionWeights:
-    """Fitted parameters of the fused score: ``A = -(((x - mean) / scale) @ weights + bias)``.
-
-    Attributes
-    ----------
-    weights, mean, scale : numpy.ndarray
-        One value per feature in ``FEATURES``.
-    bias : float
-    """
-
-    weights: np.ndarray
-    bias: float
-    mean: np.ndarray
-    scale: np.ndarray
-
-    @classmethod
-    def fit(cls, x: np.ndarray, y: np.ndarray) -> FusionWeights:
-        """Fit on a feature matrix (see :func:`feature_matrix`) and 0/1 labels (:func:`fit_logistic`)."""
-        w, b, mean, scale = fit_logistic(x, y)
-        return cls(weights=w, bias=b, mean=mean, scale=scale)
-
-    def scores(self, x: np.ndarray) -> np.ndarray:
-        """Fused nonconformity scores of a feature matrix (lower = more relevant), rounded to
-        12 decimals: a matrix product may give two equal rows results a last bit apart
-        (its vectorised loops differ by the row's memory alignment), and equal texts of one
-        list must get one score."""
-        return np.round(-(((np.asarray(x, dtype=float) - self.mean) / self.scale)
-                          @ self.weights + self.bias), 12)
-
-
-FittedFusion = FusionWeights | BoostedTrees
-"""A fitted learner of the fused score: anything with ``scores(features)``."""
-
-_LEARNER_TYPES: dict[str, type[FusionWeights | BoostedTrees]] = {
-    "logistic": FusionWeights, "boosted": BoostedTrees}
-
-
-def check_learner(learner: Any) -> str:
-    """``learner`` if it names a learner, else ``ValueError`` listing them."""
-    if learner not in LEARNERS:
-        raise ValueError(f"learner == {learner!r}, must be one of {', '.join(map(repr, LEARNERS))}.")
-    return str(learner)
-
-
-def fit_learner(learner: str, x: np.ndarray, y: np.ndarray) -> FittedFusion:
-    """Fit ``learner`` (``"logistic"`` or ``"boosted"``) on a feature matrix and 0/1 labels.
-
-    Raises
-    ------
-    CalibrationError
-        ``y`` holds one class only.
-    """
-    return _LEARNER_TYPES[check_learner(learner)].fit(x, y)
 
 
 class TextShareFit(Protocol):
@@ -503,59 +403,49 @@ def fit_fused_scorer(scorer: FusedScorer, pairs: Sequence[Pair], topics: Any, *,
     return FusedScoreFit(fitted, done.fit, done.scores)
 
 
+
+
 class FusedScorer(ListTransform):
     """``A = -logit P(relevant | features)``: a fitted learner on the features of the signals.
 
     List-aware (``list_dependent``) when it has list features or a list-dependent signal
     (the ``base``, ``fast`` and ``quality`` presets); list-free otherwise (``portable``).
 
+    Two constructors build one: :meth:`unfitted` from a preset (the ``"best"`` alias), and
+    this one from the keywords of a saved spec (the ``"fusion"`` alias: its signals, learner
+    and fitted parameters), or from a :class:`FusionSetup` record (``setup=``).
+
     Parameters
     ----------
     base : Scorer, str or Mapping
         Base score (``"embedding"`` by default): the first signal, and the score the
         baselines of ``evaluate`` use.
-    signals : sequence of Scorer or spec Mapping, optional
-        The signals besides the base (a saved spec records them); default: those of
-        ``preset`` (:func:`~ragsieve.scoring.signals.preset_signals`), none without one.
-    preset : {"base", "fast", "quality", "portable"} or None
-        Which signals, features and learner (see :mod:`ragsieve.scoring.signals`); None or
-        ``"base"``: the base alone, fitted by logistic regression (the fused score of
-        earlier versions).
-    learner : {"logistic", "boosted"} or None
-        The learner; default: the preset's (logistic without a preset).
-    list_features : bool or None
-        Whether each signal brings its four list-relative transforms besides its score;
-        default: the preset's (False for ``portable``, else True). A spec records it only
-        when False.
-    reader_base : str or None
-        The base a reader preset's reader is fine-tuned from
-        (:func:`~ragsieve.scoring.signals.preset_signals`); None: the default base. Only
-        with a reader preset and no ``signals`` (a saved spec records the reader itself).
-    query_language : str or None
-        The queries' language when they are asked in another language than the snippets
-        are written in (the base's language): the preset's signals are then those for
-        queries across languages (:func:`~ragsieve.scoring.signals.preset_signals`), and a
-        base built here from an alias without a model gets the bundled model trained on
-        both languages (:func:`~ragsieve.embeddings.choose_model`). A saved spec records the
-        signals themselves, so it needs no language to rebuild.
-    rerank : Scorer or spec Mapping, optional
-        The user's reranker (:class:`~ragsieve.scoring.rerank.RerankScorer`), one more signal
-        after the preset's (any preset; it reads one pair at a time, so ``portable`` stays
-        list-free). Only without ``signals``: a saved spec records it among its signals
-        (its API kind and model, never its URL), and the URL is given again where the spec
-        is rebuilt (``url=...``, below).
-    weights, bias, mean, scale
-        Fitted logistic parameters (one per feature); use :meth:`fit` to get them. A fitted
-        score needs fitted signals (an unfitted text-fitted signal, the frozen-corpus BM25,
-        is fitted with the learner: :func:`fit_fused_scorer`).
-    trees : Mapping, optional
-        Fitted boosted trees (:meth:`BoostedTrees.to_dict
-        <ragsieve.scoring.boosting.BoostedTrees.to_dict>`).
-    features : sequence of str, optional
-        The feature names a saved spec records; checked against those computed.
-    **base_options
-        Passed to the base scorer when it is built from an alias or spec; the ``runtime``
-        ones (the embedding cache, a reranker's ``url``) also to the signals built from specs
+    setup : FusionSetup, optional
+        The parts, built already (then no other argument).
+    **spec
+        The keywords of a spec, read by :func:`~ragsieve.scoring.fusion_setup.read_fused_setup`: ``signals`` (the signals
+        besides the base, a sequence of Scorer or spec Mapping; default: those of ``preset``,
+        :func:`~ragsieve.scoring.signals.preset_signals`, none without one); ``preset`` (a
+        name or a :class:`~ragsieve.scoring.presets.Preset`; None or ``"base"``: the base
+        alone, fitted by logistic regression, the fused score of earlier versions);
+        ``learner`` (``"logistic"`` or ``"boosted"``; default: the preset's);
+        ``list_features`` (whether each signal brings its four list-relative transforms
+        besides its score; default: the preset's; a spec records it only when False);
+        ``reader_base`` (the base a reader preset's reader is fine-tuned from; only with a
+        reader preset and no ``signals``); ``query_language`` (the queries' language when it
+        is not the snippets': the preset's signals are then those for queries across
+        languages, and a base built here from an alias without a model gets the bundled
+        model trained on both languages, :func:`~ragsieve.embeddings.choose_model`);
+        ``rerank`` (the user's reranker, one more signal after the preset's; only without
+        ``signals``: a saved spec records it among its signals, its API kind and model,
+        never its URL); ``weights``, ``bias``, ``mean``, ``scale`` (fitted logistic
+        parameters, one per feature) or ``trees`` (fitted boosted trees,
+        :meth:`BoostedTrees.to_dict <ragsieve.scoring.boosting.BoostedTrees.to_dict>`): a
+        fitted score needs fitted signals (an unfitted text-fitted signal, the frozen-corpus
+        BM25, is fitted with the learner: :func:`fit_fused_scorer`); ``features`` (the
+        feature names a saved spec records; checked against those computed). Any other
+        keyword is the base's when it is built from an alias or spec; the ``runtime`` ones
+        (the embedding cache, a reranker's ``url``) also go to the signals built from specs
         that declare them. An option the base does not declare and such a signal does (a
         reranker's ``url``, ``api_key_env``, ``timeout``, ...) goes to the signals alone, so
         a saved fused score with a reranker signal loads with
@@ -565,64 +455,68 @@ class FusedScorer(ListTransform):
     name: ClassVar[str] = "fusion"
     score_label: ClassVar[str] = "fused score"
 
-    def __init__(self, base: Any = "embedding", *, signals: Sequence[Any] | None = None,
-                 preset: str | None = None, learner: str | None = None,
-                 query_language: str | None = None, reader_base: str | None = None,
-                 rerank: Any = None, list_features: bool | None = None,
-                 weights: Sequence[float] | np.ndarray | None = None, bias: float = 0.0,
-                 mean: Sequence[float] | np.ndarray | None = None,
-                 scale: Sequence[float] | np.ndarray | None = None,
-                 trees: Mapping[str, Any] | None = None, features: Sequence[str] | None = None,
-                 **base_options: Any) -> None:
-        query_language = check_str(query_language, "query_language", non_blank=True, allow_none=True)
-        if query_language is not None and base == "embedding" and base_options.get("model") is None:
-            from ..embeddings.languages import choose_model
-
-            base_options = {**base_options, "model": choose_model(
-                str(base_options.get("language") or "en"), query_language)}
-        own = _base_options(base, [*(signals or ()), *([] if rerank is None else [rerank])],
-                            base_options)
-        self.base = resolve_scorer(base, **own) if own or not isinstance(base, Scorer) else base
-        # "base": the base alone, the fused score of earlier versions (and their spec format)
-        self.preset = None if preset is None or check_preset(preset) == "base" else preset
-        if reader_base is not None and (signals is not None or self.preset not in READER_PRESETS):
-            raise ValueError(f"reader_base == {reader_base!r} names the base of a reader preset's "
-                             f"reader; got preset {self.preset!r}"
-                             f"{' and signals' if signals is not None else ''} (expected one of "
-                             f"{', '.join(sorted(READER_PRESETS))}, without signals).")
-        if rerank is not None and signals is not None:
-            raise ValueError("rerank adds the reranker to a preset's signals; with signals "
-                             "given, give it among them (a saved spec records it there).")
-        if signals is None:
-            signals = preset_signals(self.base, self.preset or "base", query_language,
-                                     reader_base=reader_base,
-                                     rerank=None if rerank is None else _signal(
-                                         rerank, base_options, self.base))
-        elif isinstance(signals, (str, bytes, Mapping, Scorer)):
-            raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
-                            "or scorer specs.")
-        self.signals: tuple[Scorer, ...] = tuple(_signal(s, base_options, self.base) for s in signals)
+    def __init__(self, base: Any = "embedding", *, setup: FusionSetup | None = None,
+                 **spec: Any) -> None:
+        if setup is None:
+            setup = read_fused_setup(base, spec)
+        elif spec or not (isinstance(base, str) and base == "embedding"):
+            raise TypeError("setup= holds the whole fused score; give it alone.")
+        self.setup = setup
+        self.base, self.signals = setup.base, setup.signals
         self._check_signals()
-        self.learner = check_learner(
-            learner if learner is not None else PRESET_LEARNERS[self.preset] if self.preset else "logistic")
-        if list_features is not None and not isinstance(list_features, bool):
-            raise TypeError(f"list_features is {type(list_features).__name__}, expected a bool.")
-        self.list_features = (self.preset not in LIST_FREE_PRESETS if list_features is None
-                              else list_features)
+        self.learner = check_learner(setup.preset.learner)
+        self.list_features = not setup.preset.list_free
         # per instance: list-aware with list features or a signal that reads the list
         self.list_dependent = self.list_features or any(  # type: ignore[misc]
             s.list_dependent for s in self.signal_scorers)
-        names = self.feature_names
-        if features is not None and tuple(features) != names:
-            raise ValueError(f"features == {list(features)!r}; this ragsieve computes {list(names)} "
-                             "for these signals.")
-        self._fitted = self._read_fitted(weights, bias, mean, scale, trees)
+        self.feature_names  # noqa: B018  (raises for a signal given twice)
+        self._fitted = setup.fitted
         if self._fitted is not None and self.unfitted_signals:
             raise ValueError(
                 f"the fused score has fitted weights but unfitted signal(s) "
                 f"{[self.signal_scorers[i].spec()['scorer'] for i in self.unfitted_signals]}; a "
                 "fitted spec records its signals fitted (fit_fused_scorer fits both).")
         self.is_fitted = self._fitted is not None
+
+    @property
+    def preset(self) -> str | None:
+        """The preset's name (None for the base alone or signals given without a preset)."""
+        return None if self.setup.preset.name == "base" else self.setup.preset.name
+
+    @property
+    def weights(self) -> np.ndarray:
+        """The logistic learner's weights (zeros before it is fitted)."""
+        return self._logistic().weights
+
+    @property
+    def bias(self) -> float:
+        """The logistic learner's bias (0 before it is fitted)."""
+        return self._logistic().bias
+
+    @property
+    def mean(self) -> np.ndarray:
+        """The logistic learner's feature means (zeros before it is fitted)."""
+        return self._logistic().mean
+
+    @property
+    def scale(self) -> np.ndarray:
+        """The logistic learner's feature scales (ones before it is fitted)."""
+        return self._logistic().scale
+
+    def _logistic(self) -> FusionWeights:
+        """The fitted logistic learner, or its neutral parameters before it is fitted.
+
+        Raises
+        ------
+        AttributeError
+            The learner is the boosted trees.
+        """
+        if self.learner != "logistic":
+            raise AttributeError(f"the {self.learner} learner has no logistic parameters.")
+        if isinstance(self._fitted, FusionWeights):
+            return self._fitted
+        k = len(self.feature_names)
+        return FusionWeights(weights=np.zeros(k), bias=0.0, mean=np.zeros(k), scale=np.ones(k))
 
     def _check_signals(self) -> None:
         """The base is fitted; an unfitted signal is one fitted on texts (:class:`TextFitted`)."""
@@ -639,30 +533,14 @@ class FusedScorer(ListTransform):
         """The positions (0 is the base) of the signals still to be fitted on texts."""
         return tuple(i for i, s in enumerate(self.signal_scorers) if not s.is_fitted)
 
-    def _read_fitted(self, weights: Any, bias: float, mean: Any, scale: Any,
-                     trees: Mapping[str, Any] | None) -> FittedFusion | None:
-        """The fitted learner from the constructor's parameters (None: not fitted yet)."""
-        k = len(self.feature_names)
-        if self.learner == "boosted":
-            if weights is not None:
-                raise ValueError("weights are the logistic learner's; the boosted learner takes trees.")
-            return None if trees is None else BoostedTrees.from_dict(trees, k)
-        if trees is not None:
-            raise ValueError("trees are the boosted learner's; pass learner='boosted'.")
-        arrays = {"weights": np.zeros(k) if weights is None else np.asarray(weights, dtype=float),
-                  "mean": np.zeros(k) if mean is None else np.asarray(mean, dtype=float),
-                  "scale": np.ones(k) if scale is None else np.asarray(scale, dtype=float)}
-        for name, arr in arrays.items():
-            if arr.shape != (k,) or not np.all(np.isfinite(arr)):
-                raise ValueError(f"{name} must be {k} finite numbers, got {arr.tolist()!r}.")
-        self.weights, self.mean, self.scale = arrays["weights"], arrays["mean"], arrays["scale"]
-        self.bias = float(bias)
-        if weights is None:
-            return None
-        return FusionWeights(weights=self.weights, bias=self.bias, mean=self.mean, scale=self.scale)
+    @classmethod
+    def restore(cls, base: Any = "embedding", **spec: Any) -> FusedScorer:
+        """The fused score of a saved spec's keywords (the ``"fusion"`` alias; see the class
+        parameters)."""
+        return cls(base, **spec)
 
     @classmethod
-    def unfitted(cls, base: Any = "embedding", *, preset: str | None = DEFAULT_PRESET,
+    def unfitted(cls, base: Any = "embedding", *, preset: str | Preset | None = DEFAULT_PRESET,
                  query_language: str | None = None, reader_base: str | None = None,
                  rerank: Any = None, rerank_url: str | None = None, rerank_model: str | None = None,
                  rerank_api: str = "cohere", rerank_api_key_env: str = "RERANK_API_KEY",
@@ -671,12 +549,15 @@ class FusedScorer(ListTransform):
                  rerank_max_retries: int = 4,
                  **options: Any) -> FusedScorer:
         """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals,
-        features and learner (:mod:`ragsieve.scoring.signals`), those for queries in
+        features and learner (:mod:`ragsieve.scoring.presets`), those for queries in
         ``query_language`` when it is not the snippets' language; a reader preset's reader
         fine-tuned from ``reader_base`` (None: the default base); the user's reranker
         ``rerank`` one more signal, or the one the ``rerank_*`` options name
         (:data:`~ragsieve.scoring.rerank.RERANK_SIGNAL_OPTIONS`: ``rerank_url``,
-        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on).
+        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on). The
+        other ``options`` as the class takes them (``learner``, ``list_features``, the base's).
+        Its keywords are the options the ``"best"`` alias declares (:data:`BEST_OPTIONS`), one
+        each, as the scorer contract asks of a factory.
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
@@ -705,14 +586,7 @@ class FusedScorer(ListTransform):
         """One name per feature: :data:`FEATURES` for the base alone with list features,
         else ``"<signal>.<feature>"`` for every signal (``"bm25-list.gap"``; without list
         features only ``"<signal>.score"``)."""
-        if not self.signals and self.list_features:
-            return FEATURES
-        labels = [signal_label(s.spec()) for s in self.signal_scorers]
-        twice = sorted({x for x in labels if labels.count(x) > 1})
-        if twice:
-            raise ValueError(f"the fused score has the signal(s) {twice} twice; give each once.")
-        per = FEATURES if self.list_features else OWN_FEATURES
-        return tuple(f"{label}.{f}" for label in labels for f in per)
+        return feature_names_of(self.signal_scorers, self.list_features)
 
     def _matrix(self, scores: Sequence[np.ndarray], query_index: np.ndarray) -> np.ndarray:
         """The feature matrix of the signals' scores (with or without list features)."""
@@ -779,13 +653,12 @@ class FusedScorer(ListTransform):
         return self._like(signals=[s.unfitted_copy() for s in self.signals])
 
     def _like(self, *, signals: Sequence[Scorer] | None = None, base: Scorer | None = None,
-              **fitted: Any) -> FusedScorer:
+              fitted: FittedFusion | None = None) -> FusedScorer:
         """A fused score of this preset, learner and features; these signals (default: its
-        own) and fitted parameters (default: none)."""
-        return type(self)(self.base if base is None else base,
-                          signals=self.signals if signals is None else signals,
-                          preset=self.preset, learner=self.learner,
-                          list_features=self.list_features, **fitted)
+        own) and fitted learner (default: none)."""
+        return type(self)(setup=replace(
+            self.setup, base=self.base if base is None else base,
+            signals=self.signals if signals is None else tuple(signals), fitted=fitted))
 
     def with_signals_fitted(self, fitted: Mapping[int, Scorer]) -> FusedScorer:
         """The unfitted fused score with the signals at these positions (0 is the base)
@@ -854,13 +727,13 @@ class FusedScorer(ListTransform):
         TypeError
             ``fitted`` is another learner's than this score's.
         """
-        if not isinstance(fitted, _LEARNER_TYPES[self.learner]):
+        if not isinstance(fitted, LEARNER_TYPES[self.learner]):
             raise TypeError(f"fitted is a {type(fitted).__name__}; the {self.learner} learner "
-                            f"gives a {_LEARNER_TYPES[self.learner].__name__}.")
+                            f"gives a {LEARNER_TYPES[self.learner].__name__}.")
         params: dict[str, Any] = (
             {"trees": fitted.to_dict()} if isinstance(fitted, BoostedTrees) else
             {"weights": fitted.weights, "bias": fitted.bias, "mean": fitted.mean, "scale": fitted.scale})
-        return self._like(**params)
+        return self._like(fitted=read_fitted(self.learner, len(self.feature_names), params))
 
     def map_signals(self, wrap: Callable[[Scorer], Scorer]) -> FusedScorer:
         """The same fused score (same spec, same fitted learner) with every signal replaced
@@ -992,15 +865,7 @@ class FusedScorer(ListTransform):
 #: The options of the ``"best"`` alias: the base embedding scorer's, the preset and the
 #: queries' language.
 BEST_OPTIONS: tuple[ScorerOption, ...] = (
-    ScorerOption("preset", str, DEFAULT_PRESET, "scorer best: which signals the fused score "
-                 "learns from (fast: the embedder and in-list BM25, and across languages "
-                 "every other embedder trained on both; quality: every bundled embedder of "
-                 "the language(s), BM25 and the best sentence's cosine; base: the embedder "
-                 "alone, which scores from vectors; portable: list-free, the embedder, a "
-                 "BM25 of frozen corpus statistics and the best sentence's cosine, valid "
-                 "behind any retriever; reader, portable-reader, quality-reader: fast, "
-                 "portable, quality and a cross-encoder fine-tuned on the calibration fit "
-                 "topics, tens of minutes to fit on 2 cores)", "--preset", choices=PRESETS),
+    ScorerOption("preset", str, DEFAULT_PRESET, preset_help(), "--preset", choices=PRESETS),
     *EMBEDDING_OPTIONS,
     ScorerOption("reader_base", str, None, READER_BASE_HELP, "--reader-base",
                  choices=tuple(READER_BASES)),
@@ -1010,35 +875,3 @@ BEST_OPTIONS: tuple[ScorerOption, ...] = (
     # the user's reranker, one more signal of any preset (--rerank-url, --rerank-model)
     *RERANK_SIGNAL_OPTIONS,
 )
-
-
-def _base_options(base: Any, signals: Sequence[Any] | None,
-                  options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options the base takes: all but those that the base does not declare and a
-    signal built from a spec declares as ``runtime`` (a reranker's ``url``), which go to
-    the signals alone (:func:`_signal`)."""
-    if isinstance(base, Scorer):
-        declared = {o.name for o in base.declared_options}
-    else:
-        alias = base.get("scorer") if isinstance(base, Mapping) else base
-        declared = ({o.name for o in scorer_options(alias)} if isinstance(alias, str) else set())
-    specs = [s for s in (signals or ()) if isinstance(s, Mapping) and isinstance(s.get("scorer"), str)]
-    theirs = {o.name for s in specs for o in scorer_options(s["scorer"]) if o.runtime}
-    return {k: v for k, v in options.items() if k in declared or k not in theirs}
-
-
-def _signal(signal: Any, base_options: Mapping[str, Any], base: Scorer) -> Scorer:
-    """A signal from a scorer or a spec; a spec gets the ``runtime`` options it declares. The
-    best-sentence cosine of the base's own model shares the base's loaded model and cache
-    (as the presets build it), so a saved filter loads that model once."""
-    if isinstance(signal, Scorer):
-        return signal
-    if not isinstance(signal, Mapping) or not isinstance(signal.get("scorer"), str):
-        raise TypeError(f"a signal is {signal!r}; expected a Scorer or a spec mapping with a "
-                        "'scorer' key.")
-    if signal["scorer"] == SentenceCosineScorer.name and isinstance(base, EmbeddingScorer):
-        shared = SentenceCosineScorer.sharing(base)
-        if shared.spec() == dict(signal):
-            return shared
-    runtime = {o.name for o in scorer_options(signal["scorer"]) if o.runtime}
-    return resolve_scorer(signal, **{k: v for k, v in base_options.items() if k in runtime})
