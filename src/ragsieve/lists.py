@@ -51,11 +51,8 @@ The check (list-aware scores only; a list-free score's lists are recorded, not w
    fires with probability at most ``delta`` (default 0.01), however many lists follow.
    Exchangeable includes the order: a batch is shown to the watch in a random order
    (:meth:`ragsieve.ConformalFilter.filter_pairs`); a live stream in runs of one topic is
-   not exchangeable, and the floor is what keeps most such runs quiet
-   (``benchmarks/bench_list_watch.py``: on XQuAD, lists of the calibration retriever in
-   runs of whole topics fired 0, 16 and 8 of 100 streams of 200 lists for three topic
-   splits, in random order 0 of 100; another retriever's lists of the same length fired
-   100 of 100 within a median of 10 lists).
+   not exchangeable, and the floor is what keeps most such runs quiet (docs/deploy.md has
+   ``benchmarks/bench_list_watch.py``'s runs).
 
 Either event logs one WARNING (each once per watch) with the numbers in the user's terms
 ("lists of 10.0 snippets on average over the 25 seen, where calibration saw 4.2 (1 to 15)")

@@ -22,13 +22,9 @@ served traffic is unlabelled).
 how far the best snippet of a request stands out from the next ones. Served traffic
 that the calibration no longer describes shows first as a score that stops separating:
 on snippets from unrelated documents nothing stands out, and an English model reading
-another language tells snippets apart less well. On XQuAD (MiniLM scores, calibration on
-half of the English queries of every article) it detected each shift tried (unrelated
-articles; German, Spanish, Chinese, Greek, Romanian XQuAD; SelQA) within a median of 6 to
-88 requests, while the best score alone never fired on Spanish, Romanian or SelQA and the
-mean score never fired on German within 2,000 (``benchmarks/bench_drift.py --compare``).
-Scores can move either way: the English model gives Greek text *lower* scores than
-English, hence the two-sided default. Reading only the best five scores makes it the
+another language tells snippets apart less well (docs/monitoring.md has the shifts tried
+and how soon each was detected). Scores can move either way, hence the two-sided
+default. Reading only the best five scores makes it the
 same for any list that holds the same five best snippets: a retriever's top-k for any
 ``k >= 5``, or a longer list with worse snippets appended.
 
@@ -48,10 +44,8 @@ request with at least one score): off-topic or unrelated text raises it on every
 however short. The empty-result indicator (the threshold filter kept nothing) is
 ``best > tau``, a fixed monotone function of the best score, so the best score's ranks
 carry it at full resolution and need no threshold on either side; the kept count is not
-watched. On XQuAD-en short lists (``benchmarks/bench_drift.py --short``) the pair fired
-on unrelated and off-topic snippets at the 10-request floor (the separation alone: a
-median of 16 and 26 on lists of the retriever's top 1-6), and after 600 stable requests
-within a median of 5 (32 and 54). *Blind spot*: a shift that moves every score by a
+watched; together the two fire on short lists sooner than the separation alone
+(docs/monitoring.md). *Blind spot*: a shift that moves every score by a
 small amount leaves the separation unchanged and the best score's ranks nearly so.
 
 **Combination: a union bound.** The monitor runs one conformal test martingale ``M^i``
@@ -103,7 +97,7 @@ extra evidence needed for a shift at request ``tau``, ``log(1/pi_tau)``, grows o
 ``log tau + 2 log log tau``, whereas a jumper with a fixed jump rate (Vovk's Simple
 Jumper) keeps losing capital at a steady rate while traffic is stable and a plain mixture
 started at 0 loses it all. ``alternative="less"`` or ``"greater"`` keeps one side of the bets
-(the measured shifts all made the separation smaller); two-sided is the default. The
+(a shift that makes the separation smaller, say); two-sided is the default. The
 state is kept in log space; the alarm latches at the first ``M_t >= 1/delta`` with at
 least ``min_requests`` requests observed (by any statistic) since the last reset (default 10: fewer requests
 cannot latch it, whoever sends them) until :meth:`~ExchangeabilityMonitor.reset`, while

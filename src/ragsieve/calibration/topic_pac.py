@@ -1,8 +1,7 @@
 """Topic-PAC mode: the deployed filter meets its target on new topics, with confidence.
 
 ``topic`` holds on average over calibration draws; a single deployment can still fall
-short (5 % of the calibrations of SelQA's topics keep only 0.83 of the evidence at a
-0.90 target). ``topic-pac`` is risk control with confidence (RCPS: Bates, Angelopoulos,
+short of the target. ``topic-pac`` is risk control with confidence (RCPS: Bates, Angelopoulos,
 Lei, Malik & Jordan 2021) with each calibration topic one observation.
 """
 

@@ -11,9 +11,7 @@ pooling and the cosine are what both bases were trained for, so the untrained re
 already ranks like a bi-encoder; fine-tuning teaches it to read across the two texts. A
 classification head on ``[CLS]`` (the usual cross-encoder) starts from random weights
 instead, and with the few hundred relevant pairs of a fit share it read worse than the
-cosine it should beat (measured on XQuAD-en, one split, 149 relevant fit pairs: ROC-AUC
-0.64-0.76 for the ``[CLS]`` head against 0.875 for MiniLM's cosine head untrained and 0.913
-fine-tuned).
+cosine it should beat (docs/scores.md has the comparison).
 
 :func:`fine_tune` trains the top ``layers`` transformer layers (default six: all of
 MiniLM's, the top half of e5's; the token embeddings stay the base's) and the head with
@@ -64,8 +62,7 @@ MAX_LENGTH = 256
 _BATCH = 16
 _SCORE_BATCH = 32
 _LEARNING_RATE = 1e-4
-#: The head's scale and bias: two numbers, at ten times the layers' rate (20 times more
-#: changed nothing measurable: XQuAD-en snippet ROC-AUC 0.913 either way).
+#: The head's scale and bias: two numbers, at ten times the layers' rate.
 _HEAD_LEARNING_RATE = 1e-3
 #: The head's initial scale (the cosine's spread is small: 20 makes it a usable logit).
 _INITIAL_SCALE = 20.0

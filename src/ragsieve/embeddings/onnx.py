@@ -7,9 +7,8 @@ written atomically to ``cache_dir() / "onnx" / f"{model_id}-fp32.onnx"`` and reu
 later loads; ``int8=True`` adds a dynamically quantised copy
 (``quantize_dynamic``, per-channel QInt8 weights, ``…-int8.onnx``).
 
-Measured on all-MiniLM-L6-v2 (see ``benchmarks/bench_backends.py``): fp32 ONNX gives the
-torch vectors to cosine 1.00000 and is faster; int8 is faster again but moves vectors
-(cosine to torch about 0.98-0.99), so it is opt-in and has its own ``model_id``.
+fp32 ONNX gives the torch vectors (docs/results.md has the comparison); int8
+moves vectors, so it is opt-in and has its own ``model_id``.
 The export itself needs torch and sentence-transformers (extra ``embed``); running a
 file that was already exported needs only onnxruntime, onnx and the tokenizer.
 """

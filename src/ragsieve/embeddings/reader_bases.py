@@ -199,11 +199,9 @@ class _E5Base(ReaderBase):
 
 #: Every base a reader is fine-tuned from, by name.
 READER_BASES: dict[str, ReaderBase] = {base.name: base for base in (_E5Base(), _MiniLMBase())}
-#: The base of a new reader in every language, English included: one split each, alpha 0.1,
-#: the ``reader`` preset removes 0.908 of XQuAD-en's test pairs with it against 0.905 with
-#: MiniLM's (``fast``: 0.903), 0.738 of SelQA dev's against 0.739 (0.732), and reads German,
-#: 0.896 against ``fast``'s 0.880, for about twice MiniLM's fine-tuning time
-#: (``benchmarks/bench_reader.py``, docs/scores.md, "The e5 base").
+#: The base of a new reader in every language, English included: it reads other languages
+#: too, about as well as MiniLM's base on English, for about twice its fine-tuning time
+#: (docs/scores.md, "The e5 base", has the figures and their command).
 DEFAULT_BASE = E5_ID
 
 

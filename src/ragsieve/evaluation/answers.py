@@ -81,8 +81,8 @@ __all__ = ["AnswerConfig", "AnswerReport", "evaluate_answers", "write_per_query"
 
 logger = logging.getLogger(__name__)
 
-#: Context window of the local model started for answer evaluation (tokens); the longest
-#: retrieved list of XQuAD-en (9,649 characters) needs about 2,500.
+#: Context window of the local model started for answer evaluation (tokens), room for a
+#: whole retrieved list.
 LOCAL_N_CTX = 8192
 
 #: Per-query metrics, in the order of the report; ``None`` marks a value not computed.

@@ -123,11 +123,8 @@ def _closing(task: str, query: str) -> str:
     """The line after the snippet: the question again, then the answer slot.
 
     Repeating the question *after* the snippet (a "sandwich") keeps an instruction
-    hidden in the snippet from being the last thing the model reads. On the local
-    Gemma 3 270M, 40 non-relevant SelQA pairs x 4 injections flipped 3.1 % of the labels
-    with this prompt against 21 % with the same prompt closing on ``Relevant:`` right
-    after the snippet (``ragsieve llm injection``; the second figure from the previous
-    prompt version, ``judge-completion-v1``).
+    hidden in the snippet from being the last thing the model reads (``ragsieve llm
+    injection`` measures how many labels injections flip; docs/llm.md).
     """
     if task == "judge":
         return f'Is the snippet relevant to the question "{query}"? Answer:'

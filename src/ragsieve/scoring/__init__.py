@@ -89,7 +89,7 @@ BUILTIN_SCORERS: tuple[tuple[str, ScorerFactory, tuple[ScorerOption, ...]], ...]
     ("auto", AutoScorer, AutoScorer.declared_options),
     # a sentence's score in its snippet (the sentence unit)
     (SentenceContextScorer.name, SentenceContextScorer, EMBEDDING_OPTIONS),
-    # a cross-encoder fine-tuned on the calibration fit topics (English)
+    # a cross-encoder fine-tuned on the calibration fit topics (multilingual-e5 base)
     ("reader", ReaderScorer, ReaderScorer.declared_options),
     # any reranker behind the rerank API (Cohere / Jina / vLLM / TEI), pair by pair
     ("rerank", RerankScorer, RerankScorer.declared_options),

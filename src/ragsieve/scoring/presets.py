@@ -37,11 +37,8 @@ features, and which learner it fits. Four signal sets, each with or without the 
     (minutes on 2 cores) and a cross-encoder pass per snippet.
 
 The learners: logistic regression (few features, few knobs) everywhere but ``quality``;
-``portable``'s was measured against boosted trees on the same features and the same 10
-topic-disjoint splits (``ragsieve evaluate --scorer best --preset portable --alpha 0.1,0.2
---splits 10``): removal at alpha 0.1 of 0.857 against 0.851 on XQuAD-en, 0.574 against
-0.555 on SelQA dev, 0.783 against 0.775 on XQuAD-de (alpha 0.2: 0.901 / 0.898, 0.706 /
-0.686, 0.881 / 0.875), coverage on target for both (docs/scores.md, "The portable score").
+``portable``'s was compared with boosted trees on the same features and splits
+(docs/scores.md, "The portable score").
 
 The names (:data:`PRESETS`), the ``--preset`` help (:func:`preset_help`) and the choices of
 the default ``auto`` score (:meth:`Preset.with_reader`) derive from the table; a new preset
@@ -147,11 +144,10 @@ LIST_FREE_PRESETS = frozenset(p.name for p in PRESET_TABLE if p.list_free)
 READER_PRESETS = frozenset(p.name for p in PRESET_TABLE if p.reader)
 #: The learner each preset fits.
 PRESET_LEARNERS: Mapping[str, str] = {p.name: p.learner for p in PRESET_TABLE}
-#: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``. On the
-#: six shared XQuAD languages and SelQA dev it removes 0.8-7.0 points more than the fused
-#: score of the base alone at alpha 0.1 (93-102 % of the oracle's removal) for the base
-#: embedder's cost; ``quality`` adds 0.2-3.1 points more for every other embedder's cost and
-#: the sentences' (docs/scores.md, "The fused score: every bundled signal").
+#: The preset of the ``"best"`` alias (and so of the default ``auto`` score): ``fast``, which
+#: removes more than the fused score of the base alone for the base embedder's cost;
+#: ``quality`` adds a little more for every other embedder's cost and the sentences'
+#: (docs/scores.md, "The fused score: every bundled signal", has the figures).
 DEFAULT_PRESET = "fast"
 
 

@@ -16,8 +16,8 @@ calibration data itself, without touching the topics the threshold is calibrated
    fitted on one half's held-back scores, measured on the other half, and the other way
    round) rank the held-back pairs better than ``1 - cos`` alone, by at least
    ``MIN_READER_GAIN`` of ROC-AUC. The reader is a signal of the fused score, so the
-   question is what it adds to the cosine, not whether it beats it alone: on XQuAD-en it
-   reads worse alone (ROC-AUC 0.913 against 0.935) and still adds (0.947 together).
+   question is what it adds to the cosine, not whether it beats it alone: a reader that
+   ranks worse alone can still add.
 
 :class:`ReaderCheck` says what was found, in the user's terms; ``auto`` records it in the
 artifact's ``data.score_choice.reader``.
@@ -46,12 +46,9 @@ __all__ = ["MIN_READER_GAIN", "MIN_READER_RELEVANT", "READER_CHECKS", "ReaderChe
 logger = logging.getLogger(__name__)
 
 #: Fewest relevant pairs in the fit share for ``reader_check="auto"`` to fine-tune. The check
-#: costs two fine-tunes of half the fit share and the fused reader one more: on the shared
-#: sets (88-149 relevant fit pairs) the ``reader`` preset with the e5 base took 16-43 minutes
-#: to fit on 2 shared cores for 0.5-1.6 points more removal than ``fast`` at alpha 0.1
-#: (XQuAD-en and XQuAD-de one split each, SelQA dev the mean of three, one of them a loss;
-#: ``benchmarks/bench_reader.py``), not worth a default's first run; the answer-sentence
-#: collection where the reader added most gave it about 900.
+#: costs two fine-tunes of half the fit share and the fused reader one more, which on small
+#: fit shares is minutes of fitting for little removal (docs/scores.md has
+#: ``benchmarks/bench_reader.py``'s runs): not worth a default's first run.
 MIN_READER_RELEVANT = 500
 #: ROC-AUC the reader must add to ``1 - cos`` on the held-back fit pairs to be fused (it costs
 #: minutes of fine-tuning; a smaller gain is within what a few hundred pairs can show).

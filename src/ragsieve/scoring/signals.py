@@ -30,9 +30,8 @@ Queries in another language than the snippets (``query_language``, e.g. English 
 over German articles) change what the presets add. BM25 then matches only the words the two
 languages share, so ``fast`` and ``portable`` add the cosine of every other bundled embedder
 trained on both languages (none for a pair only the base's model covers); ``quality`` takes
-only such embedders too, not those of the snippets' language alone. On XQuAD this takes
-English questions over German, Spanish and Chinese articles from 89-92 % to 96-98 % of the
-oracle's removal at alpha 0.1 with ``fast`` (docs/cross-language.md).
+only such embedders too, not those of the snippets' language alone (docs/cross-language.md
+has what this changes).
 
 A base that is no bundled embedding score (an outside score, an LLM) has no language to
 choose from: its fused score learns from the base alone, as before the presets existed.

@@ -5,7 +5,7 @@ answered in Starlette's threadpool and served concurrently. Every call that may 
 model (scoring snippet texts, embedding a ``/query`` question) is handed to one
 dedicated model thread: the embedding cache serialises model calls anyway, and doing
 them all in one thread keeps the model's working memory in one allocator arena instead
-of one per pool thread (measured in ``benchmarks/bench_server.py --long``).
+of one per pool thread (docs/integrations.md has the measurement).
 
 Model work is fair (:class:`~ragsieve.server.scheduling.FairQueue`): a request's model work
 is counted before any of it is done, by the characters the model reads in pieces of 500
@@ -61,7 +61,7 @@ _T = TypeVar("_T")
 #: 4.5 in ``--fairness``). Only a single text costing more (the query, or a snippet a
 #: sentence filter reads whole) makes a bigger step, bounded by ``max_pieces``.
 PIECES_PER_STEP = 8
-#: Measured model throughput (pieces/s, see ``options.DEFAULT_MAX_PIECES``), for ``Retry-After``.
+#: Model throughput assumed for ``Retry-After`` (pieces/s, see ``options.DEFAULT_MAX_PIECES``).
 PIECES_PER_SECOND = 50
 
 

@@ -49,11 +49,8 @@ __all__ = [
 #: Most model work one request may cause (413 beyond), in pieces of 500 characters the
 #: model reads (``ragsieve.server.scheduling.work_pieces``: the query, every snippet piece,
 #: sentence or piece of a long sentence, and for a sentence filter each snippet read whole;
-#: see ``ConformalFilter.piece_texts``). Sized to ~2 s of model time on 2 cores:
-#: ``benchmarks/bench_server.py --fairness`` measured, on fresh ~410-character pieces, 42-65
-#: pieces/s for the default MiniLM ``EmbeddingScorer`` and 73-78 for the fused ``best``
-#: score with the 2 cores at load ~1.6 (128 pieces: 2.0-3.0 s and 1.7 s), and 16-40
-#: pieces/s for both at load 3-8 (other jobs on the cores).
+#: see ``ConformalFilter.piece_texts``). Sized to about 2 s of model time on 2 cores
+#: (docs/serving.md, "Fair model work", has the throughput and its command).
 DEFAULT_MAX_PIECES = 128
 #: Most requests waiting for model work at once (429 beyond).
 DEFAULT_MAX_QUEUE = 64

@@ -40,17 +40,15 @@ __all__ = ["MIN_TEXT_CHARS", "PIECE_CHARS", "PIECE_WORDS", "FairQueue", "QueueFu
 logger = logging.getLogger(__name__)
 
 #: Characters of model input that make one piece of model work: the chunker's window
-#: (``ragsieve.chunking.DEFAULT_SIZE``), the piece the budget's throughput was measured on.
+#: (``ragsieve.chunking.DEFAULT_SIZE``), the piece the budget is sized in.
 PIECE_CHARS = 500
 #: Least a text counts for, in characters: a short text still costs a tokenizer call and a
-#: row of the model's batch (MiniLM, fused score, 2 cores: a fresh 20-character text took
-#: 2.9 ms, a 100-character one 8.5 ms, a 500-character piece 33 ms).
+#: row of the model's batch.
 MIN_TEXT_CHARS = 50
 #: Words, numbers and punctuation marks (each CJK character one) that make one piece: a
-#: 500-character piece of XQuAD-en holds 92 (80-108 for 90 % of them), so prose counts by
-#: its characters. The model's cost follows its tokens: 500 characters of ``"a. "``
-#: repeated (329 of them) or of Chinese (421) took 1.9x and 1.8x the time of 500 of prose
-#: (MiniLM, 32 fresh texts), and count 3.3 and 4.2 pieces.
+#: 500-character piece of prose holds fewer, so prose counts by its characters. The model's
+#: cost follows its tokens, so a text denser in them (``"a. "`` repeated, Chinese) counts
+#: more pieces than its characters (docs/serving.md, "What counts").
 PIECE_WORDS = 100
 _CJK = "\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _WORDS = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]")

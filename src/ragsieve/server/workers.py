@@ -262,8 +262,7 @@ def _tcp(sock: socket.socket) -> socket.socket:
     Some uvicorn releases bind it with ``proto = 0`` (newer ones pass ``IPPROTO_TCP``, and the
     socket is then returned as it is); the accepted connections inherit it, and asyncio sets
     ``TCP_NODELAY`` only on sockets whose ``proto`` is TCP. Without it every response
-    on a keep-alive connection waited for the client's delayed ACK (about 40 ms per request,
-    measured with ``benchmarks/bench_server_workers.py``).
+    on a keep-alive connection waited for the client's delayed ACK (docs/serving.md).
     """
     if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.proto == socket.IPPROTO_TCP:
         return sock
