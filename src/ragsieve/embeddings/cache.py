@@ -60,7 +60,7 @@ class EmbeddingCache:
         Texts to compute are sorted by length (characters, a proxy for tokens) and cut into
         batches of at most ``batch_size`` texts whose padded size stays within this budget
         (a single longer text forms its own batch). Sorting keeps short texts from being
-        padded to long ones (about 1.3x faster on torch, 1.4x on ONNX); the budget bounds
+        padded to long ones, which is faster on torch and ONNX alike; the budget bounds
         memory. The default, 32,000 characters, is about 8k tokens. Rows are returned in
         input order.
     max_memory_items : int

@@ -1,7 +1,7 @@
 """The language of a set of texts, detected with py3langid (its model ships in the wheel).
 
 py3langid (BSD licence, pure Python and numpy, a 4.5 MB wheel holding its model) classifies
-one text at a time (about 0.4 ms a text). :func:`detect_language` classifies a bounded,
+one text at a time. :func:`detect_language` classifies a bounded,
 evenly spaced sample of the texts and takes the majority; when no language holds at least
 ``min_share`` of the sample, or two tie, it gives no language and says why, and the caller
 falls back (to English, the default of :func:`~ragsieve.embeddings.languages.choose_model`).
