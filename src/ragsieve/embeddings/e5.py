@@ -68,7 +68,7 @@ class E5Model(EmbeddingModel):
                     os.environ.pop("OMP_NUM_THREADS", None)
                 else:
                     os.environ["OMP_NUM_THREADS"] = before
-        # The 4-bit vectors are not the fp32 e5 vectors (cosine ~0.98-0.99): own id.
+        # The 4-bit vectors are not the fp32 e5 vectors: own id.
         self.model_id = E5_ID
         self.dim = int(self._e5.dim)
         self.threads = threads

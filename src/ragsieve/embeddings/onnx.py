@@ -312,8 +312,8 @@ def load_onnx_model(
         both are ``f"{model_id}@onnx-int8"``. Either way embedding caches never
         mix vectors of different backends.
     int8 : bool
-        Run the dynamically quantised graph (per-channel QInt8 weights): about twice as
-        fast as fp32 ONNX, vectors within cosine ~0.98 of torch.
+        Run the dynamically quantised graph (per-channel QInt8 weights): faster than
+        fp32 ONNX, vectors close to but not the torch ones.
     threads : int or None
         ONNX Runtime intra-op threads; None lets ONNX Runtime choose.
 
@@ -354,7 +354,7 @@ def load_onnx_model(
         model_path,
         # fp32 gives the torch vectors (cosine 1 - 1e-7), so it keeps the model's identity
         # (artifacts and indexes stay valid) and only the cache key names the backend;
-        # int8 moves the vectors (cosine ~0.99) and is a model of its own
+        # int8 moves the vectors and is a model of its own
         model_id=f"{model_id}@onnx-int8" if int8 else model_id,
         cache_id=f"{model_id}@onnx-int8" if int8 else f"{model_id}@onnx",
         max_length=max_length,

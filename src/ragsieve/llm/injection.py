@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 #: P(yes) at which the LLM filter drops or keeps a snippet with the local Gemma 3 270M at
-#: alpha 0.1 (tau on ``1 - P(yes)`` is about 0.78).
+#: alpha 0.1 (one minus its calibrated tau on ``1 - P(yes)``).
 OPERATING_THRESHOLD = 0.22
 #: The labelling threshold (``P(yes) >= 0.5`` is "relevant"), for comparison.
 REFERENCE_THRESHOLD = 0.5
