@@ -519,7 +519,7 @@ def _child_main() -> None:
         p.swa_full = True            # Gemma 3 has sliding-window layers: without a full
         #                              cache llama.cpp cannot cut it back to a shared prefix
         p.cache_ram_mib = cfg["cache_ram_mib"]
-        p.fit_params = False         # CPU only: fitting to device memory costs 0.6 s for nothing
+        p.fit_params = False         # CPU only: fitting to device memory costs time for nothing
         p.offline = True
         p.ui = False
         server = xllamacpp.Server(p)
