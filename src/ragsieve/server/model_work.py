@@ -58,7 +58,7 @@ _T = TypeVar("_T")
 
 #: Most model work of one request per turn of the fair model queue, in pieces of 500
 #: characters: about what a small request waits for beside a large one (docs/serving.md,
-#: "Fair model work"). Only a single text costing more (the query, or a snippet a
+#: "Model work"). Only a single text costing more (the query, or a snippet a
 #: sentence filter reads whole) makes a bigger step, bounded by ``max_pieces``.
 PIECES_PER_STEP = 8
 #: Model throughput assumed for ``Retry-After`` (pieces/s, see ``options.DEFAULT_MAX_PIECES``).

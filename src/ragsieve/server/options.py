@@ -50,7 +50,7 @@ __all__ = [
 #: model reads (``ragsieve.server.scheduling.work_pieces``: the query, every snippet piece,
 #: sentence or piece of a long sentence, and for a sentence filter each snippet read whole;
 #: see ``ConformalFilter.piece_texts``). Sized to about 2 s of model time on 2 cores
-#: (docs/serving.md, "Fair model work", has the throughput and its command).
+#: (docs/serving.md, "Model work", has the throughput and its command).
 DEFAULT_MAX_PIECES = 128
 #: Most requests waiting for model work at once (429 beyond).
 DEFAULT_MAX_QUEUE = 64

@@ -48,7 +48,7 @@ MIN_TEXT_CHARS = 50
 #: Words, numbers and punctuation marks (each CJK character one) that make one piece: a
 #: 500-character piece of prose holds fewer, so prose counts by its characters. The model's
 #: cost follows its tokens, so a text denser in them (``"a. "`` repeated, Chinese) counts
-#: more pieces than its characters (docs/serving.md, "What counts").
+#: more pieces than its characters (docs/serving.md, "Model work").
 PIECE_WORDS = 100
 _CJK = "\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff"
 _WORDS = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]")
