@@ -12,9 +12,9 @@ normalisation map, and a tensor directory. The matrices are Q4_0 blocks (an fp16
   pieces and scores (:meth:`E5File.tokenizer`), after the file's normalisation map and
   whitespace collapsing, as the engine cuts.
 
-Both were checked against the engine on texts in six languages: the same token counts, and
-the mean-pooled vectors at cosine >= 0.9998 (``benchmarks/bench_multilingual_base.py``;
-``tests/test_e5_file.py`` repeats the check). So this is the model a reader fine-tunes
+Both were checked against the engine on texts in six languages: the same token counts and
+the same mean-pooled vectors (docs/scores.md; ``tests/test_e5_file.py`` repeats the
+check). So this is the model a reader fine-tunes
 beyond English (:mod:`ragsieve.embeddings.cross_encoder`); no other multilingual encoder
 with trainable weights ships in a package.
 """

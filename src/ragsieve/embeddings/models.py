@@ -52,8 +52,8 @@ _ACCEPTED = (
 )
 BACKENDS = ("auto", "torch", "onnx", "onnx-int8")
 """How a sentence-transformers model runs. ``auto`` (default): ONNX Runtime fp32 when the
-``onnx`` packages are installed (same vectors as torch, cosine 1 - 1e-7, about 1.7 times
-as fast on 2 cores, ``benchmarks/bench_backends.py``), else torch."""
+``onnx`` packages are installed (the same vectors as torch, faster; docs/results.md), else
+torch."""
 """Backends of :func:`load_embedding_model` (ONNX ones: sentence-transformers models only)."""
 
 _MODELS: dict[str, EmbeddingModel] = {}

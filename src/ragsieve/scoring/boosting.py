@@ -148,7 +148,7 @@ class BoostedTrees:
         clf = ensemble.HistGradientBoostingClassifier(
             **BOOSTING_PARAMS, monotonic_cst=[-1] * x.shape[1])
         # one thread: on a fit set of a few thousand rows OpenMP threads cost more than
-        # they save (7x slower on 2 busy cores), and the result is the same
+        # they save, and the result is the same
         with threadpool_limits(limits=1, user_api="openmp"):
             clf.fit(x, y.astype(int))
         return cls.from_classifier(clf)
