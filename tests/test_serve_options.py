@@ -195,7 +195,11 @@ def test_workers_get_the_same_options_as_the_parent(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """The parent writes the options the workers read: the same record comes back."""
     for name in (workers.CONFIG_ENV, workers.API_KEY_ENV, "PROMETHEUS_MULTIPROC_DIR"):
-        monkeypatch.delenv(name, raising=False)  # restored after the test
+        # set, then deleted: monkeypatch records the value before (unset included) and
+        # restores it, so what _export_worker_config sets does not leak into later tests
+        # (a delenv of an unset name records nothing)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     options = _non_defaults(tmp_path).replace(watch=False)  # the parent alone watches
     workers._export_worker_config(tmp_path / "a.json", options, str(tmp_path / "m"))
     config = json.loads(os.environ[workers.CONFIG_ENV])
