@@ -56,9 +56,10 @@ from .scoring import (
     register_scorer,
     resolve_scorer,
 )
-from .types import FilterResult, Pair, Scored, Snippet
+from .types import DEFAULT_ALPHA, FilterResult, Pair, Scored, Snippet
 
 __all__ = [
+    "DEFAULT_ALPHA",
     "MODES",
     "AdaptiveCalibrator",
     "AdaptiveConformalFilter",

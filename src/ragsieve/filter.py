@@ -87,7 +87,7 @@ from .pieces import (
     vector_scores,
 )
 from .scoring import Scorer, resolve_scorer
-from .types import FilterResult, Pair
+from .types import DEFAULT_ALPHA, FilterResult, Pair
 
 __all__ = ["MAX_CHARS", "ConformalFilter", "SnippetLike"]
 
@@ -120,7 +120,7 @@ class ConformalFilter:
     """
 
     def __init__(self, scorer: Scorer | str = "auto", calibrator: BaseCalibrator | str | None = None,
-                 *, alpha: float = 0.1, min_keep: int = 0, group_by: str | None = None,
+                 *, alpha: float = DEFAULT_ALPHA, min_keep: int = 0, group_by: str | None = None,
                  max_chars: int | None = None, unit: str = "snippet") -> None:
         alpha = check_alpha(alpha)  # the user facade checks its plain parameters at once
         self.scorer = resolve_scorer(scorer)

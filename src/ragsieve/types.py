@@ -13,13 +13,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RETRIEVER_KEY", "FilterResult", "Pair", "Scored", "Snippet", "fingerprint_pairs"]
+__all__ = ["DEFAULT_ALPHA", "RETRIEVER_KEY", "FilterResult", "Pair", "Scored", "Snippet", "fingerprint_pairs"]
 
 #: The ``Pair.meta`` key (a JSONL key of the pairs) holding the identity of the retriever that
 #: returned the pair's list: written by ``ragsieve retrieve`` and the framework components'
 #: ``calibrate``, read by ``calibrate`` into the artifact's ``lists`` block
 #: (:func:`ragsieve.lists.retriever_of`).
 RETRIEVER_KEY = "retriever"
+
+#: The target miscoverage when none is given (filters, calibrators, the one-alpha commands).
+DEFAULT_ALPHA = 0.1
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from .._validation import (
     check_scores,
 )
 from ..errors import ArtifactError
+from ..types import DEFAULT_ALPHA
 from .base import BaseCalibrator, Guarantee, _json_float, _read_float, nouns
 from .split import relevant_scores
 from .stats import conformal_rank
@@ -126,7 +127,7 @@ class AdaptiveCalibrator(BaseCalibrator):
     def __init__(
         self,
         *,
-        alpha: float = 0.1,
+        alpha: float = DEFAULT_ALPHA,
         gamma: float = 0.005,
         window: int | None = 500,
         bounded: bool = True,

@@ -31,6 +31,7 @@ import numpy as np
 
 from .._validation import MAX_COUNT, check_alpha, check_scores
 from ..errors import ArtifactError, NotFittedError
+from ..types import DEFAULT_ALPHA
 
 __all__ = ["UNIT_NOUNS", "BaseCalibrator", "Guarantee", "Nouns", "ThresholdCalibrator", "nouns"]
 
@@ -304,7 +305,7 @@ class ThresholdCalibrator(BaseCalibrator):
     ``infinite_``) and ``guarantee``; ``predict`` and the state round trip come from here.
     """
 
-    def __init__(self, *, alpha: float = 0.1) -> None:
+    def __init__(self, *, alpha: float = DEFAULT_ALPHA) -> None:
         self.alpha = alpha
 
     def predict(self, scores: Any, *, query_ids: Any = None, groups: Any = None,

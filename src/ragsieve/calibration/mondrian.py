@@ -9,6 +9,7 @@ import numpy as np
 
 from .._validation import MAX_COUNT, check_aligned, check_alpha, check_positive_int, check_scores
 from ..errors import ArtifactError
+from ..types import DEFAULT_ALPHA
 from .base import Guarantee, ThresholdCalibrator, _json_float, _read_float, nouns
 from .split import SplitConformalCalibrator, relevant_scores
 from .stats import min_calibration_size
@@ -43,7 +44,7 @@ class MondrianCalibrator(ThresholdCalibrator):
     group_kind: ClassVar[str | None] = "attribute"
     predict_requires: ClassVar[frozenset[str]] = frozenset({"groups"})
 
-    def __init__(self, *, alpha: float = 0.1, min_group_size: int | None = None) -> None:
+    def __init__(self, *, alpha: float = DEFAULT_ALPHA, min_group_size: int | None = None) -> None:
         self.alpha = alpha
         self.min_group_size = min_group_size
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._validation import check_alpha
+from ..types import DEFAULT_ALPHA
 from .base import Guarantee, ThresholdCalibrator, nouns
 from .split import relevant_scores
 from .stats import binomial_sf, conformal_rank
@@ -38,7 +39,7 @@ class PACCalibrator(ThresholdCalibrator):
 
     mode = "pac"
 
-    def __init__(self, *, alpha: float = 0.1, delta: float = 0.1) -> None:
+    def __init__(self, *, alpha: float = DEFAULT_ALPHA, delta: float = 0.1) -> None:
         self.alpha = alpha
         self.delta = delta
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .._validation import MAX_COUNT, check_alpha, check_codes
 from ..errors import ArtifactError
+from ..types import DEFAULT_ALPHA
 from .base import Guarantee, ThresholdCalibrator, nouns
 from .bounds import BOUNDS, certifies, upper_bound
 from .split import relevant_scores
@@ -95,7 +96,7 @@ class TopicPACCalibrator(ThresholdCalibrator):
     fit_requires: ClassVar[frozenset[str]] = frozenset({"groups"})
     group_kind: ClassVar[str | None] = "topic"
 
-    def __init__(self, *, alpha: float = 0.1, delta: float = 0.1, bound: str = "auto",
+    def __init__(self, *, alpha: float = DEFAULT_ALPHA, delta: float = 0.1, bound: str = "auto",
                  weighting: str = "topic") -> None:
         self.alpha = alpha
         self.delta = delta

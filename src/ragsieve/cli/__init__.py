@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from .._version import __version__
 from ..errors import RagsieveError
+from ..types import DEFAULT_ALPHA
 from . import demos, evaluating, filtering, indexing, labelling, serving
 from .argtypes import (
     LIMITS,
@@ -229,7 +230,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:  # type: ignore[typ
     p = subparser(sub, "calibrate", "calibrate a filter of one guarantee mode and save it")
     add_fit_options(p, several=False, unit="what the filter scores and keeps, saved in the "
                                             "artifact (default snippet)")
-    add_alpha_option(p, 0.1, help="target miscoverage (default 0.1)")
+    add_alpha_option(p, DEFAULT_ALPHA, help="target miscoverage (default 0.1)")
     p.add_argument("--min-keep", type=nonnegative_int, default=0,
                    help="empty-result policy (default 0)")
     p.add_argument("--out", required=True, help="artifact to write (JSON)")
@@ -354,7 +355,7 @@ def _add_shift_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--out", default="ragsieve-shift", help="output folder (default ragsieve-shift)")
     p.add_argument("--phase1", default="xquad-en")
     p.add_argument("--phase2", default="xquad-de")
-    add_alpha_option(p, 0.1)
+    add_alpha_option(p, DEFAULT_ALPHA)
     p.add_argument("--gamma", type=positive_float, default=0.005, help="ACI step size")
     p.add_argument("--window", type=count("window"), default=None,
                    help="recent scores the adaptive filter keeps (default: the library's; "
@@ -424,7 +425,7 @@ def _add_rag_demo(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
                    help="folder for the documents, the index and the filter (default ragsieve-rag)")
     p.add_argument("--question", default=None,
                    help="default: a question from the held-out articles")
-    add_alpha_option(p, 0.1)
+    add_alpha_option(p, DEFAULT_ALPHA)
     add_top_k_option(p)
     add_seed_option(p)
     add_data_dir_option(p)

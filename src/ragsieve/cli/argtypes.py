@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import Any, overload
 
 from ..data.splits import MAX_SPLITS  # the library's own bound on splits
 
@@ -29,6 +29,7 @@ __all__ = [
     "modes",
     "nonnegative_float",
     "nonnegative_int",
+    "number",
     "port",
     "positive_float",
     "positive_int",
@@ -230,9 +231,53 @@ BUDGET_UNITS = ("chars", "tokens")
 DEFAULT_DELTA = 0.1
 
 
-class NotGiven(float):
-    """A number option's default, marked as not given on the command line: it reads as
-    the number everywhere, and :func:`ragsieve.cli.values.calibrator_params` passes only
-    given options."""
+class NotGiven:
+    """A number option's default, marked as not given on the command line.
 
-    __slots__ = ()
+    Not a number: read it with :func:`number` (its :attr:`value`).
+    :func:`ragsieve.cli.values.calibrator_params` passes only given options.
+
+    Parameters
+    ----------
+    value : float
+        The default the option stands for.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float) -> None:
+        self.value = float(value)
+
+    def __repr__(self) -> str:
+        return f"NotGiven({self.value!r})"
+
+    def __str__(self) -> str:  # ``%(default)s`` in ``--help``: the number
+        return str(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NotGiven) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash((NotGiven, self.value))
+
+
+@overload
+def number(value: float | NotGiven) -> float: ...
+@overload
+def number(value: None) -> None: ...
+@overload
+def number(value: float | NotGiven | None) -> float | None: ...
+def number(value: float | NotGiven | None) -> float | None:
+    """A number option's value: the default's number when it was not given.
+
+    Parameters
+    ----------
+    value : float, NotGiven or None
+        The parsed option.
+
+    Returns
+    -------
+    float or None
+        ``value.value`` for a :class:`NotGiven`, else ``value`` unchanged.
+    """
+    return value.value if isinstance(value, NotGiven) else value

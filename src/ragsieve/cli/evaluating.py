@@ -11,6 +11,7 @@ import argparse
 import time
 from typing import Any
 
+from .argtypes import number
 from .common import _close
 from .output import choice_lines, dumps, eprint
 from .scorers import (
@@ -73,7 +74,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     try:
         report = evaluate(
             pairs, scorer, progress=not args.quiet, on_error=args.on_error,
-            group_by=guarantee.group_by, modes=guarantee.mode, delta=guarantee.delta,
+            group_by=guarantee.group_by, modes=guarantee.mode, delta=number(guarantee.delta),
             min_group_size=guarantee.min_group_size, budgets=guarantee.budget,
             alphas=args.alpha, top_k=args.top_k, thetas=args.thresholds,
             threshold_quantiles=args.threshold_quantiles, n_splits=args.splits,
@@ -150,7 +151,7 @@ def cmd_choose_alpha(args: argparse.Namespace) -> int:
         pairs, _choice(request, pairs).scorer, removal=args.removal, coverage=args.coverage,
         mode=guarantee.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
         seed=args.seed, progress=not args.quiet, group_by=guarantee.group_by,
-        delta=guarantee.delta, min_group_size=guarantee.min_group_size)
+        delta=number(guarantee.delta), min_group_size=guarantee.min_group_size)
     if args.json:
         print(dumps(choice.to_dict()))
     else:
@@ -171,7 +172,7 @@ def cmd_answers(args: argparse.Namespace) -> int:
     check_scorer_options(request)
     config = AnswerConfig(
         alphas=tuple(args.alpha), modes=tuple(args.mode), n_splits=args.splits,
-        calibration_fraction=args.calibration_fraction, seed=args.seed, delta=args.delta,
+        calibration_fraction=args.calibration_fraction, seed=args.seed, delta=number(args.delta),
         min_group_size=args.min_group_size, budgets=tuple(args.budget),
         limit_queries=args.limit_queries, generate=not args.no_generate,
         judge=args.judge, max_tokens=args.max_tokens, confidence=args.confidence,

@@ -204,7 +204,7 @@ class GuaranteeOptions:
 
     mode: Any = "marginal"
     alpha: Any = None
-    delta: float | None = None
+    delta: float | NotGiven | None = None
     group_by: str | None = None
     min_group_size: int | None = None
     budget: Any = None

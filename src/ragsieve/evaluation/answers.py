@@ -59,7 +59,6 @@ from ..data.splits import group_splits
 from ..errors import DataError
 from ..fitting import fit_split
 from ..scoring.fusion import FUSION_FIT_FRACTION, FusionFeatures
-from ..scoring.sentence_context import SentenceContextScorer
 from ..scoring.shares import pairs_fit_mask
 from ..types import Pair
 from ..units import check_unit
@@ -76,6 +75,7 @@ from .sweep import (
 
 if TYPE_CHECKING:
     from ..llm.connect import LLMConnection
+    from ..scoring.base import Scorer
 
 __all__ = ["AnswerConfig", "AnswerReport", "evaluate_answers", "write_per_query"]
 
@@ -347,12 +347,12 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
     return out
 
 
-def _calibration_share(fitted: Any, calibration: list[Pair], seed: int) -> list[Pair]:
+def _calibration_share(fitted: Scorer, calibration: list[Pair], seed: int) -> list[Pair]:
     """The calibration pairs a score fitted by ``calibrate(seed=seed)`` calibrated on: the
     topics :func:`~ragsieve.scoring.shares.pairs_fit_mask` did not draw, for the
     sentence-in-context score; every pair for a score that fell back to one fitted on
     nothing (the sentence score alone, :func:`~ragsieve.scoring.sentence_context.fit_sentence_context`)."""
-    if not isinstance(fitted, SentenceContextScorer):
+    if not fitted.sentence_in_context:  # the scorer's tag, not its class
         return calibration
     fit = pairs_fit_mask(calibration, seed=seed)
     return [p for p, f in zip(calibration, fit.tolist(), strict=True) if not f]

@@ -19,7 +19,7 @@ import numpy as np
 from .._validation import check_int
 from ..errors import DataError
 from ..scoring import resolve_scorer
-from ..types import Pair
+from ..types import DEFAULT_ALPHA, Pair
 from .sweep import EvaluationConfig, ScoredData, evaluate_scores, score_for_evaluation
 
 __all__ = ["MAX_FOLDS", "MIN_TOPICS", "Expectation", "expected_on_new_topics", "topic_folds"]
@@ -122,7 +122,7 @@ def expected_on_new_topics(
     scorer: Any,
     *,
     mode: str = "marginal",
-    alpha: float = 0.1,
+    alpha: float = DEFAULT_ALPHA,
     n_folds: int = MAX_FOLDS,
     seed: int = 0,
     group_by: str | None = None,

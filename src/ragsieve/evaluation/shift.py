@@ -28,7 +28,7 @@ from .._validation import check_alpha, check_int, check_scores
 from ..calibration import AdaptiveCalibrator, SplitConformalCalibrator
 from ..errors import DataError
 from ..monitoring import drift_check
-from ..types import Pair
+from ..types import DEFAULT_ALPHA, Pair
 from .plots import save_figure
 
 __all__ = ["ShiftDemoConfig", "plot_shift", "rolling_coverage", "run_shift_demo", "run_stream"]
@@ -63,7 +63,7 @@ def run_stream(
     relevant: Any,
     phase: Any,
     *,
-    alpha: float = 0.1,
+    alpha: float = DEFAULT_ALPHA,
     gamma: float = 0.005,
     window: int | None = 500,
     rolling: int = 200,
@@ -236,7 +236,7 @@ class ShiftDemoConfig:
     phase1: str = "xquad-en"
     phase2: str = "xquad-de"
     model: str = "minilm"
-    alpha: float = 0.1
+    alpha: float = DEFAULT_ALPHA
     gamma: float = 0.005
     window: int | None = 500
     rolling: int = 200
