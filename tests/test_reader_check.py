@@ -62,8 +62,33 @@ def test_auto_needs_enough_relevant_fit_pairs(few_topics: list[Pair], minilm_sco
         check_reader(few_topics, minilm_scorer, mode="sometimes")
 
 
-def test_the_check_reads_the_fit_share_only(few_topics: list[Pair], minilm_scorer) -> None:  # type: ignore[no-untyped-def]
-    found = check_reader(few_topics, minilm_scorer, seed=1, mode="always")
+def _counting(sizes: list[int]):  # type: ignore[no-untyped-def]
+    """``fine_tune`` that appends the size of each fit to ``sizes`` (its base to ``BASES``)."""
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        sizes.append(len(args[0]))
+        BASES.append(kwargs["base"])
+        return fine_tune(*args, **kwargs)
+
+    return counted
+
+
+@pytest.fixture(scope="module")
+def checked(few_topics: list[Pair], minilm_scorer):  # type: ignore[no-untyped-def]
+    """The check of ``few_topics`` (seed 1, always), run once for the module from an empty
+    cache of cross-fits, and the sizes of the real fine-tunes it caused. Its cache of the
+    half-share readers' scores stays in place for the module's tests (they read it)."""
+    sizes: list[int] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())
+        patch.setattr(reader_module, "fine_tune", _counting(sizes))
+        found = check_reader(few_topics, minilm_scorer, seed=1, mode="always")
+        patch.setattr(reader_module, "fine_tune", fine_tune)
+        yield found, list(sizes)
+
+
+def test_the_check_reads_the_fit_share_only(few_topics: list[Pair], minilm_scorer,  # type: ignore[no-untyped-def]
+                                            checked) -> None:  # type: ignore[no-untyped-def]
+    found = checked[0]
     fit = _fit_share(few_topics, 1)
     assert found.n_pairs == sum(p.group in fit for p in few_topics)
     assert found.reader_auc is not None and found.base_auc is not None
@@ -98,17 +123,13 @@ def tuned(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     base in ``BASES``), with no earlier test's cross-fits in the process's cache."""
     sizes: list[int] = []
     BASES.clear()
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        sizes.append(len(args[0]))
-        BASES.append(kwargs["base"])
-        return fine_tune(*args, **kwargs)
-
     monkeypatch.setattr(reader_module, "_OUT_OF_FOLD", OrderedDict())
-    monkeypatch.setattr(reader_module, "fine_tune", counted)
+    monkeypatch.setattr(reader_module, "fine_tune", _counting(sizes))
     return sizes
 
 
+# the same AutoScorer(reader_check="always") path, check then fused fit, counted the same way:
+@pytest.mark.slow  # test_auto_checks_and_fuses_the_reader_of_the_base_asked_for covers it
 def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair],
                                                       tuned: list[int]) -> None:
     flt = ConformalFilter(AutoScorer(reader_check="always"), alpha=0.2).calibrate(
@@ -137,12 +158,14 @@ def test_the_cross_fit_says_when_it_cannot_measure() -> None:
     assert measured is not None and all(0.0 <= auc <= 1.0 for auc in measured)
 
 
-def test_the_fused_fit_reads_the_checks_half_readers(few_topics: list[Pair], minilm_scorer,  # type: ignore[no-untyped-def]
-                                                     tuned: list[int]) -> None:
+def test_the_fused_fit_reads_the_checks_half_readers(few_topics: list[Pair], checked,  # type: ignore[no-untyped-def]
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from ragsieve.scoring import FusedScorer
 
-    found = check_reader(few_topics, minilm_scorer, seed=1, mode="always")
+    found, tuned = checked  # the module's check, from an empty cache
     assert found.reader_auc is not None and len(tuned) == 2  # the two half-share readers
+    tuned = list(tuned)
+    monkeypatch.setattr(reader_module, "fine_tune", _counting(tuned))
     fused = FusedScorer.unfitted(preset="portable-reader").fit_topics(few_topics, seed=1)
     assert fused.scorer.is_fitted
     assert len(tuned) == 3  # and the whole share's reader only: the halves were the check's
