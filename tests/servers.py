@@ -11,17 +11,18 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Self
 
+import httpx
 import uvicorn
 
 from ragsieve.server import create_app, uvicorn_config
 
-__all__ = ["ThreadServer", "http_server", "serving"]
+__all__ = ["ThreadServer", "free_port", "http_server", "serving", "wait_until"]
 
 
 class ThreadServer:
@@ -72,3 +73,26 @@ def http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def free_port() -> int:
+    """A loopback port free now (for a server started in another process)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
+    """Poll ``check`` (a refused or dropped connection counts as not yet) until it returns
+    something true, which is returned; ``AssertionError`` naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = check()
+        except httpx.TransportError:
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)

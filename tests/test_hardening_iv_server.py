@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from browser import chrome  # noqa: F401  (the session's headless Chromium)
-from servers import serving
+from servers import free_port, serving, wait_until
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.artifact import covers, seal_value
@@ -89,18 +88,6 @@ BAD_WEIGHTS = {
 }
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = check()
-        except httpx.TransportError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 def _short_list(i: int) -> dict[str, Any]:
@@ -176,17 +163,13 @@ def test_an_unchanged_reload_keeps_the_list_alarm_and_only_a_reset_clears_it(
 
 
 # ---------------------------------------------------------------------- item 7
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Serve:
     """The CLI's ``serve`` as a child process (its log in a file), up when it answers."""
 
     def __init__(self, artifact: Path, state: Path, cache: Path, log: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log
         self._log = open(log, "w", encoding="utf-8")  # noqa: SIM115 (closed in stop)
@@ -194,7 +177,7 @@ class _Serve:
                "--port", str(self.port), "--state-dir", str(state), "--cache-dir", str(cache)]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ))
-        _until("serve to answer", self._up, timeout=300)
+        wait_until("serve to answer", self._up, timeout=300)
 
     def _up(self) -> bool:
         if self.proc.poll() is not None:

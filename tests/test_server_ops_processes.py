@@ -11,12 +11,10 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 from prometheus_client.parser import text_string_to_metric_families
+from servers import free_port, wait_until
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import AdaptiveCalibrator
@@ -53,31 +52,15 @@ def adaptive_artifacts(tmp_path_factory: pytest.TempPathFactory, xquad_en: list[
     }
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
-def _wait(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = check()
-        except httpx.TransportError:
-            value = None
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 class _Serve:
     """The CLI's ``serve`` in a child process, its stderr in a file."""
 
     def __init__(self, args: list[str], tmp: Path, cache: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / f"serve-{self.port}.log"
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115
@@ -90,7 +73,7 @@ class _Serve:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def started(self, n: int) -> None:
-        _wait(f"{n} started worker(s)", lambda: self._alive() and self.log().count(
+        wait_until(f"{n} started worker(s)", lambda: self._alive() and self.log().count(
             "Application startup complete") >= n, START_TIMEOUT)
 
     def _alive(self) -> bool:
@@ -143,11 +126,11 @@ def test_sighup_reloads_the_artifact(adaptive_artifacts: dict[str, Path], tmp_pa
         assert _health(srv.url)["generation"] == 1
         shutil.copy(adaptive_artifacts["b"], served)
         srv.proc.send_signal(signal.SIGHUP)
-        health = _wait("generation 2", lambda: (h := _health(srv.url))["generation"] == 2 and h)
+        health = wait_until("generation 2", lambda: (h := _health(srv.url))["generation"] == 2 and h)
         assert health["artifact"]["alpha"] == pytest.approx(0.1)
         served.write_text('{"format": "ragsieve.filter", "format_version": 2}')
         srv.proc.send_signal(signal.SIGHUP)
-        _wait("the refusal in the log", lambda: "reload (SIGHUP) refused" in srv.log())
+        wait_until("the refusal in the log", lambda: "reload (SIGHUP) refused" in srv.log())
         assert srv.proc.poll() is None  # SIGHUP never kills the service
         health = _health(srv.url)
         assert health["generation"] == 2 and health["artifact"]["alpha"] == pytest.approx(0.1)
@@ -207,20 +190,20 @@ def test_two_workers_share_metrics_monitor_feedback_and_reloads(
             served_by = re.findall(r"pid (\d+) now serves generation (\d+)", srv.log())
             return all(any(p == w and int(g) >= number for p, g in served_by) for w in workers)
 
-        _wait("both workers on the new generation", both_swapped, 30)
+        wait_until("both workers on the new generation", both_swapped, 30)
         healths = [_health(srv.url) for _ in range(20)]
         assert [h["artifact"]["alpha"] for h in healths] == pytest.approx([0.1] * 20)
         assert {h["monitor"]["n_observed"] for h in healths} == {0}  # reset: another artifact
         # a malformed file (seen by --watch in the parent) is refused; nobody moves
         generation = healths[0]["generation"]
         served.write_text("{truncated")
-        _wait("the refusal in the log", lambda: "reload (file change) refused" in srv.log())
+        wait_until("the refusal in the log", lambda: "reload (file change) refused" in srv.log())
         srv.proc.send_signal(signal.SIGHUP)
-        _wait("the SIGHUP refusal", lambda: "reload (SIGHUP) refused" in srv.log())
+        wait_until("the SIGHUP refusal", lambda: "reload (SIGHUP) refused" in srv.log())
         assert {_health(srv.url)["generation"] for _ in range(10)} == {generation}
         # a worker that dies is replaced and starts from the last good artifact
         os.kill(int(workers[0]), signal.SIGKILL)
-        _wait("a replacement worker", lambda: srv.log().count(
+        wait_until("a replacement worker", lambda: srv.log().count(
             "Application startup complete") >= 3, START_TIMEOUT)
         assert {_health(srv.url)["generation"] for _ in range(20)} == {generation}
         assert [_health(srv.url)["artifact"]["alpha"] for _ in range(10)] == pytest.approx([0.1] * 10)

@@ -606,6 +606,14 @@ PER_CLIENT_FACTOR = 2
 BODY_IDLE_TIMEOUT = 10.0
 
 
+async def _retry_later(send: _Send, status: int, detail: str) -> None:
+    """Refuse a body the receiving caps cannot hold now: ``status`` (503 for the service's
+    cap, 429 for one client's), logged, with ``Retry-After``."""
+    logger.warning("request refused (%d): %s", status, detail)
+    await _send_json(send, status, {"detail": detail},
+                     {"Retry-After": str(RECEIVING_RETRY_AFTER)})
+
+
 class _Held:
     """Bytes one request (of client address ``client``) holds of the receiving caps."""
 
@@ -660,9 +668,7 @@ class BodyLimitMiddleware:
                   f"this body ({size} bytes) would take that over the limit of "
                   f"{self.max_receiving_bytes} (--max-receiving-bytes): retry after "
                   f"{RECEIVING_RETRY_AFTER} s.")
-        logger.warning("request refused (503): %s", detail)
-        await _send_json(send, 503, {"detail": detail},
-                         {"Retry-After": str(RECEIVING_RETRY_AFTER)})
+        await _retry_later(send, 503, detail)
 
     async def _client_busy(self, send: _Send, held: _Held, size: str) -> None:
         holding = self.by_client.get(held.client, 0)
@@ -670,9 +676,7 @@ class BodyLimitMiddleware:
                   f"at once; this body ({size} bytes) would take that over the limit of "
                   f"{self.max_receiving_per_client} per client address "
                   f"(--max-receiving-per-client): retry after {RECEIVING_RETRY_AFTER} s.")
-        logger.warning("request refused (429): %s", detail)
-        await _send_json(send, 429, {"detail": detail},
-                         {"Retry-After": str(RECEIVING_RETRY_AFTER)})
+        await _retry_later(send, 429, detail)
 
     def _reserve(self, held: _Held, n: int) -> str | None:
         """Reserve ``n`` more bytes for one request; the cap that would be passed

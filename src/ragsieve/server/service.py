@@ -97,14 +97,6 @@ logger = logging.getLogger(__name__)
 _MAX_CACHED_FILTERS = 64
 
 
-def _unit_scores(res: FilterResult) -> list[float]:
-    """The scores of what the filter scored and kept: each snippet's, or (unit sentence)
-    each sentence's -- what the calibration reference of the monitor holds."""
-    if res.unit == "sentence":
-        return [s[3] for s in res.sentences]
-    return list(res.scores)
-
-
 class Shared(Protocol):
     """What a :class:`Service` reads of the runtime that built it, which outlives it
     (:class:`~ragsieve.server.runtime.Runtime`): limits, index, store, metrics, model work."""
@@ -377,7 +369,7 @@ class Service:
                               lists_unlike=res.lists_unlike)
         except Exception:  # pragma: no cover - prometheus-client does not raise here
             logger.exception("metrics update failed")
-        scores = _unit_scores(res)  # the monitor ranks what was calibrated: sentences or snippets
+        scores = res.unit_scores  # the monitor ranks what was calibrated: sentences or snippets
         if self.monitor is not None and scores:
             self.observe(scores)
 
