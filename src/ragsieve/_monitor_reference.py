@@ -203,26 +203,28 @@ def read_monitor_block(block: Any) -> dict[str, Any]:
     k = _count(block, "k", 2)
     n_queries = _count(block, "n_queries", 1)
     seed = _count(block, "seed", 0)
-    ref = block["reference"]
-    if not isinstance(ref, list) or not ref or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0
-            for v in ref):
-        raise ArtifactError("artifact monitor 'reference' must be a non-empty list of finite "
-                            "numbers >= 0 (one statistic per calibration query).")
-    if len(ref) > n_queries:
-        raise ArtifactError(f"artifact monitor holds {len(ref)} reference values for "
-                            f"{n_queries} calibration queries; expected at most one per query.")
+    ref = _per_query(block, "reference", n_queries, "numbers >= 0 (one statistic per "
+                     "calibration query)", nonnegative=True)
     out = {"statistic": STATISTIC, "version": STATISTIC_VERSION, "k": k,
-           "reference": [float(v) for v in ref], "n_queries": n_queries, "seed": seed}
+           "reference": ref, "n_queries": n_queries, "seed": seed}
     if "best" in block:
-        best = block["best"]
-        if not isinstance(best, list) or not best or any(
-                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                for v in best):
-            raise ArtifactError("artifact monitor 'best' must be a non-empty list of finite "
-                                "numbers (the best score of each calibration query).")
-        if len(best) > n_queries:
-            raise ArtifactError(f"artifact monitor holds {len(best)} 'best' values for "
-                                f"{n_queries} calibration queries; expected at most one per query.")
-        out["best"] = [float(v) for v in best]
+        out["best"] = _per_query(block, "best", n_queries, "numbers (the best score of each "
+                                 "calibration query)", nonnegative=False)
     return out
+
+
+def _per_query(block: Mapping[str, Any], key: str, n_queries: int, what: str, *,
+               nonnegative: bool) -> list[float]:
+    """``block[key]``: a non-empty list of finite numbers (>= 0 when ``nonnegative``), at
+    most one per calibration query; ``ArtifactError`` naming ``key`` and ``what`` else."""
+    values = block[key]
+    if not isinstance(values, list) or not values or any(
+            isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or (nonnegative and v < 0) for v in values):
+        raise ArtifactError(f"artifact monitor {key!r} must be a non-empty list of finite "
+                            f"{what}.")
+    if len(values) > n_queries:
+        noun = "reference" if key == "reference" else repr(key)
+        raise ArtifactError(f"artifact monitor holds {len(values)} {noun} values for "
+                            f"{n_queries} calibration queries; expected at most one per query.")
+    return [float(v) for v in values]

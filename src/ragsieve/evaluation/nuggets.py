@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -433,18 +433,10 @@ class NuggetJudge:
         if not sentences:
             return aggregate([], [], nuggets, [0] * len(nuggets))
         errors: list[str] = []
-        supported: list[int | None] = []
-        for i, sentence in enumerate(sentences):
-            value, error = self._supported(context, sentence, question)
-            supported.append(value)
-            if error is not None:
-                errors.append(f"sentence {i}: {error}")
-        found: list[int | None] = []
-        for i, nugget in enumerate(nuggets):
-            value, error = self._contains(answer, nugget, question)
-            found.append(value)
-            if error is not None:
-                errors.append(f"nugget {i}: {error}")
+        supported = _ask_each("sentence", sentences, errors,
+                              lambda sentence: self._supported(context, sentence, question))
+        found = _ask_each("nugget", nuggets, errors,
+                          lambda nugget: self._contains(answer, nugget, question))
         return aggregate(sentences, supported, nuggets, found, errors)
 
     # -- internals ----------------------------------------------------------------------
@@ -486,3 +478,16 @@ class NuggetJudge:
         if value is not None:
             return value, None
         return None, f"unparseable reply {first!r}, then {retry.text!r}; expected yes or no"
+
+
+def _ask_each(label: str, items: Sequence[str], errors: list[str],
+              ask: Callable[[str], tuple[int | None, str | None]]) -> list[int | None]:
+    """``ask`` of every item, in order; each unreadable verdict's error is appended to
+    ``errors`` as ``"<label> <i>: <error>"`` (its value stays None)."""
+    values: list[int | None] = []
+    for i, item in enumerate(items):
+        value, error = ask(item)
+        values.append(value)
+        if error is not None:
+            errors.append(f"{label} {i}: {error}")
+    return values

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,7 @@ from ..keeping import p_value_rule
 from ..types import FilterResult, Pair, Scored
 from ..units import sentence_pairs
 from ._html import esc, fmt, page, panel_figures, table
+from .table import answer_header
 
 __all__ = [
     "DEFAULT_MAX_QUERIES",
@@ -863,20 +864,14 @@ def evaluation_page(report: Any, *, title: str = "ragsieve evaluate", label: str
              ("splits", (f"{report.n_splits} topic-disjoint, {report.calibration_fraction:g} of "
                          "the topics calibrate, the rest measure"))]
     body = [f"<p class=\"guarantee\">{esc(guarantee or _EVAL_GUARANTEE)}</p>", _facts(facts)]
-    try:
-        body.append(panel_figures(report_panels({label: report}),
-                                  "Coverage and removal of every conformal row against its "
-                                  "target, and the trade-off beside the baselines, on the same "
-                                  "test splits."))
-    except (ImportError, ValueError) as exc:
-        body.append(f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>")
+    body.append(_figure(lambda: report_panels({label: report}),
+                        "Coverage and removal of every conformal row against its target, "
+                        "and the trade-off beside the baselines, on the same test splits."))
     body.append("<h2>Results</h2>" + table(header, rows, cls="results"))
     body.append(f"<p class=\"muted\">Means over {report.n_splits} splits. ok = the mode's "
                 f"guaranteed value >= target - {info.get('tolerance_se', 3):g} standard "
                 "errors.</p>")
-    if text_table:
-        body.append(f"<details><summary>as printed</summary><pre>{esc(text_table)}</pre></details>")
-    return page(title, "\n".join(body))
+    return _page(title, body, text_table)
 
 
 _EVAL_GUARANTEE = ("Each conformal row is a guarantee calibrated on one half of the topics and "
@@ -902,6 +897,22 @@ def _ci_text(row: Mapping[str, Any], name: str) -> str:
     return f"{ci['estimate']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
+def _figure(panels: Callable[[], Any], caption: str) -> str:
+    """The figure of a page's panels (drawn by ``panels``), or a note saying why it was not
+    drawn (matplotlib missing, nothing to plot)."""
+    try:
+        return panel_figures(panels(), caption)
+    except (ImportError, ValueError) as exc:
+        return f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>"
+
+
+def _page(title: str, body: list[str], text_table: str | None) -> str:
+    """The page of ``body``, with the table as printed folded under it when given."""
+    if text_table:
+        body.append(f"<details><summary>as printed</summary><pre>{esc(text_table)}</pre></details>")
+    return page(title, "\n".join(body))
+
+
 def answers_page(report: Any, *, title: str = "ragsieve answers", text_table: str | None = None) -> str:
     """The page of ``ragsieve answers --html``: the answer metrics of every method with
     their paired bootstrap intervals against ``all``, the figure, the run."""
@@ -909,11 +920,7 @@ def answers_page(report: Any, *, title: str = "ragsieve answers", text_table: st
 
     info = report.info
     generated, judged = info.get("generated"), info.get("judged")
-    header = ["method", "param", "queries", "snippets", "chars", "in ctx", "in ctx vs all"]
-    if generated:
-        header += ["EM", "F1", "F1 vs all", "abstain"]
-    if judged:
-        header += ["nugget F1", "nugget F1 vs all"]
+    header = answer_header(generated, judged)
     rows = []
     for r in report.results:
         method = r["method"] + ("" if r.get("mode") in (None, "marginal") else f" [{r['mode']}]")
@@ -938,16 +945,10 @@ def answers_page(report: Any, *, title: str = "ragsieve answers", text_table: st
     body = [(f"<p class=\"guarantee\">{esc(_EVAL_GUARANTEE)} Here each method's kept context "
              "is handed to the generator; the table says what the answers get from it.</p>"),
             _facts(facts)]
-    try:
-        body.append(panel_figures(answers_panels(report),
-                                  "Answer quality against the context characters per query, one "
-                                  "line per method across alpha; 'all' is the whole retrieved "
-                                  "list."))
-    except (ImportError, ValueError) as exc:
-        body.append(f"<p class=\"figure none\">Figure not drawn: {esc(exc)}</p>")
+    body.append(_figure(lambda: answers_panels(report),
+                        "Answer quality against the context characters per query, one line "
+                        "per method across alpha; 'all' is the whole retrieved list."))
     body.append("<h2>Answers per method</h2>" + table(header, rows, cls="results"))
     body.append(f"<p class=\"muted\">'vs all' = paired bootstrap {conf:.0%} interval of the "
                 "difference from 'all' (resampling test queries).</p>")
-    if text_table:
-        body.append(f"<details><summary>as printed</summary><pre>{esc(text_table)}</pre></details>")
-    return page(title, "\n".join(body))
+    return _page(title, body, text_table)

@@ -8,7 +8,7 @@ from typing import Any
 from .answers import AnswerReport
 from .sweep import EvaluationReport
 
-__all__ = ["format_answer_table", "format_table"]
+__all__ = ["answer_header", "format_answer_table", "format_table"]
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -89,16 +89,23 @@ def _diff(row: dict[str, Any], name: str, digits: int = 3) -> str:
     return f"{ci['estimate']:+.{digits}f} [{ci['low']:+.{digits}f}, {ci['high']:+.{digits}f}]"
 
 
-def format_answer_table(report: AnswerReport) -> str:
-    """Render an answer report: per method, the context size, whether a gold answer is
-    in it, and the generated answers' EM, F1 and nugget F1, each with its paired bootstrap
-    interval of the difference from ``all``."""
-    generated, judged = report.info.get("generated"), report.info.get("judged")
+def answer_header(generated: Any, judged: Any) -> list[str]:
+    """The columns of an answer report's table (text and page): the context's, then the
+    generated answers' when ``generated``, then the nuggets' when ``judged``."""
     header = ["method", "param", "queries", "snippets", "chars", "in ctx", "in ctx vs all"]
     if generated:
         header += ["EM", "F1", "F1 vs all", "abstain"]
     if judged:
         header += ["nugget F1", "nugget F1 vs all"]
+    return header
+
+
+def format_answer_table(report: AnswerReport) -> str:
+    """Render an answer report: per method, the context size, whether a gold answer is
+    in it, and the generated answers' EM, F1 and nugget F1, each with its paired bootstrap
+    interval of the difference from ``all``."""
+    generated, judged = report.info.get("generated"), report.info.get("judged")
+    header = answer_header(generated, judged)
     lines = []
     for r in report.results:
         method = r["method"]

@@ -25,6 +25,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "PROMPT_STYLES",
@@ -199,6 +200,14 @@ REPAIR_MESSAGE = {
 _NUMBER = re.compile(r"^\s*(?:relevance\s*[:=]\s*)?([01](?:\.\d+)?|\.\d+)\s*[.]?\s*$", re.IGNORECASE)
 
 
+def _first_line_match(reply: Any, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """``pattern`` matched at the start of the reply's first line (a base model's
+    continuation after it is ignored); None for a reply that is not a str or no match."""
+    if not isinstance(reply, str):
+        return None
+    return pattern.match(reply.strip().split("\n", 1)[0])
+
+
 def parse_rating(reply: str) -> float | None:
     """Strictly parse a relevance rating in [0, 1]; ``None`` when the reply is not one.
 
@@ -214,11 +223,8 @@ def parse_rating(reply: str) -> float | None:
     >>> parse_rating("1.5") is None
     True
     """
-    if not isinstance(reply, str):
-        return None
-    first = reply.strip().split("\n", 1)[0]
-    m = _NUMBER.match(first)
-    if not m:
+    m = _first_line_match(reply, _NUMBER)
+    if m is None:
         return None
     value = float(m.group(1))
     if not (0.0 <= value <= 1.0) or math.isnan(value):
@@ -240,11 +246,8 @@ def parse_yes_no(reply: str) -> int | None:
     >>> parse_yes_no("Yes."), parse_yes_no(" no\\nQuestion: x"), parse_yes_no("probably")
     (1, 0, None)
     """
-    if not isinstance(reply, str):
-        return None
-    first = reply.strip().split("\n", 1)[0]
-    m = _WORD.match(first)
-    if not m:
+    m = _first_line_match(reply, _WORD)
+    if m is None:
         return None
     word = m.group(1).lower()
     return {"yes": 1, "no": 0}.get(word)
