@@ -6,22 +6,28 @@ the timeout, the retries and their backoff, the requests in flight (httpx's ``Ti
 ``Limits`` are the model: small frozen values with their defaults beside them). Each client
 names its defaults (``LLM_CALLS``, ``RERANK_CALLS``) and takes the fields one by one as
 keywords, or the value whole as ``calls=``; :meth:`CallPolicy.from_keywords` checks them
-once. The helpers below read what a server answered (an excerpt of a body, ``Retry-After``).
+once. :class:`PooledClient` is what both clients hold besides their API (the pooled
+connections, the bound on requests in flight, the totals, closing); the helpers below read
+what a server answered (an excerpt of a body, ``Retry-After``).
 """
 
 from __future__ import annotations
 
 import email.utils
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from ._settings import settings_from_keywords
 from ._validation import check_int, check_real, check_str
 
-__all__ = ["CallPolicy", "excerpt", "retry_after"]
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
+
+__all__ = ["CallPolicy", "PooledClient", "excerpt", "retry_after"]
 
 _EXCERPT = 300
 
@@ -99,6 +105,59 @@ class CallPolicy:
         concurrency = check_int(self.concurrency, "concurrency", min_value=1)
         return replace(self, timeout=timeout, max_retries=max_retries, backoff=backoff,
                        max_backoff=max_backoff, concurrency=concurrency)
+
+
+class PooledClient:
+    """What the HTTP clients share besides their API: a pooled httpx client of ``concurrency``
+    connections with the key as a Bearer header, a bound on requests in flight, running
+    totals, a cache they may own, closing, and the key kept out of every message.
+
+    A client calls :meth:`_open_pool` once in its ``__init__``, after setting ``cache`` and
+    ``_owns_cache``.
+    """
+
+    cache: Any
+    _owns_cache: bool
+    _secret: str | None
+    _http: httpx.Client
+    _slots: threading.BoundedSemaphore
+    _lock: threading.Lock
+    _usage: dict[str, float | int]
+
+    def _open_pool(self, httpx_module: Any, policy: CallPolicy, key: str | None, *,
+                   usage: Mapping[str, float | int], transport: Any = None) -> None:
+        """Open the pooled HTTP client for ``policy``, sending ``key``; ``usage`` at zero."""
+        self._secret = key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx_module.Client(
+            timeout=httpx_module.Timeout(policy.timeout), headers=headers, transport=transport,
+            limits=httpx_module.Limits(max_connections=policy.concurrency,
+                                       max_keepalive_connections=policy.concurrency))
+        self._slots = threading.BoundedSemaphore(policy.concurrency)
+        self._lock = threading.Lock()
+        self._usage = dict(usage)
+
+    @property
+    def usage(self) -> dict[str, float | int]:
+        """Snapshot of the running totals (see the class docstring)."""
+        with self._lock:
+            return dict(self._usage)
+
+    def close(self) -> None:
+        """Close the HTTP connections and a cache this client opened."""
+        self._http.close()
+        if self._owns_cache and self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _redact(self, text: str) -> str:
+        """``text`` with the key replaced by ``***``."""
+        return text.replace(self._secret, "***") if self._secret else text
 
 
 def excerpt(text: str) -> str:

@@ -24,14 +24,13 @@ import logging
 import math
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, TypeVar
 
-from .._http import CallPolicy
+from .._http import CallPolicy, PooledClient
 from .._http import excerpt as _excerpt
 from .._http import retry_after as _retry_after
 from .._optional import require
@@ -45,9 +44,6 @@ from .._validation import (
 )
 from ..errors import LLMError, LLMResponseError
 from .cache import LLMCache
-
-if TYPE_CHECKING:  # pragma: no cover
-    import httpx
 
 __all__ = ["LLM_CALLS", "Completion", "LLMCache", "LLMClient"]
 
@@ -123,21 +119,7 @@ def _check_target(base_url: Any, model: Any, api_key: Any, cache: Any) -> None:
                    expected="an LLMCache or a path (str or os.PathLike)", allow_none=True)
 
 
-def _http_client(httpx_module: Any, timeout: float, concurrency: int,
-                 key: str | None) -> httpx.Client:
-    """The pooled HTTP client: ``concurrency`` connections, the key as a Bearer header."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    client: httpx.Client = httpx_module.Client(
-        timeout=httpx_module.Timeout(timeout),
-        limits=httpx_module.Limits(
-            max_connections=concurrency, max_keepalive_connections=concurrency
-        ),
-        headers=headers,
-    )
-    return client
-
-
-class LLMClient:
+class LLMClient(PooledClient):
     """OpenAI-compatible HTTP client with retries, a concurrency bound and a reply cache.
 
     Parameters
@@ -204,34 +186,24 @@ class LLMClient:
         self.max_retries = policy.max_retries
         self.backoff = policy.backoff
         self.max_backoff = policy.max_backoff
-        self.concurrency = concurrency = policy.concurrency
+        self.concurrency = policy.concurrency
         self.cache_nondeterministic = bool(cache_nondeterministic)
         self._owns_cache = cache is not None and not isinstance(cache, LLMCache)
         self.cache: LLMCache | None = (
             cache if isinstance(cache, LLMCache) or cache is None else LLMCache(cache)
         )
         key = api_key if api_key is not None else os.environ.get(policy.api_key_env) or None
-        self._secret = key
         self._httpx = httpx_module
-        self._http: httpx.Client = _http_client(httpx_module, self.timeout, concurrency, key)
-        self._slots = threading.BoundedSemaphore(concurrency)
-        self._lock = threading.Lock()
-        self._usage: dict[str, float | int] = {
+        self._open_pool(httpx_module, policy, key, usage={
             "n_requests": 0,
             "n_cache_hits": 0,
             "n_retries": 0,
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "seconds": 0.0,
-        }
+        })
 
     # -- public API -------------------------------------------------------------------
-
-    @property
-    def usage(self) -> dict[str, float | int]:
-        """Snapshot of the running totals (see the class docstring)."""
-        with self._lock:
-            return dict(self._usage)
 
     def complete(
         self,
@@ -409,18 +381,6 @@ class LLMClient:
             )
         return results
 
-    def close(self) -> None:
-        """Close the HTTP connections and a cache this client opened from a path."""
-        self._http.close()
-        if self._owns_cache and self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (
             f"LLMClient(base_url={self.base_url!r}, model={self.model!r}, "
@@ -454,11 +414,6 @@ class LLMClient:
         with self._lock:
             for name, delta in deltas.items():
                 self._usage[name] += delta
-
-    def _redact(self, text: str) -> str:
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        return text
 
     def _request(self, endpoint: str, body: dict[str, Any], prompt_version: str) -> Completion:
         check_str(prompt_version, "prompt_version")

@@ -28,16 +28,15 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._http import CallPolicy
+from .._http import CallPolicy, PooledClient
 from .._http import excerpt as _excerpt
 from .._http import retry_after as _retry_after
 from .._optional import require
@@ -112,7 +111,7 @@ def _open_cache(cache: Any) -> tuple[LLMCache | None, bool]:
     return LLMCache(default_rerank_cache_path() if cache is True else cache), True
 
 
-class RerankClient:
+class RerankClient(PooledClient):
     """A client of one rerank endpoint, scoring (query, document) pairs one by one.
 
     Parameters
@@ -183,30 +182,17 @@ class RerankClient:
         self.backoff: float = policy.backoff
         self.max_backoff: float = policy.max_backoff
         key = check_str(api_key, "api_key", allow_none=True)
-        self._secret = key if key is not None else os.environ.get(self.api_key_env) or None
         self._httpx = require("httpx", "rerank")
         self._tenacity = require("tenacity", "rerank")
         self.cache, self._owns_cache = _open_cache(cache)
-        headers = {"Authorization": f"Bearer {self._secret}"} if self._secret else {}
-        self._http: httpx.Client = self._httpx.Client(
-            timeout=self._httpx.Timeout(self.timeout), headers=headers, transport=transport,
-            limits=self._httpx.Limits(max_connections=self.concurrency,
-                                      max_keepalive_connections=self.concurrency))
-        self._slots = threading.BoundedSemaphore(self.concurrency)
-        self._lock = threading.Lock()
         self._memo: dict[tuple[str, str], float] = {}
         self.answered_model: str | None = None
-        self._usage: dict[str, float | int] = {"n_requests": 0, "n_pairs_sent": 0,
-                                               "n_cache_hits": 0, "n_retries": 0,
-                                               "seconds": 0.0}
+        self._open_pool(self._httpx, policy,
+                        key if key is not None else os.environ.get(self.api_key_env) or None,
+                        usage={"n_requests": 0, "n_pairs_sent": 0, "n_cache_hits": 0,
+                               "n_retries": 0, "seconds": 0.0}, transport=transport)
 
     # -- public API -------------------------------------------------------------------
-
-    @property
-    def usage(self) -> dict[str, float | int]:
-        """Snapshot of the running totals (see the class docstring)."""
-        with self._lock:
-            return dict(self._usage)
 
     def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """The relevance of each of ``texts`` to ``query`` (higher = more relevant).
@@ -265,18 +251,6 @@ class RerankClient:
                                      for k in range(0, len(texts), self.batch_size)],
                                     progress=progress))
         return np.array([found[pair] for pair in pairs], dtype=np.float64)
-
-    def close(self) -> None:
-        """Close the HTTP connections and a cache this client opened."""
-        self._http.close()
-        if self._owns_cache and self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"RerankClient(url={self.url!r}, api={self.api!r}, model={self.model!r}, "
@@ -429,5 +403,3 @@ class RerankClient:
                 self.answered_model = self.answered_model or answer.model
         return answer.relevance
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text
