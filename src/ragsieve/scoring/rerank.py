@@ -289,8 +289,9 @@ def reranker_from_options(options: Mapping[str, Any]) -> tuple[RerankScorer | No
 
 def given_reranker(rerank: Any, keywords: Mapping[str, Any]) -> Any:
     """The user's reranker: ``rerank`` (a scorer or spec), or the one the ``rerank_*``
-    ``keywords`` name (:func:`rerank_keywords`, :func:`reranker_from_options`); None when
-    neither gives one.
+    ``keywords`` name (:func:`reranker_from_options`); None when neither gives one. The
+    ``build`` of :data:`RERANK_PACK`: how the flat options become the ``rerank`` keyword's
+    value.
 
     Raises
     ------
