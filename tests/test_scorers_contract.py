@@ -24,6 +24,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,6 +48,7 @@ from ragsieve.scoring import (
     resolve_scorer,
     scorer_options,
 )
+from ragsieve.scoring.options import ScorerOption
 from ragsieve.scoring.signals import DEFAULT_PRESET, preset_signals
 
 QUERY = "Who wrote the novel War and Peace?"
@@ -434,20 +436,44 @@ def test_auto_resolves_to_a_scorer_of_the_suite(embedding_cache_dir: Path) -> No
 
 # ------------------------------------------------------------------ declared options
 def _signature_defaults(alias: str) -> dict[str, Any]:
-    """Keyword defaults of the factory of ``alias``, and of where its ``**kwargs`` go."""
+    """Keyword defaults of the factory of ``alias``, and of where its ``**kwargs`` go (the
+    LLM connection's keywords and the fields of the values it packs its ``**settings``
+    into; the rerank client's call settings, a value's fields; the embedding scorer's)."""
     from ragsieve.llm import connect
+    from ragsieve.llm.client import LLM_CALLS
+    from ragsieve.llm.local import LocalRuntime
+    from ragsieve.rerank.client import RERANK_CALLS
     from ragsieve.scoring import EmbeddingScorer, _lookup
 
     out: dict[str, Any] = {}
     targets = [_lookup(alias)]
     params = inspect.signature(targets[0]).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        targets.append(connect if alias == "llm" else EmbeddingScorer)
+    if any(p.kind is p.VAR_KEYWORD for p in params) and alias == "rerank":
+        out.update(asdict(RERANK_CALLS))
+    elif any(p.kind is p.VAR_KEYWORD for p in params) and alias == "llm":
+        out.update({**asdict(LLM_CALLS), **asdict(LocalRuntime())})
+        targets.append(connect)
+    elif any(p.kind is p.VAR_KEYWORD for p in params):
+        targets.append(EmbeddingScorer)
     for target in reversed(targets):
         for p in inspect.signature(target).parameters.values():
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
                 out[p.name] = p.default
     return out
+
+
+def _reaches_the_factory(alias: str, option: ScorerOption, defaults: dict[str, Any]) -> None:
+    """Assert that ``option`` reaches the factory of ``alias`` with its default: as a keyword
+    of it, or as a field of the value it declares (its ``pack``), which takes it (an option
+    the value does not know raises) and at its default makes the value the factory has
+    when the option is not given."""
+    if option.pack is not None:
+        assert option.pack.keyword in defaults, f"{alias}: {option.pack.keyword!r} is not a keyword"
+        at_default = option.pack.build(None, {option.name: option.default})
+        assert at_default == option.pack.build(None, {}), f"{alias}: {option.name!r} default"
+        return
+    assert option.name in defaults, f"{alias}: {option.name!r} is not a keyword"
+    assert option.default == defaults[option.name], f"{alias}: {option.name!r} default"
 
 
 @pytest.mark.parametrize("alias", registered_scorers())
@@ -456,11 +482,23 @@ def test_declared_options_are_the_factory_keywords(alias: str) -> None:
     defaults = _signature_defaults(alias)
     assert options, f"scorer {alias!r} declares no options"
     for option in options:
-        assert option.name in defaults, f"{alias}: {option.name!r} is not a keyword"
-        assert option.default == defaults[option.name], f"{alias}: {option.name!r} default"
+        _reaches_the_factory(alias, option, defaults)
         assert option.flag is None or option.flag.startswith("--")
         if option.choices is not None and option.default is not None:
             assert option.default in option.choices
+
+
+@pytest.mark.parametrize("alias", ["best", "auto"])
+def test_an_option_declared_and_not_taken_fails_the_check(alias: str) -> None:
+    """The check above holds for packed options too: one the factory does not take fails."""
+    defaults = _signature_defaults(alias)
+    packed = next(o for o in scorer_options(alias) if o.pack is not None)
+    for stray in (replace(packed, name="rerank_colour", default="blue"),
+                  replace(packed, pack=replace(packed.pack, keyword="reranker")),
+                  replace(packed, pack=None),
+                  replace(packed, name="rerank_timeout", default=5.0)):
+        with pytest.raises((AssertionError, TypeError, ValueError)):
+            _reaches_the_factory(alias, stray, defaults)
 
 
 def test_the_cli_offers_every_declared_flag_and_builds_through_them() -> None:

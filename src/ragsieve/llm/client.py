@@ -20,19 +20,19 @@ Caching
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import math
 import os
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, TypeVar
 
+from .._http import CallPolicy, PooledClient
+from .._http import excerpt as _excerpt
+from .._http import retry_after as _retry_after
 from .._optional import require
 from .._validation import (
     check_instance,
@@ -45,10 +45,7 @@ from .._validation import (
 from ..errors import LLMError, LLMResponseError
 from .cache import LLMCache
 
-if TYPE_CHECKING:  # pragma: no cover
-    import httpx
-
-__all__ = ["Completion", "LLMCache", "LLMClient"]
+__all__ = ["LLM_CALLS", "Completion", "LLMCache", "LLMClient"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +55,6 @@ R = TypeVar("R")
 _CHAT = "chat/completions"
 _COMPLETIONS = "completions"
 _RESERVED = frozenset({"model", "prompt", "messages", "stream"})
-_EXCERPT = 300
 
 
 @dataclass(frozen=True)
@@ -102,10 +98,12 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-def _checked_params(base_url: Any, model: Any, api_key: Any, api_key_env: Any, timeout: Any,
-                    max_retries: Any, backoff: Any, max_backoff: Any, concurrency: Any,
-                    cache: Any) -> tuple[int, int]:
-    """Check :class:`LLMClient`'s parameters; ``max_retries`` and ``concurrency`` as ints.
+#: The LLM client's call settings when none are given (:class:`~ragsieve._http.CallPolicy`).
+LLM_CALLS = CallPolicy(api_key_env="OPENAI_API_KEY", timeout=120.0)
+
+
+def _check_target(base_url: Any, model: Any, api_key: Any, cache: Any) -> None:
+    """Check :class:`LLMClient`'s endpoint, model, key and cache.
 
     Raises
     ------
@@ -117,35 +115,11 @@ def _checked_params(base_url: Any, model: Any, api_key: Any, api_key_env: Any, t
         raise ValueError(f"base_url == {base_url!r}, expected {url}.")
     check_str(model, "model", non_blank=True, hint="the model name")
     check_str(api_key, "api_key", allow_none=True)
-    check_str(api_key_env, "api_key_env")
-    # finite: [0, inf) and (0, inf) refuse inf as well as NaN
-    check_real(timeout, "timeout", min_value=0, max_value=math.inf,
-               include_boundaries="neither")
-    check_real(backoff, "backoff", min_value=0, max_value=math.inf, include_boundaries="left")
-    check_real(max_backoff, "max_backoff", min_value=0, max_value=math.inf,
-               include_boundaries="left")
-    max_retries = check_int(max_retries, "max_retries", min_value=0)
-    concurrency = check_int(concurrency, "concurrency", min_value=1)
     check_instance(cache, (LLMCache, str, os.PathLike), "cache",
                    expected="an LLMCache or a path (str or os.PathLike)", allow_none=True)
-    return max_retries, concurrency
 
 
-def _http_client(httpx_module: Any, timeout: float, concurrency: int,
-                 key: str | None) -> httpx.Client:
-    """The pooled HTTP client: ``concurrency`` connections, the key as a Bearer header."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    client: httpx.Client = httpx_module.Client(
-        timeout=httpx_module.Timeout(timeout),
-        limits=httpx_module.Limits(
-            max_connections=concurrency, max_keepalive_connections=concurrency
-        ),
-        headers=headers,
-    )
-    return client
-
-
-class LLMClient:
+class LLMClient(PooledClient):
     """OpenAI-compatible HTTP client with retries, a concurrency bound and a reply cache.
 
     Parameters
@@ -158,26 +132,23 @@ class LLMClient:
     api_key : str or None
         API key sent as ``Authorization: Bearer <key>``; when None the environment
         variable named by ``api_key_env`` is used if set. The key is never logged.
-    api_key_env : str
-        Environment variable holding the API key.
-    timeout : float
-        Seconds allowed per HTTP attempt (connect, read, write, pool).
-    max_retries : int
-        Retries after the first attempt of a request (0 = no retry).
-    backoff : float
-        Base delay in seconds; retry ``k`` waits ``backoff * 2**(k-1)`` scaled by a
-        random factor in [0.5, 1], at most ``max_backoff``.
-    max_backoff : float
-        Upper bound of one wait, also applied to ``Retry-After``.
-    concurrency : int
-        Most HTTP requests in flight at once (across threads) and the worker count of
-        :meth:`map`.
     cache : LLMCache, str, os.PathLike or None
         Reply cache, or the path of its SQLite file. A cache built here from a path is
         closed by :meth:`close`; a passed instance is left open.
     cache_nondeterministic : bool
         Also cache replies to ``temperature > 0`` requests (default: only
         ``temperature == 0``).
+    **calls
+        How the requests are made (:class:`~ragsieve._http.CallPolicy`, defaults
+        :data:`LLM_CALLS`), the value whole as ``calls=`` or its fields:
+        ``api_key_env`` (environment variable holding the API key, default
+        ``OPENAI_API_KEY``); ``timeout`` (seconds allowed per HTTP attempt: connect, read,
+        write, pool; default 120); ``max_retries`` (retries after the first attempt of a
+        request, 0 = no retry; default 4); ``backoff`` (base delay in seconds: retry ``k``
+        waits ``backoff * 2**(k-1)`` scaled by a random factor in [0.5, 1], at most
+        ``max_backoff``; default 0.5); ``max_backoff`` (upper bound of one wait, also
+        applied to ``Retry-After``; default 30); ``concurrency`` (most HTTP requests in
+        flight at once, across threads, and the worker count of :meth:`map`; default 4).
 
     Attributes
     ----------
@@ -200,54 +171,39 @@ class LLMClient:
         model: str,
         *,
         api_key: str | None = None,
-        api_key_env: str = "OPENAI_API_KEY",
-        timeout: float = 120.0,
-        max_retries: int = 4,
-        backoff: float = 0.5,
-        max_backoff: float = 30.0,
-        concurrency: int = 4,
         cache: LLMCache | str | os.PathLike[str] | None = None,
         cache_nondeterministic: bool = False,
+        **calls: Any,
     ) -> None:
-        max_retries, concurrency = _checked_params(
-            base_url, model, api_key, api_key_env, timeout, max_retries, backoff, max_backoff,
-            concurrency, cache)
+        _check_target(base_url, model, api_key, cache)
+        policy = LLM_CALLS.from_keywords(calls, owner="LLMClient.__init__()")
         httpx_module = require("httpx", "llm")
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.api_key_env = api_key_env
-        self.timeout = float(timeout)
-        self.max_retries = max_retries
-        self.backoff = float(backoff)
-        self.max_backoff = float(max_backoff)
-        self.concurrency = concurrency
+        self.calls = policy
+        self.api_key_env = policy.api_key_env
+        self.timeout = policy.timeout
+        self.max_retries = policy.max_retries
+        self.backoff = policy.backoff
+        self.max_backoff = policy.max_backoff
+        self.concurrency = policy.concurrency
         self.cache_nondeterministic = bool(cache_nondeterministic)
         self._owns_cache = cache is not None and not isinstance(cache, LLMCache)
         self.cache: LLMCache | None = (
             cache if isinstance(cache, LLMCache) or cache is None else LLMCache(cache)
         )
-        key = api_key if api_key is not None else os.environ.get(api_key_env) or None
-        self._secret = key
+        key = api_key if api_key is not None else os.environ.get(policy.api_key_env) or None
         self._httpx = httpx_module
-        self._http: httpx.Client = _http_client(httpx_module, self.timeout, concurrency, key)
-        self._slots = threading.BoundedSemaphore(concurrency)
-        self._lock = threading.Lock()
-        self._usage: dict[str, float | int] = {
+        self._open_pool(httpx_module, policy, key, usage={
             "n_requests": 0,
             "n_cache_hits": 0,
             "n_retries": 0,
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "seconds": 0.0,
-        }
+        })
 
     # -- public API -------------------------------------------------------------------
-
-    @property
-    def usage(self) -> dict[str, float | int]:
-        """Snapshot of the running totals (see the class docstring)."""
-        with self._lock:
-            return dict(self._usage)
 
     def complete(
         self,
@@ -425,18 +381,6 @@ class LLMClient:
             )
         return results
 
-    def close(self) -> None:
-        """Close the HTTP connections and a cache this client opened from a path."""
-        self._http.close()
-        if self._owns_cache and self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def __repr__(self) -> str:
         return (
             f"LLMClient(base_url={self.base_url!r}, model={self.model!r}, "
@@ -470,11 +414,6 @@ class LLMClient:
         with self._lock:
             for name, delta in deltas.items():
                 self._usage[name] += delta
-
-    def _redact(self, text: str) -> str:
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        return text
 
     def _request(self, endpoint: str, body: dict[str, Any], prompt_version: str) -> Completion:
         check_str(prompt_version, "prompt_version")
@@ -585,32 +524,6 @@ class LLMClient:
 
 
 # -- parsing --------------------------------------------------------------------------
-
-
-def _excerpt(text: str) -> str:
-    text = " ".join(text.split())
-    if not text:
-        return "(empty body)"
-    return text if len(text) <= _EXCERPT else text[:_EXCERPT] + "..."
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date)."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
-        seconds = (when - datetime.now(UTC)).total_seconds()
-    if not math.isfinite(seconds):
-        return None
-    return max(0.0, seconds)
 
 
 def _as_int(value: Any) -> int:

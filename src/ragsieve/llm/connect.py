@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -153,12 +153,9 @@ def connect(
     base_url: str | None = None,
     model: str | None = None,
     style: str | None = None,
-    api_key_env: str = "OPENAI_API_KEY",
     cache: bool | str | os.PathLike[str] = True,
     concurrency: int | None = None,
-    threads: int | None = None,
-    timeout: float = 120.0,
-    n_ctx: int | None = None,
+    **settings: Any,
 ) -> LLMConnection:
     """Open an LLM connection.
 
@@ -174,27 +171,40 @@ def connect(
         ``smollm2-135m``, or a ``.gguf`` path).
     style : {"completion", "chat"}, optional
         Prompt style; defaults to the local model's style, or ``chat`` for endpoints.
-    api_key_env : str
-        Environment variable holding the API key (sent as a Bearer token).
     cache : bool or path
         Persistent reply cache: True for :func:`default_llm_cache_path`, a path, or False.
     concurrency : int, optional
         Requests in flight (default: 1 for the local model, 4 for endpoints).
-    threads : int, optional
-        CPU threads of the local model (default ``RAGSIEVE_LLM_THREADS`` or 1).
-    timeout : float
-        Per-request timeout in seconds.
-    n_ctx : int, optional
-        Context window (tokens) of the local model (default 4096); ignored for an endpoint,
-        whose window is the server's.
+    **settings
+        The client's call settings (:class:`~ragsieve._http.CallPolicy`, defaults
+        :data:`~ragsieve.llm.client.LLM_CALLS`: ``calls=`` whole, or ``api_key_env``, the
+        environment variable holding the API key, sent as a Bearer token; ``timeout``, the
+        per-request timeout in seconds; ``max_retries``, ``backoff``, ``max_backoff``) and
+        the local model's (:class:`~ragsieve.llm.local.LocalRuntime`: ``runtime=`` whole, or
+        ``threads``, its CPU threads, default ``RAGSIEVE_LLM_THREADS`` or 1; ``n_ctx``, its
+        context window in tokens, default 4096, ignored for an endpoint, whose window is
+        the server's; ``n_parallel``).
 
     Returns
     -------
     LLMConnection
         Close it (or use it as a context manager) to stop a local server.
-    """
-    from .client import LLMCache, LLMClient
 
+    Raises
+    ------
+    TypeError
+        A keyword that is none of these.
+    """
+    from .client import LLM_CALLS, LLMCache, LLMClient
+    from .local import LocalRuntime
+
+    runtime_names = {f.name for f in fields(LocalRuntime)} | {"runtime"}
+    if settings.get("n_ctx", 0) is None:  # None: the local model's default window
+        settings = {k: v for k, v in settings.items() if k != "n_ctx"}
+    runtime = LocalRuntime.from_keywords(
+        {k: v for k, v in settings.items() if k in runtime_names}, owner="connect()")
+    calls = LLM_CALLS.from_keywords(
+        {k: v for k, v in settings.items() if k not in runtime_names}, owner="connect()")
     target = resolve_target(base_url=base_url, model=model, style=style)
     url, name = target.base_url or "", target.model or ""
     if target.base_url is not None:
@@ -208,17 +218,14 @@ def connect(
     if target.local_model is not None:
         from .local import LocalLLMServer
 
-        server = LocalLLMServer(target.local_model, threads=threads,
-                                n_ctx=4096 if n_ctx is None else n_ctx).start()
+        server = LocalLLMServer(target.local_model, runtime=runtime).start()
         url, name = server.base_url, server.model_name
         concurrency = concurrency or 1
         logger.warning(
             "no LLM base_url given: started the local default model %s at %s for this run",
             name, url,
         )
-    client = LLMClient(
-        url, name, api_key_env=api_key_env, cache=cache_obj,
-        concurrency=concurrency or 4, timeout=timeout,
-    )
+    client = LLMClient(url, name, cache=cache_obj,
+                       calls=replace(calls, concurrency=concurrency or calls.concurrency))
     return LLMConnection(client=client, model=name, style=target.style, base_url=url,
                          server=server)

@@ -37,12 +37,13 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Self
 
 from .._optional import require
 from .._paths import cache_dir
+from .._settings import settings_from_keywords
 from .._validation import check_int, check_path, check_real, check_str
 from ..errors import LLMError
 
@@ -51,6 +52,7 @@ __all__ = [
     "LOCAL_MODELS",
     "LocalLLMServer",
     "LocalModel",
+    "LocalRuntime",
     "local_model_path",
     "serve",
 ]
@@ -239,6 +241,48 @@ def _is_loopback(host: str) -> bool:
 # ------------------------------------------------------------------------------- server
 
 
+@dataclass(frozen=True)
+class LocalRuntime:
+    """How llama.cpp runs the local model.
+
+    Parameters
+    ----------
+    threads : int, optional
+        CPU threads for prompt processing and generation; default ``$RAGSIEVE_LLM_THREADS``
+        or 1 (on a 2-core machine 1 thread is the better choice while the other core is busy).
+    n_ctx : int
+        KV cache size in tokens, shared by the ``n_parallel`` slots.
+    n_parallel : int
+        Requests decoded at the same time (each slot gets ``n_ctx // n_parallel`` tokens).
+
+    Examples
+    --------
+    >>> LocalRuntime.from_keywords({"n_ctx": 2048}, owner="f()")
+    LocalRuntime(threads=None, n_ctx=2048, n_parallel=1)
+    """
+
+    threads: int | None = None
+    n_ctx: int = 4096
+    n_parallel: int = 1
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, Any], *, owner: str) -> LocalRuntime:
+        """The runtime ``keywords`` give (its fields, or the value ``keywords["runtime"]``),
+        checked (``threads`` is resolved by the server: None reads the environment).
+
+        Raises
+        ------
+        TypeError, ValueError
+            A keyword that is no field, the value given twice, or a field of the wrong type
+            or value, e.g. ``n_ctx == 0, must be an int >= 1.``
+        """
+        value = settings_from_keywords(cls(), keywords, whole="runtime", owner=owner)
+        if value.threads is not None:
+            check_int(value.threads, "threads", min_value=1)
+        return replace(value, n_ctx=check_int(value.n_ctx, "n_ctx", min_value=1),
+                       n_parallel=check_int(value.n_parallel, "n_parallel", min_value=1))
+
+
 class LocalLLMServer:
     """Context manager: a llama.cpp server on 127.0.0.1 for a local model (default Gemma 3 270M).
 
@@ -250,13 +294,6 @@ class LocalLLMServer:
         Interface to bind; keep the loopback default (the server has no API key).
     port : int
         TCP port; 0 picks a free one (read it back from :attr:`base_url`).
-    threads : int, optional
-        CPU threads for prompt processing and generation; default ``$RAGSIEVE_LLM_THREADS``
-        or 1 (on a 2-core machine 1 thread is the better choice while the other core is busy).
-    n_ctx : int
-        KV cache size in tokens, shared by the ``n_parallel`` slots.
-    n_parallel : int
-        Requests decoded at the same time (each slot gets ``n_ctx // n_parallel`` tokens).
     quiet : bool
         Keep llama.cpp's log out of the terminal: only its errors are kept, and they go to
         this module's logger at DEBUG level (and into the message of a failed start).
@@ -264,6 +301,9 @@ class LocalLLMServer:
         Override the prompt style; for a ``.gguf`` path it defaults to ``"completion"``.
     start_timeout : float
         Seconds to wait for the model to load.
+    **runtime
+        How llama.cpp runs the model (:class:`LocalRuntime`), the value whole as
+        ``runtime=`` or its fields ``threads``, ``n_ctx``, ``n_parallel``.
 
     Examples
     --------
@@ -278,12 +318,10 @@ class LocalLLMServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        threads: int | None = None,
-        n_ctx: int = 4096,
-        n_parallel: int = 1,
         quiet: bool = True,
         prompt_style: str | None = None,
         start_timeout: float = 120.0,
+        **runtime: Any,
     ) -> None:
         check_path(model, "model", hint="a local model name or a .gguf file")
         check_str(host, "host", non_blank=True, hint="e.g. '127.0.0.1'")
@@ -295,9 +333,10 @@ class LocalLLMServer:
         self.model = model
         self.host = host
         self.port = port
-        self.threads = _resolve_threads(threads)
-        self.n_ctx = check_int(n_ctx, "n_ctx", min_value=1)
-        self.n_parallel = check_int(n_parallel, "n_parallel", min_value=1)
+        self.runtime = LocalRuntime.from_keywords(runtime, owner="LocalLLMServer.__init__()")
+        self.threads = _resolve_threads(self.runtime.threads)
+        self.n_ctx = self.runtime.n_ctx
+        self.n_parallel = self.runtime.n_parallel
         self.quiet = bool(quiet)
         known = LOCAL_MODELS.get(model) if isinstance(model, str) else None
         self.model_name: str = known.name if known else Path(model).stem

@@ -28,27 +28,29 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._http import CallPolicy, PooledClient
+from .._http import excerpt as _excerpt
+from .._http import retry_after as _retry_after
 from .._optional import require
 from .._paths import cache_dir
-from .._validation import check_instance, check_int, check_real, check_str
+from .._validation import check_instance, check_int, check_str
 from ..errors import RerankError, RerankResponseError
 from ..llm.cache import LLMCache
-from ..llm.client import _excerpt, _retry_after
 from .api import api_of, parse_answer, request_body, resolve_url
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
-__all__ = ["CACHE_VERSION", "RerankClient", "check_client_options", "default_rerank_cache_path"]
+__all__ = ["CACHE_VERSION", "RERANK_CALLS", "RerankClient", "default_rerank_cache_path",
+           "rerank_calls"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,34 +74,30 @@ class _Retryable(Exception):
         self.retry_after = retry_after
 
 
-def check_client_options(*, api_key_env: Any = "RERANK_API_KEY", batch_size: Any = 32,
-                         concurrency: Any = 4, timeout: Any = 60.0, max_retries: Any = 4,
-                         backoff: Any = 0.5, max_backoff: Any = 30.0) -> dict[str, Any]:
-    """:class:`RerankClient`'s call options, checked (without opening anything).
+#: The rerank client's call settings when none are given (:class:`~ragsieve._http.CallPolicy`).
+RERANK_CALLS = CallPolicy(api_key_env="RERANK_API_KEY", timeout=60.0)
+
+
+def rerank_calls(calls: Mapping[str, Any], *, owner: str = "RerankClient.__init__()") -> CallPolicy:
+    """The call settings of a rerank client: :data:`RERANK_CALLS` with the fields ``calls``
+    gives (or the value ``calls["calls"]``), checked without opening anything.
 
     Raises
     ------
     TypeError, ValueError
-        An option of the wrong type or value, e.g. ``batch_size == 0, must be an int >= 1.``
+        A setting of the wrong type or value, e.g. ``concurrency == 0, must be an int >= 1.``
 
     Examples
     --------
-    >>> check_client_options(batch_size=8)["batch_size"]
+    >>> rerank_calls({"concurrency": 8}).concurrency
     8
     """
-    return {
-        "api_key_env": check_str(api_key_env, "api_key_env", non_blank=True),
-        "batch_size": check_int(batch_size, "batch_size", min_value=1),
-        "concurrency": check_int(concurrency, "concurrency", min_value=1),
-        # finite: (0, inf) and [0, inf) refuse inf as well as NaN
-        "timeout": check_real(timeout, "timeout", min_value=0, max_value=math.inf,
-                              include_boundaries="neither", hint="seconds"),
-        "max_retries": check_int(max_retries, "max_retries", min_value=0),
-        "backoff": check_real(backoff, "backoff", min_value=0, max_value=math.inf,
-                              include_boundaries="left"),
-        "max_backoff": check_real(max_backoff, "max_backoff", min_value=0,
-                                  max_value=math.inf, include_boundaries="left"),
-    }
+    if "calls" not in calls:  # the key's variable: never blank (the policy takes any str)
+        check_str(calls.get("api_key_env", RERANK_CALLS.api_key_env), "api_key_env",
+                  non_blank=True)
+    policy = RERANK_CALLS.from_keywords(calls, owner=owner, timeout_hint="seconds")
+    check_str(policy.api_key_env, "api_key_env", non_blank=True)
+    return policy
 
 
 def _open_cache(cache: Any) -> tuple[LLMCache | None, bool]:
@@ -113,7 +111,7 @@ def _open_cache(cache: Any) -> tuple[LLMCache | None, bool]:
     return LLMCache(default_rerank_cache_path() if cache is True else cache), True
 
 
-class RerankClient:
+class RerankClient(PooledClient):
     """A client of one rerank endpoint, scoring (query, document) pairs one by one.
 
     Parameters
@@ -130,24 +128,23 @@ class RerankClient:
     api_key : str, optional
         Sent as ``Authorization: Bearer <key>``; default: the environment variable
         ``api_key_env`` if set. Never logged.
-    api_key_env : str
-        The environment variable holding the key.
     batch_size : int
         Documents per request.
-    concurrency : int
-        Most requests in flight at once.
-    timeout : float
-        Seconds allowed per HTTP attempt.
-    max_retries : int
-        Retries after the first attempt of a request (429, 5xx, connection errors).
-    backoff, max_backoff : float
-        Exponential backoff with jitter: the k-th wait is at most
-        ``min(max_backoff, backoff * 2**k)``; ``Retry-After`` is capped by ``max_backoff``.
     cache : bool, str, os.PathLike or LLMCache
         True: the SQLite file :func:`default_rerank_cache_path`; a path or an open cache;
         False: in memory only (this client's lifetime).
     transport : httpx.BaseTransport, optional
         httpx's transport (``httpx.MockTransport`` to inject failures).
+    **calls
+        How the requests are made (:class:`~ragsieve._http.CallPolicy`, defaults
+        :data:`RERANK_CALLS`), the value whole as ``calls=`` or its fields: ``api_key_env``
+        (the environment variable holding the key, default ``RERANK_API_KEY``);
+        ``concurrency`` (most requests in flight at once, default 4); ``timeout`` (seconds
+        allowed per HTTP attempt, default 60); ``max_retries`` (retries after the first
+        attempt of a request: 429, 5xx, connection errors; default 4); ``backoff``,
+        ``max_backoff`` (exponential backoff with jitter: the k-th wait is at most
+        ``min(max_backoff, backoff * 2**k)``; ``Retry-After`` is capped by ``max_backoff``;
+        defaults 0.5 and 30).
 
     Attributes
     ----------
@@ -170,49 +167,32 @@ class RerankClient:
     """
 
     def __init__(self, url: str, *, api: str = "cohere", model: str | None = None,
-                 api_key: str | None = None, api_key_env: str = "RERANK_API_KEY",
-                 batch_size: int = 32, concurrency: int = 4, timeout: float = 60.0,
-                 max_retries: int = 4, backoff: float = 0.5, max_backoff: float = 30.0,
+                 api_key: str | None = None, batch_size: int = 32,
                  cache: bool | str | os.PathLike[str] | LLMCache = True,
-                 transport: Any = None) -> None:
+                 transport: Any = None, **calls: Any) -> None:
         self.api = api_of(api).kind
         self.url = resolve_url(url, self.api)
         self.model = check_str(model, "model", non_blank=True, allow_none=True)
-        checked = check_client_options(
-            api_key_env=api_key_env, batch_size=batch_size, concurrency=concurrency,
-            timeout=timeout, max_retries=max_retries, backoff=backoff, max_backoff=max_backoff)
-        self.api_key_env: str = checked["api_key_env"]
-        self.batch_size: int = checked["batch_size"]
-        self.concurrency: int = checked["concurrency"]
-        self.timeout: float = checked["timeout"]
-        self.max_retries: int = checked["max_retries"]
-        self.backoff: float = checked["backoff"]
-        self.max_backoff: float = checked["max_backoff"]
+        self.batch_size: int = check_int(batch_size, "batch_size", min_value=1)
+        self.calls = policy = rerank_calls(calls)
+        self.api_key_env: str = policy.api_key_env
+        self.concurrency: int = policy.concurrency
+        self.timeout: float = policy.timeout
+        self.max_retries: int = policy.max_retries
+        self.backoff: float = policy.backoff
+        self.max_backoff: float = policy.max_backoff
         key = check_str(api_key, "api_key", allow_none=True)
-        self._secret = key if key is not None else os.environ.get(self.api_key_env) or None
         self._httpx = require("httpx", "rerank")
         self._tenacity = require("tenacity", "rerank")
         self.cache, self._owns_cache = _open_cache(cache)
-        headers = {"Authorization": f"Bearer {self._secret}"} if self._secret else {}
-        self._http: httpx.Client = self._httpx.Client(
-            timeout=self._httpx.Timeout(self.timeout), headers=headers, transport=transport,
-            limits=self._httpx.Limits(max_connections=self.concurrency,
-                                      max_keepalive_connections=self.concurrency))
-        self._slots = threading.BoundedSemaphore(self.concurrency)
-        self._lock = threading.Lock()
         self._memo: dict[tuple[str, str], float] = {}
         self.answered_model: str | None = None
-        self._usage: dict[str, float | int] = {"n_requests": 0, "n_pairs_sent": 0,
-                                               "n_cache_hits": 0, "n_retries": 0,
-                                               "seconds": 0.0}
+        self._open_pool(self._httpx, policy,
+                        key if key is not None else os.environ.get(self.api_key_env) or None,
+                        usage={"n_requests": 0, "n_pairs_sent": 0, "n_cache_hits": 0,
+                               "n_retries": 0, "seconds": 0.0}, transport=transport)
 
     # -- public API -------------------------------------------------------------------
-
-    @property
-    def usage(self) -> dict[str, float | int]:
-        """Snapshot of the running totals (see the class docstring)."""
-        with self._lock:
-            return dict(self._usage)
 
     def rerank(self, query: str, texts: Sequence[str]) -> np.ndarray:
         """The relevance of each of ``texts`` to ``query`` (higher = more relevant).
@@ -271,18 +251,6 @@ class RerankClient:
                                      for k in range(0, len(texts), self.batch_size)],
                                     progress=progress))
         return np.array([found[pair] for pair in pairs], dtype=np.float64)
-
-    def close(self) -> None:
-        """Close the HTTP connections and a cache this client opened."""
-        self._http.close()
-        if self._owns_cache and self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"RerankClient(url={self.url!r}, api={self.api!r}, model={self.model!r}, "
@@ -435,5 +403,3 @@ class RerankClient:
                 self.answered_model = self.answered_model or answer.model
         return answer.relevance
 
-    def _redact(self, text: str) -> str:
-        return text.replace(self._secret, "***") if self._secret else text

@@ -41,11 +41,11 @@ from ..errors import ScorerError
 from ..types import Pair
 from .base import Resolution, Scorer
 from .embedding import EMBEDDING_OPTIONS
-from .options import ScorerOption
+from .options import ScorerOption, pack_options
 from .presets import Preset, get_preset
 from .reader import READER_BASE_HELP
 from .registry import resolve_scorer
-from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer, given_reranker, rerank_keywords
+from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer
 from .signal_check import RERANK_CHECKS
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
@@ -403,6 +403,24 @@ def choose_language(pairs: Sequence[Pair], language: str | None, *,
     return found.code, found.source
 
 
+#: The embedding model's settings ``auto`` takes besides ``model`` (EmbeddingScorer's defaults).
+_EMBEDDING_DEFAULTS: Mapping[str, Any] = {"backend": "auto", "cache_dir": None, "batch_size": 32}
+
+
+def _embedding_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The embedding model's settings of ``options`` over their defaults.
+
+    Raises
+    ------
+    TypeError
+        A keyword that is none of them, as Python says it of a keyword a function lacks.
+    """
+    for name in options:
+        if name not in _EMBEDDING_DEFAULTS:
+            raise TypeError(f"AutoScorer.__init__() got an unexpected keyword argument {name!r}")
+    return {**_EMBEDDING_DEFAULTS, **options}
+
+
 class AutoScorer(Scorer):
     """Stands for the default score until :meth:`resolve` sees the calibration pairs.
 
@@ -423,8 +441,6 @@ class AutoScorer(Scorer):
     query_language : str or None
         Language of the queries, when they are asked in another language than the
         snippets are written in; None: ``language``'s, or detected with it.
-    backend, cache_dir, batch_size
-        As for :class:`~ragsieve.scoring.EmbeddingScorer`.
     reader_check : {"auto", "always", "never"}
         Whether a fused choice may take the reader
         (:func:`~ragsieve.scoring.reader_check.check_reader`, run by :meth:`resolve_for`).
@@ -442,6 +458,11 @@ class AutoScorer(Scorer):
         ``auto``: fused when the check finds it adding
         :data:`~ragsieve.scoring.signal_check.MIN_RERANK_GAIN` of ROC-AUC; ``always``:
         fused whatever the check finds (still measured and recorded); ``never``: not fused.
+    **options
+        ``backend``, ``cache_dir``, ``batch_size``: the embedding model's, as for
+        :class:`~ragsieve.scoring.EmbeddingScorer` (defaults ``"auto"``, None, 32); and the
+        ``rerank_*`` options, packed into the one reranker they name
+        (:func:`~ragsieve.scoring.options.pack_options`).
     """
 
     name: ClassVar[str] = "auto"
@@ -466,20 +487,14 @@ class AutoScorer(Scorer):
         *RERANK_SIGNAL_OPTIONS)
 
     def __init__(self, model: str | os.PathLike[str] | None = None, *, language: str | None = None,
-                 query_language: str | None = None, backend: str = "auto",
-                 cache_dir: str | os.PathLike[str] | None = None, batch_size: int = 32,
-                 reader_check: str = "auto", reader_base: str | None = None,
-                 rerank: RerankScorer | None = None, rerank_check: str = "auto",
-                 rerank_url: str | None = None, rerank_model: str | None = None,
-                 rerank_api: str = "cohere", rerank_api_key_env: str = "RERANK_API_KEY",
-                 rerank_batch_size: int = 32, rerank_concurrency: int = 4,
-                 rerank_timeout: float = 60.0, rerank_cache: Any = True,
-                 rerank_max_retries: int = 4) -> None:
+                 query_language: str | None = None, reader_check: str = "auto",
+                 reader_base: str | None = None, rerank: RerankScorer | None = None,
+                 rerank_check: str = "auto", **options: Any) -> None:
         from .reader_check import READER_CHECKS
 
-        given = given_reranker(rerank, rerank_keywords(
-            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
-            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
+        packed = pack_options(self.declared_options, {"rerank": rerank, **options})
+        given = packed.pop("rerank")
+        self.options: dict[str, Any] = {"model": model, **_embedding_options(packed)}
         if rerank_check not in RERANK_CHECKS:
             raise ValueError(f"rerank_check == {rerank_check!r}, expected one of "
                              f"{', '.join(RERANK_CHECKS)}.")
@@ -499,8 +514,6 @@ class AutoScorer(Scorer):
                              "tried (drop one of them).")
         self.reader_check = reader_check
         self.reader_base = reader_base
-        self.options: dict[str, Any] = {"model": model, "backend": backend,
-                                        "cache_dir": cache_dir, "batch_size": batch_size}
         self.language = language
         self.query_language = query_language
 

@@ -69,11 +69,11 @@ from .learners import (
     fit_logistic,
     read_fitted,
 )
-from .options import ScorerOption
+from .options import ScorerOption, pack_options
 from .presets import DEFAULT_PRESET, PRESETS, Preset, preset_help
 from .reader import READER_BASE_HELP
 from .relative import query_index_of, relative_scores
-from .rerank import RERANK_SIGNAL_OPTIONS, given_reranker, rerank_keywords
+from .rerank import RERANK_SIGNAL_OPTIONS
 from .shares import FUSION_FIT_FRACTION, fit_topic_count, fusion_fit_mask, topic_codes
 
 __all__ = [
@@ -542,22 +542,19 @@ class FusedScorer(ListTransform):
     @classmethod
     def unfitted(cls, base: Any = "embedding", *, preset: str | Preset | None = DEFAULT_PRESET,
                  query_language: str | None = None, reader_base: str | None = None,
-                 rerank: Any = None, rerank_url: str | None = None, rerank_model: str | None = None,
-                 rerank_api: str = "cohere", rerank_api_key_env: str = "RERANK_API_KEY",
-                 rerank_batch_size: int = 32, rerank_concurrency: int = 4,
-                 rerank_timeout: float = 60.0, rerank_cache: Any = True,
-                 rerank_max_retries: int = 4,
-                 **options: Any) -> FusedScorer:
+                 rerank: Any = None, **options: Any) -> FusedScorer:
         """The fused score before it is fitted (the ``"best"`` alias): ``preset``'s signals,
         features and learner (:mod:`ragsieve.scoring.presets`), those for queries in
         ``query_language`` when it is not the snippets' language; a reader preset's reader
         fine-tuned from ``reader_base`` (None: the default base); the user's reranker
         ``rerank`` one more signal, or the one the ``rerank_*`` options name
         (:data:`~ragsieve.scoring.rerank.RERANK_SIGNAL_OPTIONS`: ``rerank_url``,
-        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on). The
-        other ``options`` as the class takes them (``learner``, ``list_features``, the base's).
-        Its keywords are the options the ``"best"`` alias declares (:data:`BEST_OPTIONS`), one
-        each, as the scorer contract asks of a factory.
+        ``rerank_model``, ``rerank_api``, ...; the CLI's ``--rerank-url`` and so on), packed
+        into that one reranker (:func:`~ragsieve.scoring.options.pack_options`). The other
+        ``options`` as the class takes them (``learner``, ``list_features``, the base's).
+        Its keywords are the options the ``"best"`` alias declares (:data:`BEST_OPTIONS`), each
+        one flat or packed into the value it declares, as the scorer contract asks of a
+        factory.
 
         ``evaluate`` fits it in every split on ``FUSION_FIT_FRACTION`` of the calibration
         topics and ``ConformalFilter.calibrate`` on as many of its topics, calibrating on
@@ -569,11 +566,9 @@ class FusedScorer(ListTransform):
             ``rerank`` and ``rerank_*`` options both, or ``rerank_*`` options naming no
             reranker (:func:`~ragsieve.scoring.rerank.reranker_from_options`).
         """
-        given = given_reranker(rerank, rerank_keywords(
-            rerank_url, rerank_model, rerank_api, rerank_api_key_env, rerank_batch_size,
-            rerank_concurrency, rerank_timeout, rerank_cache, rerank_max_retries))
+        packed = pack_options(BEST_OPTIONS, {"rerank": rerank, **options})
         return cls(base, preset=preset, query_language=query_language, reader_base=reader_base,
-                   rerank=given, **options)
+                   **packed)
 
     # ------------------------------------------------------------------ signals, features
     @property

@@ -5,15 +5,38 @@ model): the constructor keyword, its type and default, a help line, and the flag
 it on the command line. The CLI adds the flags and builds every scorer through
 :func:`~ragsieve.scoring.resolve_scorer` from them, so a new scorer touches its own module
 (and its :func:`~ragsieve.scoring.register_scorer` call) and nothing in ``cli/``.
+
+An option is a keyword of the factory, or one field of a value the factory takes whole (an
+:class:`OptionPack`: the ``rerank_*`` options of ``best`` and ``auto`` make their ``rerank``
+keyword's reranker): :func:`pack_options`, the one place that packs them, turns the flat
+keywords the command line and a spec give into that value.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ScorerOption", "check_options"]
+__all__ = ["OptionPack", "ScorerOption", "check_options", "pack_options"]
+
+
+@dataclass(frozen=True)
+class OptionPack:
+    """A value a factory takes whole, made of flat options (one field each).
+
+    Parameters
+    ----------
+    keyword : str
+        The factory keyword that takes the value (``"rerank"``).
+    build : callable
+        ``build(given, flat) -> value``: the value of the keyword given as it is (or None)
+        and of the flat options given (``{"rerank_url": ...}``, by option name); it checks
+        them (a flat option it does not know is a ``TypeError``) and refuses both at once.
+    """
+
+    keyword: str
+    build: Callable[[Any, Mapping[str, Any]], Any]
 
 
 @dataclass(frozen=True)
@@ -44,6 +67,8 @@ class ScorerOption:
         line when a saved filter's scorer is rebuilt from its spec.
     group : str
         The ``--help`` section of the flag: ``"score"`` or ``"llm"`` (the LLM endpoint's).
+    pack : OptionPack, optional
+        The value this option is a field of; None: a keyword of the factory itself.
 
     Examples
     --------
@@ -61,6 +86,7 @@ class ScorerOption:
     required: bool = False
     runtime: bool = False
     group: str = "score"
+    pack: OptionPack | None = None
 
     @property
     def dest(self) -> str | None:
@@ -111,4 +137,32 @@ def check_options(options: Sequence[ScorerOption], *, alias: str) -> tuple[Score
         if twice:
             raise ValueError(f"scorer {alias!r} declares the option {what}(s) {twice} twice; "
                              f"each {what} must be declared once.")
+    return out
+
+
+def pack_options(declared: Sequence[ScorerOption], params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with the flat options of each :class:`OptionPack` of ``declared`` packed
+    into the value of its keyword (the other keywords as they are).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As the pack's ``build`` does: a flat option it does not take, a value given both
+        whole and by its fields.
+
+    Examples
+    --------
+    >>> pack = OptionPack("size", lambda given, flat: given or (flat["w"], flat["h"]))
+    >>> opts = [ScorerOption("w", int, 1, "width", pack=pack),
+    ...         ScorerOption("h", int, 1, "height", pack=pack)]
+    >>> pack_options(opts, {"w": 2, "h": 3, "name": "x"})
+    {'name': 'x', 'size': (2, 3)}
+    """
+    out = dict(params)
+    packs = {o.pack.keyword: o.pack for o in declared if o.pack is not None}
+    for keyword, pack in packs.items():
+        names = [o.name for o in declared if o.pack is pack]
+        flat = {name: out.pop(name) for name in names if name in out}
+        if flat:
+            out[keyword] = pack.build(out.get(keyword), flat)
     return out

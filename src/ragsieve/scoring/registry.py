@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import Scorer
-from .options import ScorerOption, check_options
+from .options import ScorerOption, check_options, pack_options
 
 __all__ = ["ScorerFactory", "nested_specs", "register_scorer", "registered_scorers",
            "resolve_scorer", "scorer_options", "spec_option_names"]
@@ -136,6 +136,13 @@ def _lookup(alias: str) -> ScorerFactory:
         raise ValueError(f"unknown scorer alias {alias!r}; accepted aliases: {accepted}.") from None
 
 
+def _build(alias: str, params: Mapping[str, Any]) -> Scorer:
+    """The factory of ``alias`` called with ``params``, the flat options of a value it takes
+    whole packed into it (:func:`~ragsieve.scoring.options.pack_options`)."""
+    factory = _lookup(alias)
+    return factory(**pack_options(_OPTIONS[alias.strip().lower()], params))
+
+
 def resolve_scorer(spec: str | Mapping[str, Any] | Scorer, **kwargs: Any) -> Scorer:
     """Turn an alias, a spec mapping or a scorer into a ``Scorer``.
 
@@ -146,7 +153,9 @@ def resolve_scorer(spec: str | Mapping[str, Any] | Scorer, **kwargs: Any) -> Sco
         by ``Scorer.spec()`` (its other keys become keyword arguments); or a ``Scorer``,
         returned unchanged.
     **kwargs
-        Keyword arguments for the scorer's constructor (not allowed with a ``Scorer``).
+        Keyword arguments for the scorer's constructor (not allowed with a ``Scorer``); the
+        options the alias declares as fields of a value (``rerank_url``, ...) are packed
+        into it first.
 
     Returns
     -------
@@ -174,7 +183,7 @@ def resolve_scorer(spec: str | Mapping[str, Any] | Scorer, **kwargs: Any) -> Sco
             )
         return spec
     if isinstance(spec, str):
-        return _lookup(spec)(**kwargs)
+        return _build(spec, kwargs)
     if isinstance(spec, Mapping):
         if "scorer" not in spec:
             raise ValueError(
@@ -190,7 +199,7 @@ def resolve_scorer(spec: str | Mapping[str, Any] | Scorer, **kwargs: Any) -> Sco
             raise ValueError(
                 f"keyword arguments {clash} contradict the scorer spec {dict(spec)!r}."
             )
-        return _lookup(alias)(**{**params, **kwargs})
+        return _build(alias, {**params, **kwargs})
     raise TypeError(
         f"scorer is {type(spec).__name__}; expected an alias str (one of "
         f"{sorted(_REGISTRY)}), a spec mapping with a 'scorer' key, or a Scorer instance."

@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from .._validation import check_str
+from .._validation import check_int, check_str
 from ..errors import RerankError
 from ..types import Pair
 from .base import Scorer
-from .options import ScorerOption
+from .options import OptionPack, ScorerOption
 
 if TYPE_CHECKING:
     from ..llm.cache import LLMCache
     from ..rerank.client import RerankClient
 
-__all__ = ["RERANK_SIGNAL_OPTIONS", "RerankScorer", "given_reranker", "rerank_keywords",
+__all__ = ["RERANK_PACK", "RERANK_SIGNAL_OPTIONS", "RerankScorer", "given_reranker",
            "reranker_from_options"]
 
 logger = logging.getLogger(__name__)
@@ -59,22 +59,21 @@ class RerankScorer(Scorer):
     api : {"cohere", "tei"}
         The API the endpoint speaks: Cohere v1 / v2, Jina, vLLM and Xinference share
         ``cohere``; Hugging Face TEI is ``tei``.
-    api_key_env : str
-        The environment variable holding the key, sent as ``Authorization: Bearer``.
     batch_size : int
         Documents per request.
-    concurrency : int
-        Most requests in flight.
-    timeout : float
-        Seconds per HTTP attempt.
-    max_retries : int
-        Retries of a request after a 429, a 5xx or a connection error.
     cache : bool, str, os.PathLike or LLMCache
         True (default): the on-disk cache under the ragsieve cache directory
         (``$RAGSIEVE_CACHE/rerank-cache.sqlite``); a path or an open cache; False: in
         memory for this scorer only.
     transport : httpx.BaseTransport, optional
         httpx's transport of the client (failure injection in tests).
+    **calls
+        How the client calls (:func:`~ragsieve.rerank.client.rerank_calls`), the value whole
+        as ``calls=`` (a :class:`~ragsieve._http.CallPolicy`) or its fields: ``api_key_env``
+        (the environment variable holding the key, sent as ``Authorization: Bearer``;
+        default ``RERANK_API_KEY``), ``concurrency`` (most requests in flight, default 4),
+        ``timeout`` (seconds per HTTP attempt, default 60), ``max_retries`` (retries of a
+        request after a 429, a 5xx or a connection error, default 4).
 
     Examples
     --------
@@ -115,13 +114,11 @@ class RerankScorer(Scorer):
     )
 
     def __init__(self, url: str | None = None, *, model: str | None = None,
-                 api: str = "cohere", api_key_env: str = "RERANK_API_KEY",
-                 batch_size: int = 32, concurrency: int = 4, timeout: float = 60.0,
-                 max_retries: int = 4,
+                 api: str = "cohere", batch_size: int = 32,
                  cache: bool | str | os.PathLike[str] | LLMCache = True,
-                 transport: Any = None) -> None:
+                 transport: Any = None, **calls: Any) -> None:
         from ..rerank.api import api_of, resolve_url
-        from ..rerank.client import check_client_options
+        from ..rerank.client import rerank_calls
 
         self.api = api_of(api).kind
         self.url = check_str(url, "url", non_blank=True, allow_none=True,
@@ -131,9 +128,8 @@ class RerankScorer(Scorer):
         self.model = check_str(model, "model", non_blank=True, allow_none=True)
         # checked now; the client (httpx, the cache file) is opened on first use
         self._client_args: dict[str, Any] = {
-            **check_client_options(api_key_env=api_key_env, batch_size=batch_size,
-                                   concurrency=concurrency, timeout=timeout,
-                                   max_retries=max_retries),
+            "batch_size": check_int(batch_size, "batch_size", min_value=1),
+            "calls": rerank_calls(calls, owner="RerankScorer.__init__()"),
             "cache": cache, "transport": transport}
         self._client: RerankClient | None = None
         self._lock = threading.Lock()
@@ -252,13 +248,6 @@ class RerankScorer(Scorer):
         return f"RerankScorer(api={self.api!r}, model={self.model!r}, url={self.url!r})"
 
 
-#: The reranker's options as the fused score (``best``) and ``auto`` take them, to add it as
-#: a signal: ``rerank_<name>`` (its ``model`` is not the base embedder's), the same flags
-#: (``--rerank-url``, ``--rerank-model``, ``--rerank-api``, ...).
-RERANK_SIGNAL_OPTIONS: tuple[ScorerOption, ...] = tuple(
-    replace(o, name=f"rerank_{o.name}", help=o.help.replace(
-        "scorer rerank:", "scorer rerank, or a signal of best / auto:"))
-    for o in RerankScorer.declared_options)
 _PREFIX = "rerank_"
 
 
@@ -300,8 +289,9 @@ def reranker_from_options(options: Mapping[str, Any]) -> tuple[RerankScorer | No
 
 def given_reranker(rerank: Any, keywords: Mapping[str, Any]) -> Any:
     """The user's reranker: ``rerank`` (a scorer or spec), or the one the ``rerank_*``
-    ``keywords`` name (:func:`rerank_keywords`, :func:`reranker_from_options`); None when
-    neither gives one.
+    ``keywords`` name (:func:`reranker_from_options`); None when neither gives one. The
+    ``build`` of :data:`RERANK_PACK`: how the flat options become the ``rerank`` keyword's
+    value.
 
     Raises
     ------
@@ -315,12 +305,15 @@ def given_reranker(rerank: Any, keywords: Mapping[str, Any]) -> Any:
     return rerank if rerank is not None else named
 
 
-def rerank_keywords(url: str | None, model: str | None, api: str, api_key_env: str,
-                    batch_size: int, concurrency: int, timeout: float, cache: Any,
-                    max_retries: int) -> dict[str, Any]:
-    """The ``rerank_*`` keywords of a fused score or ``auto`` as one mapping (for
-    :func:`reranker_from_options`)."""
-    return {"rerank_url": url, "rerank_model": model, "rerank_api": api,
-            "rerank_api_key_env": api_key_env, "rerank_batch_size": batch_size,
-            "rerank_concurrency": concurrency, "rerank_timeout": timeout, "rerank_cache": cache,
-            "rerank_max_retries": max_retries}
+#: The ``rerank_*`` options packed into the reranker of the ``rerank`` keyword of a fused
+#: score and ``auto`` (:func:`given_reranker`; :func:`~ragsieve.scoring.options.pack_options`).
+RERANK_PACK = OptionPack("rerank", given_reranker)
+
+#: The reranker's options as the fused score (``best``) and ``auto`` take them, to add it as
+#: a signal: ``rerank_<name>`` (its ``model`` is not the base embedder's), the same flags
+#: (``--rerank-url``, ``--rerank-model``, ``--rerank-api``, ...); each a field of the
+#: reranker their ``rerank`` keyword takes (:data:`RERANK_PACK`).
+RERANK_SIGNAL_OPTIONS: tuple[ScorerOption, ...] = tuple(
+    replace(o, name=f"{_PREFIX}{o.name}", help=o.help.replace(
+        "scorer rerank:", "scorer rerank, or a signal of best / auto:"), pack=RERANK_PACK)
+    for o in RerankScorer.declared_options)
