@@ -158,6 +158,9 @@ def test_the_cross_fit_says_when_it_cannot_measure() -> None:
     assert measured is not None and all(0.0 <= auc <= 1.0 for auc in measured)
 
 
+# slow: test_auto_checks_and_fuses_the_reader_of_the_base_asked_for covers it (the same
+# pairs and seed fuse there: its check's two halves, then one fine-tune of the fused fit)
+@pytest.mark.slow
 def test_the_fused_fit_reads_the_checks_half_readers(few_topics: list[Pair], checked,  # type: ignore[no-untyped-def]
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     from ragsieve.scoring import FusedScorer
