@@ -403,7 +403,7 @@ def run_split(corpus: Corpus, base: EmbeddingScorer, split: int, cal_topics: lis
                                  "deployment": d, "alpha": a, "split": split,
                                  "spec": first.scorer.spec()["scorer"],
                                  "choice": first.calibration_info.get("score_choice"),
-                                 "cal_list_dependent": first.scorer.list_dependent, **m})
+                                 "cal_list_dependent": first.scorer.tags.list_dependent, **m})
         seconds[score] = seconds.get(score, 0.0) + time.perf_counter() - t0
         if not args.quiet:
             print(f"{corpus.name} split {split} {score}: {time.perf_counter() - t0:.1f} s",

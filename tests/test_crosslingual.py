@@ -166,7 +166,7 @@ def test_languages_are_detected_apart(en2de: list[Pair]) -> None:
         f"embedding:{E5_ID}", "bm25-list:"]
     # the data set's own lists: the list-free portable score, with the same second embedder
     portable, choice, _ = AutoScorer().resolve(en2de)
-    assert choice.preset == "portable" and not portable.list_dependent
+    assert choice.preset == "portable" and not portable.tags.list_dependent
     assert [s.spec()["scorer"] + ":" + s.spec().get("model", "") for s in portable.signals] == [
         f"embedding:{E5_ID}", "bm25-corpus:", f"sentence-cos:{USE_ID}"]
 

@@ -102,7 +102,7 @@ def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
     fused, conf_idx = _fit_split0(data, features, cal_idx)
     np.testing.assert_array_equal(flt.scorer.score_pairs(pairs), fused.scores)
     assert flt.calibration_info["fingerprint"] == fingerprint_pairs([pairs[i] for i in conf_idx])
-    assert flt.scorer.list_dependent == (preset == "fast")
+    assert flt.scorer.tags.list_dependent == (preset == "fast")
     if preset == "portable":  # the frozen statistics: the texts of the split's fit share only
         fit_share = sorted(set(cal_idx) - set(conf_idx))
         assert flt.scorer.signals[0].spec() == CorpusBM25Scorer().fitted_on_texts(

@@ -92,7 +92,7 @@ def test_in_list_bm25_depends_on_the_list_only() -> None:
     assert scorer.score_batch("Who won Super Bowl 50 in Denver?", texts[1:])[0] != s[1]
     assert resolve_scorer(scorer.spec()).spec() == scorer.spec() == {"scorer": "bm25-list",
                                                                      "k1": 1.5, "b": 0.75}
-    assert scorer.list_dependent and scorer.reads_text
+    assert scorer.tags.list_dependent and scorer.tags.reads_text
     for bad, error in (({"k1": 0}, ValueError), ({"b": 1.5}, ValueError), ({"k1": "1"}, TypeError)):
         with pytest.raises(error, match="k1|b"):
             ListBM25Scorer(**bad)
@@ -112,7 +112,7 @@ def test_best_sentence_cosine_is_the_best_sentence(minilm_scorer: EmbeddingScore
     pairs = [Pair("q", query, f"s{i}", t) for i, t in enumerate(texts)]
     np.testing.assert_allclose(scorer.score_pairs(pairs), got, atol=1e-12)
     assert scorer.spec() == {"scorer": "sentence-cos", "model": "all-MiniLM-L6-v2"}
-    assert not scorer.list_dependent and scorer.vector_dim() is None
+    assert not scorer.tags.list_dependent and scorer.vector_dim() is None
     assert sentence_texts("   ") == ["   "] and sentence_texts("One. Two!") == ["One.", "Two!"]
 
 

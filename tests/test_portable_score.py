@@ -125,7 +125,7 @@ def test_corpus_bm25_is_list_free(fitted_bm25: CorpusBM25Scorer, xquad_en: list[
     for i, text in enumerate(texts):
         assert fitted_bm25.score_batch(query, [text])[0] == whole[i]
     np.testing.assert_array_equal(fitted_bm25.score_pairs(lst), whole)
-    assert not fitted_bm25.list_dependent and fitted_bm25.reads_text
+    assert not fitted_bm25.tags.list_dependent and fitted_bm25.tags.reads_text
     in_list = ListBM25Scorer()
     assert in_list.score_batch(query, texts)[0] != in_list.score_batch(query, texts[:1] + others)[0]
 
@@ -192,14 +192,14 @@ def test_the_vocabulary_is_bounded_by_document_frequency(xquad_en: list[Pair]) -
 def test_portable_fused_is_list_free_and_says_so(portable: FusedScorer,
                                                  minilm_scorer: EmbeddingScorer,
                                                  xquad_en: list[Pair]) -> None:
-    assert not portable.list_dependent and portable.is_fitted
+    assert not portable.tags.list_dependent and portable.is_fitted
     assert portable.spec()["list_features"] is False and portable.spec()["preset"] == "portable"
     assert [s.spec()["scorer"] for s in portable.signals] == ["bm25-corpus", "sentence-cos"]
     assert portable.feature_names == ("embedding[all-MiniLM-L6-v2].score", "bm25-corpus.score",
                                       "sentence-cos[all-MiniLM-L6-v2].score")
-    assert FusedScorer.unfitted(minilm_scorer, preset="portable").list_dependent is False
+    assert FusedScorer.unfitted(minilm_scorer, preset="portable").tags.list_dependent is False
     for preset in ("fast", "base", "quality"):
-        assert FusedScorer.unfitted(minilm_scorer, preset=preset).list_dependent
+        assert FusedScorer.unfitted(minilm_scorer, preset=preset).tags.list_dependent
     lst = next(iter(_lists(_topics(xquad_en, 1, start=40)).values()))
     query, texts = lst[0].query, [p.text for p in lst]
     others = [p.text for p in _topics(xquad_en, 1, start=41)][:8]
@@ -222,7 +222,7 @@ def test_portable_spec_round_trips_through_json(portable: FusedScorer,
                                                 xquad_en: list[Pair]) -> None:
     spec = json.loads(json.dumps(portable.spec()))
     again = resolve_scorer(spec, cache_dir=minilm_scorer.cache_dir)
-    assert again.spec() == portable.spec() and not again.list_dependent
+    assert again.spec() == portable.spec() and not again.tags.list_dependent
     pairs = _topics(xquad_en, 1, start=44)
     np.testing.assert_allclose(again.score_pairs(pairs), portable.score_pairs(pairs),
                                rtol=1e-9, atol=1e-12)
@@ -262,7 +262,7 @@ def test_a_portable_filter_saves_and_loads(portable: FusedScorer, minilm_scorer:
     flt.calibrate(fit_pairs, seed=1, monitor=False)
     path = flt.save(tmp_path / "portable.json")
     loaded = ConformalFilter.load(path, scorer_options={"cache_dir": minilm_scorer.cache_dir})
-    assert loaded.scorer.spec() == flt.scorer.spec() and not loaded.scorer.list_dependent
+    assert loaded.scorer.spec() == flt.scorer.spec() and not loaded.scorer.tags.list_dependent
     assert path.stat().st_size < 1_000_000
     lst = next(iter(_lists(fit_pairs).values()))
     texts = [p.text for p in lst]
@@ -303,7 +303,7 @@ def test_choose_score_by_where_the_lists_come_from(xquad_en: list[Pair],
     for flag, preset, aware in ((False, "portable", False), (True, "fast", True)):
         scorer, choice, _ = auto.resolve(pairs, deployed_lists=flag)
         assert isinstance(scorer, FusedScorer) and choice.preset == preset == scorer.preset
-        assert scorer.list_dependent is aware
+        assert scorer.tags.list_dependent is aware
 
 
 def test_calibrate_with_auto_fits_the_portable_score(xquad_en: list[Pair],
@@ -312,7 +312,7 @@ def test_calibrate_with_auto_fits_the_portable_score(xquad_en: list[Pair],
                           alpha=0.2)
     flt.calibrate(_topics(xquad_en, 8), monitor=False)
     assert flt.calibration_info["score_choice"]["preset"] == "portable"
-    assert flt.scorer.spec()["preset"] == "portable" and not flt.scorer.list_dependent
+    assert flt.scorer.spec()["preset"] == "portable" and not flt.scorer.tags.list_dependent
 
 
 # ------------------------------------------------------------------ ties
@@ -351,7 +351,7 @@ def test_equal_texts_in_one_list_get_equal_scores(name: str, list_aware_scores: 
     feature broke the tie by position); every list-aware score gives it one score now."""
     query, texts = _duplicate_list(xquad_en)
     scorer = list_aware_scores[name]
-    assert scorer.list_dependent
+    assert scorer.tags.list_dependent
     scores = scorer.score_batch(query, texts)
     assert scores[0] == scores[-1], (name, scores)
     assert len(set(scores[1:-1].tolist())) > 1  # the others still differ

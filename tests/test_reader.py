@@ -127,7 +127,7 @@ def test_a_reader_preset_cross_fits_the_reader(xquad_en: list[Pair], tmp_path: P
     flt = ConformalFilter(fused, alpha=0.2).calibrate(pairs, seed=1, monitor=False)
     readers = [s for s in flt.scorer.signal_scorers if s.name == "reader"]
     assert len(readers) == 1 and readers[0].is_fitted
-    assert flt.scorer.list_dependent == list_dependent
+    assert flt.scorer.tags.list_dependent == list_dependent
     assert flt.scorer.spec()["learner"] == learner
     weights = flt.scorer.learned_weights()
     assert list(weights) == [readers[0].weights]

@@ -134,7 +134,8 @@ def test_the_reranker_is_one_more_signal_of_any_preset(preset: str) -> None:
     fused = FusedScorer.unfitted(preset=preset, rerank=rerank)
     assert fused.signals == (*(s for s in fused.signals[:-1]), rerank)
     assert [s.spec() for s in fused.signals[:-1]] == [s.spec() for s in without.signals]
-    assert fused.list_dependent == without.list_dependent  # pointwise: portable stays list-free
+    # pointwise: portable stays list-free
+    assert fused.tags.list_dependent == without.tags.list_dependent
     assert fused.feature_names[-1].startswith("rerank[bge]")
     spec = fused.spec()
     assert spec["signals"][-1] == {"scorer": "rerank", "api": "tei", "model": "bge"}
@@ -147,7 +148,7 @@ def test_the_reranker_is_one_more_signal_of_any_preset(preset: str) -> None:
 
 def test_portable_with_the_reranker_is_list_free() -> None:
     fused = FusedScorer.unfitted(preset="portable", rerank=RerankScorer(model="m"))
-    assert fused.list_dependent is False and fused.list_features is False
+    assert fused.tags.list_dependent is False and fused.list_features is False
 
 
 def test_rerank_options_that_do_not_go_together_are_refused() -> None:
@@ -187,7 +188,7 @@ def test_a_fused_score_with_the_reranker_saves_and_loads_with_the_url_given_then
     before = flt.scorer.score_pairs(new_queries)
     loaded = ConformalFilter.load(path, scorer_options={
         "url": reranker, "cache_dir": embedding_cache_dir, "timeout": 30.0})
-    assert loaded.scorer.spec() == flt.scorer.spec() and loaded.scorer.list_dependent is False
+    assert loaded.scorer.spec() == flt.scorer.spec() and loaded.scorer.tags.list_dependent is False
     assert loaded.scorer.signals[-1].url == reranker  # the nested signal got the runtime URL
     np.testing.assert_array_equal(loaded.scorer.score_pairs(new_queries), before)
     # list-free: a text scores the same in two different lists
@@ -226,7 +227,7 @@ def test_auto_fuses_a_useful_reranker_and_records_why(
     assert check["with_auc"] >= check["without_auc"] + MIN_RERANK_GAIN
     assert check["n_pairs"] > 0 and check["signal_auc"] > 0.8  # e5 alone ranks well
     assert choice["preset"] == "portable" and "with the reranker" in choice["label"]
-    assert flt.scorer.spec()["signals"][-1] == RERANK_SPEC and flt.scorer.list_dependent is False
+    assert flt.scorer.spec()["signals"][-1] == RERANK_SPEC and flt.scorer.tags.list_dependent is False
     assert any(r.getMessage().startswith("reranker: fused: ") for r in caplog.records)
     path = tmp_path / "auto.json"
     flt.save(path)

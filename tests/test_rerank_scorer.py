@@ -316,7 +316,7 @@ def test_a_score_does_not_depend_on_the_other_documents() -> None:
     whole = scorer.score_batch(QUERY, TEXTS)
     np.testing.assert_array_equal(scorer.score_batch(QUERY, TEXTS[::-1]), whole[::-1])
     np.testing.assert_array_equal(scorer.score_batch(QUERY, [TEXTS[2]]), whole[2:])
-    assert not scorer.list_dependent
+    assert not scorer.tags.list_dependent
 
 
 def test_another_model_answering_is_warned_once(caplog: pytest.LogCaptureFixture) -> None:
@@ -345,8 +345,8 @@ def test_spec_is_the_endpoints_identity_never_its_url_or_key() -> None:
     assert isinstance(again, RerankScorer) and again.spec() == spec
     assert resolve_scorer("rerank", api="tei").spec() == {"scorer": "rerank", "api": "tei",
                                                           "model": None}
-    tags = (scorer.list_dependent, scorer.costly, scorer.thread_safe, scorer.reads_text,
-            scorer.model_free)
+    tags = (scorer.tags.list_dependent, scorer.tags.costly, scorer.tags.thread_safe,
+            scorer.tags.reads_text, scorer.tags.model_free)
     assert tags == (False, True, True, True, False)
 
 

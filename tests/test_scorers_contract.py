@@ -6,8 +6,8 @@ same spec, the same scores); ``score_batch`` / ``score_items`` give finite float
 snippet; the keep rule reads in the direction of the score; list-dependent scores change
 when the list changes and the others do not; ``outside_field`` / ``vector_dim`` /
 ``scores_from_vectors`` agree with each other; the declared options match the factory's
-keywords and defaults, and the CLI builds the scorer from them; the tags (``thread_safe``,
-``model_free``) are bools that hold, and the service calls a scorer as its tags say.
+keywords and defaults, and the CLI builds the scorer from them; the tags (``tags.thread_safe``,
+``tags.model_free``) are bools that hold, and the service calls a scorer as its tags say.
 
 The scorers that cannot score before calibration (``best``: unfitted, ``auto``: resolved
 by calibrate) are checked for what they promise instead: a ``ScorerError`` that says what
@@ -43,6 +43,7 @@ from ragsieve.scoring import (
     RelativeScorer,
     RerankScorer,
     Scorer,
+    ScorerTags,
     SentenceCosineScorer,
     registered_scorers,
     resolve_scorer,
@@ -242,7 +243,7 @@ def test_scores_are_finite_floats_one_per_snippet(scorer: Scorer) -> None:
     scores = _scores(scorer, _items())
     assert scores.shape == (len(SNIPPETS),) and scores.dtype == np.float64
     assert np.isfinite(scores).all()
-    if scorer.reads_text:
+    if scorer.tags.reads_text:
         np.testing.assert_allclose(
             np.asarray(scorer.score_batch(QUERY, SNIPPETS), dtype=np.float64), scores)
     pairs = [Pair("q", QUERY, f"s{i}", item["text"], meta={"bm25": item["bm25"]})
@@ -267,7 +268,7 @@ def test_list_dependent_scores_change_with_the_list(scorer: Scorer) -> None:
     best = int(np.argmin(whole))
     rest = [i for i in range(len(items)) if i != best]
     without_best = _scores(scorer, [items[i] for i in rest])
-    if scorer.list_dependent:
+    if scorer.tags.list_dependent:
         assert not np.allclose(without_best, whole[rest])
     else:
         np.testing.assert_allclose(without_best, whole[rest], rtol=1e-6, atol=1e-6)
@@ -275,7 +276,7 @@ def test_list_dependent_scores_change_with_the_list(scorer: Scorer) -> None:
 
 def test_outside_field_and_vectors_agree(scorer: Scorer) -> None:
     field, dim = scorer.outside_field(), scorer.vector_dim()
-    assert (field is None) == scorer.reads_text
+    assert (field is None) == scorer.tags.reads_text
     if field is not None:
         assert field == "bm25" and dim is None
     if dim is None:
@@ -320,11 +321,11 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
         assert fresh is scorer
     else:
         assert not fresh.is_fitted
-    assert scorer.costly == (scorer.name in ("llm", "rerank"))  # a model call per snippet
+    assert scorer.tags.costly == (scorer.name in ("llm", "rerank"))  # a model call per snippet
     if scorer.base_scorer() is None:
         with pytest.raises(TypeError, match="not computed from a base scorer"):
             scorer.scores_from_base(np.zeros(3))
-    assert not scorer.resolved_at_calibration  # only the "auto" stand-in is
+    assert not scorer.tags.resolved_at_calibration  # only the "auto" stand-in is
 
 
 #: The service's behaviour before scorers carried tags (its lists of scorer names): the
@@ -335,15 +336,15 @@ MODEL_FREE = {"field"}
 
 def test_tags_are_typed_and_hold(scorer: Scorer) -> None:
     for tag in ("thread_safe", "model_free"):
-        value = getattr(type(scorer), tag)
+        value = getattr(type(scorer).tags, tag)
         assert isinstance(value, bool), f"{tag} is {value!r}, expected a bool"
-        assert getattr(scorer, tag) is value  # a class tag: the same for every instance
+        assert getattr(scorer.tags, tag) is value  # a class tag: the same for every instance
     alias = scorer.spec()["scorer"]
-    assert scorer.thread_safe == (alias in THREAD_SAFE)
-    assert scorer.model_free == (alias in MODEL_FREE)
-    if scorer.model_free:  # no model: no vectors of one, no embedding model to share
+    assert scorer.tags.thread_safe == (alias in THREAD_SAFE)
+    assert scorer.tags.model_free == (alias in MODEL_FREE)
+    if scorer.tags.model_free:  # no model: no vectors of one, no embedding model to share
         assert scorer.vector_dim() is None and scorer.embedding_model() is None
-    if scorer.thread_safe:  # several threads at once give the scores one thread gives
+    if scorer.tags.thread_safe:  # several threads at once give the scores one thread gives
         alone = _scores(scorer, _items())
         with ThreadPoolExecutor(max_workers=4) as pool:
             together = list(pool.map(lambda _: _scores(scorer, _items()), range(16)))
@@ -371,8 +372,7 @@ class _Toy(Scorer):
 
 class _ThreadSafeToy(_Toy):
     name = "toy-thread-safe"
-    thread_safe = True
-    model_free = True
+    tags = ScorerTags(thread_safe=True, model_free=True)
 
 
 @pytest.mark.parametrize("cls", [_Toy, _ThreadSafeToy], ids=lambda c: c.name)
@@ -396,10 +396,10 @@ def test_the_service_reads_the_tags(cls: type[_Toy], tmp_path: Path,
     app = create_app(path, warmup=True, state_dir=tmp_path / "state")
     with TestClient(app):
         service = app.state.runtime.current
-        assert service.uses_model == (not cls.model_free)
-        assert ("warm-up" in cls.calls) == (not cls.model_free)
-        assert isinstance(service.lock, nullcontext) == cls.thread_safe
-        if cls.thread_safe:
+        assert service.uses_model == (not cls.tags.model_free)
+        assert ("warm-up" in cls.calls) == (not cls.tags.model_free)
+        assert isinstance(service.lock, nullcontext) == cls.tags.thread_safe
+        if cls.tags.thread_safe:
             monkeypatch.setattr(cls, "barrier", threading.Barrier(2, timeout=30))
             request = FilterRequest(query="together", snippets=SNIPPETS)
             with ThreadPoolExecutor(max_workers=2) as pool:
@@ -409,7 +409,7 @@ def test_the_service_reads_the_tags(cls: type[_Toy], tmp_path: Path,
 
 def test_unfitted_fused_score_asks_to_be_fitted(minilm_scorer: Scorer) -> None:
     best = resolve_scorer("best", base=minilm_scorer)
-    assert not best.is_fitted and best.list_dependent
+    assert not best.is_fitted and best.tags.list_dependent
     assert resolve_scorer(best.spec(), cache_dir=minilm_scorer.cache_dir).spec() == best.spec()  # type: ignore[attr-defined]
     with pytest.raises(ScorerError, match="calibrate it first"):
         best.score_batch(QUERY, SNIPPETS)
@@ -425,7 +425,7 @@ def test_unfitted_fused_score_asks_to_be_fitted(minilm_scorer: Scorer) -> None:
 
 def test_auto_resolves_to_a_scorer_of_the_suite(embedding_cache_dir: Path) -> None:
     auto = resolve_scorer("auto", model="minilm", language="en", cache_dir=embedding_cache_dir)
-    assert isinstance(auto, AutoScorer) and auto.is_fitted and auto.resolved_at_calibration
+    assert isinstance(auto, AutoScorer) and auto.is_fitted and auto.tags.resolved_at_calibration
     assert resolve_scorer(auto.spec()).spec() == auto.spec()
     with pytest.raises(ScorerError, match="calibrate it first"):
         auto.score_batch(QUERY, SNIPPETS)

@@ -102,7 +102,7 @@ def test_calibrate_scores_whole_lists_for_list_dependent_scores(kind: str, xquad
     fit_idx, cal_idx = group_splits([p.group for p in xquad_en], n_splits=1, seed=1)[0]
     scorer = (RelativeScorer(minilm_scorer, kind="gap") if kind == "relative"
               else FusedScorer.fit([xquad_en[i] for i in fit_idx], minilm_scorer))
-    assert scorer.list_dependent and not minilm_scorer.list_dependent
+    assert scorer.tags.list_dependent and not minilm_scorer.tags.list_dependent
     cal = [xquad_en[i] for i in cal_idx]
     flt = ConformalFilter(scorer, alpha=0.1).calibrate(cal)
     relevant = np.array([p.relevant == 1 for p in cal])

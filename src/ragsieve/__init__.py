@@ -53,6 +53,7 @@ from .scoring import (
     RelativeScorer,
     RerankScorer,
     Scorer,
+    ScorerTags,
     register_scorer,
     resolve_scorer,
 )
@@ -97,6 +98,7 @@ __all__ = [
     "Scorer",
     "ScorerError",
     "ScorerMismatchError",
+    "ScorerTags",
     "Snippet",
     "SplitConformalCalibrator",
     "TopicCalibrator",

@@ -130,7 +130,7 @@ class ConformalFilter:
             calibrator, BaseCalibrator, "calibrator", expected="a ragsieve calibrator "
             "(ragsieve.calibration.make_calibrator(mode, ...)) or a mode name")
         self.min_keep, self.group_by, self.max_chars, self.unit = check_policy(
-            min_keep, group_by, max_chars, unit, self.scorer.sentence_in_context)
+            min_keep, group_by, max_chars, unit, self.scorer.tags.sentence_in_context)
         self.calibration_info: dict[str, Any] = {}
         #: The ``"monitor"`` block (:mod:`ragsieve.monitoring`) and the calibration lists
         #: (:mod:`ragsieve.lists`), None until calibrated; the check of the given lists.
@@ -226,7 +226,7 @@ class ConformalFilter:
 
     def _cut(self, snippets: Sequence[SnippetLike]) -> Pieces:
         return cut(as_items(snippets), unit=self.unit, max_chars=self.max_chars,
-                   reads_text=self.scorer.reads_text)
+                   reads_text=self.scorer.tags.reads_text)
 
     def piece_texts(self, snippets: Sequence[SnippetLike]) -> list[str]:
         """The texts a :meth:`filter` call hands its scorer (the model work it may cause:
@@ -286,7 +286,7 @@ class ConformalFilter:
         (``seed``); when it fires on the batch, every result is flagged."""
         self._check_calibrated()
         batch = cut_pairs(pairs, unit=self.unit, max_chars=self.max_chars,
-                          reads_text=self.scorer.reads_text)
+                          reads_text=self.scorer.tags.reads_text)
         scores = self.scorer.score_pairs(batch.pairs, progress=progress)
         roots = (self.scorer.root_scorer().score_pairs(batch.pairs)
                  if wants_root(self.list_watch) and batch.pairs else None)

@@ -182,7 +182,7 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     if short is not None:
         logger.warning("%s", short[0])
     source = lists_source(lists, retriever_of(snippets))
-    chosen = scorer.resolved_at_calibration
+    chosen = scorer.tags.resolved_at_calibration
     if chosen:
         scorer, info = scorer.resolve_for(snippets, language=language, seed=seed,
                                           deployed_lists=source["kind"] != "data")
@@ -193,7 +193,7 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     scorer, pairs = fitted.scorer, fitted.pairs
     used, scores = _calibration_scores(scorer, calibrator, pairs, fitted.scores, progress)
     if monitor is None:
-        monitor = used is pairs or not scorer.costly
+        monitor = used is pairs or not scorer.tags.costly
         if not monitor:
             logger.info("no exchangeability monitor reference: it would send the %d "
                         "irrelevant calibration pairs to the LLM score (calibrate(..., "
@@ -244,7 +244,7 @@ def _fit(scorer: Scorer, pairs: list[Pair], snippets: list[Pair], *, unit: str, 
 
     if unit != "sentence":
         return fit_stage(scorer, pairs)
-    context = scorer if scorer.sentence_in_context else SentenceContextScorer(scorer)
+    context = scorer if scorer.tags.sentence_in_context else SentenceContextScorer(scorer)
     return context.fit_topics(pairs, seed=seed, progress=progress, snippets=snippets,
                               fit_stage=fit_stage)
 
@@ -260,7 +260,7 @@ def _calibration_scores(scorer: Scorer, calibrator: BaseCalibrator, pairs: list[
     """
     if fitted is not None:
         return pairs, fitted
-    if scorer.list_dependent or calibrator.uses_irrelevant:
+    if scorer.tags.list_dependent or calibrator.uses_irrelevant:
         return pairs, scorer.score_pairs(pairs, progress=progress)
     used = [p for p in pairs if p.relevant == 1]
     return used, scorer.score_pairs(used, progress=progress)
@@ -280,10 +280,10 @@ def _record_lists(scorer: Scorer, unit: str, snippets: list[Pair], source: Mappi
     """The calibration lists' record: their source, lengths and, for a list-aware score
     of a snippet's own root score, its best and mean per list."""
     root = scorer.root_scorer()
-    scored = scorer.list_dependent and unit == "snippet" and not root.costly
+    scored = scorer.tags.list_dependent and unit == "snippet" and not root.tags.costly
     return ListRecord.from_lists(
         [p.query_id for p in snippets],
         root.score_pairs(snippets, progress=progress) if scored else None,
-        source=source, list_dependent=scorer.list_dependent,
+        source=source, list_dependent=scorer.tags.list_dependent,
         score=root.keep_rule(0.0).score if scored else None,
         topics=[p.group for p in snippets], seed=seed)

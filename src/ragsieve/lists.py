@@ -5,7 +5,7 @@ with the calibration pairs. For a score of one snippet at a time (``1 - cos``, a
 rating, an outside score, the portable fused score) the rest of the list does not enter the
 score, and the promise travels to lists of any retriever that brings up snippets like the
 calibration snippets. A **list-aware** score (the list-relative and fused scores, the
-in-list BM25: :attr:`ragsieve.scoring.Scorer.list_dependent`) reads the other snippets of
+in-list BM25: :attr:`ragsieve.scoring.ScorerTags.list_dependent`) reads the other snippets of
 the list, so its guarantee holds for lists like the calibration lists only: the same
 retriever, the same ``k``, the same corpus. Calibrated on a data set's own lists (4 snippets
 of one article section) and deployed behind a BM25 top-10 of a pooled corpus, the default

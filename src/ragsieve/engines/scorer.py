@@ -19,7 +19,7 @@ import numpy as np
 from .._validation import check_instance
 from ..data.jsonl import group_by_query, write_pairs
 from ..data.shards import expand_inputs
-from ..scoring import KeepRule, Scorer
+from ..scoring import KeepRule, Scorer, ScorerTags
 from ..types import Pair
 from .base import DEFAULT_BATCH_PAIRS, run_job
 from .tasks import ScoreTask
@@ -54,8 +54,9 @@ class EngineScorer(Scorer):
         self.engine = engine
         self.scorer_options = dict(scorer_options or {})
         self.shard_bytes = shard_bytes
-        self.list_dependent = scorer.list_dependent  # type: ignore[misc]
-        self.reads_text = scorer.reads_text  # type: ignore[misc]
+        # the wrapped scorer's list dependence and text reading; the other tags the defaults
+        self.tags = ScorerTags(list_dependent=scorer.tags.list_dependent,
+                               reads_text=scorer.tags.reads_text)
 
     def spec(self) -> dict[str, Any]:
         return self.scorer.spec()

@@ -352,7 +352,7 @@ def _calibration_share(fitted: Scorer, calibration: list[Pair], seed: int) -> li
     topics :func:`~ragsieve.scoring.shares.pairs_fit_mask` did not draw, for the
     sentence-in-context score; every pair for a score that fell back to one fitted on
     nothing (the sentence score alone, :func:`~ragsieve.scoring.sentence_context.fit_sentence_context`)."""
-    if not fitted.sentence_in_context:  # the scorer's tag, not its class
+    if not fitted.tags.sentence_in_context:  # the scorer's tag, not its class
         return calibration
     fit = pairs_fit_mask(calibration, seed=seed)
     return [p for p, f in zip(calibration, fit.tolist(), strict=True) if not f]

@@ -285,7 +285,7 @@ class ConformalRanker(FrameworkAdapter):
     # ------------------------------------------------------------------------ run
     def warm_up(self) -> None:
         """Load the score's model before the first query (Haystack calls this on run)."""
-        if self.filter.scorer.reads_text:
+        if self.filter.scorer.tags.reads_text:
             self.filter.scorer.score_batch("warm-up", ["warm-up"])
 
     @component.output_types(documents=list[Document], removed=list[Document],
@@ -334,7 +334,7 @@ class ConformalRanker(FrameworkAdapter):
 
     def _with_text(self, docs: list[Document]) -> list[Document]:
         """The documents the score can read: all, or those with text when it reads text."""
-        if not self.filter.scorer.reads_text:
+        if not self.filter.scorer.tags.reads_text:
             return docs
         textless = [d for d in docs if not (d.content or "").strip()]
         if textless:

@@ -44,6 +44,7 @@ from .relative import RelativeScorer
 from .rerank import RerankScorer
 from .sentence_context import SentenceContextScorer
 from .sentence_cosine import SentenceCosineScorer
+from .tags import ScorerTags
 
 __all__ = [
     "BUILTIN_SCORERS",
@@ -62,6 +63,7 @@ __all__ = [
     "Scorer",
     "ScorerFactory",
     "ScorerOption",
+    "ScorerTags",
     "SentenceCosineScorer",
     "choose_score",
     "register_scorer",

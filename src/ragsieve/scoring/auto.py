@@ -47,6 +47,7 @@ from .reader import READER_BASE_HELP
 from .registry import resolve_scorer
 from .rerank import RERANK_SIGNAL_OPTIONS, RerankScorer
 from .signal_check import RERANK_CHECKS
+from .tags import ScorerTags
 
 __all__ = ["MIN_FUSION_TOPICS", "AutoScorer", "LanguageChoice", "ScoreChoice", "choose_language",
            "choose_languages", "choose_score"]
@@ -467,7 +468,7 @@ class AutoScorer(Scorer):
 
     name: ClassVar[str] = "auto"
     score_label: ClassVar[str] = "auto (resolved by calibrate)"
-    resolved_at_calibration: ClassVar[bool] = True
+    tags = ScorerTags(resolved_at_calibration=True)
     # the embedding scorer's, but the language defaults to the one detected in the pairs,
     # and the queries may be in another language
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (*(

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import DataError, ScorerError
 from ..types import Pair
 from .options import ScorerOption
+from .tags import TAG_NAMES, ScorerTags
 
 __all__ = ["KeepRule", "ListTransform", "Resolution", "ScoreFit", "Scorer", "StageFit",
            "check_score_array", "group_pairs"]
@@ -141,12 +142,11 @@ class Scorer(ABC):
     """
 
     name: ClassVar[str]
-    #: True when a snippet's score depends on the other snippets of its query's list
-    #: (relative and fused scores); calibration must then score whole lists.
-    list_dependent: ClassVar[bool] = False
-    #: True when the score is computed from the snippet's text (so a text longer than the
-    #: model's window must be cut into pieces); False for scores handed in (``field``)
-    reads_text: ClassVar[bool] = True
+    #: What the scorer can do, one record (:class:`~ragsieve.scoring.tags.ScorerTags`):
+    #: callers ask it instead of the scorer's type. A subclass states its own here
+    #: (``tags = ScorerTags(reads_text=False, ...)``), or per instance in ``__init__`` where
+    #: a flag follows its parts (the fused score's ``list_dependent``: its signals').
+    tags: ScorerTags = ScorerTags()
     #: How the score reads in a keep rule (``keep 1 - cos <= 0.52``); default "<name> score".
     score_label: ClassVar[str] = ""
     #: The keyword arguments the scorer takes and their command-line flags
@@ -154,29 +154,22 @@ class Scorer(ABC):
     declared_options: ClassVar[tuple[ScorerOption, ...]] = ()
     #: False while the score still has to be fitted on labelled pairs (the unfitted fused
     #: score, alias ``"best"``, sets it per instance); scoring it then raises ``ScorerError``.
+    #: State, not a tag: it changes when the score is fitted, and it is the question
+    #: ``fitting`` asks a calibrator too (``BaseCalibrator.is_fitted``).
+    #: Scores that learn are fitted on some calibration topics, calibrated on the rest
+    #: (ragsieve.fitting runs it; ask ``is_fitted``, then call ``fit_topics``).
     is_fitted: bool = True
-    #: True when every scored snippet costs a model call that callers should not spend
-    #: without need (an LLM): ``calibrate`` then skips the monitor's reference, which would
-    #: score every irrelevant calibration snippet.
-    costly: ClassVar[bool] = False
-    #: True for a stand-in that ``ConformalFilter.calibrate`` turns into a real score once
-    #: it sees the calibration pairs (``"auto"``: see :meth:`resolve`).
-    resolved_at_calibration: ClassVar[bool] = False
 
-    # ---- tags: what a caller (the service) asks instead of reading scorer names.
-    # False is the safe default: it claims nothing.
-    #: True when ``score_batch`` may be called from several threads at once (after a first
-    #: call has loaded what it needs): the service then scores without a lock.
-    thread_safe: ClassVar[bool] = False
-    #: True when scoring loads and calls no model (the score is handed in: ``field``): the
-    #: service then has nothing to warm up and scores outside its model thread.
-    model_free: ClassVar[bool] = False
-
-    # ---- fitting: scores that learn are fitted on some calibration topics, calibrated on
-    # the rest (ragsieve.fitting runs it; ask ``is_fitted``, then call ``fit_topics``).
-    #: True for a score of sentences that reads each sentence's snippet as its context
-    #: (``sentence_context``): it is used with unit ``"sentence"`` only.
-    sentence_in_context: ClassVar[bool] = False
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a tag set as its own class attribute (``reads_text = False``): nothing
+        reads it there, so the scorer would silently claim the defaults."""
+        super().__init_subclass__(**kwargs)
+        loose = sorted(TAG_NAMES & set(vars(cls)))
+        if loose:
+            raise TypeError(
+                f"{cls.__name__} sets {', '.join(loose)} as class attribute(s); a scorer "
+                f"states its tags in one record: tags = ScorerTags({loose[0]}=...) "
+                "(ragsieve.ScorerTags).")
 
     def fit_topics(self, pairs: Sequence[Pair], *, seed: int = 0, progress: bool = False,
                    snippets: Sequence[Pair] | None = None,
@@ -222,7 +215,7 @@ class Scorer(ABC):
 
     def resolve_for(self, pairs: Sequence[Pair], *, language: str | None = None,
                     deployed_lists: bool = False, seed: int = 0) -> Resolution:
-        """The real score a stand-in (``resolved_at_calibration``: ``"auto"``) stands for,
+        """The real score a stand-in (``tags.resolved_at_calibration``: ``"auto"``) stands for,
         chosen from the calibration pairs (``seed``: the calibration's, which draws the
         topics a choice may learn from).
 
@@ -232,7 +225,7 @@ class Scorer(ABC):
             This score is no stand-in (the default).
         """
         raise TypeError(f"the {getattr(self, 'name', type(self).__name__)} score is not "
-                        "resolved at calibration (resolved_at_calibration is False).")
+                        "resolved at calibration (tags.resolved_at_calibration is False).")
 
     @abstractmethod
     def score_batch(self, query: str, snippets: Sequence[str]) -> np.ndarray:

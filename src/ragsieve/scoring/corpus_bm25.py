@@ -7,7 +7,7 @@ document count ``N`` and mean length are *frozen*: taken once from the texts it 
 (:meth:`CorpusBM25Scorer.fitted_on_texts`), never from the list being scored. A snippet's
 score is a function of the query, the snippet and those statistics alone, so it does not
 change when other snippets join or leave its list, whichever retriever made the list and
-however long it is (``list_dependent = False``): a threshold calibrated on one retriever's
+however long it is (``tags.list_dependent`` False): a threshold calibrated on one retriever's
 lists holds for another's, where the in-list BM25's (whose IDF comes from the list) does not.
 
 Nonconformity = ``1 - BM25 / M`` with ``M`` the summed idf of *all* the query's tokens (each
@@ -47,6 +47,7 @@ from ..types import Pair
 from .base import Scorer, check_score_array, group_pairs
 from .lexical import check_bm25_params, tokenize
 from .options import ScorerOption
+from .tags import ScorerTags
 
 __all__ = ["MAX_VOCABULARY", "CorpusBM25Scorer", "CorpusFit", "CorpusStatistics", "PairTerms",
            "TextTerms"]
@@ -288,13 +289,13 @@ class CorpusBM25Scorer(Scorer):
     >>> scorer = CorpusBM25Scorer().fitted_on_texts(corpus)
     >>> s = scorer.score_batch("Who won Super Bowl 50?", ["Denver won Super Bowl 50.",
     ...                                                  "Leaves are green."])
-    >>> bool(s[0] < s[1] == 1.0), scorer.list_dependent
+    >>> bool(s[0] < s[1] == 1.0), scorer.tags.list_dependent
     (True, False)
     """
 
     name: ClassVar[str] = "bm25-corpus"
     score_label: ClassVar[str] = "1 - bm25 share (frozen corpus)"
-    list_dependent: ClassVar[bool] = False
+    tags = ScorerTags(list_dependent=False)
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("k1", float, 1.5, "scorer bm25-corpus: term-frequency saturation"),
         ScorerOption("b", float, 0.75, "scorer bm25-corpus: length normalisation"),

@@ -21,6 +21,7 @@ from ..embeddings.base import cosine_distances
 from ..types import Pair
 from .base import Scorer, check_score_array, group_pairs
 from .options import ScorerOption
+from .tags import ScorerTags
 
 __all__ = ["EmbeddingScorer"]
 
@@ -73,7 +74,7 @@ class EmbeddingScorer(Scorer):
     name = "embedding"
     score_label = "1 - cos"
     declared_options: ClassVar[tuple[ScorerOption, ...]] = EMBEDDING_OPTIONS
-    thread_safe: ClassVar[bool] = True  # after warm-up, once its model is loaded
+    tags = ScorerTags(thread_safe=True)  # after warm-up, once its model is loaded
 
     def __init__(
         self,

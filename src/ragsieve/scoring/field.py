@@ -20,6 +20,7 @@ from ..errors import DataError, ScorerError
 from ..types import Pair
 from .base import KeepRule, Scorer
 from .options import ScorerOption
+from .tags import ScorerTags
 
 __all__ = ["FieldScorer", "outside_score_conflict"]
 
@@ -43,9 +44,8 @@ class FieldScorer(Scorer):
     """
 
     name: ClassVar[str] = "field"
-    reads_text: ClassVar[bool] = False
-    thread_safe: ClassVar[bool] = True  # it reads a number from each item
-    model_free: ClassVar[bool] = True
+    # an outside number, read from each item: no text, no model, any thread
+    tags = ScorerTags(reads_text=False, thread_safe=True, model_free=True)
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("field", str, "score", "scorer field: the JSONL key holding each pair's "
                      "score (e.g. a reranker's); every line must hold a finite number there",

@@ -19,8 +19,8 @@ The presets (:data:`~ragsieve.scoring.presets.PRESET_TABLE`):
 * ``portable`` is *list-free* (``list_features=False``): the base cosine, the frozen-corpus
   BM25 (:mod:`ragsieve.scoring.corpus_bm25`) and the best sentence's cosine, each signal's
   own score only. A snippet's score depends on the query and the snippet alone, so the
-  threshold holds for lists of any retriever. :attr:`FusedScorer.list_dependent` says which
-  a fused score is (per instance).
+  threshold holds for lists of any retriever. ``FusedScorer(...).tags.list_dependent``
+  (:class:`~ragsieve.scoring.tags.ScorerTags`) says which a fused score is (per instance).
 
 The guarantee survives because the score is fitted on a *separate* fold: the calibration
 topics are divided in two by :func:`fusion_fit_mask`, the learner -- and every signal that
@@ -408,7 +408,7 @@ def fit_fused_scorer(scorer: FusedScorer, pairs: Sequence[Pair], topics: Any, *,
 class FusedScorer(ListTransform):
     """``A = -logit P(relevant | features)``: a fitted learner on the features of the signals.
 
-    List-aware (``list_dependent``) when it has list features or a list-dependent signal
+    List-aware (``tags.list_dependent``) when it has list features or a list-dependent signal
     (the ``base``, ``fast`` and ``quality`` presets); list-free otherwise (``portable``).
 
     Two constructors build one: :meth:`unfitted` from a preset (the ``"best"`` alias), and
@@ -467,8 +467,8 @@ class FusedScorer(ListTransform):
         self.learner = check_learner(setup.preset.learner)
         self.list_features = not setup.preset.list_free
         # per instance: list-aware with list features or a signal that reads the list
-        self.list_dependent = self.list_features or any(  # type: ignore[misc]
-            s.list_dependent for s in self.signal_scorers)
+        self.tags = replace(FusedScorer.tags, list_dependent=self.list_features or any(
+            s.tags.list_dependent for s in self.signal_scorers))
         self.feature_names  # noqa: B018  (raises for a signal given twice)
         self._fitted = setup.fitted
         if self._fitted is not None and self.unfitted_signals:

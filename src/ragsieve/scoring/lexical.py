@@ -42,6 +42,7 @@ import numpy as np
 from .._validation import check_real
 from .base import Scorer
 from .options import ScorerOption
+from .tags import ScorerTags
 
 __all__ = ["ListBM25Scorer", "bm25_scores", "check_bm25_params", "tokenize"]
 
@@ -189,7 +190,7 @@ class ListBM25Scorer(Scorer):
 
     name: ClassVar[str] = "bm25-list"
     score_label: ClassVar[str] = "1 - bm25 share (in list)"
-    list_dependent: ClassVar[bool] = True
+    tags = ScorerTags(list_dependent=True)
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("k1", float, 1.5, "scorer bm25-list: term-frequency saturation"),
         ScorerOption("b", float, 0.75, "scorer bm25-list: length normalisation"),

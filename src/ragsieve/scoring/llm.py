@@ -46,6 +46,7 @@ from ..errors import ScorerError
 from ..types import Pair
 from .base import Scorer
 from .options import ScorerOption
+from .tags import ScorerTags
 
 if TYPE_CHECKING:
     from ..llm.connect import LLMConnection, LLMTarget
@@ -100,7 +101,7 @@ class LLMScorer(Scorer):
 
     name: ClassVar[str] = "llm"
     score_label: ClassVar[str] = "1 - P(yes)"
-    costly: ClassVar[bool] = True  # a model call per snippet
+    tags = ScorerTags(costly=True)  # a model call per snippet
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("mode", str, "logprob", "scorer llm: P(yes) from logprobs (default) or a "
                      "verbal rating in [0, 1]", "--llm-mode", choices=LLM_MODES, group="llm"),

@@ -26,7 +26,7 @@ features, and which learner it fits. Four signal sets, each with or without the 
     best sentence's cosine of the base's model, each signal's own score only (no gap, z,
     rank or ratio). *List-free*: a snippet's score depends on the query and the snippet
     alone, so the threshold holds for lists of any retriever and any length
-    (``list_dependent = False``). The default ``auto`` score takes it unless the
+    (``tags.list_dependent`` False). The default ``auto`` score takes it unless the
     calibration lists are the deployed retriever's (:func:`~ragsieve.scoring.auto.choose_score`).
 ``reader``, ``portable-reader``, ``quality-reader``
     ``fast``, ``portable`` and ``quality`` and the reader

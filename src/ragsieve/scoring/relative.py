@@ -39,6 +39,7 @@ from .base import ListTransform, Scorer, group_pairs
 from .embedding import EMBEDDING_OPTIONS
 from .options import ScorerOption
 from .registry import resolve_scorer
+from .tags import ScorerTags
 
 __all__ = [
     "RELATIVE_KINDS",
@@ -163,7 +164,7 @@ class RelativeScorer(ListTransform):
 
     name: ClassVar[str] = "relative"
     score_label: ClassVar[str] = "relative score"
-    list_dependent: ClassVar[bool] = True
+    tags = ScorerTags(list_dependent=True)
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("kind", str, "gap", "scorer relative: how a snippet's cosine is compared "
                      "with its list", "--relative-kind", choices=RELATIVE_KINDS),

@@ -29,6 +29,7 @@ from ..errors import RerankError
 from ..types import Pair
 from .base import Scorer
 from .options import OptionPack, ScorerOption
+from .tags import ScorerTags
 
 if TYPE_CHECKING:
     from ..llm.cache import LLMCache
@@ -86,8 +87,8 @@ class RerankScorer(Scorer):
 
     name: ClassVar[str] = "rerank"
     score_label: ClassVar[str] = "-relevance"
-    costly: ClassVar[bool] = True  # a call per pair
-    thread_safe: ClassVar[bool] = True  # the client: a pooled httpx client, a locked cache
+    # costly: a call per pair; thread-safe: the client is a pooled httpx client, a locked cache
+    tags = ScorerTags(costly=True, thread_safe=True)
     declared_options: ClassVar[tuple[ScorerOption, ...]] = (
         ScorerOption("model", str, None, "scorer rerank: the reranker model (recorded in the "
                      "filter; sent with each request)", "--rerank-model", metavar="NAME"),

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -49,6 +50,7 @@ from ..types import Pair
 from .base import ScoreFit, Scorer, StageFit, group_pairs
 from .embedding import EMBEDDING_OPTIONS
 from .registry import resolve_scorer
+from .tags import ScorerTags
 
 __all__ = [
     "PARENT_POSITION", "PARENT_TEXT", "SentenceContextScorer", "fit_sentence_context",
@@ -173,19 +175,19 @@ class SentenceContextScorer(Scorer):
     --------
     >>> ctx = SentenceContextScorer("embedding", weights=[1.0, 1.0], mean=[0.5, 0.5],
     ...                             scale=[0.1, 0.1])
-    >>> ctx.spec()["scorer"], ctx.list_dependent
+    >>> ctx.spec()["scorer"], ctx.tags.list_dependent
     ('sentence_context', False)
-    >>> SentenceContextScorer("relative").list_dependent
+    >>> SentenceContextScorer("relative").tags.list_dependent
     True
 
-    ``list_dependent`` follows the stages: a sentence's score depends on its list when
+    ``tags.list_dependent`` follows the stages: a sentence's score depends on its list when
     either stage's does (the sentence stage over the sentence list, the snippet stage over
     the snippet list).
     """
 
     name: ClassVar[str] = "sentence_context"
     score_label: ClassVar[str] = "sentence-in-context score"
-    sentence_in_context: ClassVar[bool] = True
+    tags = ScorerTags(sentence_in_context=True)  # list_dependent per instance: the stages'
     declared_options = EMBEDDING_OPTIONS
 
     def __init__(self, sentence: Any = "best", snippet: Any = None, *,
@@ -200,8 +202,8 @@ class SentenceContextScorer(Scorer):
         self.sentence = build(sentence)
         self.snippet = self.sentence if snippet is None else _share_base(self.sentence,
                                                                          build(snippet))
-        self.list_dependent = (  # type: ignore[misc]  # per instance: the stages'
-            self.sentence.list_dependent or self.snippet.list_dependent)
+        self.tags = replace(SentenceContextScorer.tags, list_dependent=(  # the stages'
+            self.sentence.tags.list_dependent or self.snippet.tags.list_dependent))
         if weights is None and (mean is not None or scale is not None):
             raise ValueError("mean and scale are fitted with the weights: give all three or none.")
         self.weights = _stage_array("weights", weights, 0.0)

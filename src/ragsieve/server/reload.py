@@ -294,7 +294,7 @@ def probe_scorer(checked: ArtifactCheck, source: str,
         The scorer failed (one line naming the artifact and the reason).
     """
     scorer = checked.filter.scorer
-    if scorer.model_free:
+    if scorer.tags.model_free:
         return
     call = run or (lambda fn: fn())
     try:

@@ -197,7 +197,7 @@ class Runtime:
 
             list_scorer(self.index, flt)
         reused = current is not None and flt.scorer is current.flt.scorer
-        if self.warmup and not reused and not flt.scorer.model_free:
+        if self.warmup and not reused and not flt.scorer.tags.model_free:
             self.model_work.in_model_thread(
                 lambda: flt.scorer.score_batch("warm-up", ["warm-up"]))
         if current is not None and current.checksum == checked.checksum:

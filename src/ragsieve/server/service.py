@@ -150,12 +150,12 @@ class Service:
         self.info = artifact_info(flt, checked.artifact, checked.checksum)
         self.guarantee = self.info.guarantee
         self.scorer_key = scorer_key(flt.scorer.spec())
-        # the scorer's tags (Scorer.thread_safe, Scorer.model_free) say how it may be called;
+        # the scorer's tags (ScorerTags.thread_safe, .model_free) say how it may be called;
         # the lock guards calls outside the model thread (vectors, outside scores); the model
         # thread runs one call at a time anyway
-        self.lock: AbstractContextManager[Any] = (nullcontext() if flt.scorer.thread_safe
+        self.lock: AbstractContextManager[Any] = (nullcontext() if flt.scorer.tags.thread_safe
                                                   else threading.Lock())
-        self.uses_model = not flt.scorer.model_free
+        self.uses_model = not flt.scorer.tags.model_free
         self._vector_dim: tuple[int | None] | None = None
         self._cache_lock = threading.Lock()
         self._adaptive_version: int | None = None
