@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ragsieve.calibration import AdaptiveConformalFilter, SplitConformalCalibrator
 from ragsieve.errors import ArtifactError, CalibrationError, NotFittedError
-from ragsieve.evaluation.shift import rolling_coverage, run_stream
+from ragsieve.evaluation.shift import StreamSettings, rolling_coverage, run_stream
 from ragsieve.monitoring import drift_check
 
 ALPHA = 0.1
@@ -215,7 +215,8 @@ def test_run_stream_synthetic_and_plot(tmp_path: Path) -> None:
     from ragsieve.evaluation.shift import plot_shift
 
     cal, scores, relevant, phase = _shift_stream(0, n_per_phase=1000)
-    res = run_stream(cal, scores, relevant, phase, alpha=ALPHA, gamma=0.01, rolling=100)
+    res = run_stream(cal, scores, relevant, phase,
+                     StreamSettings(alpha=ALPHA, gamma=0.01, rolling=100))
     s = res["summary"]
     assert abs(s["phase1"]["static"]["coverage"] - 0.9) < 0.04
     assert not s["phase1"]["drift"]["drifted"] and s["phase2"]["drift"]["drifted"]

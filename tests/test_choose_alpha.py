@@ -11,7 +11,7 @@ import pytest
 from ragsieve import Pair
 from ragsieve.cli import main as cli_main
 from ragsieve.data import sample_queries
-from ragsieve.evaluation import choose_alpha
+from ragsieve.evaluation import AlphaTarget, choose_alpha
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def pairs(xquad_en: list[Pair]) -> list[Pair]:
 
 def test_removal_target_picks_the_smallest_alpha_that_reaches_it(pairs: list[Pair],
                                                                  minilm_scorer) -> None:  # type: ignore[no-untyped-def]
-    choice = choose_alpha(pairs, minilm_scorer, removal=0.5, n_splits=4)
+    choice = choose_alpha(pairs, minilm_scorer, AlphaTarget(removal=0.5), n_splits=4)
     assert choice.reached and choice.alpha is not None and choice.removal is not None
     assert choice.removal >= 0.5
     smaller = [r for r in choice.grid if r["alpha"] < choice.alpha]
@@ -33,14 +33,15 @@ def test_removal_target_picks_the_smallest_alpha_that_reaches_it(pairs: list[Pai
 
 def test_coverage_target_is_the_guarantee_and_unreachable_targets_say_so(
         pairs: list[Pair], minilm_scorer) -> None:  # type: ignore[no-untyped-def]
-    choice = choose_alpha(pairs, minilm_scorer, coverage=0.85, n_splits=4)
+    choice = choose_alpha(pairs, minilm_scorer, AlphaTarget(coverage=0.85), n_splits=4)
     assert choice.alpha == 0.15 and choice.reached  # largest alpha with 1 - alpha >= 0.85
-    none = choose_alpha(pairs, minilm_scorer, removal=0.999, n_splits=4, alphas=[0.05, 0.1])
+    none = choose_alpha(pairs, minilm_scorer, AlphaTarget(removal=0.999), n_splits=4,
+                        alphas=[0.05, 0.1])
     assert not none.reached and none.alpha is None and "no alpha" in none.statement
     with pytest.raises(ValueError, match="exactly one target"):
-        choose_alpha(pairs, minilm_scorer, removal=0.5, coverage=0.9)
+        choose_alpha(pairs, minilm_scorer, AlphaTarget(removal=0.5, coverage=0.9))
     with pytest.raises(ValueError, match=r"removal == 1\.5"):
-        choose_alpha(pairs, minilm_scorer, removal=1.5)
+        choose_alpha(pairs, minilm_scorer, AlphaTarget(removal=1.5))
 
 
 def test_cli_choose_alpha(shared_data_dir: Path, embedding_cache_dir: Path,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from ragsieve.data import read_pairs, write_pairs
 from ragsieve.data.partitioned import MANIFEST, PartitionedOutput, finished_parts
 from ragsieve.data.shards import iter_input_pairs, plan_shards, query_batches, read_shard
-from ragsieve.engines import FilterTask, LocalEngine, ScoreTask, run_job
+from ragsieve.engines import FilterTask, JobOutput, LocalEngine, ScoreTask, run_job
 from ragsieve.errors import DataError
 from ragsieve.types import Pair
 
@@ -161,8 +161,10 @@ def test_reading_an_unfinished_output_is_refused(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- local engine
 
 
-def _run(tmp_path: Path, src: Path, name: str, task: Any = None, **kw: Any) -> Any:
-    return run_job(task or ScoreTask(FIELD), [src], tmp_path / name, LocalEngine(), **kw)
+def _run(tmp_path: Path, src: Path, name: str, task: Any = None, fmt: str | None = None,
+         **kw: Any) -> Any:
+    return run_job(task or ScoreTask(FIELD), [src], JobOutput(tmp_path / name, fmt), LocalEngine(),
+                   **kw)
 
 
 def test_score_output_equals_in_memory_scores_in_every_format(tmp_path: Path) -> None:

@@ -431,16 +431,16 @@ def test_export_writes_documents_and_labelled_queries(tmp_path: Path, xquad_en: 
 
 def test_the_report_shows_the_calibration_lists(pooled: dict[str, Any],
                                                 through_retriever: ConformalFilter) -> None:
-    from ragsieve.evaluation.report import build_report
+    from ragsieve.evaluation.report import ReportSettings, build_report
 
     flt = ConformalFilter.from_dict(through_retriever.to_dict(), scorer=through_retriever.scorer)
     like = _dense(pooled, pooled["test"], 10)
     pairs = [p for q in sorted(like)[:30] for p in like[q]]
-    page = build_report(flt, pairs, n_splits=2, n_resamples=200)
+    page = build_report(flt, pairs, ReportSettings(n_splits=2, n_resamples=200))
     assert "calibration lists" in page and "top 10): " in page
     assert "lists unlike them" in page and "0 of 30" in page
     short = [p for q in sorted(like)[:30] for p in like[q][:4]]
     page = build_report(ConformalFilter.from_dict(through_retriever.to_dict(),
                                                   scorer=through_retriever.scorer),
-                        short, n_splits=2, n_resamples=200)
+                        short, ReportSettings(n_splits=2, n_resamples=200))
     assert "30 of 30: a list of 4 snippets, where every calibration list had 10" in page

@@ -66,7 +66,7 @@ def _counting(sizes: list[int]):  # type: ignore[no-untyped-def]
     """``fine_tune`` that appends the size of each fit to ``sizes`` (its base to ``BASES``)."""
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         sizes.append(len(args[0]))
-        BASES.append(kwargs["base"])
+        BASES.append(args[3].base)
         return fine_tune(*args, **kwargs)
 
     return counted

@@ -21,7 +21,7 @@ from ragsieve.calibration import SplitConformalCalibrator
 from ragsieve.cli import main as cli_main
 from ragsieve.data import load_dataset, write_pairs
 from ragsieve.evaluation.plots import LAYOUT_KEY, MIN_FONT_KEY
-from ragsieve.evaluation.report import DEFAULT_OPEN_QUERIES, build_report
+from ragsieve.evaluation.report import DEFAULT_OPEN_QUERIES, ReportSettings, build_report
 from ragsieve.evaluation.sweep import DEFAULT_TOP_K
 from ragsieve.types import FilterResult
 
@@ -190,7 +190,7 @@ def fifty(inputs: dict[str, Path], xquad_en: list[Pair], embedding_cache_dir: Pa
     flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
     results = flt.filter_pairs(pairs)
     out = inputs["root"] / "fifty.html"
-    out.write_text(build_report(flt, pairs, results=results, n_splits=2, n_resamples=200),
+    out.write_text(build_report(flt, pairs, ReportSettings(n_splits=2, n_resamples=200), results=results),
                    encoding="utf-8")
     return out, pairs, results
 
@@ -237,7 +237,7 @@ def test_max_queries_bounds_the_list(inputs: dict[str, Path], embedding_cache_di
     flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
     pairs = load_dataset(str(inputs["data"]))
     results = flt.filter_pairs(pairs)
-    text = build_report(flt, pairs, max_queries=5, results=results, n_splits=2)
+    text = build_report(flt, pairs, ReportSettings(max_queries=5, n_splits=2), results=results)
     listed = re.findall(r"<section class=\"query(?: miss)?\" data-query-id=\"([^\"]+)\"", text)
     missed = _missed(pairs, results)
     assert listed == (missed + [q for q in results if q not in missed])[:5]
@@ -292,7 +292,7 @@ def test_report_without_labels_says_so(inputs: dict[str, Path], embedding_cache_
 
     flt = ConformalFilter.load(inputs["artifact"], scorer_options={"cache_dir": embedding_cache_dir})
     pairs = [replace(p, relevant=None) for p in load_dataset(str(inputs["data"]))]
-    text = build_report(flt, pairs, max_queries=2)
+    text = build_report(flt, pairs, ReportSettings(max_queries=2))
     assert "class=\"metrics none\"" in text and "coverage cannot be measured" in text
     assert "class=\"figure none\"" in text and "<img" not in text
     assert "data-label=\"unknown\"" in text and "data-label=\"relevant\"" not in text

@@ -16,7 +16,7 @@ from browser import chrome, network_requests  # noqa: F401  (chrome: the fixture
 from ragsieve import ConformalFilter, Pair
 from ragsieve.cli import main as cli_main
 from ragsieve.data import load_dataset, write_pairs
-from ragsieve.evaluation.report import build_report
+from ragsieve.evaluation.report import ReportSettings, build_report
 from ragsieve.types import FilterResult
 from ragsieve.units import sentence_pairs, split_sentences
 
@@ -105,7 +105,7 @@ def test_measures_are_of_evidence_sentences(inputs: dict[str, Any],
                                             data: tuple[list[Pair], dict[str, FilterResult]]) -> None:
     pairs, results = data
     flt = inputs["filter"]
-    text = build_report(flt, pairs, results=results, n_resamples=200)
+    text = build_report(flt, pairs, ReportSettings(n_resamples=200), results=results)
     shown = _measures(text)
     assert set(shown) == {EVIDENCE, SENTENCES, CHARS, SNIPPETS, WHOLE}
     for name, value in _expected(pairs, results).items():
@@ -180,7 +180,7 @@ def test_script_sentence_is_shown_as_text(chrome: Any, inputs: dict[str, Any],  
                                           data: tuple[list[Pair], dict[str, FilterResult]],
                                           tmp_path: Path) -> None:
     pairs, results = data
-    text = build_report(inputs["filter"], pairs, results=results, n_resamples=200)
+    text = build_report(inputs["filter"], pairs, ReportSettings(n_resamples=200), results=results)
     assert "<script>document" not in text and "&lt;script&gt;document" in text
     out = tmp_path / "report.html"
     out.write_text(text, encoding="utf-8")
@@ -216,7 +216,8 @@ def test_labels_without_evidence_fields_keep_the_snippet_view(
         inputs: dict[str, Any], data: tuple[list[Pair], dict[str, FilterResult]]) -> None:
     pairs, results = data
     plain = [replace(p, meta={}) for p in pairs]  # relevant snippets without answers or spans
-    text = build_report(inputs["filter"], plain, results=results, n_resamples=200)
+    text = build_report(inputs["filter"], plain, ReportSettings(n_resamples=200),
+                        results=results)
     assert "Coverage of evidence sentences not measured:" in text and "no &#x27;evidence&#x27;" in text
     shown = _measures(text)
     assert EVIDENCE not in shown
@@ -231,4 +232,5 @@ def test_results_of_other_pairs_are_refused(inputs: dict[str, Any],
     moved = [replace(p, text="A first line here. " + p.text) if p.snippet_id == INJECTED.snippet_id
              else p for p in pairs]
     with pytest.raises(ValueError, match="not those of these pairs"):
-        build_report(inputs["filter"], moved, results=results, n_resamples=200)
+        build_report(inputs["filter"], moved, ReportSettings(n_resamples=200),
+                     results=results)

@@ -453,9 +453,13 @@ class ExchangeabilityMonitor:
         martingale itself is unchanged, and firing only when ``M_t >= 1/delta`` *and*
         ``t >= min_requests`` is a sub-event of ``sup_t M_t >= 1/delta``, so the bound on
         false alarms still holds.
-    log_alarm : bool, default=True
+
+    Attributes
+    ----------
+    log_alarm : bool
         Log the alarm (one WARNING, :func:`alarm_message`) in the process whose request
-        fired it; False when the caller says it itself (:func:`watch_batch`).
+        fired it (True when built); False when the caller says it itself
+        (:func:`watch_batch`; ``from_artifact(..., log_alarm=False)``).
 
     Raises
     ------
@@ -477,8 +481,7 @@ class ExchangeabilityMonitor:
     def __init__(self, reference: Any, *, delta: float = 0.01,
                  store: str | os.PathLike[str] | None = None, seed: int = 0,
                  alternative: str = "two-sided", k: int = TOP_K,
-                 min_requests: int = DEFAULT_MIN_REQUESTS, best: Any = None,
-                 log_alarm: bool = True) -> None:
+                 min_requests: int = DEFAULT_MIN_REQUESTS, best: Any = None) -> None:
         ref = check_scores(reference, name="reference")
         if ref.size == 0:
             raise ValueError("reference is empty; expected the separation of at least one "
@@ -498,7 +501,7 @@ class ExchangeabilityMonitor:
         self.min_requests = check_int(min_requests, "min_requests", min_value=1)
         store = check_path(store, "store", allow_none=True)
         self.seed, self.alternative, self.k = seed, alternative, k
-        self.log_alarm = bool(log_alarm)
+        self.log_alarm = True
         #: The statistic whose martingale made the alarm fire in this process (None before).
         self.fired_statistic: str | None = None
         self.store = None if store is None else Path(store)
@@ -521,7 +524,7 @@ class ExchangeabilityMonitor:
         self._db_conn = self._open()
 
     @classmethod
-    def from_artifact(cls, payload: Artifact | Mapping[str, Any],
+    def from_artifact(cls, payload: Artifact | Mapping[str, Any], *, log_alarm: bool = True,
                       **kwargs: Any) -> ExchangeabilityMonitor | None:
         """The monitor of a filter artifact (``Artifact.read(path)`` or
         ``ConformalFilter.to_artifact()``).
@@ -532,9 +535,12 @@ class ExchangeabilityMonitor:
             The artifact; a dict of a whole artifact (one with a ``"format"``) is read by
             :meth:`Artifact.from_dict <ragsieve.artifact.Artifact.from_dict>` (every field,
             the seal), a bare ``{"monitor": block}`` by the block check alone.
+        log_alarm : bool, default=True
+            Whether the monitor logs its alarm (the attribute ``log_alarm``); False when
+            the caller says it itself (:func:`watch_batch`).
         **kwargs
-            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests``,
-            ``log_alarm`` (``k`` comes from the artifact).
+            ``delta``, ``store``, ``seed``, ``alternative``, ``min_requests`` (``k`` comes
+            from the artifact).
 
         Returns
         -------
@@ -561,7 +567,9 @@ class ExchangeabilityMonitor:
         if "best" in kwargs:
             raise TypeError("best is fixed by the artifact's monitor block; do not pass it.")
         block = read_monitor_block(raw)
-        return cls(block["reference"], k=block["k"], best=block.get("best"), **kwargs)
+        monitor = cls(block["reference"], k=block["k"], best=block.get("best"), **kwargs)
+        monitor.log_alarm = bool(log_alarm)
+        return monitor
 
     # ------------------------------------------------------------------ public
     def observe(self, scores: Any) -> MonitorState:

@@ -30,13 +30,12 @@ def _run_job(options: EngineOptions, task: Any, inputs: list[Any], *, out: str,
              progress: bool) -> Any:
     """Run an engine job with the engine ``options``, writing ``out``; the engine is
     closed afterwards."""
-    from ..engines import run_job
+    from ..engines import JobOutput, run_job
 
     engine = options.make()
     try:
-        return run_job(task, inputs, out, engine, fmt=options.format,
-                       shard_bytes=options.shard_bytes, overwrite=options.overwrite,
-                       progress=progress)
+        return run_job(task, inputs, JobOutput(out, options.format, options.overwrite), engine,
+                       shard_bytes=options.shard_bytes, progress=progress)
     finally:
         _close(engine)
 

@@ -134,7 +134,7 @@ def _print_evaluation(report: Any, chosen: ScorerChoice, *, data: str, as_json: 
 
 def cmd_choose_alpha(args: argparse.Namespace) -> int:
     """``ragsieve choose-alpha``: the alpha that reaches a removal or coverage target."""
-    from ..evaluation import DEFAULT_ALPHA_GRID, choose_alpha
+    from ..evaluation import DEFAULT_ALPHA_GRID, AlphaTarget, choose_alpha
 
     request = ScorerRequest.from_args(args)
     check_scorer_options(request)
@@ -148,8 +148,9 @@ def cmd_choose_alpha(args: argparse.Namespace) -> int:
                                                       score_field=score_field_of(request))
     pairs = _unit_pairs(pairs, pruning_unit(args.unit), args.language)
     choice = choose_alpha(
-        pairs, _choice(request, pairs).scorer, removal=args.removal, coverage=args.coverage,
-        mode=guarantee.mode, alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
+        pairs, _choice(request, pairs).scorer,
+        AlphaTarget(removal=args.removal, coverage=args.coverage, mode=guarantee.mode),
+        alphas=args.alphas or DEFAULT_ALPHA_GRID, n_splits=args.splits,
         seed=args.seed, progress=not args.quiet, group_by=guarantee.group_by,
         delta=number(guarantee.delta), min_group_size=guarantee.min_group_size)
     if args.json:
@@ -257,7 +258,7 @@ def _score_name(chosen: ScorerChoice) -> str:
 def cmd_report(args: argparse.Namespace) -> int:
     """``ragsieve report``: one self-contained HTML page of what a saved filter does to data."""
     from ..artifact import Artifact
-    from ..evaluation.report import build_report, write_report
+    from ..evaluation.report import ReportSettings, build_report, write_report
     from ..filter import ConformalFilter
 
     artifact = Artifact.read(args.filter)
@@ -265,9 +266,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         artifact, scorer_options=artifact_scorer_options(ScorerRequest.from_args(args),
                                                          artifact.scorer))
     pairs = DataSource(args.data, args.data_dir).load(score_field=artifact.score_field)
-    page = build_report(flt, pairs, data_name=str(args.data), filter_name=str(args.filter),
-                        max_queries=args.max_queries, n_splits=args.splits,
-                        confidence=args.confidence, seed=args.seed, progress=not args.quiet)
+    settings = ReportSettings(data_name=str(args.data), filter_name=str(args.filter),
+                              max_queries=args.max_queries, n_splits=args.splits,
+                              confidence=args.confidence, seed=args.seed)
+    page = build_report(flt, pairs, settings, progress=not args.quiet)
     written = write_report(page, args.out)
     if args.json:
         # the page's size (a FIFO or a device given as --out has none of its own)

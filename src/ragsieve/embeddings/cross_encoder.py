@@ -50,8 +50,8 @@ from ..errors import ScorerError
 from .reader_bases import DEFAULT_BASE, READER_BASES, ReaderBase, base_fingerprint, reader_base
 
 __all__ = ["DEFAULT_BASE", "DEFAULT_LAYERS", "EPOCHS", "MAX_LENGTH", "READER_BASES",
-           "CrossEncoderModel", "ReaderBase", "ReaderWeights", "base_fingerprint", "fine_tune",
-           "load_reader", "reader_base", "untrained_reader"]  # the bases re-exported: what a reader is made of
+           "CrossEncoderModel", "FineTuneSettings", "ReaderBase", "ReaderWeights",
+           "base_fingerprint", "fine_tune", "load_reader", "reader_base", "untrained_reader"]  # the bases re-exported: what a reader is made of
 
 logger = logging.getLogger(__name__)
 
@@ -298,21 +298,12 @@ def load_reader(weights: ReaderWeights, *, base: str = DEFAULT_BASE,
                                             max_length=max_length))
 
 
-def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int], *,
-              base: str = DEFAULT_BASE, seed: int = 0, layers: int = DEFAULT_LAYERS,
-              max_length: int = MAX_LENGTH,
-              epochs: int = EPOCHS, learning_rate: float = _LEARNING_RATE,
-              head_learning_rate: float = _HEAD_LEARNING_RATE,
-              progress: Callable[[int, int], None] | None = None,
-              ) -> tuple[ReaderWeights, CrossEncoderModel]:
-    """Fine-tune a reader on labelled (query, text) pairs (``epochs`` passes, seeded orders).
+@dataclass(frozen=True)
+class FineTuneSettings:
+    """How :func:`fine_tune` trains a reader.
 
-    Parameters
+    Attributes
     ----------
-    queries, texts : sequence of str
-        The pairs.
-    labels : sequence of {0, 1}
-        1 for a relevant pair.
     base : str
         The base to fine-tune (one of :data:`READER_BASES`).
     seed : int
@@ -325,6 +316,32 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
         Passes over the pairs.
     learning_rate, head_learning_rate : float
         AdamW's rate for the trained layers and for the new head.
+    """
+
+    base: str = DEFAULT_BASE
+    seed: int = 0
+    layers: int = DEFAULT_LAYERS
+    max_length: int = MAX_LENGTH
+    epochs: int = EPOCHS
+    learning_rate: float = _LEARNING_RATE
+    head_learning_rate: float = _HEAD_LEARNING_RATE
+
+
+def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int],
+              settings: FineTuneSettings = FineTuneSettings(), *,
+              progress: Callable[[int, int], None] | None = None,
+              ) -> tuple[ReaderWeights, CrossEncoderModel]:
+    """Fine-tune a reader on labelled (query, text) pairs (``settings.epochs`` passes,
+    seeded orders).
+
+    Parameters
+    ----------
+    queries, texts : sequence of str
+        The pairs.
+    labels : sequence of {0, 1}
+        1 for a relevant pair.
+    settings : FineTuneSettings
+        The base, seed, trained layers, tokens read, passes and learning rates.
     progress : callable, optional
         ``progress(done, total)`` after every batch.
 
@@ -343,6 +360,8 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
     """
     torch = require("torch", "embed")
     st = require("safetensors.torch", "embed")
+    base, seed, layers, max_length = (settings.base, settings.seed, settings.layers,
+                                      settings.max_length)
     y = np.asarray(labels)
     if not len(queries) == len(texts) == y.size:
         raise ValueError(f"got {len(queries)} queries, {len(texts)} texts and {y.size} labels; "
@@ -356,10 +375,10 @@ def fine_tune(queries: Sequence[str], texts: Sequence[str], labels: Sequence[int
     head = [model.scale, model.bias]
     body = [p for n, p in model.named_parameters() if n in names and n not in ("scale", "bias")]
     optimiser = torch.optim.AdamW([
-        {"params": body, "lr": learning_rate},
-        {"params": head, "lr": head_learning_rate}])
+        {"params": body, "lr": settings.learning_rate},
+        {"params": head, "lr": settings.head_learning_rate}])
     rng = np.random.default_rng([seed, 7])
-    order = np.concatenate([rng.permutation(y.size) for _ in range(epochs)])
+    order = np.concatenate([rng.permutation(y.size) for _ in range(settings.epochs)])
     steps = -(-order.size // _BATCH)
     warmup = max(1, int(_WARMUP * steps))
     schedule = torch.optim.lr_scheduler.LambdaLR(

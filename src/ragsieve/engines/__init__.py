@@ -14,7 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import DEFAULT_BATCH_PAIRS, Engine, RunReport, Task, process_shard, run_job
+from .base import (
+    DEFAULT_BATCH_PAIRS,
+    Engine,
+    JobOutput,
+    RunReport,
+    Task,
+    process_shard,
+    run_job,
+)
 from .local import LocalEngine
 from .tasks import FilterTask, ScoreTask, filter_record
 
@@ -23,6 +31,7 @@ __all__ = [
     "ENGINES",
     "Engine",
     "FilterTask",
+    "JobOutput",
     "LocalEngine",
     "RunReport",
     "ScoreTask",

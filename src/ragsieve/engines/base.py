@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_BATCH_PAIRS",
     "QUERY_HASHES",
     "Engine",
+    "JobOutput",
     "RunReport",
     "Task",
     "check_queries_whole",
@@ -387,9 +388,38 @@ def _check_output(out: Path, file_fmt: str | None) -> bool:
     return direct_target(out, stream=file_fmt == "jsonl")
 
 
-def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-            engine: Engine, *, fmt: str | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES,
-            batch_pairs: int = DEFAULT_BATCH_PAIRS, overwrite: bool = False,
+@dataclass(frozen=True)
+class JobOutput:
+    """Where a run writes, in which part format, and whether it may replace another run's.
+
+    Attributes
+    ----------
+    path : path
+        A directory (parts + manifest are kept there), or a file ending in ``.jsonl`` /
+        ``.parquet``: parts go to ``<path>.parts/`` while the run lasts, then are merged
+        into the file and removed. A ``.jsonl`` output that is a character device or a
+        FIFO is written to in place (never replaced); a Parquet output, or a directory
+        output, that is a special file is refused before any work.
+    fmt : {"jsonl", "parquet"}, optional
+        Part format of a directory output (default jsonl; a file's suffix decides for a
+        file output).
+    overwrite : bool
+        Replace the output of another run instead of refusing.
+    """
+
+    path: str | os.PathLike[str]
+    fmt: str | None = None
+    overwrite: bool = False
+
+    @classmethod
+    def of(cls, out: str | os.PathLike[str] | JobOutput) -> JobOutput:
+        """``out`` as a :class:`JobOutput` (a bare path: its defaults)."""
+        return out if isinstance(out, JobOutput) else cls(out)
+
+
+def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]],
+            out: str | os.PathLike[str] | JobOutput, engine: Engine, *,
+            shard_bytes: int = DEFAULT_SHARD_BYTES, batch_pairs: int = DEFAULT_BATCH_PAIRS,
             progress: bool = False) -> RunReport:
     """Run ``task`` over the inputs with ``engine``, resumably.
 
@@ -399,23 +429,15 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
         What to compute per batch.
     inputs : sequence of path
         JSONL/Parquet files or directories of them.
-    out : path
-        A directory (parts + manifest are kept there), or a file ending in ``.jsonl`` /
-        ``.parquet``: parts go to ``<out>.parts/`` while the run lasts, then are merged
-        into the file and removed. A ``.jsonl`` output that is a character device or a
-        FIFO is written to in place (never replaced); a Parquet output, or a directory
-        output, that is a special file is refused before any work.
+    out : path or JobOutput
+        Where to write (see :class:`JobOutput`); a bare path has its part format from
+        its suffix (jsonl for a directory) and refuses another run's output.
     engine : Engine
         Local or Ray.
-    fmt : {"jsonl", "parquet"}, optional
-        Part format of a directory output (default jsonl; a file's suffix decides for a
-        file output).
     shard_bytes : int
         Input bytes per shard (the unit of work and of resumption).
     batch_pairs : int
         Pairs per task call (whole queries).
-    overwrite : bool
-        Replace the output of another run instead of refusing.
     progress : bool
         Show a progress bar over shards.
 
@@ -430,7 +452,8 @@ def run_job(task: Task, inputs: Sequence[str | os.PathLike[str]], out: str | os.
         holds another run.
     """
     t0 = time.perf_counter()
-    out = Path(out)
+    target_of = JobOutput.of(out)
+    out, fmt, overwrite = Path(target_of.path), target_of.fmt, target_of.overwrite
     directory, file_fmt = _output_dir(out)
     if file_fmt is not None:
         if fmt is not None and fmt != file_fmt:

@@ -11,8 +11,8 @@ from .answer_metrics import (
 )
 from .answers import AnswerConfig, AnswerReport, evaluate_answers
 from .bootstrap import PairedInterval, paired_bootstrap
-from .choose import DEFAULT_ALPHA_GRID, AlphaChoice, choose_alpha
-from .expect import Expectation, expected_on_new_topics
+from .choose import DEFAULT_ALPHA_GRID, AlphaChoice, AlphaTarget, choose_alpha
+from .expect import Expectation, TopicFolds, expected_on_new_topics
 from .metrics import char_removal, coverage, query_coverage, removal, within_query_rank
 from .sweep import (
     DEFAULT_ALPHAS,
@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_TOP_K",
     "TOLERANCE_SE",
     "AlphaChoice",
+    "AlphaTarget",
     "AnswerConfig",
     "AnswerReport",
     "EvaluationConfig",
@@ -42,6 +43,7 @@ __all__ = [
     "Expectation",
     "PairedInterval",
     "ScoredData",
+    "TopicFolds",
     "answer_in_context",
     "answer_tokens",
     "char_removal",

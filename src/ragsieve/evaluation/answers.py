@@ -227,6 +227,27 @@ _Context = tuple[int, tuple[_Item, ...]]
 
 
 @dataclass(frozen=True)
+class _Scored:
+    """The scored pairs every split plans its contexts from (built once per run)."""
+
+    pairs: list[Pair]
+    data: ScoredData
+    features: np.ndarray | FusionFeatures | None
+    queries: list[_Query]
+    answerable: np.ndarray  # per query: it carries gold answers
+
+
+@dataclass(frozen=True)
+class _Deployed:
+    """What a sentence-unit filter of a split is built from: the score as given (an alias
+    with its options, or a scorer) and the ``group`` mode's field."""
+
+    scorer: Any
+    scorer_options: dict[str, Any] | None
+    group_by: str | None
+
+
+@dataclass(frozen=True)
 class _Row:
     """One method row: how it is labelled and the JSON fields that identify it."""
 
@@ -294,10 +315,9 @@ def _split_contexts(data: ScoredData, ranks: np.ndarray, features: np.ndarray | 
     return out
 
 
-def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
-                       scorer_options: dict[str, Any] | None, config: AnswerConfig,
+def _sentence_contexts(scored: _Scored, deployed: _Deployed, config: AnswerConfig,
                        cal_idx: np.ndarray, test_queries: np.ndarray, split_no: int,
-                       group_by: str | None, pruned: dict[_Item, str],
+                       pruned: dict[_Item, str],
                        ) -> list[tuple[_Row, dict[int, tuple[_Item, ...]]]]:
     """The sentence-unit conformal rows of one split: per mode and alpha, a filter of unit
     ``"sentence"`` calibrated on the calibration topics' pairs, applied to each test query's
@@ -312,6 +332,7 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
     from ..filter import ConformalFilter
     from ..scoring import resolve_scorer
 
+    pairs, queries, group_by = scored.pairs, scored.queries, deployed.group_by
     calibration = [pairs[i] for i in cal_idx.tolist()]
     seed = config.seed + split_no
     fitted: tuple[Any, list[Pair]] | None = None
@@ -321,7 +342,7 @@ def _sentence_contexts(pairs: list[Pair], queries: list[_Query], scorer: Any,
             calibrator = config.sweep.calibrator(mode, a)
             if fitted is None:
                 # a scorer of its own: calibrate fits an unfitted (fused) score on its topics
-                unfitted = resolve_scorer(scorer, **(scorer_options or {}))
+                unfitted = resolve_scorer(deployed.scorer, **(deployed.scorer_options or {}))
                 flt = ConformalFilter(unfitted, calibrator, unit="sentence")
                 flt.calibrate(calibration, group_by=group_by, seed=seed, monitor=False,
                               language=config.language)
@@ -453,8 +474,8 @@ def evaluate_answers(
     splits = group_splits(data.group_index.tolist(), calibration_fraction=config.calibration_fraction,
                           n_splits=config.n_splits, seed=config.seed)
     tests, chosen = _test_queries(data, splits, answerable, config)
-    plan = _plan_contexts(pairs, data, features, queries, answerable, tests, chosen, config,
-                          scorer, scorer_options, group_by)
+    plan = _plan_contexts(_Scored(pairs, data, features, queries, answerable), tests, chosen,
+                          config, _Deployed(scorer, scorer_options, group_by))
     contexts = sorted({(q, ctx) for _, q, ctx in plan.assignments})
     text_of = plan.text_reader(pairs)
 
@@ -564,11 +585,8 @@ class _Plan:
         return text_of
 
 
-def _plan_contexts(pairs: list[Pair], data: ScoredData, features: np.ndarray | FusionFeatures | None,
-                   queries: list[_Query], answerable: np.ndarray,
-                   tests: list[tuple[np.ndarray, np.ndarray]], chosen: np.ndarray,
-                   config: AnswerConfig, scorer: Any, scorer_options: dict[str, Any] | None,
-                   group_by: str | None) -> _Plan:
+def _plan_contexts(scored: _Scored, tests: list[tuple[np.ndarray, np.ndarray]],
+                   chosen: np.ndarray, config: AnswerConfig, deployed: _Deployed) -> _Plan:
     """Every method's context for every chosen test query of every usable split; identical
     contexts are measured once later.
 
@@ -577,16 +595,18 @@ def _plan_contexts(pairs: list[Pair], data: ScoredData, features: np.ndarray | F
     DataError
         No split has a relevant snippet on its calibration side.
     """
+    pairs, data, queries = scored.pairs, scored.data, scored.queries
     ranks = within_query_rank(data.scores, data.query_index)
     plan = _Plan()
-    evidence_spans = (_evidence_spans(pairs, queries, answerable, config.language)
+    evidence_spans = (_evidence_spans(pairs, queries, scored.answerable, config.language)
                       if config.unit == "sentence" else {})
     for split_no, (cal_idx, tq) in enumerate(tests):
         if not data.relevant[cal_idx].any():
             logger.warning("split %d skipped: no relevant snippet among its calibration topics", split_no)
             continue
         tq = np.intersect1d(tq, chosen)
-        for row, mask, k in _split_contexts(data, ranks, features, config, cal_idx, tq, split_no):
+        for row, mask, k in _split_contexts(data, ranks, scored.features, config, cal_idx, tq,
+                                            split_no):
             plan.rows.setdefault(row.label, row)
             if k is not None:
                 plan.k_values.setdefault(row.label, []).append(k)
@@ -595,9 +615,8 @@ def _plan_contexts(pairs: list[Pair], data: ScoredData, features: np.ndarray | F
                 plan.assignments.append(
                     (row.label, q, tuple((i, ()) for i in pos[mask[pos]].tolist())))
         if config.unit == "sentence":
-            for row, contexts_of in _sentence_contexts(pairs, queries, scorer, scorer_options,
-                                                       config, cal_idx, tq, split_no, group_by,
-                                                       plan.pruned):
+            for row, contexts_of in _sentence_contexts(scored, deployed, config, cal_idx, tq,
+                                                       split_no, plan.pruned):
                 plan.add(row, contexts_of)
             for row, contexts_of in _oracle_contexts(pairs, queries, tq, evidence_spans,
                                                      plan.pruned):

@@ -24,7 +24,7 @@ from .._validation import check_real
 from ..types import Pair
 from .sweep import evaluate
 
-__all__ = ["DEFAULT_ALPHA_GRID", "AlphaChoice", "choose_alpha"]
+__all__ = ["DEFAULT_ALPHA_GRID", "AlphaChoice", "AlphaTarget", "choose_alpha"]
 
 #: The alphas tried unless told otherwise.
 DEFAULT_ALPHA_GRID = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5)
@@ -76,6 +76,43 @@ def _check_target(removal: float | None, coverage: float | None) -> tuple[str, f
     return name, check_real(value, name, min_value=0, max_value=1, include_boundaries="neither")
 
 
+@dataclass(frozen=True)
+class AlphaTarget:
+    """What :func:`choose_alpha` is asked to reach: a removal or a coverage, for one mode.
+
+    Attributes
+    ----------
+    removal : float, optional
+        Share of snippets to remove, in (0, 1).
+    coverage : float, optional
+        Share of relevant snippets to keep, in (0, 1). Give exactly one of the two.
+    mode : str, default="marginal"
+        The guarantee mode.
+
+    Raises
+    ------
+    ValueError
+        Not exactly one target, or a target outside (0, 1).
+    """
+
+    removal: float | None = None
+    coverage: float | None = None
+    mode: str = "marginal"
+
+    def __post_init__(self) -> None:
+        _check_target(self.removal, self.coverage)
+
+    @property
+    def name(self) -> str:
+        """``"removal"`` or ``"coverage"``: the one given."""
+        return "removal" if self.removal is not None else "coverage"
+
+    @property
+    def value(self) -> float:
+        """The share asked for."""
+        return _check_target(self.removal, self.coverage)[1]
+
+
 def _check_grid(alphas: Sequence[float]) -> tuple[float, ...]:
     grid = tuple(sorted({float(a) for a in alphas}))
     if not grid or any(not (0 < a < 1) or not math.isfinite(a) for a in grid):
@@ -90,11 +127,10 @@ def _pick(target: str, value: float, rows: list[dict[str, float]]) -> dict[str, 
     return promised[-1] if promised else None
 
 
-def choose_alpha(pairs: Sequence[Pair], scorer: Any, *, removal: float | None = None,
-                 coverage: float | None = None, mode: str = "marginal",
+def choose_alpha(pairs: Sequence[Pair], scorer: Any, target: AlphaTarget, *,
                  alphas: Sequence[float] = DEFAULT_ALPHA_GRID, n_splits: int = 10,
                  seed: int = 0, progress: bool = False, **evaluate_kwargs: Any) -> AlphaChoice:
-    """The alpha of mode ``mode`` that reaches a removal or coverage target.
+    """The alpha of ``target.mode`` that reaches a removal or coverage target.
 
     Parameters
     ----------
@@ -102,12 +138,8 @@ def choose_alpha(pairs: Sequence[Pair], scorer: Any, *, removal: float | None = 
         Labelled pairs with groups (topics), as for :func:`~ragsieve.evaluation.evaluate`.
     scorer : Scorer or str
         The nonconformity score.
-    removal : float, optional
-        Share of snippets to remove, in (0, 1).
-    coverage : float, optional
-        Share of relevant snippets to keep, in (0, 1). Give exactly one of the two.
-    mode : str, default="marginal"
-        The guarantee mode.
+    target : AlphaTarget
+        The removal or the coverage to reach, and the guarantee mode.
     alphas : sequence of float
         The alphas tried (default :data:`DEFAULT_ALPHA_GRID`).
     n_splits, seed : int
@@ -124,9 +156,9 @@ def choose_alpha(pairs: Sequence[Pair], scorer: Any, *, removal: float | None = 
     Raises
     ------
     ValueError
-        Not exactly one target, a target outside (0, 1), or alphas outside (0, 1).
+        Alphas outside (0, 1).
     """
-    target, value = _check_target(removal, coverage)
+    mode, value = target.mode, target.value
     grid = _check_grid(alphas)
     report = evaluate(pairs, scorer, progress=progress, modes=(mode,), alphas=grid,
                       n_splits=n_splits, seed=seed, top_k=(), thetas=(),
@@ -136,14 +168,14 @@ def choose_alpha(pairs: Sequence[Pair], scorer: Any, *, removal: float | None = 
     rows = [{"alpha": float(r["alpha"]), "coverage": float(r["coverage_mean"]),
              "removal": float(r["removal_mean"])} for r in conformal]
     metric = str(conformal[0]["guaranteed_metric"])
-    chosen = _pick(target, value, rows)
+    chosen = _pick(target.name, value, rows)
     if chosen is None:
         best = max(rows, key=lambda r: r["removal"])
         why = (f"no alpha in {list(grid)} reaches removal {value:g} on held-out topics (at most "
                f"{best['removal']:.3f}, at alpha {best['alpha']:g}): a stronger score or a "
-               "larger alpha is needed." if target == "removal" else
+               "larger alpha is needed." if target.name == "removal" else
                f"no alpha in {list(grid)} promises coverage {value:g}: add a smaller alpha.")
-        return AlphaChoice(target, value, mode, None, False, None, None,
+        return AlphaChoice(target.name, value, mode, None, False, None, None,
                            why + _few_topics(pairs, sentence=True), n_splits, tuple(rows))
     a = chosen["alpha"]
     promise = (f"a relevant snippet of a new query is kept with probability >= {1 - a:.2f}"
@@ -152,7 +184,7 @@ def choose_alpha(pairs: Sequence[Pair], scorer: Any, *, removal: float | None = 
                  f"topics it kept {chosen['coverage']:.3f} of the relevant snippets and removed "
                  f"{chosen['removal']:.3f} of all snippets ({n_splits} splits"
                  f"{_few_topics(pairs)}).")
-    return AlphaChoice(target, value, mode, a, True, chosen["coverage"], chosen["removal"],
+    return AlphaChoice(target.name, value, mode, a, True, chosen["coverage"], chosen["removal"],
                        statement, n_splits, tuple(rows))
 
 

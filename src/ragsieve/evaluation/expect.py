@@ -22,7 +22,8 @@ from ..scoring import resolve_scorer
 from ..types import DEFAULT_ALPHA, Pair
 from .sweep import EvaluationConfig, ScoredData, evaluate_scores, score_for_evaluation
 
-__all__ = ["MAX_FOLDS", "MIN_TOPICS", "Expectation", "expected_on_new_topics", "topic_folds"]
+__all__ = ["MAX_FOLDS", "MIN_TOPICS", "Expectation", "TopicFolds", "expected_on_new_topics",
+           "topic_folds"]
 
 #: At most this many folds (each costs one calibration; the scores are computed once).
 MAX_FOLDS = 5
@@ -117,17 +118,31 @@ def topic_folds(group_index: Sequence[int] | np.ndarray, n_folds: int,
     return folds
 
 
+@dataclass(frozen=True)
+class TopicFolds:
+    """The topic-disjoint folds :func:`expected_on_new_topics` asks for.
+
+    Attributes
+    ----------
+    n_folds : int
+        Folds wanted; at most :data:`MAX_FOLDS` and at most the number of topics are used.
+    seed : int
+        Seed of the fold assignment (and of a fused score's fit/calibration topics).
+    """
+
+    n_folds: int = MAX_FOLDS
+    seed: int = 0
+
+
 def expected_on_new_topics(
     pairs: Sequence[Pair],
     scorer: Any,
     *,
     mode: str = "marginal",
     alpha: float = DEFAULT_ALPHA,
-    n_folds: int = MAX_FOLDS,
-    seed: int = 0,
+    folds: TopicFolds = TopicFolds(),
     group_by: str | None = None,
     progress: bool = False,
-    scorer_options: dict[str, Any] | None = None,
     **calibrator_params: Any,
 ) -> Expectation:
     """Estimate, by topic-disjoint cross-validation, the coverage and removal of calibrating
@@ -138,21 +153,18 @@ def expected_on_new_topics(
     pairs : sequence of Pair
         Labelled calibration pairs; their ``group`` is the topic.
     scorer : Scorer or str
-        The score calibrated. A fused score (``"best"``) is fitted afresh in every fold
-        on part of that fold's calibration topics, also when it comes fitted (its weights
-        were learnt on these pairs, held-out folds included).
+        The score calibrated (an alias with options: ``resolve_scorer(alias, **options)``
+        first). A fused score (``"best"``) is fitted afresh in every fold on part of that
+        fold's calibration topics, also when it comes fitted (its weights were learnt on
+        these pairs, held-out folds included).
     mode, alpha
         The guarantee mode and its alpha.
-    n_folds : int
-        Folds wanted; at most :data:`MAX_FOLDS` and at most the number of topics are used.
-    seed : int
-        Seed of the fold assignment (and of a fused score's fit/calibration topics).
+    folds : TopicFolds
+        How many folds (at most :data:`MAX_FOLDS`) and their seed.
     group_by : str, optional
         ``Pair.meta`` key of the ``group`` mode's attribute.
     progress : bool
         Progress bar while scoring.
-    scorer_options : dict, optional
-        Keyword arguments of a scorer given by alias.
     **calibrator_params
         Further calibrator parameters (``delta``, ``min_group_size``, ``budget``, ``unit``,
         ``bound``, ...), as :func:`ragsieve.calibration.make_calibrator` takes them.
@@ -178,10 +190,10 @@ def expected_on_new_topics(
             f"estimate: it needs at least {MIN_TOPICS} ({MAX_FOLDS} folds of at least "
             f"{MIN_TOPICS // MAX_FOLDS} topics); `ragsieve choose-alpha` and `evaluate` still "
             f"run random splits of these {n_topics} topics, whose held-out topics overlap"))
-    k = min(int(n_folds), MAX_FOLDS, n_topics)
+    k, seed = min(int(folds.n_folds), MAX_FOLDS, n_topics), folds.seed
     config = _config(mode, float(alpha), k, seed, calibrator_params)
     pairs, scores, features, _, _ = score_for_evaluation(
-        pairs, _refittable(resolve_scorer(scorer, **(scorer_options or {}))),
+        pairs, _refittable(resolve_scorer(scorer)),
         progress=progress, fusion_fraction=config.fusion_fraction)
     data = ScoredData.from_pairs(pairs, scores, group_by=group_by)
     try:

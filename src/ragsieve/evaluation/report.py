@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_OPEN_QUERIES",
     "DEFAULT_REPORT_ALPHAS",
     "Interval",
+    "ReportSettings",
     "answers_page",
     "build_report",
     "cluster_interval",
@@ -708,19 +709,45 @@ def _order_line(flt: Any, pairs: Sequence[Pair], n_missed: int, open_queries: in
     return f"{order} {opened}"
 
 
+@dataclass(frozen=True)
+class ReportSettings:
+    """What a report page names, lists and measures (``ragsieve report``'s options).
+
+    Attributes
+    ----------
+    data_name, filter_name : str
+        Shown as where the data and the filter came from.
+    max_queries : int
+        Queries listed one by one: those the filter removed a relevant snippet of (unit
+        sentence: an evidence sentence) first, the others in data order; a line says how
+        many are left out.
+    open_queries : int
+        Queries of the list shown open; the others are one line each (the query, what
+        was missed, the counts) that opens with a click.
+    alphas : sequence of float
+        Alphas of the trade-off figure.
+    n_splits : int
+        Topic-disjoint splits of the trade-off figure.
+    confidence, n_resamples, seed : float, int, int
+        The bootstrap intervals of coverage and removal (``seed`` also seeds the splits).
+    """
+
+    data_name: str = ""
+    filter_name: str = ""
+    max_queries: int = DEFAULT_MAX_QUERIES
+    open_queries: int = DEFAULT_OPEN_QUERIES
+    alphas: Sequence[float] = DEFAULT_REPORT_ALPHAS
+    n_splits: int = 10
+    confidence: float = 0.95
+    n_resamples: int = 2000
+    seed: int = 0
+
+
 def build_report(
     flt: Any,
     pairs: Sequence[Pair],
+    settings: ReportSettings = ReportSettings(),
     *,
-    data_name: str = "",
-    filter_name: str = "",
-    max_queries: int = DEFAULT_MAX_QUERIES,
-    open_queries: int = DEFAULT_OPEN_QUERIES,
-    alphas: Sequence[float] = DEFAULT_REPORT_ALPHAS,
-    n_splits: int = 10,
-    confidence: float = 0.95,
-    n_resamples: int = 2000,
-    seed: int = 0,
     progress: bool = False,
     results: Mapping[str, FilterResult] | None = None,
 ) -> str:
@@ -738,21 +765,9 @@ def build_report(
         The data; labels (``relevant``) are optional and enable coverage and the figure
         (unit ``"sentence"``: ``meta["evidence"]`` spans or the query's ``answers`` tell
         the evidence sentences of a relevant snippet apart).
-    data_name, filter_name : str
-        Shown as where the data and the filter came from.
-    max_queries : int
-        Queries listed one by one: those the filter removed a relevant snippet of (unit
-        sentence: an evidence sentence) first, the others in data order; a line says how
-        many are left out.
-    open_queries : int
-        Queries of the list shown open; the others are one line each (the query, what
-        was missed, the counts) that opens with a click.
-    alphas : sequence of float
-        Alphas of the trade-off figure.
-    n_splits : int
-        Topic-disjoint splits of the trade-off figure.
-    confidence, n_resamples, seed : float, int, int
-        The bootstrap intervals of coverage and removal.
+    settings : ReportSettings
+        The names shown, the queries listed and opened, the trade-off figure's alphas
+        and splits, and the bootstrap of the intervals.
     progress : bool
         Progress bar while scoring.
     results : mapping, optional
@@ -772,21 +787,23 @@ def build_report(
     pairs = list(pairs)
     if not pairs:
         raise ValueError("no pairs to report on: the data is empty.")
-    max_queries = check_int(max_queries, "max_queries", min_value=1)
-    open_queries = check_int(open_queries, "open_queries", min_value=0)
+    max_queries = check_int(settings.max_queries, "max_queries", min_value=1)
+    open_queries = check_int(settings.open_queries, "open_queries", min_value=0)
+    data_name, filter_name, seed = settings.data_name, settings.filter_name, settings.seed
     if results is None:
         results = flt.filter_pairs(pairs, progress=progress)
     rule = flt.scorer.keep_rule(flt.threshold)
     keep = _kept_mask(pairs, results)
     sentences = _sentences(pairs, results, flt.max_chars) if flt.unit == "sentence" else None
-    resampling = _Resampling(confidence, n_resamples, seed)
+    resampling = _Resampling(settings.confidence, settings.n_resamples, seed)
     body = [
         _guarantee_block(flt),
         _threshold_line(flt, rule),
         _facts(_fact_rows(flt, rule, pairs, results, keep, sentences, data_name, filter_name)),
         (_metrics_block(pairs, keep, resampling) if sentences is None
          else _sentence_metrics_block(pairs, keep, sentences, resampling)),
-        _tradeoff_block(flt, pairs, results, alphas=alphas, n_splits=n_splits, seed=seed),
+        _tradeoff_block(flt, pairs, results, alphas=settings.alphas, n_splits=settings.n_splits,
+                        seed=seed),
         *_per_query(flt, rule, pairs, results, max_queries, open_queries, sentences),
     ]
     title = "ragsieve report" + (f": {data_name}" if data_name else "")

@@ -31,7 +31,8 @@ from ..monitoring import drift_check
 from ..types import DEFAULT_ALPHA, Pair
 from .plots import save_figure
 
-__all__ = ["ShiftDemoConfig", "plot_shift", "rolling_coverage", "run_shift_demo", "run_stream"]
+__all__ = ["ShiftDemoConfig", "StreamSettings", "plot_shift", "rolling_coverage", "run_shift_demo",
+           "run_stream"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,17 +58,33 @@ def _phase_metrics(kept: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
     }
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """How :func:`run_stream` filters and measures a stream.
+
+    Attributes
+    ----------
+    alpha, gamma, window
+        Target miscoverage and the :class:`AdaptiveConformalFilter` parameters.
+    rolling : int
+        Window (in relevant snippets) of the rolling coverage.
+    drift_alpha : float
+        Level of the drift check.
+    """
+
+    alpha: float = DEFAULT_ALPHA
+    gamma: float = 0.005
+    window: int | None = 500
+    rolling: int = 200
+    drift_alpha: float = 0.01
+
+
 def run_stream(
     calibration_scores: Any,
     scores: Any,
     relevant: Any,
     phase: Any,
-    *,
-    alpha: float = DEFAULT_ALPHA,
-    gamma: float = 0.005,
-    window: int | None = 500,
-    rolling: int = 200,
-    drift_alpha: float = 0.01,
+    settings: StreamSettings = StreamSettings(),
 ) -> dict[str, Any]:
     """Feed a labelled two-phase stream to a static and an adaptive filter.
 
@@ -77,12 +94,9 @@ def run_stream(
         Scores of relevant calibration snippets (both filters start from them).
     scores, relevant, phase : array-like
         The stream in order: score, relevance label and phase (1 or 2) of each snippet.
-    alpha, gamma, window
-        Target miscoverage and the :class:`AdaptiveConformalFilter` parameters.
-    rolling : int
-        Window (in relevant snippets) of the rolling coverage.
-    drift_alpha : float
-        Level of the drift check.
+    settings : StreamSettings
+        Target miscoverage, the adaptive filter's parameters, the rolling window and the
+        drift check's level.
 
     Returns
     -------
@@ -91,7 +105,9 @@ def run_stream(
         checks, ACI error bound) and ``series`` (rolling coverages and thresholds, for
         plotting).
     """
-    alpha = check_alpha(alpha)
+    gamma, window, rolling, drift_alpha = (settings.gamma, settings.window, settings.rolling,
+                                           settings.drift_alpha)
+    alpha = check_alpha(settings.alpha)
     cal, s, rel, ph = _checked_stream(calibration_scores, scores, relevant, phase)
     static = SplitConformalCalibrator(alpha=alpha).fit(cal)
     kept_static = s <= static.threshold_
@@ -223,7 +239,7 @@ class ShiftDemoConfig:
     model : str
         Embedding model of the scorer used for every phase.
     alpha, gamma, window, rolling, drift_alpha
-        See :func:`run_stream`.
+        See :class:`StreamSettings` (:attr:`stream`).
     calibration_fraction : float
         Share of ``phase1``'s topics used for calibration, in (0, 1).
     cache_dir : path-like, optional
@@ -249,6 +265,12 @@ class ShiftDemoConfig:
         check_alpha(self.alpha)
         check_alpha(self.drift_alpha, name="drift_alpha")
         check_alpha(self.calibration_fraction, name="calibration_fraction")
+
+    @property
+    def stream(self) -> StreamSettings:
+        """The settings :func:`run_stream` reads."""
+        return StreamSettings(alpha=self.alpha, gamma=self.gamma, window=self.window,
+                              rolling=self.rolling, drift_alpha=self.drift_alpha)
 
 
 def run_shift_demo(
@@ -302,8 +324,7 @@ def run_shift_demo(
     stream = _build_stream(src_pairs, src_scores, tgt_pairs, tgt_scores, calibration_fraction,
                            np.random.default_rng(seed))
     result = run_stream(stream.calibration_scores, stream.scores, stream.relevant, stream.phase,
-                        alpha=alpha, gamma=c.gamma, window=c.window, rolling=c.rolling,
-                        drift_alpha=c.drift_alpha)
+                        c.stream)
     summary = result["summary"]
     summary.update({
         "phase1_dataset": phase1, "phase2_dataset": phase2, "scorer": scorer.spec(), "seed": seed,

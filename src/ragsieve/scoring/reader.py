@@ -40,7 +40,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._validation import check_int, check_str
-from ..embeddings.cross_encoder import DEFAULT_LAYERS, ReaderWeights, fine_tune, load_reader
+from ..embeddings.cross_encoder import (
+    DEFAULT_LAYERS,
+    FineTuneSettings,
+    ReaderWeights,
+    fine_tune,
+    load_reader,
+)
 from ..embeddings.languages import normalise_language
 from ..embeddings.reader_bases import DEFAULT_BASE, READER_BASES, base_fingerprint
 from ..errors import CalibrationError, DataError, ScorerError
@@ -182,9 +188,10 @@ class ReaderScorer(Scorer):
         read = [pairs[i] for i in rows]
         read += evidence_sentences([p for p in read if p.relevant == 1],
                                    budget=self.max_fit_pairs - len(read))
+        settings = FineTuneSettings(base=self.model, seed=seed, layers=self.layers,
+                                    max_length=self.max_length)
         weights, _ = fine_tune([p.query for p in read], [p.text for p in read],
-                               [int(p.relevant or 0) for p in read], base=self.model, seed=seed,
-                               layers=self.layers, max_length=self.max_length)
+                               [int(p.relevant or 0) for p in read], settings)
         register_weights({weights.sha256: weights.blob})
         fitted = ReaderScorer(weights.sha256, base_sha256=base_fingerprint(self.model),
                               layers=self.layers, max_length=self.max_length,
