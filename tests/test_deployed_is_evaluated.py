@@ -76,7 +76,7 @@ def test_calibrate_is_split_zero_of_evaluate_for_the_fused_score(bm25_pairs: lis
     # the same calibrator state, and the threshold evaluate measures
     cal = EvaluationConfig(modes=(mode,)).calibrator(mode, 0.1)
     _calibrate_split(fused, cal, conf_idx)
-    assert cal.to_state() == flt.calibrator.to_state()
+    assert cal.to_state() == flt.calibrator_.to_state()
     row = _one_split(bm25_pairs, FusedScorer.unfitted(BM25), mode)
     assert row["threshold_mean"] == flt.threshold
     assert row["n_calibration_mean"] == flt.guarantee()["n_calibration"]
@@ -109,7 +109,7 @@ def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
             [pairs[i].text for i in fit_share]).spec()
     cal = EvaluationConfig(modes=("marginal",)).calibrator("marginal", 0.1)
     _calibrate_split(fused, cal, conf_idx)
-    assert cal.to_state() == flt.calibrator.to_state()
+    assert cal.to_state() == flt.calibrator_.to_state()
     assert _one_split(pairs, unfitted, "marginal")["threshold_mean"] == flt.threshold
 
 
@@ -124,7 +124,7 @@ def test_a_budget_filter_is_calibrated_on_the_inputs_evaluate_gives_it(bm25_pair
     cal = EvaluationConfig(modes=("budget",), budgets=(400,),
                            calibrator_params={"unit": "tokens"}).calibrator("budget", 0.1)
     _calibrate_split(data, cal, cal_idx)
-    assert cal.to_state() == flt.calibrator.to_state()
-    assert cal.report_ == flt.calibrator.report_
-    assert flt.calibrator.report_.unit == "tokens"
-    assert flt.calibrator.report_.bound == "min(clopper-pearson, group-bootstrap)"
+    assert cal.to_state() == flt.calibrator_.to_state()
+    assert cal.report_ == flt.calibrator_.report_
+    assert flt.calibrator_.report_.unit == "tokens"
+    assert flt.calibrator_.report_.bound == "min(clopper-pearson, group-bootstrap)"

@@ -38,7 +38,7 @@ def calibrated(few_topics: list[Pair]) -> ConformalFilter:
 
 def test_the_reader_is_fitted_on_the_fit_topics_only(calibrated: ConformalFilter,
                                                      few_topics: list[Pair]) -> None:
-    reader = calibrated.scorer
+    reader = calibrated.scorer_
     assert isinstance(reader, ReaderScorer) and reader.is_fitted
     spec = reader.spec()
     assert spec["scorer"] == "reader" and len(spec["weights"]) == 64
@@ -51,7 +51,7 @@ def test_the_reader_is_fitted_on_the_fit_topics_only(calibrated: ConformalFilter
     seen: dict[object, int] = {}
     topics = np.array([seen.setdefault(p.group, len(seen)) for p in few_topics])
     fit_topics = {few_topics[i].group for i in np.flatnonzero(fusion_fit_mask(topics, seed=3))}
-    assert calibrated.calibrator.n_calibration_ == sum(
+    assert calibrated.calibrator_.n_calibration_ == sum(
         p.relevant == 1 for p in few_topics if p.group not in fit_topics)
 
 
@@ -59,9 +59,9 @@ def test_scores_are_one_minus_a_probability(calibrated: ConformalFilter,
                                             few_topics: list[Pair]) -> None:
     query = few_topics[0].query
     texts = [p.text for p in few_topics[:6]]
-    scores = calibrated.scorer.score_batch(query, texts)
+    scores = calibrated.scorer_.score_batch(query, texts)
     assert scores.shape == (6,) and np.all((scores > 0) & (scores < 1))
-    together = calibrated.scorer.score_pairs(few_topics[:6])
+    together = calibrated.scorer_.score_pairs(few_topics[:6])
     assert together == pytest.approx(scores, abs=1e-6)  # batched across queries: the same
 
 

@@ -70,9 +70,9 @@ from .calibration import (
     make_calibrator,
 )
 from .calibration.p_values import EvidenceScores
-from .errors import ArtifactError, NotFittedError
-from .fitting import fit_and_calibrate
-from .keeping import apply_rule, check_policy, promise, see_list, see_lists, wants_root
+from .errors import NotFittedError
+from .fitting import CalibrationInfo, CalibrationOptions, fit_and_calibrate
+from .keeping import KeepPolicy, apply_rule, promise, see_list, see_lists, wants_root
 from .lists import DEFAULT_DELTA, DEFAULT_MIN_LISTS, ListCheck, ListRecord, ListWatch
 from .persistence import artifact_of, parts_of
 from .pieces import (
@@ -97,7 +97,8 @@ logger = logging.getLogger(__name__)
 class ConformalFilter:
     """Keep the snippets a calibrated guarantee mode keeps (see the module docstring).
     Every parameter is checked at once (``ValueError`` out of range, ``TypeError`` of the
-    wrong type: :func:`ragsieve.keeping.check_policy`).
+    wrong type: :meth:`ragsieve.keeping.KeepPolicy.checked`) and kept as given (resolved);
+    what :meth:`calibrate` learns is kept apart, in the attributes ending in ``_``.
 
     Parameters
     ----------
@@ -117,6 +118,19 @@ class ConformalFilter:
         and kept when any piece is kept (default ``MAX_CHARS``, 600).
     unit : {"snippet", "sentence"}, default="snippet"
         What is scored and kept (the module docstring's *Units*).
+
+    Attributes
+    ----------
+    scorer_ : Scorer
+        The score in force: what :meth:`calibrate` resolved and fitted (``"auto"``,
+        ``"best"``), else the given one.
+    calibrator_ : BaseCalibrator
+        The calibrator in force: the copy :meth:`calibrate` fitted (the given one is never
+        fitted), else the given one (fitted when the filter was loaded).
+    policy_ : KeepPolicy
+        The keep policy in force (with the ``group_by`` given to :meth:`calibrate`).
+    calibration_info : CalibrationInfo
+        The calibration data's provenance (the artifact's ``data`` block).
     """
 
     def __init__(self, scorer: Scorer | str = "auto", calibrator: BaseCalibrator | str | None = None,
@@ -129,9 +143,13 @@ class ConformalFilter:
         self.calibrator = check_instance(
             calibrator, BaseCalibrator, "calibrator", expected="a ragsieve calibrator "
             "(ragsieve.calibration.make_calibrator(mode, ...)) or a mode name")
-        self.min_keep, self.group_by, self.max_chars, self.unit = check_policy(
-            min_keep, group_by, max_chars, unit, self.scorer.sentence_in_context)
-        self.calibration_info: dict[str, Any] = {}
+        policy = KeepPolicy.checked(min_keep, group_by, max_chars, unit,
+                                    sentence_in_context=self.scorer.sentence_in_context)
+        self.min_keep, self.group_by = policy.min_keep, policy.group_by
+        self.max_chars, self.unit = policy.max_chars, policy.unit
+        self.scorer_, self.calibrator_ = self.scorer, self.calibrator  # until calibrated
+        self.group_by_: str | None = None  # the group field calibrate was given
+        self.calibration_info = CalibrationInfo()
         #: The ``"monitor"`` block (:mod:`ragsieve.monitoring`) and the calibration lists
         #: (:mod:`ragsieve.lists`), None until calibrated; the check of the given lists.
         self.monitor_reference: dict[str, Any] | None = None
@@ -142,17 +160,23 @@ class ConformalFilter:
         self.evidence: EvidenceScores | None = None
 
     @property
+    def policy_(self) -> KeepPolicy:
+        """The keep policy in force: the constructor's, with ``calibrate``'s ``group_by``."""
+        return KeepPolicy(self.min_keep, self.group_by_ or self.group_by, self.max_chars,
+                          self.unit)
+
+    @property
     def mode(self) -> str:
         """The guarantee mode of the calibrator."""
-        return self.calibrator.mode
+        return self.calibrator_.mode
 
     @property
     def alpha(self) -> float | None:
         """Target miscoverage (``None`` for a budget without a coverage target)."""
-        return self.calibrator.miscoverage()
+        return self.calibrator_.miscoverage()
 
     def _check_calibrated(self) -> None:
-        if not self.calibrator.is_fitted:
+        if not self.calibrator_.is_fitted:
             raise NotFittedError("This ConformalFilter is not calibrated; call calibrate(pairs) "
                                  "or ConformalFilter.load(path) first.")
 
@@ -160,25 +184,26 @@ class ConformalFilter:
     def threshold(self) -> float:
         """The calibrated threshold tau (group mode: the pooled one; budget: its cap)."""
         self._check_calibrated()
-        return float(self.calibrator.threshold_)
+        return float(self.calibrator_.threshold_)
 
     def guarantee(self) -> dict[str, Any]:
         """What the filter promises (:func:`ragsieve.keeping.promise`)."""
         self._check_calibrated()
-        return promise(self.calibrator, unit=self.unit, group_by=self.group_by)
+        return promise(self.calibrator_, unit=self.unit, group_by=self.policy_.group_by)
 
     @property
     def language(self) -> str | None:
         """The language the filter was calibrated on (``data.language``), or None."""
-        code = self.calibration_info.get("language")
-        return code if isinstance(code, str) else None
+        return self.calibration_info.language
 
     def calibrate(self, pairs: Sequence[Pair], *, progress: bool = False,
                   group_by: str | None = None, seed: int = 0, monitor: bool | None = None,
                   language: str | None = None,
                   lists: str | Mapping[str, Any] | None = None) -> ConformalFilter:
-        """Score labelled calibration pairs and fit the calibrator: the steps of
-        :func:`ragsieve.fitting.fit_and_calibrate`, which documents them in full.
+        """Score labelled calibration pairs and fit a copy of the calibrator: the steps of
+        :func:`ragsieve.fitting.fit_and_calibrate`, which documents them in full. The
+        parameters stay as given; what is learned goes to ``scorer_``, ``calibrator_``,
+        ``policy_``, ``calibration_info``, ``monitor_reference``, ``lists``, ``evidence``.
 
         Parameters
         ----------
@@ -203,14 +228,14 @@ class ConformalFilter:
             An unlabelled pair, a group-mode pair without its group, a relevant snippet
             without evidence (unit ``"sentence"``); no relevant pair.
         """
-        self.group_by = group_by or self.group_by
-        done = fit_and_calibrate(self.scorer, self.calibrator, pairs, unit=self.unit,
-                                 max_chars=self.max_chars, group_by=self.group_by, seed=seed,
-                                 progress=progress, monitor=monitor, language=language,
-                                 lists=lists)
-        self.scorer, self.calibration_info = done.scorer, done.info
-        self.monitor_reference, self.lists = done.monitor, done.lists
-        self.evidence = EvidenceScores.of_calibrator(self.calibrator) or done.evidence
+        calibrator = self.calibrator.unfitted_copy()
+        done = fit_and_calibrate(self.scorer, calibrator, pairs,
+                                 policy=self.policy_.with_group_by(group_by), seed=seed,
+                                 progress=progress,
+                                 options=CalibrationOptions(monitor, language, lists))
+        self.scorer_, self.calibrator_, self.group_by_ = done.scorer, calibrator, group_by
+        self.calibration_info, self.monitor_reference, self.lists = done.info, done.monitor, done.lists
+        self.evidence = EvidenceScores.of_calibrator(calibrator) or done.evidence
         self.watch_lists()
         return self
 
@@ -221,12 +246,12 @@ class ConformalFilter:
         ``lists_note`` itself); None without a record of the calibration lists."""
         self.list_watch = None if self.lists is None else ListWatch(
             self.lists, delta=delta, min_lists=min_lists,
-            score_name=f"the {self.scorer.keep_rule(0.0).score}", log=log)
+            score_name=f"the {self.scorer_.keep_rule(0.0).score}", log=log)
         return self.list_watch
 
     def _cut(self, snippets: Sequence[SnippetLike]) -> Pieces:
         return cut(as_items(snippets), unit=self.unit, max_chars=self.max_chars,
-                   reads_text=self.scorer.reads_text)
+                   reads_text=self.scorer_.reads_text)
 
     def piece_texts(self, snippets: Sequence[SnippetLike]) -> list[str]:
         """The texts a :meth:`filter` call hands its scorer (the model work it may cause:
@@ -238,10 +263,9 @@ class ConformalFilter:
         """:func:`ragsieve.keeping.apply_rule`; ``root`` scores or the ``check`` made."""
         self._check_calibrated()
         return apply_rule(
-            self.calibrator, scores, pieces, query=query, unit=self.unit,
-            min_keep=self.min_keep, max_chars=self.max_chars, group_by=self.group_by,
-            group=group, see=lambda: see_list(self.list_watch, pieces, root) if check is None
-            else check, evidence=self.evidence)
+            self.calibrator_, scores, pieces, query=query, policy=self.policy_, group=group,
+            see=lambda: see_list(self.list_watch, pieces, root) if check is None else check,
+            evidence=self.evidence)
 
     def filter(self, query: str, snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
         """Score one query's snippets and keep what the calibrated mode keeps.
@@ -254,8 +278,8 @@ class ConformalFilter:
         check_str(query, "query")
         self._check_calibrated()  # fail before scoring
         pieces = self._cut(snippets)
-        scores = self.scorer.score_items(query, pieces.pieces) if pieces.pieces else np.zeros(0)
-        root = (self.scorer.root_scorer().score_items(query, pieces.pieces)  # cached embeddings
+        scores = self.scorer_.score_items(query, pieces.pieces) if pieces.pieces else np.zeros(0)
+        root = (self.scorer_.root_scorer().score_items(query, pieces.pieces)  # cached embeddings
                 if pieces.pieces and wants_root(self.list_watch) else None)
         return self._apply(query, scores, pieces, group, root)
 
@@ -275,7 +299,7 @@ class ConformalFilter:
         self._check_calibrated()
         check_snippet_unit(self.unit, "the snippets' vectors")
         items = as_items(snippets)
-        scores, root = vector_scores(self.scorer, query_vector, snippet_vectors, len(items),
+        scores, root = vector_scores(self.scorer_, query_vector, snippet_vectors, len(items),
                                      root=wants_root(self.list_watch))
         return self._apply(query, scores, Pieces.whole(items), group, root)
 
@@ -286,9 +310,9 @@ class ConformalFilter:
         (``seed``); when it fires on the batch, every result is flagged."""
         self._check_calibrated()
         batch = cut_pairs(pairs, unit=self.unit, max_chars=self.max_chars,
-                          reads_text=self.scorer.reads_text)
-        scores = self.scorer.score_pairs(batch.pairs, progress=progress)
-        roots = (self.scorer.root_scorer().score_pairs(batch.pairs)
+                          reads_text=self.scorer_.reads_text)
+        scores = self.scorer_.score_pairs(batch.pairs, progress=progress)
+        roots = (self.scorer_.root_scorer().score_pairs(batch.pairs)
                  if wants_root(self.list_watch) and batch.pairs else None)
         checks = see_lists(self.list_watch, batch.cuts, batch.offsets, roots, seed)
         return {qid: self._apply(batch.queries[qid], scores[batch.rows(qid)], pieces, None,
@@ -317,10 +341,7 @@ class ConformalFilter:
         """The filter an :class:`~ragsieve.artifact.Artifact` stores (see :meth:`load`;
         ``TypeError`` for a dict: :meth:`from_dict` takes one)."""
         parts = parts_of(artifact, scorer=scorer, scorer_options=scorer_options)
-        try:
-            flt = cls(parts.scorer, parts.calibrator, **parts.options)
-        except ValueError as exc:
-            raise ArtifactError(f"artifact policy: {exc}") from exc
+        flt = cls(parts.scorer, parts.calibrator, **parts.policy.keywords())
         flt.calibration_info, flt.monitor_reference, flt.lists = parts.info, parts.monitor, parts.lists
         flt.evidence = parts.evidence
         flt.watch_lists()
@@ -352,7 +373,7 @@ class ConformalFilter:
                                  scorer_options=scorer_options)
 
     def __repr__(self) -> str:
-        tau = getattr(self.calibrator, "threshold_", None)
+        tau = getattr(self.calibrator_, "threshold_", None)
         unit = "" if self.unit == "snippet" else f", unit={self.unit!r}"
-        return (f"ConformalFilter(scorer={self.scorer.spec()!r}, mode={self.mode!r}, "
+        return (f"ConformalFilter(scorer={self.scorer_.spec()!r}, mode={self.mode!r}, "
                 f"alpha={self.alpha}, threshold={tau}{unit})")

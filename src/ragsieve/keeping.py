@@ -1,6 +1,10 @@
 """What a filter keeps: the calibrated rule applied to the pieces' scores, mapped back to
 the snippets, with the empty-result policy and the list check's verdict.
 
+:class:`KeepPolicy` is the filter's keep policy, one value wherever it travels (the filter,
+the artifact's ``policy`` block, the framework components, the service): ``min_keep``,
+``group_by``, ``max_chars`` and ``unit``, checked once by :meth:`KeepPolicy.checked`.
+
 :func:`apply_rule` asks the calibrator which pieces (snippets, windows of long snippets,
 or sentences) it keeps, keeps a snippet when any of its pieces is kept, and builds the
 :class:`~ragsieve.types.FilterResult` (kept and removed snippets in input order, each
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +35,7 @@ from .pieces import MAX_CHARS, Pieces
 from .types import FilterResult, Scored
 from .units import check_unit
 
-__all__ = ["apply_rule", "check_policy", "p_value_rule", "promise", "see_list", "see_lists",
+__all__ = ["KeepPolicy", "apply_rule", "check_policy", "p_value_rule", "promise", "see_list", "see_lists",
            "wants_root"]
 
 logger = logging.getLogger(__name__)
@@ -59,6 +64,49 @@ def check_policy(min_keep: Any, group_by: Any, max_chars: Any, unit: Any,
     return min_keep, group_by, MAX_CHARS if max_chars is None else max_chars, unit
 
 
+@dataclass(frozen=True)
+class KeepPolicy:
+    """What a filter keeps besides its calibrated rule: the filter's keep policy.
+
+    Build a checked one with :meth:`checked` (the constructor itself trusts its values).
+
+    Attributes
+    ----------
+    min_keep : int
+        Empty-result policy: keep at least this many best-scoring units.
+    group_by : str or None
+        ``group`` mode: the field of each snippet's group.
+    max_chars : int
+        Longer snippets (sentences, unit ``"sentence"``) are cut into pieces of this size.
+    unit : str
+        What is scored and kept: ``"snippet"`` or ``"sentence"``.
+    """
+
+    min_keep: int = 0
+    group_by: str | None = None
+    max_chars: int = MAX_CHARS
+    unit: str = "snippet"
+
+    @classmethod
+    def checked(cls, min_keep: Any = 0, group_by: Any = None, max_chars: Any = None,
+                unit: Any = "snippet", *, sentence_in_context: bool = False) -> KeepPolicy:
+        """The policy of these values, checked (:func:`check_policy`, which raises
+        ``TypeError`` / ``ValueError``); ``max_chars`` None: ``MAX_CHARS``."""
+        return cls(*check_policy(min_keep, group_by, max_chars, unit, sentence_in_context))
+
+    def with_group_by(self, group_by: str | None) -> KeepPolicy:
+        """This policy with the group field ``group_by`` (None: this policy's own)."""
+        return self if group_by is None else replace(self, group_by=group_by)
+
+    def keywords(self) -> dict[str, Any]:
+        """The policy as ``ConformalFilter``'s keyword arguments."""
+        return asdict(self)
+
+    def block(self) -> dict[str, Any]:
+        """The artifact's ``policy`` block (``group_by`` is stored in its calibration block)."""
+        return {"min_keep": self.min_keep, "max_chars": self.max_chars, "unit": self.unit}
+
+
 def promise(calibrator: BaseCalibrator, *, unit: str, group_by: str | None) -> dict[str, Any]:
     """What a filter promises: the calibrator's :class:`~ragsieve.calibration.Guarantee`
     for ``unit`` as a dict (mode, metric, target, statement, alpha, n_calibration,
@@ -76,11 +124,11 @@ def promise(calibrator: BaseCalibrator, *, unit: str, group_by: str | None) -> d
 
 
 def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query: str,
-               unit: str, min_keep: int, max_chars: int, group_by: str | None, group: Any,
-               see: Callable[[], ListCheck],
+               policy: KeepPolicy, group: Any, see: Callable[[], ListCheck],
                evidence: EvidenceScores | None = None) -> FilterResult:
     """Apply the fitted ``calibrator``'s rule to the pieces' scores; map it back to the items.
 
+    ``policy``: the filter's unit, empty-result policy, group field and cut size;
     ``group``: the group of snippets that carry none of their own (``group`` mode);
     ``see``: the list check, made once the result is known; ``evidence``: the relevant
     calibration scores each snippet's (and sentence's) p-value is computed against.
@@ -97,7 +145,8 @@ def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query
     if len(pieces.pieces) != arr.size:
         raise ValueError(f"got {arr.size} scores for {len(pieces.pieces)} snippets; they must "
                          "align.")
-    keep_piece, groups = _predict(calibrator, arr, pieces.pieces, group_by, group)
+    unit, min_keep = policy.unit, policy.min_keep
+    keep_piece, groups = _predict(calibrator, arr, pieces.pieces, policy.group_by, group)
     item_scores = np.full(n, np.inf)
     np.minimum.at(item_scores, pieces.owner, arr)
     tau = float(calibrator.threshold_)
@@ -112,7 +161,7 @@ def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query
     np.logical_or.at(keep, pieces.owner, keep_piece)
     n_cut, n_pieces = pieces.cut_summary()
     if n_cut:
-        notes.insert(0, _cut_note(n_cut, n_pieces, max_chars, sentences))
+        notes.insert(0, _cut_note(n_cut, n_pieces, policy.max_chars, sentences))
     if rule_kept_none and not sentences:
         notes.append(_empty_policy(keep, item_scores, tau, "snippet", min_keep, calibrator.mode))
     if rule_kept_none:

@@ -91,14 +91,14 @@ def filter_items(
     """
     from ragsieve.scoring.field import outside_score_conflict
 
-    field = flt.scorer.outside_field()
-    wanted = {key for key in (flt.group_by, field, "score") if key}
+    field = flt.scorer_.outside_field()
+    wanted = {key for key in (flt.policy_.group_by, field, "score") if key}
     items = []
     for i, (text, meta) in enumerate(zip(texts, metadatas, strict=True)):
         item = {k: v for k, v in meta.items() if k not in _FILTER_KEYS or k in wanted}
         if native is not None and field is not None:
             item = _with_native(item, field, native[i], f"document {i}", native_name)
-        problem = outside_score_conflict(flt.scorer, item)
+        problem = outside_score_conflict(flt.scorer_, item)
         if problem:
             raise DataError(f"document {i} {problem}.")
         item["text"] = text
@@ -139,8 +139,8 @@ def check_score_source(flt: ConformalFilter, score_source: Any, native_name: str
     if score_source not in SCORE_SOURCES:
         raise ValueError(f"score_source == {score_source!r}, must be one of {SCORE_SOURCES}.")
     if score_source == "native":
-        rule = flt.scorer.keep_rule(0.0)
-        if flt.scorer.outside_field() is None or rule.keep_if != ">=":
+        rule = flt.scorer_.keep_rule(0.0)
+        if flt.scorer_.outside_field() is None or rule.keep_if != ">=":
             raise ValueError(
                 f"score_source='native' filters on {native_name} (higher is better), but this "
                 f"filter keeps {rule.score} {rule.keep_if} tau. Calibrate one on the native "

@@ -285,8 +285,8 @@ class ConformalRanker(FrameworkAdapter):
     # ------------------------------------------------------------------------ run
     def warm_up(self) -> None:
         """Load the score's model before the first query (Haystack calls this on run)."""
-        if self.filter.scorer.reads_text:
-            self.filter.scorer.score_batch("warm-up", ["warm-up"])
+        if self.filter.scorer_.reads_text:
+            self.filter.scorer_.score_batch("warm-up", ["warm-up"])
 
     @component.output_types(documents=list[Document], removed=list[Document],
                             ragsieve=dict[str, Any])
@@ -334,13 +334,13 @@ class ConformalRanker(FrameworkAdapter):
 
     def _with_text(self, docs: list[Document]) -> list[Document]:
         """The documents the score can read: all, or those with text when it reads text."""
-        if not self.filter.scorer.reads_text:
+        if not self.filter.scorer_.reads_text:
             return docs
         textless = [d for d in docs if not (d.content or "").strip()]
         if textless:
             logger.warning(
                 "dropped %d of %d documents without text content (the %s score reads text): "
-                "ids %s", len(textless), len(docs), self.filter.scorer.spec().get("scorer"),
+                "ids %s", len(textless), len(docs), self.filter.scorer_.spec().get("scorer"),
                 [d.id for d in textless[:10]] + (["..."] if len(textless) > 10 else []))
         return [d for d in docs if (d.content or "").strip()]
 
@@ -365,7 +365,7 @@ class ConformalRanker(FrameworkAdapter):
     def _outputs(self, kept: list[Document], removed: list[Document],
                  result: FilterResult | None, dropped: int,
                  reason: str | None = None) -> dict[str, Any]:
-        rule = self.filter.scorer.keep_rule(
+        rule = self.filter.scorer_.keep_rule(
             result.threshold if result is not None else self.filter.threshold)
         info = {"kept": len(kept), "removed": len(removed), "dropped": dropped,
                 **rule.to_dict(), "mode": self.filter.mode, "reason": reason}
