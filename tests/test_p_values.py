@@ -153,7 +153,7 @@ def test_cli_prints_thresholds_in_the_scores_direction_and_p_values(
                    capsys)
     flt = ConformalFilter.load(out)
     assert flt.threshold < 0  # stored negated, printed in the score's own direction
-    rule = flt.scorer.keep_rule(flt.threshold)
+    rule = flt.scorer_.keep_rule(flt.threshold)
     assert f"tau={rule.threshold:.4f}" in printed and f"tau={flt.threshold:.4f}" not in printed
     assert "keep overlap >= " in printed
 

@@ -72,7 +72,8 @@ from .calibration import (
 from .calibration.p_values import EvidenceScores
 from .errors import NotFittedError
 from .fitting import CalibrationInfo, CalibrationOptions, fit_and_calibrate
-from .keeping import KeepPolicy, apply_rule, promise, see_list, see_lists, wants_root
+from .keep_policy import KeepPolicy
+from .keeping import apply_rule, promise, see_list, see_lists, wants_root
 from .lists import DEFAULT_DELTA, DEFAULT_MIN_LISTS, ListCheck, ListRecord, ListWatch
 from .persistence import artifact_of, parts_of
 from .pieces import (

@@ -35,7 +35,7 @@ from .calibration import BaseCalibrator
 from .calibration.inputs import CalibrationInputs
 from .calibration.p_values import EvidenceScores
 from .errors import CalibrationError, DataError
-from .keeping import KeepPolicy
+from .keep_policy import KeepPolicy
 from .lists import ListRecord, lists_source, retriever_of
 from .scoring import Scorer
 from .scoring.auto import ScoreChoice, choose_languages
@@ -45,7 +45,8 @@ from .scoring.sentence_context import SentenceContextScorer, with_parent_text
 from .types import Pair, fingerprint_pairs
 from .units import sentence_pairs
 
-__all__ = ["Calibration", "CalibrationInfo", "CalibrationOptions", "check_labels", "fit_and_calibrate", "fit_split", "topics_shortfall"]
+__all__ = ["Calibration", "CalibrationInfo", "CalibrationOptions", "check_labels",
+           "fit_and_calibrate", "fit_split", "topics_shortfall"]
 
 logger = logging.getLogger(__name__)
 

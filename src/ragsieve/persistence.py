@@ -21,7 +21,7 @@ from .calibration import BaseCalibrator
 from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, ScorerError, ScorerMismatchError
 from .fitting import CalibrationInfo
-from .keeping import KeepPolicy
+from .keep_policy import KeepPolicy
 from .lists import ListRecord
 from .scoring import Scorer, resolve_scorer
 from .scoring.weights import register_weights

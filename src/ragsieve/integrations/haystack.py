@@ -30,7 +30,12 @@ from ragsieve._validation import check_instance, check_path, check_str
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.integrations.empty_lists import EmptyListLog
-from ragsieve.integrations.filtering import check_score_source, filter_documents
+from ragsieve.integrations.filtering import (
+    Copies,
+    DocumentFields,
+    check_score_source,
+    filter_documents,
+)
 from ragsieve.integrations.loading import load_filter
 from ragsieve.integrations.metadata import kept_metadata, pruned_text
 from ragsieve.integrations.native import calibrate_native, native_pairs
@@ -327,9 +332,9 @@ class ConformalRanker(FrameworkAdapter):
             return self._outputs([], [], None, dropped)
         native = [d.score for d in docs] if self.score_source == "native" else None
         kept, removed, result, reason = filter_documents(
-            self.filter, query, docs, texts=[d.content or "" for d in docs],
-            metadatas=[d.meta for d in docs], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger, empties=self._empty_log)
+            self.filter, query, docs, DocumentFields(
+                [d.content or "" for d in docs], [d.meta for d in docs], native, _NATIVE_NAME),
+            Copies(self._copy, logger, empties=self._empty_log))
         return self._outputs(kept, removed, result, dropped, reason)
 
     def _with_text(self, docs: list[Document]) -> list[Document]:

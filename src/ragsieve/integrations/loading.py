@@ -82,7 +82,7 @@ def load_filter(path: str | os.PathLike[str], scorer_options: Mapping[str, Any],
     """
     from ragsieve.artifact import Artifact
     from ragsieve.filter import ConformalFilter
-    from ragsieve.keeping import KeepPolicy
+    from ragsieve.keep_policy import KeepPolicy
 
     artifact = Artifact.read(path)
     accepted = scorer_option_names(artifact.scorer)
