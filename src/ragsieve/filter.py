@@ -55,10 +55,8 @@ writer, seal and identity. Version 1 artifacts (marginal only) and version
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -71,11 +69,11 @@ from .calibration import (
 )
 from .calibration.p_values import EvidenceScores
 from .errors import NotFittedError
-from .fitting import CalibrationInfo, CalibrationOptions, fit_and_calibrate
+from .fitting import Calibration, CalibrationInfo, CalibrationOptions, fit_and_calibrate
 from .keep_policy import KeepPolicy
 from .keeping import apply_rule, promise, see_list, see_lists, wants_root
 from .lists import DEFAULT_DELTA, DEFAULT_MIN_LISTS, ListCheck, ListRecord, ListWatch
-from .persistence import artifact_of, parts_of
+from .persistence import FilterParts, SavedFilter, artifact_of, parts_of
 from .pieces import (
     MAX_CHARS,
     Pieces,
@@ -95,7 +93,7 @@ __all__ = ["MAX_CHARS", "ConformalFilter", "SnippetLike"]
 logger = logging.getLogger(__name__)
 
 
-class ConformalFilter:
+class ConformalFilter(SavedFilter):
     """Keep the snippets a calibrated guarantee mode keeps (see the module docstring).
     Every parameter is checked at once (``ValueError`` out of range, ``TypeError`` of the
     wrong type: :meth:`ragsieve.keeping.KeepPolicy.checked`) and kept as given (resolved);
@@ -229,14 +227,17 @@ class ConformalFilter:
             An unlabelled pair, a group-mode pair without its group, a relevant snippet
             without evidence (unit ``"sentence"``); no relevant pair.
         """
-        calibrator = self.calibrator.unfitted_copy()
-        done = fit_and_calibrate(self.scorer, calibrator, pairs,
+        done = fit_and_calibrate(self.scorer, self.calibrator.unfitted_copy(), pairs,
                                  policy=self.policy_.with_group_by(group_by), seed=seed,
                                  progress=progress,
                                  options=CalibrationOptions(monitor, language, lists))
-        self.scorer_, self.calibrator_, self.group_by_ = done.scorer, calibrator, group_by
-        self.calibration_info, self.monitor_reference, self.lists = done.info, done.monitor, done.lists
-        self.evidence = EvidenceScores.of_calibrator(calibrator) or done.evidence
+        self.group_by_ = group_by
+        return self._learned(done)
+
+    def _learned(self, done: Calibration | FilterParts) -> Self:
+        """Keep what calibration learned (or the artifact stores); restart the list check."""
+        self.scorer_, self.calibrator_, self.calibration_info = done.scorer, done.calibrator, done.info
+        self.monitor_reference, self.lists, self.evidence = done.monitor, done.lists, done.evidence
         self.watch_lists()
         return self
 
@@ -324,54 +325,13 @@ class ConformalFilter:
         self._check_calibrated()
         return artifact_of(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The artifact (format version 3) as a dict."""
-        return self.to_artifact().to_dict()
-
-    def save(self, path: str | os.PathLike[str], *, sign_key: bytes | None = None) -> Path:
-        """Write the calibrated filter as a JSON artifact (atomically); ``sign_key``: sign it
-        with this secret (:meth:`Artifact.signed <ragsieve.artifact.Artifact.signed>`), so
-        a reader given the key (``load(..., verify_key=)``, ``serve --verify-key-env``)
-        accepts it."""
-        artifact = self.to_artifact()
-        return (artifact if sign_key is None else artifact.signed(sign_key)).write(path)
-
     @classmethod
     def from_artifact(cls, artifact: Artifact, *, scorer: Scorer | None = None,
-                      scorer_options: Mapping[str, Any] | None = None) -> ConformalFilter:
+                      scorer_options: Mapping[str, Any] | None = None) -> Self:
         """The filter an :class:`~ragsieve.artifact.Artifact` stores (see :meth:`load`;
         ``TypeError`` for a dict: :meth:`from_dict` takes one)."""
         parts = parts_of(artifact, scorer=scorer, scorer_options=scorer_options)
-        flt = cls(parts.scorer, parts.calibrator, **parts.policy.keywords())
-        flt.calibration_info, flt.monitor_reference, flt.lists = parts.info, parts.monitor, parts.lists
-        flt.evidence = parts.evidence
-        flt.watch_lists()
-        return flt
-
-    @classmethod
-    def from_dict(cls, payload: Mapping[str, Any], *, scorer: Scorer | None = None,
-                  scorer_options: Mapping[str, Any] | None = None) -> ConformalFilter:
-        """A filter from an artifact dict, checked as a file is (see :meth:`load`)."""
-        return cls.from_artifact(Artifact.from_dict(payload), scorer=scorer,
-                                 scorer_options=scorer_options)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str], *, scorer: Scorer | None = None,
-             scorer_options: Mapping[str, Any] | None = None,
-             verify_key: bytes | None = None) -> ConformalFilter:
-        """Load a filter :meth:`save` wrote. ``scorer``: use this one (it must have the
-        artifact's ``spec()``) instead of rebuilding it; ``scorer_options``: keyword
-        arguments for the rebuild that do not change the scores (e.g. ``cache_dir``);
-        ``verify_key``: require a signature made with this key (checked before anything
-        is built).
-
-        Raises ``ArtifactError`` for a file :meth:`Artifact.read
-        <ragsieve.artifact.Artifact.read>` refuses (unsigned or wrongly signed when
-        ``verify_key`` is given) or a state the mode refuses, and ``ScorerMismatchError``
-        for a supplied scorer of another score.
-        """
-        return cls.from_artifact(Artifact.read(path, verify_key=verify_key), scorer=scorer,
-                                 scorer_options=scorer_options)
+        return cls(parts.scorer, parts.calibrator, **parts.policy.keywords())._learned(parts)
 
     def __repr__(self) -> str:
         tau = getattr(self.calibrator_, "threshold_", None)

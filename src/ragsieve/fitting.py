@@ -183,12 +183,15 @@ class CalibrationOptions:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What :func:`fit_and_calibrate` gives besides the fitted calibrator.
+    """What :func:`fit_and_calibrate` gives: the fitted score and calibrator, and what the
+    artifact keeps beside them.
 
     Attributes
     ----------
     scorer : Scorer
         The score calibrated (resolved and fitted where it had to be).
+    calibrator : BaseCalibrator
+        The calibrator given, fitted.
     info : CalibrationInfo
         The calibration data's provenance (the artifact's ``data`` block).
     monitor : dict or None
@@ -196,10 +199,12 @@ class Calibration:
     lists : ListRecord
         The calibration lists' record.
     evidence : EvidenceScores
-        The relevant calibration scores the p-values are computed against.
+        The relevant calibration scores the p-values are computed against (the
+        calibrator's own when its state holds them: the marginal mode).
     """
 
     scorer: Scorer
+    calibrator: BaseCalibrator
     info: CalibrationInfo
     monitor: dict[str, Any] | None
     lists: ListRecord
@@ -322,8 +327,10 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     if unit == "sentence":
         info["n_snippet_pairs"] = len(snippets)
     record = _record_lists(scorer, unit, snippets, source, seed, progress)
-    evidence = EvidenceScores.of(scores, [p.relevant == 1 for p in used], seed=seed)
-    return Calibration(scorer, CalibrationInfo.from_dict(info), reference, record, evidence)
+    evidence = EvidenceScores.of_calibrator(calibrator) or EvidenceScores.of(
+        scores, [p.relevant == 1 for p in used], seed=seed)
+    return Calibration(scorer, calibrator, CalibrationInfo.from_dict(info), reference, record,
+                       evidence)
 
 
 def _fit(scorer: Scorer, pairs: list[Pair], snippets: list[Pair], *, unit: str, seed: int,

@@ -12,9 +12,11 @@ scorer rebuilt from its spec or the caller's own scorer checked against it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, Self
 
 from .artifact import Artifact, CalibrationBlock
 from .calibration import BaseCalibrator
@@ -26,7 +28,8 @@ from .lists import ListRecord
 from .scoring import Scorer, resolve_scorer
 from .scoring.weights import register_weights
 
-__all__ = ["CalibratedFilter", "FilterParts", "artifact_of", "parts_of", "scorer_of"]
+__all__ = ["CalibratedFilter", "FilterParts", "SavedFilter", "artifact_of", "parts_of",
+           "scorer_of"]
 
 
 @dataclass(frozen=True)
@@ -159,3 +162,56 @@ def _short(spec: Any) -> str:
     boosted trees runs to pages)."""
     text = repr(spec)
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class SavedFilter:
+    """The forms of a saved filter, built on its ``to_artifact`` / ``from_artifact``
+    (``ConformalFilter`` defines both): the artifact as a dict (:meth:`to_dict`,
+    :meth:`from_dict`) and as a file (:meth:`save`, :meth:`load`)."""
+
+    def to_artifact(self) -> Artifact:
+        """The filter as a sealed artifact."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_artifact(cls, artifact: Artifact, *, scorer: Scorer | None = None,
+                      scorer_options: Mapping[str, Any] | None = None) -> Self:
+        """The filter an artifact stores."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The artifact (format version 3) as a dict."""
+        return self.to_artifact().to_dict()
+
+    def save(self, path: str | os.PathLike[str], *, sign_key: bytes | None = None) -> Path:
+        """Write the calibrated filter as a JSON artifact (atomically); ``sign_key``: sign it
+        with this secret (:meth:`Artifact.signed <ragsieve.artifact.Artifact.signed>`), so
+        a reader given the key (``load(..., verify_key=)``, ``serve --verify-key-env``)
+        accepts it."""
+        artifact = self.to_artifact()
+        return (artifact if sign_key is None else artifact.signed(sign_key)).write(path)
+
+    @classmethod
+    def from_dict(cls, payload: Mapping[str, Any], *, scorer: Scorer | None = None,
+                  scorer_options: Mapping[str, Any] | None = None) -> Self:
+        """A filter from an artifact dict, checked as a file is (see :meth:`load`)."""
+        return cls.from_artifact(Artifact.from_dict(payload), scorer=scorer,
+                                 scorer_options=scorer_options)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, scorer: Scorer | None = None,
+             scorer_options: Mapping[str, Any] | None = None,
+             verify_key: bytes | None = None) -> Self:
+        """Load a filter :meth:`save` wrote. ``scorer``: use this one (it must have the
+        artifact's ``spec()``) instead of rebuilding it; ``scorer_options``: keyword
+        arguments for the rebuild that do not change the scores (e.g. ``cache_dir``);
+        ``verify_key``: require a signature made with this key (checked before anything
+        is built).
+
+        Raises ``ArtifactError`` for a file :meth:`Artifact.read
+        <ragsieve.artifact.Artifact.read>` refuses (unsigned or wrongly signed when
+        ``verify_key`` is given) or a state the mode refuses, and ``ScorerMismatchError``
+        for a supplied scorer of another score.
+        """
+        return cls.from_artifact(Artifact.read(path, verify_key=verify_key), scorer=scorer,
+                                 scorer_options=scorer_options)
