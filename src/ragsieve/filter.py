@@ -47,7 +47,7 @@ block, the policy, the calibration data's provenance and, by default, see
 ``calibrate(monitor=...)``, the ``"monitor"`` block the exchangeability monitor ranks
 served requests against) and :meth:`ConformalFilter.from_artifact` builds the filter back
 (:mod:`ragsieve.persistence` maps the one onto the other); ``save`` / ``load`` /
-``to_dict`` / ``from_dict`` wrap them. :mod:`ragsieve.artifact` is the one reader,
+``to_dict`` / ``from_dict`` wrap them (:class:`ragsieve.persistence.SavedFilter`). :mod:`ragsieve.artifact` is the one reader,
 writer, seal and identity. Version 1 artifacts (marginal only) and version
 2 artifacts (with copies in their calibration block, or without a monitor block) still load.
 """

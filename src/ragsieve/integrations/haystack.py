@@ -149,7 +149,7 @@ class ConformalRanker(FrameworkAdapter):
 
     **Every mode.** Each document goes to the filter as its ``meta`` plus its text (see
     :func:`ragsieve.integrations.filter_items`): a ``group``-mode filter reads
-    ``meta[filter.group_by]``, a filter on an outside score reads ``meta[field]``; a
+    ``meta[filter.policy_.group_by]``, a filter on an outside score reads ``meta[field]``; a
     document without it raises ``DataError``.
 
     **Documents without text.** When the filter's score reads text (every score except an
@@ -318,7 +318,7 @@ class ConformalRanker(FrameworkAdapter):
             ``query`` is not a str, or ``documents`` is not a list of ``haystack.Document``.
         DataError
             A document lacks what the filter's mode or score needs in its ``meta`` (the
-            group under ``filter.group_by``, an outside score; ``Document.score`` with
+            group under ``filter.policy_.group_by``, an outside score; ``Document.score`` with
             ``score_source="native"``), or gives an outside score the filter cannot read.
         """
         check_str(query, "query")

@@ -120,7 +120,7 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
     -----
     Each document goes to the filter with its metadata (see
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
-    ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
+    ``group``-mode filter reads ``metadata[filter.policy_.group_by]``, a filter on an outside score
     reads ``metadata[field]`` (or ``metadata["score"]``); a document without it raises
     ``DataError``.
 
@@ -206,7 +206,7 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
             ``documents`` is one Document or a string instead of a sequence of Documents.
         DataError
             A document lacks what the filter's mode or score needs in its metadata (the
-            group under ``filter.group_by``, an outside score, ``relevance_score`` with
+            group under ``filter.policy_.group_by``, an outside score, ``relevance_score`` with
             ``score_source="native"``), or gives an outside score the filter cannot read.
         """
         docs = check_documents(documents, Document)

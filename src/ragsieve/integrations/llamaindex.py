@@ -103,7 +103,7 @@ class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostpro
     models and LLMs see. Scoring uses ``node.get_content()`` (the node text without
     metadata); the node's metadata goes to the filter too (see
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
-    ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
+    ``group``-mode filter reads ``metadata[filter.policy_.group_by]``, a filter on an outside score
     reads ``metadata[field]``; a node without it raises ``DataError``.
 
     **Serialisation.** ``to_dict()`` / ``to_json()`` store the filter as its sealed
