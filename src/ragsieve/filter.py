@@ -96,7 +96,7 @@ logger = logging.getLogger(__name__)
 class ConformalFilter(SavedFilter):
     """Keep the snippets a calibrated guarantee mode keeps (see the module docstring).
     Every parameter is checked at once (``ValueError`` out of range, ``TypeError`` of the
-    wrong type: :meth:`ragsieve.keeping.KeepPolicy.checked`) and kept as given (resolved);
+    wrong type: :meth:`ragsieve.keep_policy.KeepPolicy.checked`) and kept as given (resolved);
     what :meth:`calibrate` learns is kept apart, in the attributes ending in ``_``.
 
     Parameters
