@@ -59,7 +59,7 @@ def test_write_read_parse_round_trip(flt: ConformalFilter, artifact: Artifact,
     assert read == artifact
     assert Artifact.parse(path.read_text(encoding="utf-8"), str(path)) == artifact
     assert Artifact.from_dict(artifact.to_dict()) == artifact
-    assert read.format_version == 3 and read.scorer == flt.scorer.spec()
+    assert read.format_version == 3 and read.scorer == flt.scorer_.spec()
     assert read.monitor is not None and read.seal is not None and read.data is not None
     back = ConformalFilter.from_artifact(read)
     assert back.threshold == flt.threshold and back.mode == flt.mode

@@ -192,8 +192,8 @@ def test_auto_filter_on_english_questions_over_german(en2de: list[Pair],
     flt.calibrate(pairs, lists="deployed")  # the list-aware fast preset
     info = flt.calibration_info
     assert info["language"] == "de" and info["query_language"] == "en"
-    assert flt.scorer.base_scorer().spec()["model"] == USE_ID
-    assert [sig.get("model") for sig in flt.scorer.spec()["signals"]] == [E5_ID, None]
+    assert flt.scorer_.base_scorer().spec()["model"] == USE_ID
+    assert [sig.get("model") for sig in flt.scorer_.spec()["signals"]] == [E5_ID, None]
     artifact = flt.to_artifact()
     assert (artifact.language, artifact.query_language) == ("de", "en")
     query = next(p for p in en2de if p.query_id not in {q.query_id for q in pairs})
@@ -278,6 +278,6 @@ def test_e5_filter_on_english_questions_over_greek(shared_data_dir: Path,
     pairs = _subset(load_dataset("xquad-en2el", data_dir=shared_data_dir), 8, 5)
     flt = ConformalFilter(resolve_scorer("auto", cache_dir=embedding_cache_dir), alpha=0.2)
     flt.calibrate(pairs)
-    assert flt.scorer.base_scorer().spec()["model"] == E5_ID
+    assert flt.scorer_.base_scorer().spec()["model"] == E5_ID
     assert (flt.calibration_info["language"], flt.calibration_info["query_language"]) == (
         "el", "en")

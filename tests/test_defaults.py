@@ -146,8 +146,8 @@ def test_python_auto_score_resolves_at_calibrate(embedding_cache_dir: Path) -> N
     assert ConformalFilter().scorer.spec() == {"scorer": "auto"}  # the Python default
     flt = ConformalFilter(resolve_scorer("auto", cache_dir=embedding_cache_dir), alpha=0.2)
     flt.calibrate(read_pairs(RU_PAIRS))
-    assert flt.scorer.spec()["scorer"] == "fusion" and flt.language == "ru"
-    assert flt.scorer.spec()["base"]["model"] == "usem3-multilingual"
+    assert flt.scorer_.spec()["scorer"] == "fusion" and flt.language == "ru"
+    assert flt.scorer_.spec()["base"]["model"] == "usem3-multilingual"
     assert flt.filter("Где находится Эрмитаж?", [
         "Государственный Эрмитаж находится в Санкт-Петербурге, на Дворцовой набережной.",
         "Шахматная доска состоит из шестидесяти четырёх клеток, светлых и тёмных.",

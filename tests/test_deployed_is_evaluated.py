@@ -70,13 +70,13 @@ def test_calibrate_is_split_zero_of_evaluate_for_the_fused_score(bm25_pairs: lis
     pairs, base, features, _, _ = score_for_evaluation(bm25_pairs, FusedScorer.unfitted(BM25))
     data = ScoredData.from_pairs(pairs, base)
     fused, conf_idx = _fit_split0(data, features, cal_idx)
-    np.testing.assert_array_equal(flt.scorer.score_pairs(bm25_pairs), fused.scores)
+    np.testing.assert_array_equal(flt.scorer_.score_pairs(bm25_pairs), fused.scores)
     assert flt.calibration_info["fingerprint"] == fingerprint_pairs([bm25_pairs[i] for i in conf_idx])
     assert flt.calibration_info["fusion_fit_pairs"] == len(cal_idx) - len(conf_idx)
     # the same calibrator state, and the threshold evaluate measures
     cal = EvaluationConfig(modes=(mode,)).calibrator(mode, 0.1)
     _calibrate_split(fused, cal, conf_idx)
-    assert cal.to_state() == flt.calibrator.to_state()
+    assert cal.to_state() == flt.calibrator_.to_state()
     row = _one_split(bm25_pairs, FusedScorer.unfitted(BM25), mode)
     assert row["threshold_mean"] == flt.threshold
     assert row["n_calibration_mean"] == flt.guarantee()["n_calibration"]
@@ -95,21 +95,21 @@ def test_calibrate_is_split_zero_of_evaluate_for_a_multi_signal_fused_score(
     unfitted = FusedScorer.unfitted(minilm_scorer, preset=preset, learner=learner)
     flt = ConformalFilter(unfitted, "marginal", alpha=0.1).calibrate(
         [pairs[i] for i in cal_idx], seed=SEED, monitor=False)
-    assert flt.scorer.spec()["learner"] == learner and flt.scorer.spec()["signals"]
+    assert flt.scorer_.spec()["learner"] == learner and flt.scorer_.spec()["signals"]
     _, base, features, info, _ = score_for_evaluation(pairs, unfitted)
-    assert features.learner == learner and info["features"] == list(flt.scorer.feature_names)
+    assert features.learner == learner and info["features"] == list(flt.scorer_.feature_names)
     data = ScoredData.from_pairs(pairs, base)
     fused, conf_idx = _fit_split0(data, features, cal_idx)
-    np.testing.assert_array_equal(flt.scorer.score_pairs(pairs), fused.scores)
+    np.testing.assert_array_equal(flt.scorer_.score_pairs(pairs), fused.scores)
     assert flt.calibration_info["fingerprint"] == fingerprint_pairs([pairs[i] for i in conf_idx])
-    assert flt.scorer.tags.list_dependent == (preset == "fast")
+    assert flt.scorer_.tags.list_dependent == (preset == "fast")
     if preset == "portable":  # the frozen statistics: the texts of the split's fit share only
         fit_share = sorted(set(cal_idx) - set(conf_idx))
-        assert flt.scorer.signals[0].spec() == CorpusBM25Scorer().fitted_on_texts(
+        assert flt.scorer_.signals[0].spec() == CorpusBM25Scorer().fitted_on_texts(
             [pairs[i].text for i in fit_share]).spec()
     cal = EvaluationConfig(modes=("marginal",)).calibrator("marginal", 0.1)
     _calibrate_split(fused, cal, conf_idx)
-    assert cal.to_state() == flt.calibrator.to_state()
+    assert cal.to_state() == flt.calibrator_.to_state()
     assert _one_split(pairs, unfitted, "marginal")["threshold_mean"] == flt.threshold
 
 
@@ -124,7 +124,7 @@ def test_a_budget_filter_is_calibrated_on_the_inputs_evaluate_gives_it(bm25_pair
     cal = EvaluationConfig(modes=("budget",), budgets=(400,),
                            calibrator_params={"unit": "tokens"}).calibrator("budget", 0.1)
     _calibrate_split(data, cal, cal_idx)
-    assert cal.to_state() == flt.calibrator.to_state()
-    assert cal.report_ == flt.calibrator.report_
-    assert flt.calibrator.report_.unit == "tokens"
-    assert flt.calibrator.report_.bound == "min(clopper-pearson, group-bootstrap)"
+    assert cal.to_state() == flt.calibrator_.to_state()
+    assert cal.report_ == flt.calibrator_.report_
+    assert flt.calibrator_.report_.unit == "tokens"
+    assert flt.calibrator_.report_.bound == "min(clopper-pearson, group-bootstrap)"

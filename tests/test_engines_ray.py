@@ -62,7 +62,7 @@ def test_ray_scores_equal_local_scores(tmp_path: Path, ray_runtime: Any, two_art
     flt = ConformalFilter(FusedScorer.unfitted(minilm_scorer), make_calibrator("marginal", alpha=0.1))
     flt.calibrate(two_articles)
     options = {"cache_dir": str(embedding_cache_dir)}
-    for spec in (minilm_scorer.spec(), flt.scorer.spec()):
+    for spec in (minilm_scorer.spec(), flt.scorer_.spec()):
         task = ScoreTask(spec, scorer_options=options)
         run_job(task, [src], tmp_path / f"local-{spec['scorer']}", LocalEngine(), shard_bytes=40_000)
         report = run_job(task, [src], tmp_path / f"ray-{spec['scorer']}", _engine(),
@@ -73,7 +73,7 @@ def test_ray_scores_equal_local_scores(tmp_path: Path, ray_runtime: Any, two_art
         assert ids_ray == ids_local == [(p.query_id, p.snippet_id) for p in two_articles]
         assert np.max(np.abs(remote - local)) <= 1e-6, spec["scorer"]
     # and the fused score is the list-dependent one the filter computes in memory
-    assert np.allclose(_scores(tmp_path / "ray-fusion")[1], flt.scorer.score_pairs(two_articles),
+    assert np.allclose(_scores(tmp_path / "ray-fusion")[1], flt.scorer_.score_pairs(two_articles),
                        atol=1e-6)
 
 

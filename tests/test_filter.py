@@ -88,7 +88,7 @@ def test_empty_result_policy(calibrated, caplog: pytest.LogCaptureFixture) -> No
     res = calibrated.filter(query, junk)
     assert res.kept == () and res.removal == 1.0
     assert res.note and "empty context" in res.note
-    forced = ConformalFilter(calibrated.scorer, calibrated.calibrator, min_keep=1).filter(query, junk)
+    forced = ConformalFilter(calibrated.scorer_, calibrated.calibrator_, min_keep=1).filter(query, junk)
     assert len(forced.kept) == 1 and "min_keep" in forced.note
     assert forced.kept[0].score == min(forced.scores)
     assert calibrated.filter(query, []).n_input == 0
@@ -101,7 +101,7 @@ def test_artifact_round_trip(calibrated, split, tmp_path: Path, minilm_scorer) -
     block = payload["calibration"]  # each value stored once (format version 3)
     assert block["params"]["alpha"] == calibrated.alpha
     assert block["state"]["threshold"] == calibrated.threshold
-    assert block["state"]["n_calibration"] == calibrated.calibrator.n_calibration_
+    assert block["state"]["n_calibration"] == calibrated.calibrator_.n_calibration_
     assert set(block) == {"mode", "params", "state", "group_by"}
     assert payload["library_version"] and len(payload["data"]["fingerprint"]) == 64
     loaded = ConformalFilter.load(path, scorer=minilm_scorer)
@@ -187,7 +187,7 @@ def test_long_input_is_cut_into_pieces_and_mapped_back(minilm_scorer, xquad_en) 
     assert len(filler) > 3500
     query = evidence.query
     assert flt.filter(query, [evidence.text]).kept  # the evidence alone is kept
-    whole = ConformalFilter(flt.scorer, flt.calibrator, max_chars=10**7)  # no cutting: truncated
+    whole = ConformalFilter(flt.scorer_, flt.calibrator_, max_chars=10**7)  # no cutting: truncated
     assert whole.filter(query, [doc]).kept == ()  # the defect: the model never sees the evidence
     res = flt.filter(query, [doc, "A short unrelated note about gardening tools."])
     assert res.n_cut == 1 and "cut into" in (res.note or "")

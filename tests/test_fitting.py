@@ -55,8 +55,8 @@ def test_calibrate_is_fit_and_calibrate() -> None:
     flt = ConformalFilter(FusedScorer.unfitted(FIELD), alpha=0.2).calibrate(pairs, seed=4)
     cal = make_calibrator("marginal", alpha=0.2)
     done = fit_and_calibrate(FusedScorer.unfitted(FIELD), cal, pairs, seed=4)
-    assert cal.to_state() == flt.calibrator.to_state()
-    assert done.scorer.spec() == flt.scorer.spec() and done.info == flt.calibration_info
+    assert cal.to_state() == flt.calibrator_.to_state()
+    assert done.scorer.spec() == flt.scorer_.spec() and done.info == flt.calibration_info
     assert done.monitor == flt.monitor_reference
     assert done.lists is not None and flt.lists is not None
     assert done.lists.to_dict() == flt.lists.to_dict()

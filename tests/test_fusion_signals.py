@@ -399,7 +399,7 @@ def test_the_index_scores_hit_texts_for_a_multi_signal_filter(minilm_scorer: Emb
     idx = SnippetIndex.open(tmp_path / "idx", model=minilm_scorer.model, create=True)
     idx.index_directory(docs)
     hits, result = query_with_filter(idx, "Which planet is the largest?", flt, k=3)
-    np.testing.assert_allclose(result.scores, flt.scorer.score_batch(
+    np.testing.assert_allclose(result.scores, flt.scorer_.score_batch(
         "Which planet is the largest?", [h.text for h in hits]), atol=1e-12)
 
 

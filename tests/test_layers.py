@@ -39,6 +39,9 @@ LAYERS: dict[str, int] = {
     # behind Cohere / Jina / vLLM / TEI, for the rerank score and the gateway
     "rerank": 1,
     "scoring": 2,
+    # the keep policy (min_keep, group_by, max_chars, unit): one value, below everything
+    # that carries it (pieces, keeping, fitting, persistence, filter, integrations, server)
+    "keep_policy": 2,
     # the index stores and searches (embeddings, chunking); it knows no score nor filter
     "store": 2,
     "calibration": 3,

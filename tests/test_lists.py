@@ -264,7 +264,7 @@ def through_retriever(pooled: dict[str, Any], minilm_scorer: Any) -> ConformalFi
 
 
 def _root(flt: ConformalFilter, lst: list[Pair]) -> np.ndarray:
-    return flt.scorer.root_scorer().score_pairs(lst)
+    return flt.scorer_.root_scorer().score_pairs(lst)
 
 
 def _streams(lists: dict[str, list[Pair]], flt: ConformalFilter, n: int, length: int,
@@ -311,7 +311,7 @@ def test_shifted_lists_fire(pooled: dict[str, Any], through_retriever: Conformal
 def test_filter_flags_and_keeps_checking(pooled: dict[str, Any],
                                          through_retriever: ConformalFilter) -> None:
     flt = ConformalFilter.from_dict(through_retriever.to_dict(),
-                                    scorer=through_retriever.scorer)
+                                    scorer=through_retriever.scorer_)
     like = _dense(pooled, pooled["test"], 10)
     q = min(like)
     res = flt.filter(like[q][0].query, [p.text for p in like[q]])
@@ -330,7 +330,7 @@ def test_batch_checks_lists_in_random_order(pooled: dict[str, Any],
     order, raise no alarm in filter_pairs."""
     like = _dense(pooled, pooled["test"], 10)
     by_topic = sorted(like, key=lambda q: (like[q][0].group, q))
-    flt = ConformalFilter.from_dict(through_retriever.to_dict(), scorer=through_retriever.scorer)
+    flt = ConformalFilter.from_dict(through_retriever.to_dict(), scorer=through_retriever.scorer_)
     results = flt.filter_pairs([p for q in by_topic for p in like[q]])
     assert not any(r.lists_unlike for r in results.values())
     assert flt.list_watch.state()["n_seen"] == len(like)
@@ -343,7 +343,7 @@ def test_an_artifact_without_a_record_is_not_checked(through_retriever: Conforma
     from ragsieve.artifact import seal_value
 
     old["checksum"]["value"] = seal_value(old)
-    flt = ConformalFilter.from_dict(old, scorer=through_retriever.scorer)
+    flt = ConformalFilter.from_dict(old, scorer=through_retriever.scorer_)
     assert flt.lists is None and flt.list_watch is None
     assert not flt.filter("Who?", ["a", "b"]).lists_unlike
 
@@ -433,7 +433,7 @@ def test_the_report_shows_the_calibration_lists(pooled: dict[str, Any],
                                                 through_retriever: ConformalFilter) -> None:
     from ragsieve.evaluation.report import ReportSettings, build_report
 
-    flt = ConformalFilter.from_dict(through_retriever.to_dict(), scorer=through_retriever.scorer)
+    flt = ConformalFilter.from_dict(through_retriever.to_dict(), scorer=through_retriever.scorer_)
     like = _dense(pooled, pooled["test"], 10)
     pairs = [p for q in sorted(like)[:30] for p in like[q]]
     page = build_report(flt, pairs, ReportSettings(n_splits=2, n_resamples=200))
@@ -441,6 +441,6 @@ def test_the_report_shows_the_calibration_lists(pooled: dict[str, Any],
     assert "lists unlike them" in page and "0 of 30" in page
     short = [p for q in sorted(like)[:30] for p in like[q][:4]]
     page = build_report(ConformalFilter.from_dict(through_retriever.to_dict(),
-                                                  scorer=through_retriever.scorer),
-                        short, ReportSettings(n_splits=2, n_resamples=200))
+                                                  scorer=through_retriever.scorer_),
+                        short, n_splits=2, n_resamples=200)
     assert "30 of 30: a list of 4 snippets, where every calibration list had 10" in page

@@ -94,9 +94,9 @@ def test_a_learning_score_is_warned_of_the_topics_it_takes(xquad_en: Any) -> Non
 
 def test_sentence_unit_names_its_score_and_model(sentence_artifact: Path) -> None:
     flt = ConformalFilter.load(sentence_artifact)
-    spec = flt.scorer.spec()
+    spec = flt.scorer_.spec()
     assert spec["scorer"] == "sentence_context"
-    choice = ScorerChoice(flt.scorer, "en", "given", alias="best").to_dict(
+    choice = ScorerChoice(flt.scorer_, "en", "given", alias="best").to_dict(
         flt.calibration_info, spec)
     lines = choice_lines(choice)
     assert lines[0].startswith("score: sentence in context, each stage ")

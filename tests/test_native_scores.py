@@ -335,7 +335,7 @@ def test_one_field_name_in_every_framework(haystack_retriever: Any, questions: A
     pairs = ConformalRanker.native_pairs(examples, field="bm25")
     assert {p.meta["bm25"] for p in pairs[:10]} == {d.score for d in examples[0][1]}
     flt = ConformalFilter(FieldScorer("bm25", higher_is_better=True), alpha=ALPHA).calibrate(pairs)
-    tau = flt.scorer.keep_rule(flt.threshold).threshold
+    tau = flt.scorer_.keep_rule(flt.threshold).threshold
     query = test[0][0]
     docs = haystack_retriever.run(query=query)["documents"]
     expect = [d.id for d in docs if d.score >= tau]

@@ -95,7 +95,7 @@ def test_filter_results_carry_p_values_through_the_artifact(
         assert {s.index: s.p_value for s in (*r.kept, *r.removed)} == dict(enumerate(r.p_values))
     if mode == "marginal":  # kept exactly when p > alpha
         assert min(s.p_value for s in kept) > 0.2 >= max(s.p_value for s in removed)
-        assert flt.evidence.n == flt.calibrator.n_calibration_
+        assert flt.evidence.n == flt.calibrator_.n_calibration_
     else:  # the evidence percentile: the relevant calibration snippets' scores
         relevant = [p for p in cal_pairs if p.relevant == 1]
         assert flt.evidence.n == len(relevant)
@@ -153,7 +153,7 @@ def test_cli_prints_thresholds_in_the_scores_direction_and_p_values(
                    capsys)
     flt = ConformalFilter.load(out)
     assert flt.threshold < 0  # stored negated, printed in the score's own direction
-    rule = flt.scorer.keep_rule(flt.threshold)
+    rule = flt.scorer_.keep_rule(flt.threshold)
     assert f"tau={rule.threshold:.4f}" in printed and f"tau={flt.threshold:.4f}" not in printed
     assert "keep overlap >= " in printed
 

@@ -252,7 +252,7 @@ def test_the_fit_takes_the_corpus_statistics_from_the_fit_share_only(
     # calibrate makes that fit: the same statistics, the same weights
     flt = ConformalFilter(unfitted, "marginal", alpha=0.1).calibrate(fit_pairs, seed=5,
                                                                      monitor=False)
-    assert flt.scorer.spec() == done.scorer.spec()
+    assert flt.scorer_.spec() == done.scorer.spec()
     assert flt.calibration_info["fusion_fit_pairs"] == int(done.fit.sum())
 
 
@@ -262,7 +262,7 @@ def test_a_portable_filter_saves_and_loads(portable: FusedScorer, minilm_scorer:
     flt.calibrate(fit_pairs, seed=1, monitor=False)
     path = flt.save(tmp_path / "portable.json")
     loaded = ConformalFilter.load(path, scorer_options={"cache_dir": minilm_scorer.cache_dir})
-    assert loaded.scorer.spec() == flt.scorer.spec() and not loaded.scorer.tags.list_dependent
+    assert loaded.scorer.spec() == flt.scorer_.spec() and not loaded.scorer.tags.list_dependent
     assert path.stat().st_size < 1_000_000
     lst = next(iter(_lists(fit_pairs).values()))
     texts = [p.text for p in lst]
@@ -312,7 +312,7 @@ def test_calibrate_with_auto_fits_the_portable_score(xquad_en: list[Pair],
                           alpha=0.2)
     flt.calibrate(_topics(xquad_en, 8), monitor=False)
     assert flt.calibration_info["score_choice"]["preset"] == "portable"
-    assert flt.scorer.spec()["preset"] == "portable" and not flt.scorer.tags.list_dependent
+    assert flt.scorer_.spec()["preset"] == "portable" and not flt.scorer_.tags.list_dependent
 
 
 # ------------------------------------------------------------------ ties

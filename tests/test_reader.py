@@ -38,7 +38,7 @@ def calibrated(few_topics: list[Pair]) -> ConformalFilter:
 
 def test_the_reader_is_fitted_on_the_fit_topics_only(calibrated: ConformalFilter,
                                                      few_topics: list[Pair]) -> None:
-    reader = calibrated.scorer
+    reader = calibrated.scorer_
     assert isinstance(reader, ReaderScorer) and reader.is_fitted
     spec = reader.spec()
     assert spec["scorer"] == "reader" and len(spec["weights"]) == 64
@@ -51,7 +51,7 @@ def test_the_reader_is_fitted_on_the_fit_topics_only(calibrated: ConformalFilter
     seen: dict[object, int] = {}
     topics = np.array([seen.setdefault(p.group, len(seen)) for p in few_topics])
     fit_topics = {few_topics[i].group for i in np.flatnonzero(fusion_fit_mask(topics, seed=3))}
-    assert calibrated.calibrator.n_calibration_ == sum(
+    assert calibrated.calibrator_.n_calibration_ == sum(
         p.relevant == 1 for p in few_topics if p.group not in fit_topics)
 
 
@@ -59,9 +59,9 @@ def test_scores_are_one_minus_a_probability(calibrated: ConformalFilter,
                                             few_topics: list[Pair]) -> None:
     query = few_topics[0].query
     texts = [p.text for p in few_topics[:6]]
-    scores = calibrated.scorer.score_batch(query, texts)
+    scores = calibrated.scorer_.score_batch(query, texts)
     assert scores.shape == (6,) and np.all((scores > 0) & (scores < 1))
-    together = calibrated.scorer.score_pairs(few_topics[:6])
+    together = calibrated.scorer_.score_pairs(few_topics[:6])
     assert together == pytest.approx(scores, abs=1e-6)  # batched across queries: the same
 
 
@@ -125,11 +125,11 @@ def test_a_reader_preset_cross_fits_the_reader(xquad_en: list[Pair], tmp_path: P
     pairs = first_topics(xquad_en, 8, 3)
     fused = FusedScorer.unfitted(preset=preset)
     flt = ConformalFilter(fused, alpha=0.2).calibrate(pairs, seed=1, monitor=False)
-    readers = [s for s in flt.scorer.signal_scorers if s.name == "reader"]
+    readers = [s for s in flt.scorer_.signal_scorers if s.name == "reader"]
     assert len(readers) == 1 and readers[0].is_fitted
-    assert flt.scorer.tags.list_dependent == list_dependent
-    assert flt.scorer.spec()["learner"] == learner
-    weights = flt.scorer.learned_weights()
+    assert flt.scorer_.tags.list_dependent == list_dependent
+    assert flt.scorer_.spec()["learner"] == learner
+    weights = flt.scorer_.learned_weights()
     assert list(weights) == [readers[0].weights]
     back = ConformalFilter.load(flt.save(tmp_path / "fused.json"))
     one = [p for p in pairs if p.query_id == pairs[0].query_id]
@@ -220,7 +220,7 @@ def test_the_default_base_reads_german(shared_data_dir: Path) -> None:
     assert roc_auc_score([p.relevant for p in sample], logits) > 0.65  # chance: 0.5
     flt = ConformalFilter(ReaderScorer(max_fit_pairs=SMALL), alpha=0.2).calibrate(
         german, seed=3, monitor=False)
-    assert flt.scorer.spec()["base_sha256"] == base.fingerprint()
+    assert flt.scorer_.spec()["base_sha256"] == base.fingerprint()
     one = [p for p in german if p.query_id == german[0].query_id]
     scores = np.asarray(flt.filter(one[0].query, one).scores)
     assert scores.shape == (len(one),) and np.all((scores > 0) & (scores < 1))
@@ -231,13 +231,13 @@ def test_a_minilm_reader_is_still_fitted_saved_and_loaded(few_topics: list[Pair]
     """The English MiniLM base, chosen: the reader of earlier versions' artifacts."""
     reader = ReaderScorer(max_fit_pairs=SMALL, model="all-MiniLM-L6-v2")
     flt = ConformalFilter(reader, alpha=0.2).calibrate(few_topics, seed=3, monitor=False)
-    assert flt.scorer.spec()["model"] == "all-MiniLM-L6-v2"
+    assert flt.scorer_.spec()["model"] == "all-MiniLM-L6-v2"
     back = ConformalFilter.load(flt.save(tmp_path / "minilm.json"))
-    assert back.scorer.spec() == flt.scorer.spec()
+    assert back.scorer_.spec() == flt.scorer_.spec()
     one = [p for p in few_topics if p.query_id == few_topics[0].query_id]
     assert back.filter(one[0].query, one).scores == flt.filter(one[0].query, one).scores
     # the spec names the base the tensors were trained on: not another base's weights file
-    other = dict(flt.scorer.spec(), base_sha256="0" * 64)
+    other = dict(flt.scorer_.spec(), base_sha256="0" * 64)
     with pytest.raises(ScorerError, match=r"installed base model \(all-MiniLM-L6-v2\) differs"):
         resolve_scorer(other).score_batch("Who?", ["Someone."])
     with pytest.raises(ValueError, match="reader model == 'bert-base'"):

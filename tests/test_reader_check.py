@@ -110,7 +110,7 @@ def test_auto_records_what_the_check_found(few_topics: list[Pair]) -> None:
         "not tried (--reader-check never)"
     default = ConformalFilter("auto", alpha=0.2).calibrate(few_topics, seed=1, monitor=False)
     assert "not tried: the fit share holds" in default.calibration_info["score_choice"]["reader"]
-    assert default.scorer.spec() == never.scorer.spec()  # both the portable fused score
+    assert default.scorer_.spec() == never.scorer_.spec()  # both the portable fused score
 
 
 #: The base of every real fine-tune a test causes (``tuned`` fills it beside the sizes).
@@ -138,8 +138,8 @@ def test_always_fuses_the_reader_where_it_read_better(few_topics: list[Pair],
     read_better = choice["reader"].startswith("fused:")
     assert read_better or choice["reader"].startswith("not fused:")
     assert choice["preset"] == ("portable-reader" if read_better else "portable")
-    assert flt.scorer.spec()["preset"] == choice["preset"]
-    assert bool(flt.scorer.learned_weights()) == read_better  # the reader's tensors, if fused
+    assert flt.scorer_.spec()["preset"] == choice["preset"]
+    assert bool(flt.scorer_.learned_weights()) == read_better  # the reader's tensors, if fused
     # the check's two half-share readers, and when fused one reader on the whole share: the
     # fused fit reads the check's out-of-fold scores, it does not fine-tune the halves again
     assert len(tuned) == 2 + read_better
@@ -185,7 +185,7 @@ def test_auto_checks_and_fuses_the_reader_of_the_base_asked_for(few_topics: list
     fused = flt.calibration_info["score_choice"]["reader"].startswith("fused:")
     assert len(tuned) == 2 + fused and set(BASES) == {"all-MiniLM-L6-v2"}
     if fused:  # the fused preset's reader is the base that was checked
-        assert flt.scorer.spec()["signals"][-1]["model"] == "all-MiniLM-L6-v2"
+        assert flt.scorer_.spec()["signals"][-1]["model"] == "all-MiniLM-L6-v2"
     with pytest.raises(ValueError, match="reader_check='never'"):
         AutoScorer(reader_check="never", reader_base="all-MiniLM-L6-v2")
     with pytest.raises(ValueError, match="reader base == 'bert', expected one of"):

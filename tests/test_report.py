@@ -130,7 +130,7 @@ def test_report_page_matches_the_filter(driver: Any, inputs: dict[str, Path], re
     assert any(page[q]["removed"] for q in page) and any(page[q]["kept"] for q in page)
     top = driver.find_element("css selector", "p.threshold")
     assert float(top.get_attribute("data-threshold")) == pytest.approx(flt.threshold, rel=1e-12)
-    assert str(flt.scorer.keep_rule(flt.threshold)) in top.text
+    assert str(flt.scorer_.keep_rule(flt.threshold)) in top.text
     guarantee = driver.find_element("css selector", "p.guarantee").text
     assert flt.guarantee()["statement"] in guarantee
     metrics = driver.find_element("css selector", "table.metrics").text

@@ -177,7 +177,7 @@ def test_a_fused_score_with_the_reranker_saves_and_loads_with_the_url_given_then
     rerank = RerankScorer(url=reranker, model="stand-in", cache=cache)
     fused = FusedScorer.unfitted(_base(embedding_cache_dir), preset="portable", rerank=rerank)
     flt = ConformalFilter(fused, alpha=0.1).calibrate(calibration, monitor=False)
-    assert flt.scorer.is_fitted and flt.scorer.signals[-1] is rerank
+    assert flt.scorer_.is_fitted and flt.scorer_.signals[-1] is rerank
     path = tmp_path / "filter.json"
     flt.save(path)
     text = path.read_text()
@@ -185,10 +185,10 @@ def test_a_fused_score_with_the_reranker_saves_and_loads_with_the_url_given_then
     assert saved["scorer"] == "fusion" and saved["signals"][-1] == RERANK_SPEC
     assert saved["features"][-1] == "rerank[stand-in].score"
     assert reranker.split("//")[1] not in text  # the URL is given where it is applied
-    before = flt.scorer.score_pairs(new_queries)
+    before = flt.scorer_.score_pairs(new_queries)
     loaded = ConformalFilter.load(path, scorer_options={
         "url": reranker, "cache_dir": embedding_cache_dir, "timeout": 30.0})
-    assert loaded.scorer.spec() == flt.scorer.spec() and loaded.scorer.tags.list_dependent is False
+    assert loaded.scorer.spec() == flt.scorer_.spec() and loaded.scorer.tags.list_dependent is False
     assert loaded.scorer.signals[-1].url == reranker  # the nested signal got the runtime URL
     np.testing.assert_array_equal(loaded.scorer.score_pairs(new_queries), before)
     # list-free: a text scores the same in two different lists
@@ -227,7 +227,7 @@ def test_auto_fuses_a_useful_reranker_and_records_why(
     assert check["with_auc"] >= check["without_auc"] + MIN_RERANK_GAIN
     assert check["n_pairs"] > 0 and check["signal_auc"] > 0.8  # e5 alone ranks well
     assert choice["preset"] == "portable" and "with the reranker" in choice["label"]
-    assert flt.scorer.spec()["signals"][-1] == RERANK_SPEC and flt.scorer.tags.list_dependent is False
+    assert flt.scorer_.spec()["signals"][-1] == RERANK_SPEC and flt.scorer_.tags.list_dependent is False
     assert any(r.getMessage().startswith("reranker: fused: ") for r in caplog.records)
     path = tmp_path / "auto.json"
     flt.save(path)
@@ -243,7 +243,7 @@ def test_auto_does_not_fuse_a_reranker_that_adds_nothing(
     assert check["fused"] is False and check["reason"].startswith("not fused: ")
     assert check["with_auc"] < check["without_auc"] + MIN_RERANK_GAIN
     assert abs(check["signal_auc"] - 0.5) < 0.1  # noise ranks like a coin
-    assert all(s["scorer"] != "rerank" for s in flt.scorer.spec()["signals"])
+    assert all(s["scorer"] != "rerank" for s in flt.scorer_.spec()["signals"])
     assert "reranker" not in flt.calibration_info["score_choice"]["label"]
 
 

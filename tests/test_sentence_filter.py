@@ -211,7 +211,7 @@ def _fixed_scores(pairs: list[Pair], base: Scorer) -> tuple[list[Pair], np.ndarr
     fit = [p for p in pairs if p.group in held]
     rest = [p for p in pairs if p.group not in held]
     flt = ConformalFilter(resolve_scorer("best", base=base), unit="sentence")
-    scorer = flt.calibrate(fit, seed=0).scorer
+    scorer = flt.calibrate(fit, seed=0).scorer_
     assert isinstance(scorer, SentenceContextScorer)
     sentences = with_parent_text(sentence_pairs(rest), rest)
     return sentences, scorer.score_pairs(sentences)
@@ -281,7 +281,7 @@ def sentence_filter(xquad_split, minilm_scorer) -> ConformalFilter:  # type: ign
 
 @pytest.mark.slow
 def test_an_unfitted_score_becomes_the_sentence_in_context_score(sentence_filter) -> None:  # type: ignore[no-untyped-def]
-    scorer = sentence_filter.scorer
+    scorer = sentence_filter.scorer_
     assert isinstance(scorer, SentenceContextScorer) and scorer.is_fitted
     spec = scorer.spec()
     assert spec["sentence"]["scorer"] == spec["snippet"]["scorer"] == "fusion"
@@ -294,7 +294,7 @@ def test_the_fitted_score_ranks_evidence_per_character(sentence_filter) -> None:
     """The deployed sentence score is -log P(evidence) + log(characters): two sentences the
     stages score alike differ by the log of their lengths' ratio, and the shorter is kept
     first; ``per_char=False`` scores -logit P, with no length in it."""
-    scorer = sentence_filter.scorer
+    scorer = sentence_filter.scorer_
     assert scorer.per_char and scorer.spec()["per_char"] is True
     short = "The tower was built by Gustave Eiffel."
     long = " ".join([short] * 6)

@@ -241,7 +241,7 @@ def test_query_with_group_and_query_all_filters(  # type: ignore[no-untyped-def]
     with pytest.raises(DataError, match="no group"):
         query_with_filter(idx, query, by_lang, k=5)
     hits, result = query_with_filter(idx, query, by_lang, k=5, group="en")
-    tau = by_lang.calibrator.threshold_for("en")
+    tau = by_lang.calibrator_.threshold_for("en")
     assert result.kept_ids == [h.snippet_id for h in hits if h.score <= tau]
 
 

@@ -73,6 +73,8 @@ __all__ = [
 
 ARTIFACT_FORMAT = "ragsieve.filter"
 ARTIFACT_VERSION = 3
+#: the optional blocks :meth:`Artifact.create` takes by name (besides ``weights``)
+_OPTIONAL_BLOCKS = ("monitor", "lists", "evidence")
 #: The format versions this ragsieve reads.
 READABLE_VERSIONS = (1, 2, ARTIFACT_VERSION)
 #: Largest artifact file read (bigger ones are refused before parsing).
@@ -383,34 +385,37 @@ class Artifact:
     @classmethod
     def create(cls, *, scorer: Mapping[str, Any], calibration: Mapping[str, Any] | CalibrationBlock,
                policy: Mapping[str, Any], data: Mapping[str, Any],
-               monitor: Mapping[str, Any] | None = None, lists: Mapping[str, Any] | None = None,
-               weights: Mapping[str, bytes] | None = None,
-               evidence: Mapping[str, Any] | None = None,
-               created: str | None = None) -> Artifact:
+               weights: Mapping[str, bytes] | None = None, created: str | None = None,
+               **blocks: Mapping[str, Any] | None) -> Artifact:
         """A new sealed version 3 artifact (what ``ConformalFilter.to_artifact`` writes).
 
         Parameters
         ----------
         scorer, calibration, policy, data : Mapping
             The blocks (plain JSON values; ``calibration`` may be a :class:`CalibrationBlock`).
-        monitor : Mapping, optional
-            The monitor reference block.
-        lists : Mapping, optional
-            The calibration lists' record (:meth:`ragsieve.lists.ListRecord.to_dict`).
         weights : Mapping of str to bytes, optional
             Learned weights by sha256 (:meth:`Scorer.learned_weights
             <ragsieve.scoring.Scorer.learned_weights>`), stored as base64.
-        evidence : Mapping, optional
-            The ``"evidence"`` block (:meth:`EvidenceScores.to_dict
-            <ragsieve.calibration.p_values.EvidenceScores.to_dict>`).
         created : str, optional
             ISO-8601 date-time; default now (UTC, seconds).
+        **blocks : Mapping, optional
+            The optional blocks by name (None: not stored): ``monitor``, the monitor
+            reference block; ``lists``, the calibration lists' record
+            (:meth:`ragsieve.lists.ListRecord.to_dict`); ``evidence``, the ``"evidence"``
+            block (:meth:`EvidenceScores.to_dict
+            <ragsieve.calibration.p_values.EvidenceScores.to_dict>`).
 
         Raises
         ------
+        TypeError
+            A block of another name.
         ArtifactError
             A block that is not plain JSON, or a field :func:`check_fields` refuses.
         """
+        unknown = sorted(set(blocks) - set(_OPTIONAL_BLOCKS))
+        if unknown:
+            raise TypeError(f"Artifact.create got unexpected block(s) {unknown}; the optional "
+                            f"blocks are {list(_OPTIONAL_BLOCKS)}.")
         payload: dict[str, Any] = {
             "format": ARTIFACT_FORMAT, "format_version": ARTIFACT_VERSION,
             "library_version": __version__,
@@ -420,15 +425,14 @@ class Artifact:
             else dict(calibration),
             "data": dict(data),
         }
-        if monitor is not None:
-            payload["monitor"] = dict(monitor)
-        if lists is not None:
-            payload["lists"] = dict(lists)
+        for name in ("monitor", "lists"):
+            if blocks.get(name) is not None:
+                payload[name] = dict(blocks[name] or {})
         if weights:
             payload["weights"] = {name: base64.b64encode(blob).decode("ascii")
                                   for name, blob in sorted(weights.items())}
-        if evidence is not None:
-            payload["evidence"] = dict(evidence)
+        if blocks.get("evidence") is not None:
+            payload["evidence"] = dict(blocks["evidence"] or {})
         # what decides which snippets are kept is sealed: an edit after `calibrate` is refused
         try:
             value = seal_value(payload)

@@ -47,7 +47,7 @@ block, the policy, the calibration data's provenance and, by default, see
 ``calibrate(monitor=...)``, the ``"monitor"`` block the exchangeability monitor ranks
 served requests against) and :meth:`ConformalFilter.from_artifact` builds the filter back
 (:mod:`ragsieve.persistence` maps the one onto the other); ``save`` / ``load`` /
-``to_dict`` / ``from_dict`` wrap them. :mod:`ragsieve.artifact` is the one reader,
+``to_dict`` / ``from_dict`` wrap them (:class:`ragsieve.persistence.SavedFilter`). :mod:`ragsieve.artifact` is the one reader,
 writer, seal and identity. Version 1 artifacts (marginal only) and version
 2 artifacts (with copies in their calibration block, or without a monitor block) still load.
 """
@@ -55,10 +55,8 @@ writer, seal and identity. Version 1 artifacts (marginal only) and version
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -70,11 +68,12 @@ from .calibration import (
     make_calibrator,
 )
 from .calibration.p_values import EvidenceScores
-from .errors import ArtifactError, NotFittedError
-from .fitting import fit_and_calibrate
-from .keeping import apply_rule, check_policy, promise, see_list, see_lists, wants_root
+from .errors import NotFittedError
+from .fitting import Calibration, CalibrationInfo, CalibrationOptions, fit_and_calibrate
+from .keep_policy import KeepPolicy
+from .keeping import apply_rule, promise, see_list, see_lists, wants_root
 from .lists import DEFAULT_DELTA, DEFAULT_MIN_LISTS, ListCheck, ListRecord, ListWatch
-from .persistence import artifact_of, parts_of
+from .persistence import FilterParts, SavedFilter, artifact_of, parts_of
 from .pieces import (
     MAX_CHARS,
     Pieces,
@@ -94,10 +93,11 @@ __all__ = ["MAX_CHARS", "ConformalFilter", "SnippetLike"]
 logger = logging.getLogger(__name__)
 
 
-class ConformalFilter:
+class ConformalFilter(SavedFilter):
     """Keep the snippets a calibrated guarantee mode keeps (see the module docstring).
     Every parameter is checked at once (``ValueError`` out of range, ``TypeError`` of the
-    wrong type: :func:`ragsieve.keeping.check_policy`).
+    wrong type: :meth:`ragsieve.keep_policy.KeepPolicy.checked`) and kept as given (resolved);
+    what :meth:`calibrate` learns is kept apart, in the attributes ending in ``_``.
 
     Parameters
     ----------
@@ -117,6 +117,19 @@ class ConformalFilter:
         and kept when any piece is kept (default ``MAX_CHARS``, 600).
     unit : {"snippet", "sentence"}, default="snippet"
         What is scored and kept (the module docstring's *Units*).
+
+    Attributes
+    ----------
+    scorer_ : Scorer
+        The score in force: what :meth:`calibrate` resolved and fitted (``"auto"``,
+        ``"best"``), else the given one.
+    calibrator_ : BaseCalibrator
+        The calibrator in force: the copy :meth:`calibrate` fitted (the given one is never
+        fitted), else the given one (fitted when the filter was loaded).
+    policy_ : KeepPolicy
+        The keep policy in force (with the ``group_by`` given to :meth:`calibrate`).
+    calibration_info : CalibrationInfo
+        The calibration data's provenance (the artifact's ``data`` block).
     """
 
     def __init__(self, scorer: Scorer | str = "auto", calibrator: BaseCalibrator | str | None = None,
@@ -129,9 +142,13 @@ class ConformalFilter:
         self.calibrator = check_instance(
             calibrator, BaseCalibrator, "calibrator", expected="a ragsieve calibrator "
             "(ragsieve.calibration.make_calibrator(mode, ...)) or a mode name")
-        self.min_keep, self.group_by, self.max_chars, self.unit = check_policy(
-            min_keep, group_by, max_chars, unit, self.scorer.tags.sentence_in_context)
-        self.calibration_info: dict[str, Any] = {}
+        policy = KeepPolicy.checked(min_keep, group_by, max_chars, unit,
+                                    sentence_in_context=self.scorer.tags.sentence_in_context)
+        self.min_keep, self.group_by = policy.min_keep, policy.group_by
+        self.max_chars, self.unit = policy.max_chars, policy.unit
+        self.scorer_, self.calibrator_ = self.scorer, self.calibrator  # until calibrated
+        self.group_by_: str | None = None  # the group field calibrate was given
+        self.calibration_info = CalibrationInfo()
         #: The ``"monitor"`` block (:mod:`ragsieve.monitoring`) and the calibration lists
         #: (:mod:`ragsieve.lists`), None until calibrated; the check of the given lists.
         self.monitor_reference: dict[str, Any] | None = None
@@ -142,17 +159,23 @@ class ConformalFilter:
         self.evidence: EvidenceScores | None = None
 
     @property
+    def policy_(self) -> KeepPolicy:
+        """The keep policy in force: the constructor's, with ``calibrate``'s ``group_by``."""
+        return KeepPolicy(self.min_keep, self.group_by_ or self.group_by, self.max_chars,
+                          self.unit)
+
+    @property
     def mode(self) -> str:
         """The guarantee mode of the calibrator."""
-        return self.calibrator.mode
+        return self.calibrator_.mode
 
     @property
     def alpha(self) -> float | None:
         """Target miscoverage (``None`` for a budget without a coverage target)."""
-        return self.calibrator.miscoverage()
+        return self.calibrator_.miscoverage()
 
     def _check_calibrated(self) -> None:
-        if not self.calibrator.is_fitted:
+        if not self.calibrator_.is_fitted:
             raise NotFittedError("This ConformalFilter is not calibrated; call calibrate(pairs) "
                                  "or ConformalFilter.load(path) first.")
 
@@ -160,25 +183,26 @@ class ConformalFilter:
     def threshold(self) -> float:
         """The calibrated threshold tau (group mode: the pooled one; budget: its cap)."""
         self._check_calibrated()
-        return float(self.calibrator.threshold_)
+        return float(self.calibrator_.threshold_)
 
     def guarantee(self) -> dict[str, Any]:
         """What the filter promises (:func:`ragsieve.keeping.promise`)."""
         self._check_calibrated()
-        return promise(self.calibrator, unit=self.unit, group_by=self.group_by)
+        return promise(self.calibrator_, unit=self.unit, group_by=self.policy_.group_by)
 
     @property
     def language(self) -> str | None:
         """The language the filter was calibrated on (``data.language``), or None."""
-        code = self.calibration_info.get("language")
-        return code if isinstance(code, str) else None
+        return self.calibration_info.language
 
     def calibrate(self, pairs: Sequence[Pair], *, progress: bool = False,
                   group_by: str | None = None, seed: int = 0, monitor: bool | None = None,
                   language: str | None = None,
                   lists: str | Mapping[str, Any] | None = None) -> ConformalFilter:
-        """Score labelled calibration pairs and fit the calibrator: the steps of
-        :func:`ragsieve.fitting.fit_and_calibrate`, which documents them in full.
+        """Score labelled calibration pairs and fit a copy of the calibrator: the steps of
+        :func:`ragsieve.fitting.fit_and_calibrate`, which documents them in full. The
+        parameters stay as given; what is learned goes to ``scorer_``, ``calibrator_``,
+        ``policy_``, ``calibration_info``, ``monitor_reference``, ``lists``, ``evidence``.
 
         Parameters
         ----------
@@ -203,14 +227,17 @@ class ConformalFilter:
             An unlabelled pair, a group-mode pair without its group, a relevant snippet
             without evidence (unit ``"sentence"``); no relevant pair.
         """
-        self.group_by = group_by or self.group_by
-        done = fit_and_calibrate(self.scorer, self.calibrator, pairs, unit=self.unit,
-                                 max_chars=self.max_chars, group_by=self.group_by, seed=seed,
-                                 progress=progress, monitor=monitor, language=language,
-                                 lists=lists)
-        self.scorer, self.calibration_info = done.scorer, done.info
-        self.monitor_reference, self.lists = done.monitor, done.lists
-        self.evidence = EvidenceScores.of_calibrator(self.calibrator) or done.evidence
+        done = fit_and_calibrate(self.scorer, self.calibrator.unfitted_copy(), pairs,
+                                 policy=self.policy_.with_group_by(group_by), seed=seed,
+                                 progress=progress,
+                                 options=CalibrationOptions(monitor, language, lists))
+        self.group_by_ = group_by
+        return self._learned(done)
+
+    def _learned(self, done: Calibration | FilterParts) -> Self:
+        """Keep what calibration learned (or the artifact stores); restart the list check."""
+        self.scorer_, self.calibrator_, self.calibration_info = done.scorer, done.calibrator, done.info
+        self.monitor_reference, self.lists, self.evidence = done.monitor, done.lists, done.evidence
         self.watch_lists()
         return self
 
@@ -221,12 +248,12 @@ class ConformalFilter:
         ``lists_note`` itself); None without a record of the calibration lists."""
         self.list_watch = None if self.lists is None else ListWatch(
             self.lists, delta=delta, min_lists=min_lists,
-            score_name=f"the {self.scorer.keep_rule(0.0).score}", log=log)
+            score_name=f"the {self.scorer_.keep_rule(0.0).score}", log=log)
         return self.list_watch
 
     def _cut(self, snippets: Sequence[SnippetLike]) -> Pieces:
         return cut(as_items(snippets), unit=self.unit, max_chars=self.max_chars,
-                   reads_text=self.scorer.tags.reads_text)
+                   reads_text=self.scorer_.tags.reads_text)
 
     def piece_texts(self, snippets: Sequence[SnippetLike]) -> list[str]:
         """The texts a :meth:`filter` call hands its scorer (the model work it may cause:
@@ -238,10 +265,9 @@ class ConformalFilter:
         """:func:`ragsieve.keeping.apply_rule`; ``root`` scores or the ``check`` made."""
         self._check_calibrated()
         return apply_rule(
-            self.calibrator, scores, pieces, query=query, unit=self.unit,
-            min_keep=self.min_keep, max_chars=self.max_chars, group_by=self.group_by,
-            group=group, see=lambda: see_list(self.list_watch, pieces, root) if check is None
-            else check, evidence=self.evidence)
+            self.calibrator_, scores, pieces, query=query, policy=self.policy_, group=group,
+            see=lambda: see_list(self.list_watch, pieces, root) if check is None else check,
+            evidence=self.evidence)
 
     def filter(self, query: str, snippets: Sequence[SnippetLike], *, group: Any = None) -> FilterResult:
         """Score one query's snippets and keep what the calibrated mode keeps.
@@ -254,8 +280,8 @@ class ConformalFilter:
         check_str(query, "query")
         self._check_calibrated()  # fail before scoring
         pieces = self._cut(snippets)
-        scores = self.scorer.score_items(query, pieces.pieces) if pieces.pieces else np.zeros(0)
-        root = (self.scorer.root_scorer().score_items(query, pieces.pieces)  # cached embeddings
+        scores = self.scorer_.score_items(query, pieces.pieces) if pieces.pieces else np.zeros(0)
+        root = (self.scorer_.root_scorer().score_items(query, pieces.pieces)  # cached embeddings
                 if pieces.pieces and wants_root(self.list_watch) else None)
         return self._apply(query, scores, pieces, group, root)
 
@@ -275,7 +301,7 @@ class ConformalFilter:
         self._check_calibrated()
         check_snippet_unit(self.unit, "the snippets' vectors")
         items = as_items(snippets)
-        scores, root = vector_scores(self.scorer, query_vector, snippet_vectors, len(items),
+        scores, root = vector_scores(self.scorer_, query_vector, snippet_vectors, len(items),
                                      root=wants_root(self.list_watch))
         return self._apply(query, scores, Pieces.whole(items), group, root)
 
@@ -286,9 +312,9 @@ class ConformalFilter:
         (``seed``); when it fires on the batch, every result is flagged."""
         self._check_calibrated()
         batch = cut_pairs(pairs, unit=self.unit, max_chars=self.max_chars,
-                          reads_text=self.scorer.tags.reads_text)
-        scores = self.scorer.score_pairs(batch.pairs, progress=progress)
-        roots = (self.scorer.root_scorer().score_pairs(batch.pairs)
+                          reads_text=self.scorer_.tags.reads_text)
+        scores = self.scorer_.score_pairs(batch.pairs, progress=progress)
+        roots = (self.scorer_.root_scorer().score_pairs(batch.pairs)
                  if wants_root(self.list_watch) and batch.pairs else None)
         checks = see_lists(self.list_watch, batch.cuts, batch.offsets, roots, seed)
         return {qid: self._apply(batch.queries[qid], scores[batch.rows(qid)], pieces, None,
@@ -299,60 +325,16 @@ class ConformalFilter:
         self._check_calibrated()
         return artifact_of(self)
 
-    def to_dict(self) -> dict[str, Any]:
-        """The artifact (format version 3) as a dict."""
-        return self.to_artifact().to_dict()
-
-    def save(self, path: str | os.PathLike[str], *, sign_key: bytes | None = None) -> Path:
-        """Write the calibrated filter as a JSON artifact (atomically); ``sign_key``: sign it
-        with this secret (:meth:`Artifact.signed <ragsieve.artifact.Artifact.signed>`), so
-        a reader given the key (``load(..., verify_key=)``, ``serve --verify-key-env``)
-        accepts it."""
-        artifact = self.to_artifact()
-        return (artifact if sign_key is None else artifact.signed(sign_key)).write(path)
-
     @classmethod
     def from_artifact(cls, artifact: Artifact, *, scorer: Scorer | None = None,
-                      scorer_options: Mapping[str, Any] | None = None) -> ConformalFilter:
+                      scorer_options: Mapping[str, Any] | None = None) -> Self:
         """The filter an :class:`~ragsieve.artifact.Artifact` stores (see :meth:`load`;
         ``TypeError`` for a dict: :meth:`from_dict` takes one)."""
         parts = parts_of(artifact, scorer=scorer, scorer_options=scorer_options)
-        try:
-            flt = cls(parts.scorer, parts.calibrator, **parts.options)
-        except ValueError as exc:
-            raise ArtifactError(f"artifact policy: {exc}") from exc
-        flt.calibration_info, flt.monitor_reference, flt.lists = parts.info, parts.monitor, parts.lists
-        flt.evidence = parts.evidence
-        flt.watch_lists()
-        return flt
-
-    @classmethod
-    def from_dict(cls, payload: Mapping[str, Any], *, scorer: Scorer | None = None,
-                  scorer_options: Mapping[str, Any] | None = None) -> ConformalFilter:
-        """A filter from an artifact dict, checked as a file is (see :meth:`load`)."""
-        return cls.from_artifact(Artifact.from_dict(payload), scorer=scorer,
-                                 scorer_options=scorer_options)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike[str], *, scorer: Scorer | None = None,
-             scorer_options: Mapping[str, Any] | None = None,
-             verify_key: bytes | None = None) -> ConformalFilter:
-        """Load a filter :meth:`save` wrote. ``scorer``: use this one (it must have the
-        artifact's ``spec()``) instead of rebuilding it; ``scorer_options``: keyword
-        arguments for the rebuild that do not change the scores (e.g. ``cache_dir``);
-        ``verify_key``: require a signature made with this key (checked before anything
-        is built).
-
-        Raises ``ArtifactError`` for a file :meth:`Artifact.read
-        <ragsieve.artifact.Artifact.read>` refuses (unsigned or wrongly signed when
-        ``verify_key`` is given) or a state the mode refuses, and ``ScorerMismatchError``
-        for a supplied scorer of another score.
-        """
-        return cls.from_artifact(Artifact.read(path, verify_key=verify_key), scorer=scorer,
-                                 scorer_options=scorer_options)
+        return cls(parts.scorer, parts.calibrator, **parts.policy.keywords())._learned(parts)
 
     def __repr__(self) -> str:
-        tau = getattr(self.calibrator, "threshold_", None)
+        tau = getattr(self.calibrator_, "threshold_", None)
         unit = "" if self.unit == "snippet" else f", unit={self.unit!r}"
-        return (f"ConformalFilter(scorer={self.scorer.spec()!r}, mode={self.mode!r}, "
+        return (f"ConformalFilter(scorer={self.scorer_.spec()!r}, mode={self.mode!r}, "
                 f"alpha={self.alpha}, threshold={tau}{unit})")

@@ -53,7 +53,7 @@ def list_scorer(index: SnippetIndex, flt: ConformalFilter) -> Callable[[np.ndarr
     ScorerMismatchError
         The filter was calibrated on another score (another model, an LLM, ...).
     """
-    scorer = flt.scorer
+    scorer = flt.scorer_
     spec = scorer.spec()
     expected = {"scorer": EmbeddingScorer.name, "model": index.model_id}
     if spec == expected:
@@ -117,7 +117,7 @@ def query_with_filter(
         try:
             scores = to_scores(scores)
         except TypeError:  # a fused score of several signals: they need the hit texts
-            scores = flt.scorer.score_batch(query, [h.text for h in hits])
+            scores = flt.scorer_.score_batch(query, [h.text for h in hits])
     # the filter's root score is this index's 1 - cos (list_scorer checked it)
     result = flt.filter_scores(query, scores, snippets, group=group,
                                root_scores=[h.score for h in hits])

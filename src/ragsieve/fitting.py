@@ -17,13 +17,15 @@ fits what split 0 of ``evaluate(seed=s)`` fits.
   through :class:`~ragsieve.calibration.inputs.CalibrationInputs`, and record what the
   artifact keeps beside the calibrator (the data's provenance, the monitor's reference,
   the calibration lists).
+- :class:`CalibrationInfo`: the calibration data's provenance (the artifact's ``data``
+  block, ``ConformalFilter.calibration_info``), a typed record read as a mapping too.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -33,8 +35,8 @@ from .calibration import BaseCalibrator
 from .calibration.inputs import CalibrationInputs
 from .calibration.p_values import EvidenceScores
 from .errors import CalibrationError, DataError
+from .keep_policy import KeepPolicy
 from .lists import ListRecord, lists_source, retriever_of
-from .pieces import MAX_CHARS
 from .scoring import Scorer
 from .scoring.auto import ScoreChoice, choose_languages
 from .scoring.base import ScoreFit
@@ -43,7 +45,8 @@ from .scoring.sentence_context import SentenceContextScorer, with_parent_text
 from .types import Pair, fingerprint_pairs
 from .units import sentence_pairs
 
-__all__ = ["Calibration", "check_labels", "fit_and_calibrate", "fit_split", "topics_shortfall"]
+__all__ = ["Calibration", "CalibrationInfo", "CalibrationOptions", "check_labels",
+           "fit_and_calibrate", "fit_split", "topics_shortfall"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,26 +75,137 @@ def fit_split(features: np.ndarray | FusionFeatures, relevant: Any, topics: Any,
 
 
 # ----------------------------------------------------------------------------- calibrate
+_INTS = ("n_pairs", "n_queries", "n_relevant", "n_groups", "n_snippet_pairs",
+         "fusion_fit_pairs", "n_labels", "merged_calibration_scores")
+
+
+@dataclass(frozen=True)
+class CalibrationInfo(Mapping[str, Any]):
+    """The calibration data's provenance: the artifact's ``data`` block, read as a record
+    (``info.language``) or as the mapping it is stored as (``info["language"]``).
+
+    A field that is None is not stored. :meth:`from_dict` keeps the keys it does not know
+    (an artifact of a newer version) in ``extra``, so the block round-trips unchanged.
+
+    Attributes
+    ----------
+    fingerprint : str, optional
+        :func:`~ragsieve.types.fingerprint_pairs` of the calibration pairs.
+    n_pairs, n_queries, n_relevant, n_groups : int, optional
+        The calibration pairs (sentences, unit ``"sentence"``), their queries, the relevant
+        ones and their topics.
+    language, language_source, query_language : str, optional
+        The snippets' language, how it was found, the queries' when it differs.
+    score_choice : Mapping, optional
+        Why ``"auto"`` chose the score (:class:`~ragsieve.scoring.auto.ScoreChoice`).
+    fusion_fit_pairs : int, optional
+        The pairs a score that learns was fitted on.
+    n_snippet_pairs : int, optional
+        Unit ``"sentence"``: the snippet pairs the sentences were cut from.
+    source, n_labels, merged_calibration_scores, previous_checksum : optional
+        A recalibration on served feedback (:mod:`ragsieve.server.recalibrate`).
+    extra : Mapping
+        The keys not known here, as read.
+    """
+
+    fingerprint: str | None = None
+    n_pairs: int | None = None
+    n_queries: int | None = None
+    n_relevant: int | None = None
+    n_groups: int | None = None
+    language: str | None = None
+    language_source: str | None = None
+    query_language: str | None = None
+    score_choice: Mapping[str, Any] | None = None
+    fusion_fit_pairs: int | None = None
+    n_snippet_pairs: int | None = None
+    source: str | None = None
+    n_labels: int | None = None
+    merged_calibration_scores: int | None = None
+    previous_checksum: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CalibrationInfo:
+        """The record of a ``data`` block; a value of a known key but not of its type (or
+        None) stays in ``extra`` as read."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        typed = {k: v for k, v in data.items() if k in known and _typed(k, v)}
+        return cls(**typed, extra={k: v for k, v in data.items() if k not in typed})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``data`` block: the fields that are set, then the keys of ``extra``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+    def but(self, **changes: Any) -> CalibrationInfo:
+        """This record with some fields changed (None: not stored)."""
+        return replace(self, **changes)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
+
+
+def _typed(key: str, value: Any) -> bool:
+    """Whether ``value`` has the type of the field ``key``."""
+    if key in _INTS:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if key == "score_choice":
+        return isinstance(value, Mapping)
+    return isinstance(value, str)
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How :func:`fit_and_calibrate` finds what it records beside the calibrator (the
+    parameters of ``ConformalFilter.calibrate`` of the same names).
+
+    Attributes
+    ----------
+    monitor : bool, optional
+        Record the exchangeability monitor's reference (None: unless an LLM score).
+    language : str, optional
+        The calibration texts' language (None: detected).
+    lists : {None, "auto", "retriever", "deployed", "data"} or Mapping
+        Where the calibration lists come from (None: read from the pairs).
+    """
+
+    monitor: bool | None = None
+    language: str | None = None
+    lists: str | Mapping[str, Any] | None = None
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """What :func:`fit_and_calibrate` gives besides the fitted calibrator.
+    """What :func:`fit_and_calibrate` gives: the fitted score and calibrator, and what the
+    artifact keeps beside them.
 
     Attributes
     ----------
     scorer : Scorer
         The score calibrated (resolved and fitted where it had to be).
-    info : dict
+    calibrator : BaseCalibrator
+        The calibrator given, fitted.
+    info : CalibrationInfo
         The calibration data's provenance (the artifact's ``data`` block).
     monitor : dict or None
         The exchangeability monitor's reference block (None: not recorded).
     lists : ListRecord
         The calibration lists' record.
     evidence : EvidenceScores
-        The relevant calibration scores the p-values are computed against.
+        The relevant calibration scores the p-values are computed against (the
+        calibrator's own when its state holds them: the marginal mode).
     """
 
     scorer: Scorer
-    info: dict[str, Any]
+    calibrator: BaseCalibrator
+    info: CalibrationInfo
     monitor: dict[str, Any] | None
     lists: ListRecord
     evidence: EvidenceScores
@@ -150,14 +264,14 @@ def topics_shortfall(calibrator: BaseCalibrator, pairs: Sequence[Pair], *,
 
 
 def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequence[Pair], *,
-                      unit: str = "snippet", max_chars: int = MAX_CHARS,
-                      group_by: str | None = None, seed: int = 0, progress: bool = False,
-                      monitor: bool | None = None, language: str | None = None,
-                      lists: str | Mapping[str, Any] | None = None) -> Calibration:
+                      policy: KeepPolicy | None = None, seed: int = 0, progress: bool = False,
+                      options: CalibrationOptions | None = None) -> Calibration:
     """Resolve and fit the score, fit ``calibrator`` (in place) on the calibration share.
 
     The steps and parameters of :meth:`ragsieve.filter.ConformalFilter.calibrate`, which
-    documents them; ``unit``, ``max_chars`` and ``group_by`` are the filter's.
+    documents them; ``policy`` is the filter's (its ``unit``, ``max_chars`` and
+    ``group_by``; None: the default policy), ``options`` its calibrate's ``monitor``,
+    ``language`` and ``lists``.
 
     Raises
     ------
@@ -168,10 +282,12 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     ValueError
         The ``group`` mode without ``group_by``.
     """
+    policy, options = policy or KeepPolicy(), options or CalibrationOptions()
+    unit, group_by, monitor = policy.unit, policy.group_by, options.monitor
     pairs = snippets = list(pairs)
     check_labels(pairs)
     if unit == "sentence":
-        pairs = with_parent_text(sentence_pairs(snippets, max_chars=max_chars), snippets)
+        pairs = with_parent_text(sentence_pairs(snippets, max_chars=policy.max_chars), snippets)
         check_labels(pairs)
     if calibrator.group_kind == "attribute" and group_by is None:
         raise ValueError(
@@ -181,13 +297,13 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     short = topics_shortfall(calibrator, snippets, learns=not scorer.is_fitted)
     if short is not None:
         logger.warning("%s", short[0])
-    source = lists_source(lists, retriever_of(snippets))
+    source = lists_source(options.lists, retriever_of(snippets))
     chosen = scorer.tags.resolved_at_calibration
     if chosen:
-        scorer, info = scorer.resolve_for(snippets, language=language, seed=seed,
+        scorer, info = scorer.resolve_for(snippets, language=options.language, seed=seed,
                                           deployed_lists=source["kind"] != "data")
     else:
-        info = choose_languages(snippets, language, fallback=None).info()
+        info = choose_languages(snippets, options.language, fallback=None).info()
     fitted = _fit(scorer, pairs, snippets, unit=unit, seed=seed, progress=progress,
                   info=info, fallback=chosen)
     scorer, pairs = fitted.scorer, fitted.pairs
@@ -211,8 +327,10 @@ def fit_and_calibrate(scorer: Scorer, calibrator: BaseCalibrator, pairs: Sequenc
     if unit == "sentence":
         info["n_snippet_pairs"] = len(snippets)
     record = _record_lists(scorer, unit, snippets, source, seed, progress)
-    evidence = EvidenceScores.of(scores, [p.relevant == 1 for p in used], seed=seed)
-    return Calibration(scorer, info, reference, record, evidence)
+    evidence = EvidenceScores.of_calibrator(calibrator) or EvidenceScores.of(
+        scores, [p.relevant == 1 for p in used], seed=seed)
+    return Calibration(scorer, calibrator, CalibrationInfo.from_dict(info), reference, record,
+                       evidence)
 
 
 def _fit(scorer: Scorer, pairs: list[Pair], snippets: list[Pair], *, unit: str, seed: int,

@@ -1,6 +1,9 @@
 """What a filter keeps: the calibrated rule applied to the pieces' scores, mapped back to
 the snippets, with the empty-result policy and the list check's verdict.
 
+The rule reads the filter's :class:`~ragsieve.keep_policy.KeepPolicy` (its unit, empty-result
+policy, group field and cut size); :func:`check_policy` is re-exported from there.
+
 :func:`apply_rule` asks the calibrator which pieces (snippets, windows of long snippets,
 or sentences) it keeps, keeps a snippet when any of its pieces is kept, and builds the
 :class:`~ragsieve.types.FilterResult` (kept and removed snippets in input order, each
@@ -20,43 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import check_int, check_scores, check_str
+from ._validation import check_scores
 from .calibration import BaseCalibrator
 from .calibration.p_values import EvidenceScores
-from .chunking import DEFAULT_SIZE
 from .errors import DataError
+from .keep_policy import KeepPolicy, check_policy
 from .lists import ListCheck, ListWatch
-from .pieces import MAX_CHARS, Pieces
+from .pieces import Pieces
 from .types import FilterResult, Scored
-from .units import check_unit
 
 __all__ = ["apply_rule", "check_policy", "p_value_rule", "promise", "see_list", "see_lists",
            "wants_root"]
 
 logger = logging.getLogger(__name__)
-
-
-def check_policy(min_keep: Any, group_by: Any, max_chars: Any, unit: Any,
-                 sentence_in_context: bool = False) -> tuple[int, str | None, int, str]:
-    """A filter's policy, checked: ``min_keep`` an int >= 0, ``group_by`` a field name or
-    None, ``max_chars`` an int >= the snippet size or None (``MAX_CHARS``), ``unit`` one of
-    :data:`ragsieve.units.UNITS` (``"sentence"`` for a sentence-in-context score).
-
-    Raises
-    ------
-    TypeError, ValueError
-        A value of the wrong type, or out of range.
-    """
-    min_keep = check_int(min_keep, "min_keep", min_value=0)
-    group_by = check_str(group_by, "group_by", non_blank=True, allow_none=True,
-                         hint="the field name of the group")
-    max_chars = check_int(max_chars, "max_chars", min_value=DEFAULT_SIZE, allow_none=True,
-                          hint="the snippet size the pieces are cut to")
-    unit = check_unit(unit)
-    if unit == "snippet" and sentence_in_context:
-        raise ValueError("the sentence_context score scores sentences in their snippets: "
-                         "use it with unit='sentence' (CLI --unit sentence).")
-    return min_keep, group_by, MAX_CHARS if max_chars is None else max_chars, unit
 
 
 def promise(calibrator: BaseCalibrator, *, unit: str, group_by: str | None) -> dict[str, Any]:
@@ -76,11 +55,11 @@ def promise(calibrator: BaseCalibrator, *, unit: str, group_by: str | None) -> d
 
 
 def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query: str,
-               unit: str, min_keep: int, max_chars: int, group_by: str | None, group: Any,
-               see: Callable[[], ListCheck],
+               policy: KeepPolicy, group: Any, see: Callable[[], ListCheck],
                evidence: EvidenceScores | None = None) -> FilterResult:
     """Apply the fitted ``calibrator``'s rule to the pieces' scores; map it back to the items.
 
+    ``policy``: the filter's unit, empty-result policy, group field and cut size;
     ``group``: the group of snippets that carry none of their own (``group`` mode);
     ``see``: the list check, made once the result is known; ``evidence``: the relevant
     calibration scores each snippet's (and sentence's) p-value is computed against.
@@ -97,7 +76,8 @@ def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query
     if len(pieces.pieces) != arr.size:
         raise ValueError(f"got {arr.size} scores for {len(pieces.pieces)} snippets; they must "
                          "align.")
-    keep_piece, groups = _predict(calibrator, arr, pieces.pieces, group_by, group)
+    unit, min_keep = policy.unit, policy.min_keep
+    keep_piece, groups = _predict(calibrator, arr, pieces.pieces, policy.group_by, group)
     item_scores = np.full(n, np.inf)
     np.minimum.at(item_scores, pieces.owner, arr)
     tau = float(calibrator.threshold_)
@@ -112,7 +92,7 @@ def apply_rule(calibrator: BaseCalibrator, scores: Any, pieces: Pieces, *, query
     np.logical_or.at(keep, pieces.owner, keep_piece)
     n_cut, n_pieces = pieces.cut_summary()
     if n_cut:
-        notes.insert(0, _cut_note(n_cut, n_pieces, max_chars, sentences))
+        notes.insert(0, _cut_note(n_cut, n_pieces, policy.max_chars, sentences))
     if rule_kept_none and not sentences:
         notes.append(_empty_policy(keep, item_scores, tau, "snippet", min_keep, calibrator.mode))
     if rule_kept_none:

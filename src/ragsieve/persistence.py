@@ -12,19 +12,24 @@ scorer rebuilt from its spec or the caller's own scorer checked against it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from pathlib import Path
+from typing import Any, Protocol, Self
 
 from .artifact import Artifact, CalibrationBlock
 from .calibration import BaseCalibrator
 from .calibration.p_values import EvidenceScores
 from .errors import ArtifactError, ScorerError, ScorerMismatchError
+from .fitting import CalibrationInfo
+from .keep_policy import KeepPolicy
 from .lists import ListRecord
 from .scoring import Scorer, resolve_scorer
 from .scoring.weights import register_weights
 
-__all__ = ["CalibratedFilter", "FilterParts", "artifact_of", "parts_of", "scorer_of"]
+__all__ = ["CalibratedFilter", "FilterParts", "SavedFilter", "artifact_of", "parts_of",
+           "scorer_of"]
 
 
 @dataclass(frozen=True)
@@ -37,9 +42,9 @@ class FilterParts:
         The score the threshold was calibrated on.
     calibrator : BaseCalibrator
         The fitted calibrator.
-    options : dict
-        The filter's keyword arguments: ``min_keep``, ``group_by``, ``max_chars``, ``unit``.
-    info : dict
+    policy : KeepPolicy
+        The filter's keep policy, checked against the scorer.
+    info : CalibrationInfo
         The calibration data's provenance (``calibration_info``).
     monitor : dict or None
         The exchangeability monitor's reference.
@@ -52,8 +57,8 @@ class FilterParts:
 
     scorer: Scorer
     calibrator: BaseCalibrator
-    options: dict[str, Any]
-    info: dict[str, Any]
+    policy: KeepPolicy
+    info: CalibrationInfo
     monitor: dict[str, Any] | None
     lists: ListRecord | None
     evidence: EvidenceScores | None = None
@@ -61,18 +66,17 @@ class FilterParts:
 
 class CalibratedFilter(Protocol):
     """What :func:`artifact_of` reads of a calibrated filter (``ConformalFilter``'s
-    attributes)."""
+    attributes: the score, calibrator and keep policy in force)."""
 
-    scorer: Scorer
-    calibrator: BaseCalibrator
-    min_keep: int
-    max_chars: int
-    unit: str
-    group_by: str | None
-    calibration_info: dict[str, Any]
+    scorer_: Scorer
+    calibrator_: BaseCalibrator
+    calibration_info: CalibrationInfo
     monitor_reference: dict[str, Any] | None
     lists: ListRecord | None
     evidence: EvidenceScores | None
+
+    @property
+    def policy_(self) -> KeepPolicy: ...
 
 
 def artifact_of(flt: CalibratedFilter) -> Artifact:
@@ -83,19 +87,19 @@ def artifact_of(flt: CalibratedFilter) -> Artifact:
     ArtifactError
         A budget with a custom tokenizer, or a block that is not plain JSON.
     """
+    policy = flt.policy_
     return Artifact.create(
-        scorer=flt.scorer.spec(),
-        calibration=CalibrationBlock.of(flt.calibrator, group_by=flt.group_by),
-        policy={"min_keep": flt.min_keep, "max_chars": flt.max_chars, "unit": flt.unit},
-        data=dict(flt.calibration_info), monitor=flt.monitor_reference,
-        lists=None if flt.lists is None else flt.lists.to_dict(),
-        weights=flt.scorer.learned_weights(), evidence=_evidence_block(flt))
+        scorer=flt.scorer_.spec(),
+        calibration=CalibrationBlock.of(flt.calibrator_, group_by=policy.group_by),
+        policy=policy.block(), data=flt.calibration_info.to_dict(),
+        weights=flt.scorer_.learned_weights(), monitor=flt.monitor_reference,
+        lists=None if flt.lists is None else flt.lists.to_dict(), evidence=_evidence_block(flt))
 
 
 def _evidence_block(flt: CalibratedFilter) -> dict[str, Any] | None:
     """The ``"evidence"`` block: the filter's relevant calibration scores, unless the
     calibrator's own state holds them (the marginal mode) or there are none."""
-    if flt.evidence is None or EvidenceScores.of_calibrator(flt.calibrator) is not None:
+    if flt.evidence is None or EvidenceScores.of_calibrator(flt.calibrator_) is not None:
         return None
     return flt.evidence.to_dict()
 
@@ -117,12 +121,16 @@ def parts_of(artifact: Artifact, *, scorer: Scorer | None = None,
     if not isinstance(artifact, Artifact):
         raise TypeError(f"artifact is a {type(artifact).__name__}, expected a "
                         "ragsieve.artifact.Artifact (ConformalFilter.from_dict takes a dict).")
-    options = {"min_keep": artifact.min_keep, "group_by": artifact.group_by,
-               "max_chars": artifact.max_chars, "unit": artifact.unit}
+    policy = (artifact.min_keep, artifact.group_by, artifact.max_chars, artifact.unit)
     calibrator = artifact.calibrator()
     register_weights(artifact.weight_blobs())  # before the scorer that names them is rebuilt
-    return FilterParts(scorer=scorer_of(dict(artifact.scorer), scorer, scorer_options),
-                       calibrator=calibrator, options=options, info=dict(artifact.data or {}),
+    scorer = scorer_of(dict(artifact.scorer), scorer, scorer_options)
+    try:
+        checked = KeepPolicy.checked(*policy, sentence_in_context=scorer.tags.sentence_in_context)
+    except ValueError as exc:
+        raise ArtifactError(f"artifact policy: {exc}") from exc
+    return FilterParts(scorer=scorer, calibrator=calibrator, policy=checked,
+                       info=CalibrationInfo.from_dict(artifact.data or {}),
                        monitor=artifact.monitor_reference(), lists=artifact.list_record(),
                        evidence=(EvidenceScores.from_dict(artifact.evidence)
                                  if artifact.evidence is not None
@@ -154,3 +162,56 @@ def _short(spec: Any) -> str:
     boosted trees runs to pages)."""
     text = repr(spec)
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class SavedFilter:
+    """The forms of a saved filter, built on its ``to_artifact`` / ``from_artifact``
+    (``ConformalFilter`` defines both): the artifact as a dict (:meth:`to_dict`,
+    :meth:`from_dict`) and as a file (:meth:`save`, :meth:`load`)."""
+
+    def to_artifact(self) -> Artifact:
+        """The filter as a sealed artifact."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_artifact(cls, artifact: Artifact, *, scorer: Scorer | None = None,
+                      scorer_options: Mapping[str, Any] | None = None) -> Self:
+        """The filter an artifact stores."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The artifact (format version 3) as a dict."""
+        return self.to_artifact().to_dict()
+
+    def save(self, path: str | os.PathLike[str], *, sign_key: bytes | None = None) -> Path:
+        """Write the calibrated filter as a JSON artifact (atomically); ``sign_key``: sign it
+        with this secret (:meth:`Artifact.signed <ragsieve.artifact.Artifact.signed>`), so
+        a reader given the key (``load(..., verify_key=)``, ``serve --verify-key-env``)
+        accepts it."""
+        artifact = self.to_artifact()
+        return (artifact if sign_key is None else artifact.signed(sign_key)).write(path)
+
+    @classmethod
+    def from_dict(cls, payload: Mapping[str, Any], *, scorer: Scorer | None = None,
+                  scorer_options: Mapping[str, Any] | None = None) -> Self:
+        """A filter from an artifact dict, checked as a file is (see :meth:`load`)."""
+        return cls.from_artifact(Artifact.from_dict(payload), scorer=scorer,
+                                 scorer_options=scorer_options)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, scorer: Scorer | None = None,
+             scorer_options: Mapping[str, Any] | None = None,
+             verify_key: bytes | None = None) -> Self:
+        """Load a filter :meth:`save` wrote. ``scorer``: use this one (it must have the
+        artifact's ``spec()``) instead of rebuilding it; ``scorer_options``: keyword
+        arguments for the rebuild that do not change the scores (e.g. ``cache_dir``);
+        ``verify_key``: require a signature made with this key (checked before anything
+        is built).
+
+        Raises ``ArtifactError`` for a file :meth:`Artifact.read
+        <ragsieve.artifact.Artifact.read>` refuses (unsigned or wrongly signed when
+        ``verify_key`` is given) or a state the mode refuses, and ``ScorerMismatchError``
+        for a supplied scorer of another score.
+        """
+        return cls.from_artifact(Artifact.read(path, verify_key=verify_key), scorer=scorer,
+                                 scorer_options=scorer_options)

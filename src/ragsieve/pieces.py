@@ -29,6 +29,7 @@ import numpy as np
 from ._validation import check_str
 from .chunking import DEFAULT_SIZE, chunk_text
 from .errors import DataError
+from .keep_policy import MAX_CHARS
 from .scoring import Scorer
 from .scoring.sentence_context import PARENT_POSITION, PARENT_TEXT
 from .types import Pair, Snippet
@@ -37,9 +38,6 @@ from .units import sentence_pieces
 __all__ = ["ACCEPTED", "MAX_CHARS", "PairBatch", "Pieces", "SnippetLike", "as_item", "as_items",
            "check_snippet_unit", "cut", "cut_pairs", "model_texts", "snippet_list",
            "vector_scores"]
-
-#: Inputs longer than this many characters are cut into calibration-sized pieces.
-MAX_CHARS = int(1.2 * DEFAULT_SIZE)
 
 SnippetLike = str | Snippet | Pair | Mapping[str, Any]
 #: The accepted snippet forms, as error messages list them.

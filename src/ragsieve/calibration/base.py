@@ -206,6 +206,11 @@ class BaseCalibrator(ABC):
             setattr(self, key, value)
         return self
 
+    def unfitted_copy(self) -> Self:
+        """A new unfitted calibrator of the same parameters (scikit-learn's ``clone``):
+        what ``ConformalFilter.calibrate`` fits, leaving the caller's calibrator as given."""
+        return type(self)(**self.get_params())
+
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({params})"

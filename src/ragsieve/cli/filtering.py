@@ -61,15 +61,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                           unit=unit or "snippet")
     flt.calibrate(pairs, group_by=guarantee.group_by, progress=not args.quiet,
                   language=chosen.language, lists=args.lists)
-    chosen.record(flt.calibration_info)  # where the CLI took the languages from
+    flt.calibration_info = chosen.record(flt.calibration_info)  # where the CLI took the languages
     flt.save(args.out, sign_key=sign_key)
 
     def expected() -> Any:  # cross-validation over the calibration topics
-        return _expected(pairs, flt.scorer, guarantee, params, unit=unit,
+        return _expected(pairs, flt.scorer_, guarantee, params, unit=unit,
                          progress=not args.quiet)
 
     info = flt.to_dict()
-    rule = flt.scorer.keep_rule(flt.threshold)
+    rule = flt.scorer_.keep_rule(flt.threshold)
     choice = chosen.to_dict(flt.calibration_info, info["scorer"])
     if args.json:  # the artifact, the promise, the keep rule in the score's own units, the choice
         found = None if args.no_expected else expected().to_dict()
@@ -241,11 +241,11 @@ def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
     relevant = {(p.query_id, p.snippet_id) for p in pairs or () if p.relevant == 1}
 
     def own(score: float) -> str:  # the score in its own units and direction
-        return f"{flt.scorer.keep_rule(score).threshold:.4f}"
+        return f"{flt.scorer_.keep_rule(score).threshold:.4f}"
 
     for qid, r in results.items():
         if as_json:
-            record = filter_record(qid, r, flt.scorer)
+            record = filter_record(qid, r, flt.scorer_)
             if alarm is not None and alarm.query_id == qid:
                 record["exchangeability_alarm"] = alarm.to_dict()
             print(dumps(record))
@@ -257,7 +257,7 @@ def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
             print(f"    {own(s.score)}{_p_text(s)}  {s.snippet_id}"
                   + (f"  ({what} {spans})" if spans else ""))
         if show_removed:
-            rule = flt.scorer.keep_rule(r.threshold)
+            rule = flt.scorer_.keep_rule(r.threshold)
             for s in r.removed:
                 miss = MISSED if (qid, s.snippet_id) in relevant else ""
                 print(f"    removed {own(s.score)}{_p_text(s)} (rule {rule.keep_if} "
@@ -277,7 +277,7 @@ def _print_filtered(results: dict[str, Any], flt: Any, *, as_json: bool,
         if measured:
             print(measured)
         if flt.evidence is not None:
-            print(p_value_rule(flt.calibrator))
+            print(p_value_rule(flt.calibrator_))
         print(f"mode {flt.mode}: {flt.guarantee()['statement']}")
 
 
@@ -308,7 +308,7 @@ def _labelled_line(results: dict[str, Any], pairs: Any, unit: str) -> str | None
 def _filter_summary(n_queries: int, kept: float, total: float, flt: Any) -> str:
     rm = 1 - kept / total if total else 0.0
     return (f"{n_queries} queries, kept {int(kept)}/{int(total)} snippets (removed {rm:.1%}), "
-            f"{flt.scorer.keep_rule(flt.threshold)}"
+            f"{flt.scorer_.keep_rule(flt.threshold)}"
             + ("" if flt.alpha is None else f", alpha={flt.alpha:g}"))
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..artifact import Artifact
+    from ..fitting import CalibrationInfo
 
 logger = logging.getLogger(__name__)
 
@@ -279,19 +280,16 @@ class ScorerChoice:
         self.score = score  # a ScoreChoice when --scorer auto was resolved here
         self.alias = alias
 
-    def record(self, info: dict[str, Any]) -> None:
-        """Write where the command line took the languages from into a calibrated filter's
-        ``calibration_info`` (nothing when they were left to ``calibrate`` to detect)."""
+    def record(self, info: CalibrationInfo) -> CalibrationInfo:
+        """A calibrated filter's ``calibration_info`` with where the command line took the
+        languages from (as it was when they were left to ``calibrate`` to detect)."""
         if self.language is None:
-            return
-        info["language_source"] = self.language_source
+            return info
         query = self.query_language or self.language  # decided here: it wins over calibrate's
-        if query != info.get("language"):
-            info["query_language"] = query
-        else:
-            info.pop("query_language", None)
+        return info.but(language_source=self.language_source,
+                        query_language=None if query == info.language else query)
 
-    def to_dict(self, info: dict[str, Any] | None = None,
+    def to_dict(self, info: Mapping[str, Any] | None = None,
                 spec: dict[str, Any] | None = None) -> dict[str, Any]:
         """The choice as JSON values; ``info`` (a calibrated filter's ``calibration_info``)
         and ``spec`` (its scorer's) take precedence, as ``calibrate`` resolves ``auto``.

@@ -83,7 +83,7 @@ def cmd_recalibrate(args: argparse.Namespace) -> int:
     print(f"mode {result.mode}: recalibrated on {result.n_used} labels ({result.n_relevant} "
           f"relevant, {result.n_queries} queries){merged}")
     extra = "".join(f"; {note}" for note in result.notes)
-    rule = result.filter.scorer.keep_rule  # thresholds in the score's own direction
+    rule = result.filter.scorer_.keep_rule  # thresholds in the score's own direction
     print(f"tau={_tau(rule(result.new_threshold).threshold)} (was "
           f"{_tau(rule(result.old_threshold).threshold)}){extra} -> {args.out}")
     return 0

@@ -195,7 +195,7 @@ class FilterTask:
 
     def process(self, pairs: list[Pair]) -> tuple[list[dict[str, Any]], dict[str, float]]:
         results = self.filter.filter_pairs(pairs)
-        scorer = self.filter.scorer
+        scorer = self.filter.scorer_
         records = [filter_record(qid, r, scorer) for qid, r in results.items()]
         kept = sum(len(r.kept) for r in results.values())
         return records, {"queries": len(results), "snippets": sum(r.n_input for r in

@@ -347,7 +347,7 @@ def _sentence_contexts(scored: _Scored, deployed: _Deployed, config: AnswerConfi
                 flt.calibrate(calibration, group_by=group_by, seed=seed, monitor=False,
                               language=config.language)
                 if not unfitted.is_fitted:
-                    fitted = flt.scorer, _calibration_share(flt.scorer, calibration, seed)
+                    fitted = flt.scorer_, _calibration_share(flt.scorer_, calibration, seed)
             else:
                 flt = ConformalFilter(fitted[0], calibrator, unit="sentence")
                 flt.calibrate(fitted[1], group_by=group_by, seed=seed, monitor=False,

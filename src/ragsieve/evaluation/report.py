@@ -208,8 +208,8 @@ def _compare(flt: Any, rule_op: str, score: float, threshold: float,
              kept: bool) -> tuple[float, str]:
     """A filter score in the score's own units and, as the page shows it, against the threshold
     (``0.422 <= 0.527`` when kept, ``0.648 > 0.527`` when not)."""
-    value = _in_units(flt.scorer, score)
-    tau = _in_units(flt.scorer, threshold)
+    value = _in_units(flt.scorer_, score)
+    tau = _in_units(flt.scorer_, threshold)
     op = rule_op if kept else _MISSED.get(rule_op, "vs")
     return value, f"{_number(value)} {op} {_number(tau)}"
 
@@ -595,12 +595,12 @@ def _tradeoff_block(flt: Any, pairs: Sequence[Pair], results: Mapping[str, Filte
         report = evaluate_scores(ScoredData.from_pairs(lab_pairs, scores[labelled]),
                                  alphas=tuple(grid), thetas=(), modes=(mode,), n_splits=n_splits,
                                  seed=seed, calibrated_baselines=False)
-        panels = report_panels({flt.scorer.name: report})
+        panels = report_panels({flt.scorer_.name: report})
     except ImportError as exc:
         return head + f"<p class=\"figure none\">Not drawn: {esc(exc)}</p>"
     except ValueError as exc:  # e.g. too few topics for the splits asked for
         return head + f"<p class=\"figure none\">Not drawn: {esc(exc)}</p>"
-    caption = (f"Mode {mode}, the filter's score ({flt.scorer.name}), alphas "
+    caption = (f"Mode {mode}, the filter's score ({flt.scorer_.name}), alphas "
                f"{', '.join(f'{a:g}' for a in grid)}: each of {report.n_splits} topic-disjoint "
                f"splits of this data calibrates on half of its {report.n_groups} topics and "
                "measures on the other half (the scores are the filter's own, computed once; "
@@ -627,12 +627,12 @@ def _fact_rows(flt: Any, rule: Any, pairs: Sequence[Pair], results: Mapping[str,
                 "snippets")
     return [
         ("keep rule", str(rule) if math.isfinite(flt.threshold) else "keep everything (threshold +inf)"),
-        *([("p-value", p_value_rule(flt.calibrator))] if flt.evidence is not None else []),
+        *([("p-value", p_value_rule(flt.calibrator_))] if flt.evidence is not None else []),
         ("mode", flt.mode),
         *unit,
         ("alpha", fmt(flt.alpha, 3) if flt.alpha is not None else "-"),
-        ("score", f"{flt.scorer.name} ({rule.score}; {direction} is more relevant)"),
-        ("model", spec_model(flt.scorer.spec()) or "-"),
+        ("score", f"{flt.scorer_.name} ({rule.score}; {direction} is more relevant)"),
+        ("model", spec_model(flt.scorer_.spec()) or "-"),
         ("filter", filter_name or "-"),
         ("data", data),
         ("kept on this data", kept),
@@ -656,7 +656,7 @@ def _lists_rows(flt: Any, results: Mapping[str, FilterResult]) -> list[tuple[str
 def _threshold_line(flt: Any, rule: Any) -> str:
     what = "each sentence's" if flt.unit == "sentence" else "each snippet's"
     return (f"<p class=\"threshold\" data-threshold=\"{esc(repr(flt.threshold))}\" "
-            f"data-value=\"{esc(repr(_in_units(flt.scorer, flt.threshold)))}\" "
+            f"data-value=\"{esc(repr(_in_units(flt.scorer_, flt.threshold)))}\" "
             f"data-keep-if=\"{esc(rule.keep_if)}\">"
             f"<strong>{esc(rule if math.isfinite(flt.threshold) else 'keep everything')}</strong> "
             f"({what} score against the calibrated threshold)</p>")
@@ -792,7 +792,7 @@ def build_report(
     data_name, filter_name, seed = settings.data_name, settings.filter_name, settings.seed
     if results is None:
         results = flt.filter_pairs(pairs, progress=progress)
-    rule = flt.scorer.keep_rule(flt.threshold)
+    rule = flt.scorer_.keep_rule(flt.threshold)
     keep = _kept_mask(pairs, results)
     sentences = _sentences(pairs, results, flt.max_chars) if flt.unit == "sentence" else None
     resampling = _Resampling(settings.confidence, settings.n_resamples, seed)

@@ -32,6 +32,8 @@ from ragsieve.integrations.empty_lists import (
 )
 from ragsieve.integrations.filtering import (
     SCORE_SOURCES,
+    Copies,
+    DocumentFields,
     check_documents,
     check_score_source,
     filter_documents,
@@ -80,6 +82,8 @@ __all__ = [
     "SCORE_SOURCES",
     "SPANS_KEY",
     "THRESHOLD_KEY",
+    "Copies",
+    "DocumentFields",
     "EmptyListLog",
     "EmptyListStats",
     "Retrieval",

@@ -37,7 +37,7 @@ def empty_reason(flt: ConformalFilter, result: FilterResult, kind: str = "docume
     """
     if not result.rule_kept_none:
         return None
-    rule = flt.scorer.keep_rule(result.threshold)
+    rule = flt.scorer_.keep_rule(result.threshold)
     best = min(result.scores)
     reason = f"no {kind} passed the {flt.mode} rule: "
     if math.isfinite(result.threshold) and best > result.threshold:
@@ -63,7 +63,7 @@ def report_result(log: logging.Logger, flt: ConformalFilter, result: FilterResul
                     kind, result.query[:80], reason)
     if not reason:
         log.debug("kept %d of %d %s (%s)", len(result.kept), result.n_input, kind,
-                  flt.scorer.keep_rule(result.threshold))
+                  flt.scorer_.keep_rule(result.threshold))
     return reason
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ragsieve.errors import DataError
 from ragsieve.integrations.empty_lists import report_result
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
     from ragsieve.types import FilterResult
 
 __all__ = [
-    "SCORE_SOURCES", "check_documents", "check_score_source", "filter_documents",
-    "filter_items",
+    "SCORE_SOURCES", "Copies", "DocumentFields", "check_documents", "check_score_source",
+    "filter_documents", "filter_items",
 ]
 
 #: where a component's score comes from: the filter's own (text, an outside score in the
@@ -91,14 +92,14 @@ def filter_items(
     """
     from ragsieve.scoring.field import outside_score_conflict
 
-    field = flt.scorer.outside_field()
-    wanted = {key for key in (flt.group_by, field, "score") if key}
+    field = flt.scorer_.outside_field()
+    wanted = {key for key in (flt.policy_.group_by, field, "score") if key}
     items = []
     for i, (text, meta) in enumerate(zip(texts, metadatas, strict=True)):
         item = {k: v for k, v in meta.items() if k not in _FILTER_KEYS or k in wanted}
         if native is not None and field is not None:
             item = _with_native(item, field, native[i], f"document {i}", native_name)
-        problem = outside_score_conflict(flt.scorer, item)
+        problem = outside_score_conflict(flt.scorer_, item)
         if problem:
             raise DataError(f"document {i} {problem}.")
         item["text"] = text
@@ -139,8 +140,8 @@ def check_score_source(flt: ConformalFilter, score_source: Any, native_name: str
     if score_source not in SCORE_SOURCES:
         raise ValueError(f"score_source == {score_source!r}, must be one of {SCORE_SOURCES}.")
     if score_source == "native":
-        rule = flt.scorer.keep_rule(0.0)
-        if flt.scorer.outside_field() is None or rule.keep_if != ">=":
+        rule = flt.scorer_.keep_rule(0.0)
+        if flt.scorer_.outside_field() is None or rule.keep_if != ">=":
             raise ValueError(
                 f"score_source='native' filters on {native_name} (higher is better), but this "
                 f"filter keeps {rule.score} {rule.keep_if} tau. Calibrate one on the native "
@@ -149,11 +150,54 @@ def check_score_source(flt: ConformalFilter, score_source: Any, native_name: str
     return str(score_source)
 
 
+@dataclass(frozen=True)
+class DocumentFields:
+    """What a filter reads of a framework's documents, as :func:`filter_items` takes it.
+
+    Attributes
+    ----------
+    texts : sequence of str
+        Each document's text.
+    metadatas : sequence of mapping
+        Each document's metadata.
+    native : sequence, optional
+        Each document's native score (None unless ``score_source="native"``).
+    native_name : str
+        How the native score is named in errors.
+    """
+
+    texts: Sequence[str]
+    metadatas: Sequence[Mapping[str, Any]]
+    native: Sequence[Any] | None = None
+    native_name: str = "the native score"
+
+
+@dataclass(frozen=True)
+class Copies(Generic[D]):
+    """How a component copies its documents and reports what its filter did.
+
+    Attributes
+    ----------
+    copy : callable
+        The component's copy of a document with the filter's keys (:func:`kept_metadata`)
+        and its pruned text (:func:`pruned_text`).
+    log : logging.Logger
+        Where :func:`report_result` logs.
+    kind : str
+        How the documents are named in the log lines.
+    empties : EmptyListLog, optional
+        The component's count of emptied lists (see :func:`report_result`).
+    """
+
+    copy: Callable[..., D]
+    log: logging.Logger
+    kind: str = "documents"
+    empties: EmptyListLog | None = None
+
+
 def filter_documents(
-    flt: ConformalFilter, query: str, docs: Sequence[D], *, texts: Sequence[str],
-    metadatas: Sequence[Mapping[str, Any]], native: Sequence[Any] | None, native_name: str,
-    copy: Callable[..., D], log: logging.Logger, kind: str = "documents", removed: bool = True,
-    empties: EmptyListLog | None = None,
+    flt: ConformalFilter, query: str, docs: Sequence[D], fields: DocumentFields,
+    copies: Copies[D], *, removed: bool = True,
 ) -> tuple[list[D], list[D], FilterResult, str | None]:
     """Filter a framework's documents and copy the kept (and removed) ones, in input order.
 
@@ -169,20 +213,13 @@ def filter_documents(
         The query the documents were retrieved for.
     docs : sequence
         The framework's documents (not modified).
-    texts, metadatas, native, native_name
-        Each document's text, metadata and native score (None unless
-        ``score_source="native"``), as :func:`filter_items` takes them.
-    copy : callable
-        The component's copy of a document with the filter's keys (:func:`kept_metadata`)
-        and its pruned text (:func:`pruned_text`).
-    log : logging.Logger
-        Where :func:`report_result` logs.
-    kind : str
-        How the documents are named in the log lines.
+    fields : DocumentFields
+        Each document's text, metadata and native score.
+    copies : Copies
+        The component's copy of a document, log, name of its documents and count of
+        emptied lists.
     removed : bool
         Copy the removed documents too (else the second list is empty).
-    empties : EmptyListLog, optional
-        The component's count of emptied lists (see :func:`report_result`).
 
     Returns
     -------
@@ -193,8 +230,10 @@ def filter_documents(
     note : str or None
         Why the rule kept nothing (:func:`empty_reason`); None when it kept some.
     """
-    result = flt.filter(query, filter_items(flt, texts, metadatas, native, native_name))
-    note = report_result(log, flt, result, kind, empties)
+    result = flt.filter(query, filter_items(flt, fields.texts, fields.metadatas, fields.native,
+                                            fields.native_name))
+    note = report_result(copies.log, flt, result, copies.kind, copies.empties)
+    copy = copies.copy
     kept = [copy(docs[s.index], result, s, note) for s in result.kept]
     out = [copy(docs[s.index], result, s) for s in result.removed] if removed else []
     return kept, out, result, note

@@ -30,7 +30,12 @@ from ragsieve._validation import check_instance, check_path, check_str
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.integrations.empty_lists import EmptyListLog
-from ragsieve.integrations.filtering import check_score_source, filter_documents
+from ragsieve.integrations.filtering import (
+    Copies,
+    DocumentFields,
+    check_score_source,
+    filter_documents,
+)
 from ragsieve.integrations.loading import load_filter
 from ragsieve.integrations.metadata import kept_metadata, pruned_text
 from ragsieve.integrations.native import calibrate_native, native_pairs
@@ -144,7 +149,7 @@ class ConformalRanker(FrameworkAdapter):
 
     **Every mode.** Each document goes to the filter as its ``meta`` plus its text (see
     :func:`ragsieve.integrations.filter_items`): a ``group``-mode filter reads
-    ``meta[filter.group_by]``, a filter on an outside score reads ``meta[field]``; a
+    ``meta[filter.policy_.group_by]``, a filter on an outside score reads ``meta[field]``; a
     document without it raises ``DataError``.
 
     **Documents without text.** When the filter's score reads text (every score except an
@@ -285,8 +290,8 @@ class ConformalRanker(FrameworkAdapter):
     # ------------------------------------------------------------------------ run
     def warm_up(self) -> None:
         """Load the score's model before the first query (Haystack calls this on run)."""
-        if self.filter.scorer.tags.reads_text:
-            self.filter.scorer.score_batch("warm-up", ["warm-up"])
+        if self.filter.scorer_.tags.reads_text:
+            self.filter.scorer_.score_batch("warm-up", ["warm-up"])
 
     @component.output_types(documents=list[Document], removed=list[Document],
                             ragsieve=dict[str, Any])
@@ -313,7 +318,7 @@ class ConformalRanker(FrameworkAdapter):
             ``query`` is not a str, or ``documents`` is not a list of ``haystack.Document``.
         DataError
             A document lacks what the filter's mode or score needs in its ``meta`` (the
-            group under ``filter.group_by``, an outside score; ``Document.score`` with
+            group under ``filter.policy_.group_by``, an outside score; ``Document.score`` with
             ``score_source="native"``), or gives an outside score the filter cannot read.
         """
         check_str(query, "query")
@@ -327,20 +332,20 @@ class ConformalRanker(FrameworkAdapter):
             return self._outputs([], [], None, dropped)
         native = [d.score for d in docs] if self.score_source == "native" else None
         kept, removed, result, reason = filter_documents(
-            self.filter, query, docs, texts=[d.content or "" for d in docs],
-            metadatas=[d.meta for d in docs], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger, empties=self._empty_log)
+            self.filter, query, docs, DocumentFields(
+                [d.content or "" for d in docs], [d.meta for d in docs], native, _NATIVE_NAME),
+            Copies(self._copy, logger, empties=self._empty_log))
         return self._outputs(kept, removed, result, dropped, reason)
 
     def _with_text(self, docs: list[Document]) -> list[Document]:
         """The documents the score can read: all, or those with text when it reads text."""
-        if not self.filter.scorer.tags.reads_text:
+        if not self.filter.scorer_.tags.reads_text:
             return docs
         textless = [d for d in docs if not (d.content or "").strip()]
         if textless:
             logger.warning(
                 "dropped %d of %d documents without text content (the %s score reads text): "
-                "ids %s", len(textless), len(docs), self.filter.scorer.spec().get("scorer"),
+                "ids %s", len(textless), len(docs), self.filter.scorer_.spec().get("scorer"),
                 [d.id for d in textless[:10]] + (["..."] if len(textless) > 10 else []))
         return [d for d in docs if (d.content or "").strip()]
 
@@ -365,7 +370,7 @@ class ConformalRanker(FrameworkAdapter):
     def _outputs(self, kept: list[Document], removed: list[Document],
                  result: FilterResult | None, dropped: int,
                  reason: str | None = None) -> dict[str, Any]:
-        rule = self.filter.scorer.keep_rule(
+        rule = self.filter.scorer_.keep_rule(
             result.threshold if result is not None else self.filter.threshold)
         info = {"kept": len(kept), "removed": len(removed), "dropped": dropped,
                 **rule.to_dict(), "mode": self.filter.mode, "reason": reason}

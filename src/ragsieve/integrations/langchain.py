@@ -28,7 +28,12 @@ from ragsieve._optional import require
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.integrations.empty_lists import EmptyListLog
-from ragsieve.integrations.filtering import check_documents, filter_documents
+from ragsieve.integrations.filtering import (
+    Copies,
+    DocumentFields,
+    check_documents,
+    filter_documents,
+)
 from ragsieve.integrations.metadata import kept_metadata, pruned_text
 from ragsieve.integrations.native import calibrate_native, native_pairs
 from ragsieve.integrations.retrieval import Retrieval, RetrievedDoc, document_ids, retrieval_run
@@ -115,7 +120,7 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
     -----
     Each document goes to the filter with its metadata (see
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
-    ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
+    ``group``-mode filter reads ``metadata[filter.policy_.group_by]``, a filter on an outside score
     reads ``metadata[field]`` (or ``metadata["score"]``); a document without it raises
     ``DataError``.
 
@@ -201,7 +206,7 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
             ``documents`` is one Document or a string instead of a sequence of Documents.
         DataError
             A document lacks what the filter's mode or score needs in its metadata (the
-            group under ``filter.group_by``, an outside score, ``relevance_score`` with
+            group under ``filter.policy_.group_by``, an outside score, ``relevance_score`` with
             ``score_source="native"``), or gives an outside score the filter cannot read.
         """
         docs = check_documents(documents, Document)
@@ -210,10 +215,11 @@ class ConformalCompressor(FrameworkAdapter, ScoreSourceCheck, BaseDocumentCompre
         native = ([d.metadata.get(NATIVE_KEY) for d in docs]
                   if self.score_source == "native" else None)
         out, removed, _, _ = filter_documents(
-            self.filter, query, docs, texts=[d.page_content for d in docs],
-            metadatas=[d.metadata for d in docs], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger, removed=self.on_result is not None,
-            empties=self._empty_log)
+            self.filter, query, docs, DocumentFields(
+                [d.page_content for d in docs], [d.metadata for d in docs], native,
+                _NATIVE_NAME),
+            Copies(self._copy, logger, empties=self._empty_log),
+            removed=self.on_result is not None)
         if self.on_result is not None:
             self.on_result(list(out), removed)
         return out

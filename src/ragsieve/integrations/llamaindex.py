@@ -18,7 +18,12 @@ from ragsieve.artifact import Artifact
 from ragsieve.filter import ConformalFilter
 from ragsieve.integrations.adapter import FrameworkAdapter
 from ragsieve.integrations.empty_lists import EmptyListLog
-from ragsieve.integrations.filtering import check_documents, filter_documents
+from ragsieve.integrations.filtering import (
+    Copies,
+    DocumentFields,
+    check_documents,
+    filter_documents,
+)
 from ragsieve.integrations.metadata import (
     KEEP_IF_KEY,
     MODE_KEY,
@@ -98,7 +103,7 @@ class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostpro
     models and LLMs see. Scoring uses ``node.get_content()`` (the node text without
     metadata); the node's metadata goes to the filter too (see
     :func:`ragsieve.integrations.filter_items`), so every guarantee mode works: a
-    ``group``-mode filter reads ``metadata[filter.group_by]``, a filter on an outside score
+    ``group``-mode filter reads ``metadata[filter.policy_.group_by]``, a filter on an outside score
     reads ``metadata[field]``; a node without it raises ``DataError``.
 
     **Serialisation.** ``to_dict()`` / ``to_json()`` store the filter as its sealed
@@ -211,11 +216,11 @@ class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostpro
             return []
         native = [n.score for n in nodes] if self.score_source == "native" else None
         out, removed, _, _ = filter_documents(
-            self.filter, query_bundle.query_str, nodes,
-            texts=[n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
-            metadatas=[n.node.metadata for n in nodes], native=native, native_name=_NATIVE_NAME,
-            copy=self._copy, log=logger, kind="nodes", removed=self.on_result is not None,
-            empties=self._empty_log)
+            self.filter, query_bundle.query_str, nodes, DocumentFields(
+                [n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
+                [n.node.metadata for n in nodes], native, _NATIVE_NAME),
+            Copies(self._copy, logger, "nodes", self._empty_log),
+            removed=self.on_result is not None)
         if self.on_result is not None:
             self.on_result(list(out), removed)
         return out

@@ -82,6 +82,7 @@ def load_filter(path: str | os.PathLike[str], scorer_options: Mapping[str, Any],
     """
     from ragsieve.artifact import Artifact
     from ragsieve.filter import ConformalFilter
+    from ragsieve.keep_policy import KeepPolicy
 
     artifact = Artifact.read(path)
     accepted = scorer_option_names(artifact.scorer)
@@ -92,9 +93,8 @@ def load_filter(path: str | os.PathLike[str], scorer_options: Mapping[str, Any],
             f"keywords {list(POLICY_KEYS)} and the options of the artifact's "
             f"{artifact.scorer['scorer']!r} scorer {accepted}.")
     flt = ConformalFilter.from_artifact(artifact, scorer_options=dict(scorer_options) or None)
-    if policy:  # checked by the constructor, as for a filter built by hand
-        checked = ConformalFilter(flt.scorer, flt.calibrator, group_by=flt.group_by,
-                                  **{"min_keep": flt.min_keep, "max_chars": flt.max_chars,
-                                     **policy})
+    if policy:  # checked as the constructor checks a filter built by hand
+        checked = KeepPolicy.checked(**{**flt.policy_.keywords(), **policy},
+                                     sentence_in_context=flt.scorer_.tags.sentence_in_context)
         flt.min_keep, flt.max_chars = checked.min_keep, checked.max_chars
     return flt

@@ -50,7 +50,7 @@ LISTS_KEY = "ragsieve_lists_note"
 
 def user_score(flt: ConformalFilter, score: float) -> float:
     """A nonconformity score in the keep rule's units (``bm25``, not ``-bm25``)."""
-    return float(flt.scorer.keep_rule(score).threshold)
+    return float(flt.scorer_.keep_rule(score).threshold)
 
 
 def kept_metadata(flt: ConformalFilter, result: FilterResult, kept: Scored,
@@ -72,7 +72,7 @@ def kept_metadata(flt: ConformalFilter, result: FilterResult, kept: Scored,
     note : str, optional
         Why the rule kept nothing (:func:`empty_reason`).
     """
-    rule = flt.scorer.keep_rule(result.threshold)
+    rule = flt.scorer_.keep_rule(result.threshold)
     meta: dict[str, Any] = {SCORE_KEY: user_score(flt, kept.score), THRESHOLD_KEY: rule.threshold,
                             KEEP_IF_KEY: rule.keep_if, MODE_KEY: flt.mode}
     if kept.p_value is not None:

@@ -69,7 +69,7 @@ def removed(res: FilterResult) -> list[RemovedSnippet]:
 
 def p_value_rule_of(flt: ConformalFilter) -> str | None:
     """How the p-values read beside the filter's rule; None when it has none."""
-    return None if flt.evidence is None else p_value_rule(flt.calibrator)
+    return None if flt.evidence is None else p_value_rule(flt.calibrator_)
 
 
 def monitor_info(state: Any) -> MonitorInfo:
@@ -111,8 +111,8 @@ def artifact_info(flt: ConformalFilter, artifact: Artifact, checksum: str) -> Ar
         n_calibration=None if n_calibration is None else int(n_calibration),
         min_keep=flt.min_keep,
         unit=flt.unit,
-        group_by=getattr(flt, "group_by", None),
-        scorer=flt.scorer.spec(),
+        group_by=flt.policy_.group_by,
+        scorer=flt.scorer_.spec(),
         guarantee=guarantee,
         checksum=checksum,
     )

@@ -377,7 +377,7 @@ def _open_index(index_path: str | Path, flt: ConformalFilter) -> Any:
     index = SnippetIndex.open(index_path)  # reads metadata only, loads no weights
     list_scorer(index, flt)  # raises ScorerMismatchError now, not on the first request
     # the filter's score is the index's 1 - cos (or built on it): share the loaded model
-    model = flt.scorer.embedding_model()
+    model = flt.scorer_.embedding_model()
     return index if model is None else SnippetIndex.open(index_path, model=model)
 
 

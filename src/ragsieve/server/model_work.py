@@ -172,7 +172,7 @@ def filter_with_model(work: ModelWork, use: ConformalFilter, query: str, items: 
     # all chunks but the last go to the cache first (the first with the query); the
     # last step embeds the last chunk and reads the others back (a request of one
     # chunk is a single step)
-    steps: list[Callable[[], Any]] = [partial(use.scorer.prepare, query, c)
+    steps: list[Callable[[], Any]] = [partial(use.scorer_.prepare, query, c)
                                       for c, _ in chunks[:-1]]
     steps.append(lambda: use.filter(query, items, group=group))
     result: FilterResult = work.run(steps, costs=[cost for _, cost in chunks])

@@ -31,6 +31,7 @@ from ..artifact import Artifact
 from ..calibration.p_values import EvidenceScores
 from ..calibration.refit import check_refittable, refit
 from ..errors import ArtifactError, CalibrationError, DataError
+from ..fitting import CalibrationInfo
 from .feedback import FeedbackStore, build_adaptive, scorer_key
 
 __all__ = ["Recalibration", "recalibrate"]
@@ -188,26 +189,23 @@ def recalibrate(payload: Artifact | Mapping[str, Any], feedback_db: str | Path, 
             "snippets, its threshold is over evidence sentences, and a label does not say which "
             "of a snippet's sentences is the evidence; recalibrate with `ragsieve calibrate "
             "--unit sentence` on labelled pairs (evidence spans or answers).")
-    cal = old.calibrator
+    cal = old.calibrator_
     check_refittable(cal, merge=merge)  # refuse before reading the database
     checksum = artifact.checksum
-    rows, lists = _read_labels(feedback_db, scorer_key(old.scorer.spec()), checksum)
+    rows, lists = _read_labels(feedback_db, scorer_key(old.scorer_.spec()), checksum)
     _check_enough(feedback_db, rows, min_labels)
     notes: list[str] = []
     usable, groups = _usable(cal, rows, notes)
     new_cal, n_merged = refit(cal, [r[3] for r in usable], [r[2] for r in usable],
                               query_ids=[r[0] for r in usable], groups=groups, merge=merge)
-    flt = ConformalFilter(old.scorer, new_cal, min_keep=old.min_keep, group_by=old.group_by,
-                          max_chars=old.max_chars, unit=old.unit)
+    flt = ConformalFilter(old.scorer_, new_cal, **old.policy_.keywords())
     queries = {r[0] for r in usable}
     flt.monitor_reference = _monitor_reference(lists, queries, notes)
     flt.evidence = _evidence(new_cal, old.evidence if n_merged else None, usable)
     n_relevant = sum(1 for r in usable if r[2])
-    flt.calibration_info = {
-        "source": "feedback", "n_labels": len(usable), "n_relevant": n_relevant,
-        "n_queries": len(queries), "merged_calibration_scores": n_merged,
-        "previous_checksum": checksum,
-    }
+    flt.calibration_info = CalibrationInfo(
+        source="feedback", n_labels=len(usable), n_relevant=n_relevant,
+        n_queries=len(queries), merged_calibration_scores=n_merged, previous_checksum=checksum)
     return Recalibration(
         filter=flt, mode=cal.mode, n_labels=len(rows), n_used=len(usable), n_relevant=n_relevant,
         n_queries=len(queries), n_merged=n_merged, old_threshold=old.threshold,

@@ -256,7 +256,7 @@ def check_artifact(text: str, source: str, *, scorer_options: Mapping[str, Any] 
             "threshold is over evidence sentences, /feedback labels name snippets, and a label "
             "does not say which sentence's score to learn from. Serve it without --adaptive "
             "(the monitor works per sentence), or calibrate --unit snippet --mode adaptive.")
-    if adaptive and not flt.calibrator.online:
+    if adaptive and not flt.calibrator_.online:
         raise ArtifactError(
             f"serve --adaptive needs an artifact of mode 'adaptive' (its calibrator follows "
             f"feedback); {source!r} has mode {flt.mode!r}. Calibrate with `ragsieve calibrate "
@@ -293,7 +293,7 @@ def probe_scorer(checked: ArtifactCheck, source: str,
     ArtifactError
         The scorer failed (one line naming the artifact and the reason).
     """
-    scorer = checked.filter.scorer
+    scorer = checked.filter.scorer_
     if scorer.tags.model_free:
         return
     call = run or (lambda fn: fn())

@@ -171,7 +171,7 @@ class Runtime:
         loaded: :func:`probe_scorer`) in the model thread: what a reload publishes."""
         checked = self.check(text, source)
         current = self.service
-        if current is None or checked.filter.scorer is not current.flt.scorer:
+        if current is None or checked.filter.scorer_ is not current.flt.scorer_:
             probe_scorer(checked, source, self.model_work.in_model_thread)
         return checked
 
@@ -183,7 +183,7 @@ class Runtime:
             text, source, scorer_options=self.scorer_options,
             index_path=None if self.index is None else self.index.path, adaptive=self.adaptive,
             monitor_check=self.check_monitor,
-            scorer=None if current is None else current.flt.scorer,
+            scorer=None if current is None else current.flt.scorer_,
             verify_key=self.options.verify_key())
         artifact_view(checked)
         return checked
@@ -196,10 +196,10 @@ class Runtime:
             from ..filtered_search import list_scorer
 
             list_scorer(self.index, flt)
-        reused = current is not None and flt.scorer is current.flt.scorer
-        if self.warmup and not reused and not flt.scorer.tags.model_free:
+        reused = current is not None and flt.scorer_ is current.flt.scorer_
+        if self.warmup and not reused and not flt.scorer_.tags.model_free:
             self.model_work.in_model_thread(
-                lambda: flt.scorer.score_batch("warm-up", ["warm-up"]))
+                lambda: flt.scorer_.score_batch("warm-up", ["warm-up"]))
         if current is not None and current.checksum == checked.checksum:
             monitor = current.monitor  # the same artifact again: the martingale goes on
             flt.list_watch = current.flt.list_watch  # and so does the list check
@@ -211,7 +211,7 @@ class Runtime:
                 logger.warning("%s (checksum %s)", NO_MONITOR, checked.checksum[:12])
         adaptive = None
         if self.adaptive:
-            adaptive = AdaptiveThreshold(self.store, checked.checksum, flt.calibrator)
+            adaptive = AdaptiveThreshold(self.store, checked.checksum, flt.calibrator_)
         return Service(self, checked, generation, monitor=monitor, adaptive=adaptive)
 
     def swap(self, service: Service) -> None:

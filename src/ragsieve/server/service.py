@@ -149,13 +149,13 @@ class Service:
         self.adaptive = adaptive
         self.info = artifact_info(flt, checked.artifact, checked.checksum)
         self.guarantee = self.info.guarantee
-        self.scorer_key = scorer_key(flt.scorer.spec())
+        self.scorer_key = scorer_key(flt.scorer_.spec())
         # the scorer's tags (ScorerTags.thread_safe, .model_free) say how it may be called;
         # the lock guards calls outside the model thread (vectors, outside scores); the model
         # thread runs one call at a time anyway
-        self.lock: AbstractContextManager[Any] = (nullcontext() if flt.scorer.tags.thread_safe
+        self.lock: AbstractContextManager[Any] = (nullcontext() if flt.scorer_.tags.thread_safe
                                                   else threading.Lock())
-        self.uses_model = not flt.scorer.tags.model_free
+        self.uses_model = not flt.scorer_.tags.model_free
         self._vector_dim: tuple[int | None] | None = None
         self._cache_lock = threading.Lock()
         self._adaptive_version: int | None = None
@@ -165,8 +165,8 @@ class Service:
         # (the queries' language: an English-over-German filter expects English queries, a
         # German filter German ones; knowing the snippets' language, the note also points at
         # --query-language)
-        query_language = (flt.calibration_info or {}).get("query_language") or flt.language
-        self.language_watch = LanguageWatch(query_language, model=model_of(flt.scorer.spec()),
+        query_language = flt.calibration_info.query_language or flt.language
+        self.language_watch = LanguageWatch(query_language, model=model_of(flt.scorer_.spec()),
                                             snippets=flt.language)
 
     # ------------------------------------------------------------------ filters
@@ -178,7 +178,7 @@ class Service:
         with self._cache_lock:
             if version != self._adaptive_version:
                 base = copy.copy(self.flt)
-                base.calibrator = calibrator
+                base.calibrator_ = calibrator
                 self._filters = {base.min_keep: base}
                 self._adaptive_version = version
             return self._filters[self.flt.min_keep]
@@ -222,9 +222,9 @@ class Service:
                                   "with this ragsieve (`ragsieve calibrate`), or use POST "
                                   "/filter.")
         res, query_id = self.filter_request(to_filter_request(request), endpoint=route)
-        served = ServedFilter(guarantee=self.guarantee, rule=str(self.flt.scorer.keep_rule(
-            res.threshold)), name=self.flt.scorer.name, p_value_rule=p_value_rule_of(self.flt),
-            endpoint_note=self.flt.scorer.endpoint_note())
+        served = ServedFilter(guarantee=self.guarantee, rule=str(self.flt.scorer_.keep_rule(
+            res.threshold)), name=self.flt.scorer_.name, p_value_rule=p_value_rule_of(self.flt),
+            endpoint_note=self.flt.scorer_.endpoint_note())
         return rerank_answer(res, query_id, request, api=api, everything=everything,
                              info=served)
 
@@ -242,10 +242,10 @@ class Service:
             raise http_error(413, f"got {n} snippets; the limit is {rt.max_snippets} per request.")
         check_min_keep(request.min_keep, rt.max_snippets, "snippets")
         snippet_ids = request_snippet_ids(request)  # unique, before any model work
-        check_outside_scores(request, self.flt.scorer)
+        check_outside_scores(request, self.flt.scorer_)
         vectors = snippet_vectors(request)
         if vectors is not None:
-            check_vector_dim(vectors.shape[1], self.vector_dim(), self.flt.scorer.spec())
+            check_vector_dim(vectors.shape[1], self.vector_dim(), self.flt.scorer_.spec())
         items = [s if isinstance(s, str) else s.as_item() for s in request.snippets]
         use = self.filter_for(request.min_keep)
         with upstream_as_502(), bad_request_as_422():
@@ -265,7 +265,7 @@ class Service:
         """The dimension of the vectors the served scorer takes (None: it takes none)."""
         if self._vector_dim is None:  # asked once: it may load the model
             self._vector_dim = (self.runtime.model_work.in_model_thread(
-                self.flt.scorer.vector_dim),)
+                self.flt.scorer_.vector_dim),)
         return self._vector_dim[0]
 
     def _filter_in_pool(self, use: ConformalFilter, request: FilterRequest, items: list[Any],
@@ -434,7 +434,7 @@ class Service:
                       index=rt.index_info, generation=self.generation, monitor=monitor,
                       adaptive=adaptive, published_generation=rt.published_generation,
                       degraded=rt.degraded, lists=self.lists_info(),
-                      endpoint_note=self.flt.scorer.endpoint_note())
+                      endpoint_note=self.flt.scorer_.endpoint_note())
 
     def lists_info(self) -> ListsInfo | None:
         """The calibration lists and the service's list check (None without a record)."""
@@ -443,8 +443,8 @@ class Service:
     def status(self) -> StatusResponse:
         """``GET /status``: the guarantee, keep rule, drift state and last requests (the
         page at ``/`` shows it)."""
-        rule = self.flt.scorer.keep_rule(self.threshold)
-        sign = -1 if self.flt.scorer.keep_rule(1.0).threshold < 0 else 1
+        rule = self.flt.scorer_.keep_rule(self.threshold)
+        sign = -1 if self.flt.scorer_.keep_rule(1.0).threshold < 0 else 1
         monitor = None if self.monitor is None else monitor_info(self.monitor.state)
         recent = self.runtime.recent
         return StatusResponse(
