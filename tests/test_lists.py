@@ -442,5 +442,5 @@ def test_the_report_shows_the_calibration_lists(pooled: dict[str, Any],
     short = [p for q in sorted(like)[:30] for p in like[q][:4]]
     page = build_report(ConformalFilter.from_dict(through_retriever.to_dict(),
                                                   scorer=through_retriever.scorer_),
-                        short, n_splits=2, n_resamples=200)
+                        short, ReportSettings(n_splits=2, n_resamples=200))
     assert "30 of 30: a list of 4 snippets, where every calibration list had 10" in page
