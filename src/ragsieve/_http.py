@@ -7,8 +7,9 @@ the timeout, the retries and their backoff, the requests in flight (httpx's ``Ti
 names its defaults (``LLM_CALLS``, ``RERANK_CALLS``) and takes the fields one by one as
 keywords, or the value whole as ``calls=``; :meth:`CallPolicy.from_keywords` checks them
 once. :class:`PooledClient` is what both clients hold besides their API (the pooled
-connections, the bound on requests in flight, the totals, closing); the helpers below read
-what a server answered (an excerpt of a body, ``Retry-After``).
+connections, the bound on requests in flight, the totals, closing); :class:`Retryable`
+marks a failed attempt worth retrying; the helpers below read what a server answered (an
+excerpt of a body, ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from ._settings import settings_from_keywords
 from ._validation import check_int, check_real, check_str
@@ -27,9 +28,11 @@ from ._validation import check_int, check_real, check_str
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
-__all__ = ["CallPolicy", "PooledClient", "excerpt", "retry_after"]
+__all__ = ["CallPolicy", "PooledClient", "Retryable", "excerpt", "retry_after"]
 
 _EXCERPT = 300
+
+_E = TypeVar("_E", bound=Exception)
 
 
 @dataclass(frozen=True)
@@ -107,15 +110,40 @@ class CallPolicy:
                        max_backoff=max_backoff, concurrency=concurrency)
 
 
+class Retryable(Exception, Generic[_E]):
+    """Internal: one failed attempt worth retrying.
+
+    Parameters
+    ----------
+    error : Exception
+        What the client raises once the retries are spent (``LLMError``, ``RerankError``).
+    retry_after : float, optional
+        Seconds the server asked to wait (its ``Retry-After``).
+    """
+
+    def __init__(self, error: _E, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
 class PooledClient:
     """What the HTTP clients share besides their API: a pooled httpx client of ``concurrency``
     connections with the key as a Bearer header, a bound on requests in flight, running
     totals, a cache they may own, closing, and the key kept out of every message.
 
     A client calls :meth:`_open_pool` once in its ``__init__``, after setting ``cache`` and
-    ``_owns_cache``.
+    ``_owns_cache``; it then has its policy as ``calls`` and each field of it as an
+    attribute of the same name (``timeout``, ``max_retries``, ...).
     """
 
+    calls: CallPolicy
+    api_key_env: str
+    timeout: float
+    max_retries: int
+    backoff: float
+    max_backoff: float
+    concurrency: int
     cache: Any
     _owns_cache: bool
     _secret: str | None
@@ -127,6 +155,13 @@ class PooledClient:
     def _open_pool(self, httpx_module: Any, policy: CallPolicy, key: str | None, *,
                    usage: Mapping[str, float | int], transport: Any = None) -> None:
         """Open the pooled HTTP client for ``policy``, sending ``key``; ``usage`` at zero."""
+        self.calls = policy
+        self.api_key_env = policy.api_key_env
+        self.timeout = policy.timeout
+        self.max_retries = policy.max_retries
+        self.backoff = policy.backoff
+        self.max_backoff = policy.max_backoff
+        self.concurrency = policy.concurrency
         self._secret = key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx_module.Client(
