@@ -18,10 +18,11 @@ import email.utils
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._closing import Closing
 from ._settings import settings_from_keywords
 from ._validation import check_int, check_real, check_str
 
@@ -127,7 +128,7 @@ class Retryable(Exception, Generic[_E]):
         self.retry_after = retry_after
 
 
-class PooledClient:
+class PooledClient(Closing):
     """What the HTTP clients share besides their API: a pooled httpx client of ``concurrency``
     connections with the key as a Bearer header, a bound on requests in flight, running
     totals, a cache they may own, closing, and the key kept out of every message.
@@ -156,12 +157,8 @@ class PooledClient:
                    usage: Mapping[str, float | int], transport: Any = None) -> None:
         """Open the pooled HTTP client for ``policy``, sending ``key``; ``usage`` at zero."""
         self.calls = policy
-        self.api_key_env = policy.api_key_env
-        self.timeout = policy.timeout
-        self.max_retries = policy.max_retries
-        self.backoff = policy.backoff
-        self.max_backoff = policy.max_backoff
-        self.concurrency = policy.concurrency
+        for name in (f.name for f in fields(policy)):  # client.timeout == client.calls.timeout
+            setattr(self, name, getattr(policy, name))
         self._secret = key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx_module.Client(
@@ -183,12 +180,6 @@ class PooledClient:
         self._http.close()
         if self._owns_cache and self.cache is not None:
             self.cache.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def _redact(self, text: str) -> str:
         """``text`` with the key replaced by ``***``."""
