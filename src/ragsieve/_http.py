@@ -17,7 +17,9 @@ from __future__ import annotations
 import email.utils
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -180,6 +182,26 @@ class PooledClient(Closing):
         self._http.close()
         if self._owns_cache and self.cache is not None:
             self.cache.close()
+
+    @contextmanager
+    def _thread_pool(self, n_jobs: int, name: str, bar: Any) -> Iterator[ThreadPoolExecutor]:
+        """Threads for ``n_jobs`` requests, ``concurrency`` at most, named ``name``; the
+        progress ``bar`` is closed at the end.
+
+        On an exception in the ``with`` block (Ctrl-C, or a failed request the caller
+        re-raises) nothing new is started, the requests running finish (their replies
+        reach the cache) and the exception is re-raised.
+        """
+        executor = ThreadPoolExecutor(max_workers=min(self.concurrency, n_jobs),
+                                      thread_name_prefix=name)
+        try:
+            yield executor
+        except BaseException:
+            executor.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            executor.shutdown(wait=True)
+            bar.close()
 
     def _redact(self, text: str) -> str:
         """``text`` with the key replaced by ``***``."""

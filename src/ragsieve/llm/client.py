@@ -26,7 +26,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -328,12 +328,12 @@ class LLMClient(PooledClient):
         results: list[R | BaseException] = [None] * len(items)  # type: ignore[list-item]
         if not items:
             return results
-        workers = min(self.concurrency, len(items))
-        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ragsieve-llm")
         bar = tqdm(total=len(items), disable=not progress, desc=desc or None, unit="item")
         n_failed = 0
         first_failure: BaseException | None = None
-        try:
+        # Ctrl-C (or another interrupt in this thread): start nothing new, let the running
+        # calls finish so their replies reach the cache, then re-raise (_thread_pool).
+        with self._thread_pool(len(items), "ragsieve-llm", bar) as executor:
             futures: dict[Future[R], int] = {
                 executor.submit(fn, item): i for i, item in enumerate(items)
             }
@@ -347,14 +347,6 @@ class LLMClient(PooledClient):
                     n_failed += 1
                     first_failure = first_failure or exc
                 bar.update(1)
-        except BaseException:
-            # Ctrl-C (or another interrupt in this thread): start nothing new, let the
-            # running calls finish so their replies reach the cache, then re-raise.
-            executor.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            executor.shutdown(wait=True)
-            bar.close()
         if n_failed:
             logger.warning(
                 "%d of %d items failed (returned in place); first: %s: %s",

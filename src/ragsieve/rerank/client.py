@@ -30,7 +30,7 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -283,19 +283,11 @@ class RerankClient(PooledClient):
 
         bar = tqdm(total=len(jobs), disable=not progress, unit="request",
                    desc=f"reranking ({self.model or self.api})")
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs)),
-                                  thread_name_prefix="ragsieve-rerank")
-        try:
+        with self._thread_pool(len(jobs), "ragsieve-rerank", bar) as pool:
             futures = [pool.submit(self._send, q, texts) for q, texts in jobs]
             for future in as_completed(futures):
                 out.update(future.result())
                 bar.update(1)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            pool.shutdown(wait=True)
-            bar.close()
         return out
 
     def _send(self, query: str, texts: list[str]) -> dict[tuple[str, str], float]:
