@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "ragsieve"
 
 # Layers from low to high (docs/architecture.md, the module map). Components starting with "_"
-# (private helpers: _http, _io, _monitor_reference, _optional, _paths, _settings, _sqlite,
-# _validation, _version) are layer 0.
+# (private helpers: _closing, _http, _io, _monitor_reference, _optional, _paths, _settings,
+# _sqlite, _validation, _version) are layer 0.
 LAYERS: dict[str, int] = {
     "types": 0,
     "errors": 0,

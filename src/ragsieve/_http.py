@@ -7,8 +7,9 @@ the timeout, the retries and their backoff, the requests in flight (httpx's ``Ti
 names its defaults (``LLM_CALLS``, ``RERANK_CALLS``) and takes the fields one by one as
 keywords, or the value whole as ``calls=``; :meth:`CallPolicy.from_keywords` checks them
 once. :class:`PooledClient` is what both clients hold besides their API (the pooled
-connections, the bound on requests in flight, the totals, closing); the helpers below read
-what a server answered (an excerpt of a body, ``Retry-After``).
+connections, the bound on requests in flight, the totals, closing); :class:`Retryable`
+marks a failed attempt worth retrying; the helpers below read what a server answered (an
+excerpt of a body, ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -16,20 +17,25 @@ from __future__ import annotations
 import email.utils
 import math
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from ._closing import Closing
 from ._settings import settings_from_keywords
 from ._validation import check_int, check_real, check_str
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
-__all__ = ["CallPolicy", "PooledClient", "excerpt", "retry_after"]
+__all__ = ["CallPolicy", "PooledClient", "Retryable", "excerpt", "retry_after"]
 
 _EXCERPT = 300
+
+_E = TypeVar("_E", bound=Exception)
 
 
 @dataclass(frozen=True)
@@ -107,15 +113,40 @@ class CallPolicy:
                        max_backoff=max_backoff, concurrency=concurrency)
 
 
-class PooledClient:
+class Retryable(Exception, Generic[_E]):
+    """Internal: one failed attempt worth retrying.
+
+    Parameters
+    ----------
+    error : Exception
+        What the client raises once the retries are spent (``LLMError``, ``RerankError``).
+    retry_after : float, optional
+        Seconds the server asked to wait (its ``Retry-After``).
+    """
+
+    def __init__(self, error: _E, retry_after: float | None = None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.retry_after = retry_after
+
+
+class PooledClient(Closing):
     """What the HTTP clients share besides their API: a pooled httpx client of ``concurrency``
     connections with the key as a Bearer header, a bound on requests in flight, running
     totals, a cache they may own, closing, and the key kept out of every message.
 
     A client calls :meth:`_open_pool` once in its ``__init__``, after setting ``cache`` and
-    ``_owns_cache``.
+    ``_owns_cache``; it then has its policy as ``calls`` and each field of it as an
+    attribute of the same name (``timeout``, ``max_retries``, ...).
     """
 
+    calls: CallPolicy
+    api_key_env: str
+    timeout: float
+    max_retries: int
+    backoff: float
+    max_backoff: float
+    concurrency: int
     cache: Any
     _owns_cache: bool
     _secret: str | None
@@ -127,6 +158,9 @@ class PooledClient:
     def _open_pool(self, httpx_module: Any, policy: CallPolicy, key: str | None, *,
                    usage: Mapping[str, float | int], transport: Any = None) -> None:
         """Open the pooled HTTP client for ``policy``, sending ``key``; ``usage`` at zero."""
+        self.calls = policy
+        for name in (f.name for f in fields(policy)):  # client.timeout == client.calls.timeout
+            setattr(self, name, getattr(policy, name))
         self._secret = key
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._http = httpx_module.Client(
@@ -149,11 +183,25 @@ class PooledClient:
         if self._owns_cache and self.cache is not None:
             self.cache.close()
 
-    def __enter__(self) -> Self:
-        return self
+    @contextmanager
+    def _thread_pool(self, n_jobs: int, name: str, bar: Any) -> Iterator[ThreadPoolExecutor]:
+        """Threads for ``n_jobs`` requests, ``concurrency`` at most, named ``name``; the
+        progress ``bar`` is closed at the end.
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        On an exception in the ``with`` block (Ctrl-C, or a failed request the caller
+        re-raises) nothing new is started, the requests running finish (their replies
+        reach the cache) and the exception is re-raised.
+        """
+        executor = ThreadPoolExecutor(max_workers=min(self.concurrency, n_jobs),
+                                      thread_name_prefix=name)
+        try:
+            yield executor
+        except BaseException:
+            executor.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            executor.shutdown(wait=True)
+            bar.close()
 
     def _redact(self, text: str) -> str:
         """``text`` with the key replaced by ``***``."""

@@ -130,9 +130,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
     Raises
     ------
-    ValueError
-        ``path`` is a block device or a socket.
-    OSError
-        The write failed (e.g. ``ENOSPC`` from ``/dev/full``).
+    UnicodeEncodeError
+        ``text`` holds a lone surrogate (it has no UTF-8); nothing is written.
+    ValueError, OSError
+        As :func:`atomic_write_bytes`: a block device or socket, a failed write.
     """
     return atomic_write_bytes(path, text.encode("utf-8"))

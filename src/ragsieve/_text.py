@@ -234,7 +234,7 @@ def answer_tokens(text: str, language: str | None = None) -> list[str]:
     Raises
     ------
     TypeError
-        If ``text`` or ``language`` is not a str.
+        If ``text`` is not a str, or ``language`` is neither a str nor None.
 
     Examples
     --------
@@ -269,7 +269,7 @@ def normalize_answer(text: str, language: str | None = None) -> str:
     Raises
     ------
     TypeError
-        If ``text`` or ``language`` is not a str.
+        As :func:`answer_tokens`, which gives the tokens.
 
     Examples
     --------

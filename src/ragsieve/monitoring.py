@@ -129,7 +129,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -138,6 +138,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: SQLite's own busy wait alone
     fcntl = None  # type: ignore[assignment]
 
+from ._closing import Closing
 from ._martingale import EPSILONS, log_unstarted, logsumexp, power_bet
 from ._monitor_reference import (
     STATISTIC,
@@ -411,7 +412,7 @@ def drift_check(calibration_scores: Any, live_scores: Any, *, alpha: float = 0.0
                        n_cal=int(cal.size), n_live=int(live.size))
 
 
-class ExchangeabilityMonitor:
+class ExchangeabilityMonitor(Closing):
     """Alarm when served requests stop looking exchangeable with the calibration queries.
 
     Each :meth:`observe` turns one request's served scores into its statistics (the
@@ -698,12 +699,6 @@ class ExchangeabilityMonitor:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return (f"ExchangeabilityMonitor(n_reference={self._ref.size}, "

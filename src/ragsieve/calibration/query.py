@@ -20,13 +20,12 @@ import numpy as np
 
 from .._validation import check_alpha, check_codes
 from .base import Guarantee, ThresholdCalibrator, nouns
-from .split import SplitConformalCalibrator, relevant_scores
+from .split import SplitConformalCalibrator, relevant_by_unit, relevant_scores
 from .stats import (
     left_out_details,
     left_out_of,
     min_calibration_size,
     pooled_cdf,
-    units_with_evidence,
 )
 
 __all__ = ["QueryAllCalibrator", "QueryRecallCalibrator"]
@@ -57,16 +56,15 @@ class QueryRecallCalibrator(ThresholdCalibrator):
     def fit(self, scores: Any, relevant: Any = None, *, query_ids: Any = None,
             groups: Any = None, lengths: Any = None) -> QueryRecallCalibrator:
         alpha = check_alpha(self.alpha)
-        arr, rel = relevant_scores(scores, relevant)
-        codes = check_codes(query_ids, arr.size, "query_ids", mode=self.mode)
-        q, self.n_queries_left_out_ = units_with_evidence(codes, rel, mode=self.mode, unit="query")
-        cand, cdf, n = pooled_cdf(arr[rel], q)
+        relevant_s, q, self.n_queries_left_out_ = relevant_by_unit(
+            scores, relevant, query_ids, name="query_ids", mode=self.mode, unit="query")
+        cand, cdf, n = pooled_cdf(relevant_s, q)
         # mean miss rate when keeping scores <= t is 1 - the query-pooled CDF at t
         cand, risk = np.r_[cand, np.inf], np.r_[1.0 - cdf, 0.0]
         bound = n / (n + 1) * risk + 1.0 / (n + 1)
         ok = np.flatnonzero(bound <= alpha + 1e-12)
         self._set_fitted(float(cand[ok[0]]) if ok.size else math.inf, n)
-        self.n_relevant_ = int(rel.sum())
+        self.n_relevant_ = int(relevant_s.size)
         if self.infinite_:
             logger.warning(
                 "query-recall: %d calibration queries are too few for alpha=%g (need >= %d); "

@@ -18,10 +18,17 @@ from typing import Any
 
 import numpy as np
 
-from .._validation import check_alpha, check_int, check_real, check_relevant, check_scores
+from .._validation import (
+    check_alpha,
+    check_codes,
+    check_int,
+    check_real,
+    check_relevant,
+    check_scores,
+)
 from ..errors import ArtifactError, CalibrationError
 from .base import Guarantee, ThresholdCalibrator, _json_float, nouns
-from .stats import conformal_rank, min_calibration_size
+from .stats import conformal_rank, min_calibration_size, units_with_evidence
 
 __all__ = ["SplitConformalCalibrator", "relevant_scores"]
 
@@ -38,6 +45,41 @@ def relevant_scores(scores: Any, relevant: Any, *, what: str = "calibration snip
             "least one (and enough for a finite threshold). Check the calibration labels."
         )
     return arr, rel
+
+
+def relevant_by_unit(scores: Any, relevant: Any, ids: Any, *, name: str, mode: str,
+                     unit: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """The relevant calibration scores, the unit (query, topic) of each and how many units
+    have no relevant snippet: what a mode that weighs units equally calibrates on.
+
+    Parameters
+    ----------
+    scores, relevant : array-like
+        As :func:`relevant_scores` takes them.
+    ids : array-like
+        The unit of every snippet (``query_ids``, ``groups``), of the length of ``scores``.
+    name : str
+        How errors name ``ids`` (``"groups (topics)"``).
+    mode, unit : str
+        Named in errors and in the warning on units left out (``"topic"``, ``"topic"``).
+
+    Returns
+    -------
+    (ndarray, ndarray, int)
+        The relevant scores, their units renumbered 0..K-1 over the units that have one
+        (:func:`~ragsieve.calibration.stats.units_with_evidence`), and the units left out.
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``ids`` missing, not one id per score, or not hashable.
+    CalibrationError
+        No relevant snippet.
+    """
+    arr, rel = relevant_scores(scores, relevant)
+    codes = check_codes(ids, arr.size, name, mode=mode)
+    units, left_out = units_with_evidence(codes, rel, mode=mode, unit=unit)
+    return arr[rel], units, left_out
 
 
 class SplitConformalCalibrator(ThresholdCalibrator):

@@ -8,11 +8,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import MAX_COUNT, check_alpha, check_codes
+from .._validation import MAX_COUNT, check_alpha
 from ..errors import ArtifactError
 from .base import Guarantee, ThresholdCalibrator, nouns
-from .split import relevant_scores
-from .stats import left_out_details, left_out_of, pooled_cdf, units_with_evidence
+from .split import relevant_by_unit
+from .stats import left_out_details, left_out_of, pooled_cdf
 
 __all__ = ["TopicCalibrator"]
 
@@ -61,15 +61,14 @@ class TopicCalibrator(ThresholdCalibrator):
     def fit(self, scores: Any, relevant: Any = None, *, query_ids: Any = None,
             groups: Any = None, lengths: Any = None) -> TopicCalibrator:
         alpha = check_alpha(self.alpha)
-        arr, rel = relevant_scores(scores, relevant)
-        codes = check_codes(groups, arr.size, "groups (topics)", mode=self.mode)
-        g, self.n_topics_left_out_ = units_with_evidence(codes, rel, mode=self.mode, unit="topic")
-        cand, cdf, k = pooled_cdf(arr[rel], g)
+        relevant_s, g, self.n_topics_left_out_ = relevant_by_unit(
+            scores, relevant, groups, name="groups (topics)", mode=self.mode, unit="topic")
+        cand, cdf, k = pooled_cdf(relevant_s, g)
         self.n_topics_ = int(k)
         self.topics_required_ = math.ceil((1 - alpha) / alpha - 1e-9)
         level = (1 - alpha) * (k + 1) / k
         ok = np.flatnonzero(cdf >= level - 1e-12)
-        self._set_fitted(float(cand[ok[0]]) if ok.size else math.inf, int(rel.sum()))
+        self._set_fitted(float(cand[ok[0]]) if ok.size else math.inf, int(relevant_s.size))
         if self.infinite_:
             logger.warning("topic: %d calibration topics are too few for alpha=%g (need >= %d); "
                            "threshold is +inf (keep everything).", k, alpha, self.topics_required_)

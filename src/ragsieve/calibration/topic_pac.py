@@ -13,13 +13,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validation import MAX_COUNT, check_alpha, check_codes
+from .._validation import MAX_COUNT, check_alpha
 from ..errors import ArtifactError
 from ..types import DEFAULT_ALPHA
 from .base import Guarantee, ThresholdCalibrator, nouns
 from .bounds import BOUNDS, certifies, upper_bound
-from .split import relevant_scores
-from .stats import left_out_details, left_out_of, units_with_evidence
+from .split import relevant_by_unit
+from .stats import left_out_details, left_out_of
 
 __all__ = ["TopicPACCalibrator", "topics_required"]
 
@@ -149,11 +149,8 @@ class TopicPACCalibrator(ThresholdCalibrator):
     def fit(self, scores: Any, relevant: Any = None, *, query_ids: Any = None,
             groups: Any = None, lengths: Any = None) -> TopicPACCalibrator:
         alpha, delta = self._check_params()
-        arr, rel = relevant_scores(scores, relevant)
-        codes = check_codes(groups, arr.size, "groups (topics)", mode=self.mode)
-        g, self.n_topics_left_out_ = units_with_evidence(codes, rel, mode=self.mode,
-                                                         unit="topic")
-        s = arr[rel]
+        s, g, self.n_topics_left_out_ = relevant_by_unit(
+            scores, relevant, groups, name="groups (topics)", mode=self.mode, unit="topic")
         k = int(g.max()) + 1
         # the betting bound reads the topics in order and is valid for i.i.d. topics in
         # random order: shuffle with a fixed seed, so that a file sorted by difficulty

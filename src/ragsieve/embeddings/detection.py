@@ -107,7 +107,8 @@ def detect_language(texts: Iterable[str], *, max_texts: int = MAX_TEXTS,
     Raises
     ------
     ImportError
-        py3langid is not installed (it comes with ``pip install 'ragsieve[embed]'``).
+        py3langid is not installed (it comes with ``pip install 'ragsieve[embed]'``) and
+        the sample holds a text to classify.
 
     Examples
     --------
@@ -178,7 +179,7 @@ def detect_languages(pairs: Sequence[Any], *, max_texts: int = MAX_TEXTS,
     Raises
     ------
     ImportError
-        py3langid is not installed (it comes with ``pip install 'ragsieve[embed]'``).
+        As :func:`detect_language`: py3langid is missing and ``pairs`` is not empty.
 
     Examples
     --------

@@ -29,8 +29,9 @@ import socket
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
+from .._closing import Closing
 from .._validation import check_int, check_real
 from ..data.shards import Shard
 from .base import Task, process_shard
@@ -157,7 +158,7 @@ def _raise_error_entry(error: dict[str, Any]) -> None:
     raise cls(message)
 
 
-class RayEngine:
+class RayEngine(Closing):
     """Process shards on a Ray cluster (see the module docstring).
 
     Parameters
@@ -252,9 +253,3 @@ class RayEngine:
         if self._started and self._ray.is_initialized():
             self._ray.shutdown()
         self._started = False
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

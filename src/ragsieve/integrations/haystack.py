@@ -37,7 +37,7 @@ from ragsieve.integrations.filtering import (
     filter_documents,
 )
 from ragsieve.integrations.loading import load_filter
-from ragsieve.integrations.metadata import kept_metadata, pruned_text
+from ragsieve.integrations.metadata import ORIGINAL_SCORE_KEY, kept_metadata, pruned_text
 from ragsieve.integrations.native import calibrate_native, native_pairs
 from ragsieve.integrations.retrieval import Retrieval, RetrievedDoc, document_ids, retrieval_run
 from ragsieve.types import FilterResult, Pair
@@ -50,8 +50,6 @@ __all__ = ["NATIVE_FIELD", "ORIGINAL_SCORE_KEY", "ConformalRanker"]
 
 logger = logging.getLogger(__name__)
 
-#: the ``Document.score`` a document had before the ranker (e.g. the retriever's BM25 score)
-ORIGINAL_SCORE_KEY = "ragsieve_original_score"
 #: the field name a native-score filter is calibrated under by default
 NATIVE_FIELD = "score"
 _NATIVE_NAME = "Document.score"

@@ -25,14 +25,8 @@ from ragsieve.integrations.filtering import (
     filter_documents,
 )
 from ragsieve.integrations.metadata import (
-    KEEP_IF_KEY,
-    MODE_KEY,
-    NOTE_KEY,
-    ORIGINAL_LENGTH_KEY,
-    P_VALUE_KEY,
-    SCORE_KEY,
-    SPANS_KEY,
-    THRESHOLD_KEY,
+    DOCUMENT_KEYS,
+    ORIGINAL_SCORE_KEY,
     kept_metadata,
     pruned_text,
 )
@@ -51,12 +45,9 @@ __all__ = ["ORIGINAL_SCORE_KEY", "ConformalPostprocessor"]
 
 logger = logging.getLogger(__name__)
 
-ORIGINAL_SCORE_KEY = "ragsieve_original_score"
 #: the field name a native-score filter is calibrated under by default
 NATIVE_FIELD = "score"
 _NATIVE_NAME = "NodeWithScore.score"
-_OWN_KEYS = (SCORE_KEY, THRESHOLD_KEY, KEEP_IF_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY,
-             NOTE_KEY, ORIGINAL_LENGTH_KEY, P_VALUE_KEY)
 
 
 def _read_native(n: NodeWithScore) -> tuple[Any, str, Any, dict[str, Any]]:
@@ -234,7 +225,7 @@ class ConformalPostprocessor(FrameworkAdapter, ScoreSourceCheck, BaseNodePostpro
         if text is not None:
             node.set_content(text)
         node.metadata[ORIGINAL_SCORE_KEY] = src.score
-        for key in _OWN_KEYS:
+        for key in DOCUMENT_KEYS:
             for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
                 if key not in excluded:
                     excluded.append(key)

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from ragsieve.types import FilterResult, Scored
 
 __all__ = [
-    "KEEP_IF_KEY", "LISTS_KEY", "MODE_KEY", "NOTE_KEY", "ORIGINAL_LENGTH_KEY", "P_VALUE_KEY",
-    "SCORE_KEY", "SPANS_KEY", "THRESHOLD_KEY", "kept_metadata", "pruned_text", "user_score",
+    "DOCUMENT_KEYS", "KEEP_IF_KEY", "LISTS_KEY", "MODE_KEY", "NOTE_KEY", "ORIGINAL_LENGTH_KEY",
+    "ORIGINAL_SCORE_KEY", "P_VALUE_KEY", "SCORE_KEY", "SPANS_KEY", "THRESHOLD_KEY",
+    "kept_metadata", "pruned_text", "user_score",
 ]
 
 SCORE_KEY = "ragsieve_score"
@@ -46,6 +47,13 @@ P_VALUE_KEY = "ragsieve_p_value"
 #: why the query's list is unlike the filter's calibration lists (a score that reads the whole
 #: list: see ragsieve.lists), on every document of that query's result
 LISTS_KEY = "ragsieve_lists_note"
+#: the score a document had before the component (Haystack's ``Document.score``, LlamaIndex's
+#: ``NodeWithScore.score``, e.g. the retriever's BM25 score); LangChain's has none
+ORIGINAL_SCORE_KEY = "ragsieve_original_score"
+#: the keys a component writes about the document itself: all but :data:`LISTS_KEY`, which
+#: is about the query's list (LlamaIndex hides them from embeddings and LLMs)
+DOCUMENT_KEYS = (SCORE_KEY, THRESHOLD_KEY, KEEP_IF_KEY, MODE_KEY, ORIGINAL_SCORE_KEY, SPANS_KEY,
+                 NOTE_KEY, ORIGINAL_LENGTH_KEY, P_VALUE_KEY)
 
 
 def user_score(flt: ConformalFilter, score: float) -> float:

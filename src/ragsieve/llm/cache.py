@@ -17,10 +17,11 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 __all__ = ["LLMCache"]
 
+from .._closing import Closing
 from .._sqlite import close_quietly, open_table
 from .._validation import check_instance, check_path
 
@@ -36,7 +37,7 @@ def _canonical_json(obj: Any, *, allow_nan: bool = False) -> str:
     )
 
 
-class LLMCache:
+class LLMCache(Closing):
     """Persistent SQLite cache of LLM replies (response JSON by request key).
 
     The file is opened in WAL mode and every :meth:`put` commits at once. One
@@ -212,12 +213,6 @@ class LLMCache:
                 except sqlite3.Error:  # pragma: no cover - close of a valid connection
                     pass
                 self._db = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"LLMCache({str(self.path)!r}, persistent={self.persistent})"

@@ -26,11 +26,11 @@ import os
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, as_completed
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from .._http import CallPolicy, PooledClient
+from .._http import CallPolicy, PooledClient, Retryable
 from .._http import excerpt as _excerpt
 from .._http import retry_after as _retry_after
 from .._optional import require
@@ -87,15 +87,6 @@ class Completion:
     completion_tokens: int = 0
     cached: bool = False
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-
-class _Retryable(Exception):
-    """Internal: one failed attempt worth retrying."""
-
-    def __init__(self, error: LLMError, retry_after: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after = retry_after
 
 
 #: The LLM client's call settings when none are given (:class:`~ragsieve._http.CallPolicy`).
@@ -180,13 +171,6 @@ class LLMClient(PooledClient):
         httpx_module = require("httpx", "llm")
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.calls = policy
-        self.api_key_env = policy.api_key_env
-        self.timeout = policy.timeout
-        self.max_retries = policy.max_retries
-        self.backoff = policy.backoff
-        self.max_backoff = policy.max_backoff
-        self.concurrency = policy.concurrency
         self.cache_nondeterministic = bool(cache_nondeterministic)
         self._owns_cache = cache is not None and not isinstance(cache, LLMCache)
         self.cache: LLMCache | None = (
@@ -344,12 +328,12 @@ class LLMClient(PooledClient):
         results: list[R | BaseException] = [None] * len(items)  # type: ignore[list-item]
         if not items:
             return results
-        workers = min(self.concurrency, len(items))
-        executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ragsieve-llm")
         bar = tqdm(total=len(items), disable=not progress, desc=desc or None, unit="item")
         n_failed = 0
         first_failure: BaseException | None = None
-        try:
+        # Ctrl-C (or another interrupt in this thread): start nothing new, let the running
+        # calls finish so their replies reach the cache, then re-raise (_thread_pool).
+        with self._thread_pool(len(items), "ragsieve-llm", bar) as executor:
             futures: dict[Future[R], int] = {
                 executor.submit(fn, item): i for i, item in enumerate(items)
             }
@@ -363,14 +347,6 @@ class LLMClient(PooledClient):
                     n_failed += 1
                     first_failure = first_failure or exc
                 bar.update(1)
-        except BaseException:
-            # Ctrl-C (or another interrupt in this thread): start nothing new, let the
-            # running calls finish so their replies reach the cache, then re-raise.
-            executor.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            executor.shutdown(wait=True)
-            bar.close()
         if n_failed:
             logger.warning(
                 "%d of %d items failed (returned in place); first: %s: %s",
@@ -441,7 +417,7 @@ class LLMClient(PooledClient):
     def _post(self, endpoint: str, body: dict[str, Any]) -> tuple[dict[str, Any], Completion]:
         url = f"{self.base_url}/{endpoint}"
         attempts = self.max_retries + 1
-        last: _Retryable | None = None
+        last: Retryable[LLMError] | None = None
         for attempt in range(attempts):
             if last is not None:
                 delay = self._delay(attempt, last.retry_after)
@@ -457,7 +433,7 @@ class LLMClient(PooledClient):
                 time.sleep(delay)
             try:
                 return self._attempt(url, body, chat=endpoint == _CHAT)
-            except _Retryable as failure:
+            except Retryable as failure:
                 last = failure
         assert last is not None
         error = last.error
@@ -475,14 +451,14 @@ class LLMClient(PooledClient):
             try:
                 response = self._http.post(url, json=body)
             except httpx.TimeoutException as exc:
-                raise _Retryable(
+                raise Retryable(
                     LLMError(
                         f"request to {url} timed out after {self.timeout:g} s "
                         f"({type(exc).__name__})"
                     )
                 ) from exc
             except httpx.TransportError as exc:
-                raise _Retryable(
+                raise Retryable(
                     LLMError(f"cannot reach {url} ({type(exc).__name__}: {exc})")
                 ) from exc
             finally:
@@ -490,7 +466,7 @@ class LLMClient(PooledClient):
         status = response.status_code
         excerpt = self._redact(_excerpt(response.text))
         if status == 429 or status >= 500:
-            raise _Retryable(
+            raise Retryable(
                 LLMError(f"HTTP {status} from {url}: {excerpt}", status=status),
                 retry_after=_retry_after(response.headers.get("Retry-After")),
             )
@@ -506,13 +482,13 @@ class LLMClient(PooledClient):
         try:
             data = response.json()
         except ValueError:
-            raise _Retryable(
+            raise Retryable(
                 LLMResponseError(f"reply from {url} is not JSON: {excerpt}", status=status)
             ) from None
         try:
             return data, _parse(data, chat=chat, cached=False)
         except LLMResponseError as exc:
-            raise _Retryable(
+            raise Retryable(
                 LLMResponseError(f"unusable reply from {url}: {exc}", status=status)
             ) from None
 

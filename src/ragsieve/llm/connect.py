@@ -12,8 +12,9 @@ import logging
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 
+from .._closing import Closing
 from .._paths import cache_dir
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def resolve_target(
 
 
 @dataclass
-class LLMConnection:
+class LLMConnection(Closing):
     """A client, the prompt style to use with its model, and the local server it owns."""
 
     client: LLMClient
@@ -140,12 +141,6 @@ class LLMConnection:
         if self.server is not None:
             self.server.stop()
             self.server = None
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def connect(

@@ -30,13 +30,13 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._http import CallPolicy, PooledClient
+from .._http import CallPolicy, PooledClient, Retryable
 from .._http import excerpt as _excerpt
 from .._http import retry_after as _retry_after
 from .._optional import require
@@ -63,15 +63,6 @@ _MEMO_LIMIT = 200_000  # pairs kept in memory beside the disk cache
 def default_rerank_cache_path() -> Path:
     """``$RAGSIEVE_CACHE/rerank-cache.sqlite`` (default ``~/.cache/ragsieve/...``)."""
     return cache_dir() / "rerank-cache.sqlite"
-
-
-class _Retryable(Exception):
-    """Internal: one failed attempt worth retrying."""
-
-    def __init__(self, error: RerankError, retry_after: float | None = None) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.retry_after = retry_after
 
 
 #: The rerank client's call settings when none are given (:class:`~ragsieve._http.CallPolicy`).
@@ -174,13 +165,7 @@ class RerankClient(PooledClient):
         self.url = resolve_url(url, self.api)
         self.model = check_str(model, "model", non_blank=True, allow_none=True)
         self.batch_size: int = check_int(batch_size, "batch_size", min_value=1)
-        self.calls = policy = rerank_calls(calls)
-        self.api_key_env: str = policy.api_key_env
-        self.concurrency: int = policy.concurrency
-        self.timeout: float = policy.timeout
-        self.max_retries: int = policy.max_retries
-        self.backoff: float = policy.backoff
-        self.max_backoff: float = policy.max_backoff
+        policy = rerank_calls(calls)
         key = check_str(api_key, "api_key", allow_none=True)
         self._httpx = require("httpx", "rerank")
         self._tenacity = require("tenacity", "rerank")
@@ -188,7 +173,7 @@ class RerankClient(PooledClient):
         self._memo: dict[tuple[str, str], float] = {}
         self.answered_model: str | None = None
         self._open_pool(self._httpx, policy,
-                        key if key is not None else os.environ.get(self.api_key_env) or None,
+                        key if key is not None else os.environ.get(policy.api_key_env) or None,
                         usage={"n_requests": 0, "n_pairs_sent": 0, "n_cache_hits": 0,
                                "n_retries": 0, "seconds": 0.0}, transport=transport)
 
@@ -298,33 +283,25 @@ class RerankClient(PooledClient):
 
         bar = tqdm(total=len(jobs), disable=not progress, unit="request",
                    desc=f"reranking ({self.model or self.api})")
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs)),
-                                  thread_name_prefix="ragsieve-rerank")
-        try:
+        with self._thread_pool(len(jobs), "ragsieve-rerank", bar) as pool:
             futures = [pool.submit(self._send, q, texts) for q, texts in jobs]
             for future in as_completed(futures):
                 out.update(future.result())
                 bar.update(1)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            pool.shutdown(wait=True)
-            bar.close()
         return out
 
     def _send(self, query: str, texts: list[str]) -> dict[tuple[str, str], float]:
         """One batch: ask (with retries), check, remember and cache each relevance."""
         body = request_body(self.api, query, texts, model=self.model)
         retrying = self._tenacity.Retrying(
-            retry=self._tenacity.retry_if_exception_type(_Retryable),
+            retry=self._tenacity.retry_if_exception_type(Retryable),
             stop=self._tenacity.stop_after_attempt(self.max_retries + 1),
             wait=self._wait, before_sleep=self._before_sleep, reraise=True)
         try:
             for attempt in retrying:
                 with attempt:
                     relevance = self._attempt(body, len(texts))
-        except _Retryable as failure:
+        except Retryable as failure:
             n = self.max_retries + 1
             raise RerankError(f"{failure.error} (gave up after {n} attempt"
                               f"{'s' if n > 1 else ''})", url=self.url,
@@ -362,11 +339,11 @@ class RerankClient(PooledClient):
             try:
                 return self._http.post(self.url, json=body)
             except httpx.TimeoutException as exc:
-                raise _Retryable(RerankError(
+                raise Retryable(RerankError(
                     f"the reranker at {self.url} timed out after {self.timeout:g} s "
                     f"({type(exc).__name__})", url=self.url)) from None
             except httpx.TransportError as exc:
-                raise _Retryable(RerankError(
+                raise Retryable(RerankError(
                     f"cannot reach the reranker at {self.url} ({type(exc).__name__}: "
                     f"{self._redact(str(exc))})", url=self.url)) from None
             finally:
@@ -382,7 +359,7 @@ class RerankClient(PooledClient):
         said = f"the reranker at {self.url} answered HTTP {status}: " \
                f"{self._redact(_excerpt(response.text))}"
         if status == 429 or status >= 500:
-            raise _Retryable(RerankError(said, url=self.url, status=status),
+            raise Retryable(RerankError(said, url=self.url, status=status),
                              retry_after=_retry_after(response.headers.get("Retry-After")))
         if status in (401, 403):
             raise RerankError(f"{said}; it refused the credentials: put the API key in the "
