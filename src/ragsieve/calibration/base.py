@@ -310,6 +310,23 @@ class ThresholdCalibrator(BaseCalibrator):
     ``infinite_``) and ``guarantee``; ``predict`` and the state round trip come from here.
     """
 
+    def _promise(self, metric: str, claim: str, *, unit: str, n_required: int,
+                 n_calibration: int | None = None,
+                 details: dict[str, Any] | None = None) -> Guarantee:
+        """The fitted mode's :class:`Guarantee` that ``claim`` holds at ``1 - alpha``:
+        ``claim``'s ``{a_relevant}``, ``{relevant}`` and ``{relevant_plural}`` are worded for
+        ``unit`` (:func:`nouns`) and ``{target}`` is ``1 - alpha``; ``n_calibration``
+        defaults to the calibration units counted."""
+        self._check_fitted()
+        a = float(self.alpha)
+        n = nouns(unit)
+        statement = claim.format(a_relevant=n.a_relevant, relevant=n.relevant,
+                                 relevant_plural=n.relevant_plural, target=f"{1 - a:.3g}")
+        return Guarantee(
+            mode=self.mode, metric=metric, target=1 - a, alpha=a, statement=statement,
+            n_calibration=self.n_calibration_ if n_calibration is None else n_calibration,
+            n_required=n_required, infinite=self.infinite_, details=details or {})
+
     def __init__(self, *, alpha: float = DEFAULT_ALPHA) -> None:
         self.alpha = alpha
 

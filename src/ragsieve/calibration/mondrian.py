@@ -10,7 +10,7 @@ import numpy as np
 from .._validation import MAX_COUNT, check_aligned, check_alpha, check_positive_int, check_scores
 from ..errors import ArtifactError
 from ..types import DEFAULT_ALPHA
-from .base import Guarantee, ThresholdCalibrator, _json_float, _read_float, nouns
+from .base import Guarantee, ThresholdCalibrator, _json_float, _read_float
 from .split import SplitConformalCalibrator, relevant_scores
 from .stats import min_calibration_size
 
@@ -94,17 +94,12 @@ class MondrianCalibrator(ThresholdCalibrator):
 
     def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
-        n = nouns(unit)
-        a = float(self.alpha)
-        return Guarantee(
-            mode=self.mode, metric="group_coverage_min", target=1 - a, alpha=a,
-            statement=(f"within each calibrated group, P({n.relevant} kept) >= {1 - a:.3g}; "
-                       "small or unseen groups get the pooled (marginal) threshold"),
-            n_calibration=self.n_calibration_, n_required=min_calibration_size(a),
-            infinite=self.infinite_,
+        return self._promise(
+            "group_coverage_min", "within each calibrated group, P({relevant} kept) >= {target}; "
+            "small or unseen groups get the pooled (marginal) threshold", unit=unit,
+            n_required=min_calibration_size(float(self.alpha)),
             details={"groups": dict(self.group_sizes_), "fallback_groups": list(self.fallback_groups_),
-                     "thresholds": {k: _json_float(v) for k, v in self.thresholds_.items()}},
-        )
+                     "thresholds": {k: _json_float(v) for k, v in self.thresholds_.items()}})
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(),

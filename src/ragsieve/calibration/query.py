@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .._validation import check_alpha, check_codes
-from .base import Guarantee, ThresholdCalibrator, nouns
+from .base import Guarantee, ThresholdCalibrator
 from .split import SplitConformalCalibrator, relevant_by_unit, relevant_scores
 from .stats import (
     left_out_details,
@@ -75,10 +75,10 @@ class QueryRecallCalibrator(ThresholdCalibrator):
     def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
         a = float(self.alpha)
-        return _query_guarantee(
-            self, "query_coverage", "mean share of a new query's {relevant} kept",
+        return self._promise(
+            "query_coverage", "mean share of a new query's {relevant_plural} kept >= {target}",
             unit=unit, n_required=math.ceil(1 / a - 1 - 1e-9),
-            details=left_out_details(self.n_queries_left_out_, "query"))
+            details={"unit": "query", **left_out_details(self.n_queries_left_out_, "query")})
 
     def _state(self) -> dict[str, Any]:
         return {**super()._state(), "n_queries_left_out": self.n_queries_left_out_}
@@ -112,18 +112,7 @@ class QueryAllCalibrator(ThresholdCalibrator):
         return self
 
     def guarantee(self, *, unit: str = "snippet") -> Guarantee:
-        return _query_guarantee(self, "query_all_kept", "P(all {relevant} of a new query kept)",
-                                unit=unit, n_required=min_calibration_size(float(self.alpha)))
-
-
-def _query_guarantee(cal: ThresholdCalibrator, metric: str, claim: str, *, unit: str,
-                     n_required: int, details: dict[str, Any] | None = None) -> Guarantee:
-    """The per-query modes' promise: ``claim`` (its ``{relevant}`` worded for ``unit``)
-    >= 1 - alpha, over calibration queries."""
-    cal._check_fitted()
-    a = float(cal.alpha)
-    claim = claim.format(relevant=nouns(unit).relevant_plural)
-    return Guarantee(
-        mode=cal.mode, metric=metric, target=1 - a, alpha=a,
-        statement=f"{claim} >= {1 - a:.3g}", n_calibration=cal.n_calibration_,
-        n_required=n_required, infinite=cal.infinite_, details={"unit": "query", **(details or {})})
+        return self._promise("query_all_kept",
+                             "P(all {relevant_plural} of a new query kept) >= {target}", unit=unit,
+                             n_required=min_calibration_size(float(self.alpha)),
+                             details={"unit": "query"})

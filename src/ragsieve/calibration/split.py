@@ -27,7 +27,7 @@ from .._validation import (
     check_scores,
 )
 from ..errors import ArtifactError, CalibrationError
-from .base import Guarantee, ThresholdCalibrator, _json_float, nouns
+from .base import Guarantee, ThresholdCalibrator, _json_float
 from .stats import conformal_rank, min_calibration_size, units_with_evidence
 
 __all__ = ["SplitConformalCalibrator", "relevant_scores"]
@@ -173,15 +173,11 @@ class SplitConformalCalibrator(ThresholdCalibrator):
 
     def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
-        n = nouns(unit)
-        a = float(self.alpha)
-        return Guarantee(
-            mode=self.mode, metric="coverage", target=1 - a, alpha=a,
-            statement=(f"{n.a_relevant} exchangeable with the calibration data is kept with "
-                       f"probability >= {1 - a:.3g}"),
-            n_calibration=self.n_calibration_, n_required=min_calibration_size(a),
-            infinite=self.infinite_, details={"coverage_band": list(self.coverage_band())},
-        )
+        return self._promise(
+            "coverage", "{a_relevant} exchangeable with the calibration data is kept with "
+            "probability >= {target}", unit=unit,
+            n_required=min_calibration_size(float(self.alpha)),
+            details={"coverage_band": list(self.coverage_band())})
 
     def _state(self) -> dict[str, Any]:
         out: dict[str, Any] = {"threshold": _json_float(self.threshold_),

@@ -10,7 +10,7 @@ import numpy as np
 
 from .._validation import MAX_COUNT, check_alpha
 from ..errors import ArtifactError
-from .base import Guarantee, ThresholdCalibrator, nouns
+from .base import Guarantee, ThresholdCalibrator
 from .split import relevant_by_unit
 from .stats import left_out_details, left_out_of, pooled_cdf
 
@@ -90,13 +90,9 @@ class TopicCalibrator(ThresholdCalibrator):
 
     def guarantee(self, *, unit: str = "snippet") -> Guarantee:
         self._check_fitted()
-        n = nouns(unit)
-        a = float(self.alpha)
-        return Guarantee(
-            mode=self.mode, metric="topic_coverage", target=1 - a, alpha=a,
-            statement=(f"{n.a_relevant} of a new topic (topics weighted equally) is kept with "
-                       f"probability >= {1 - a:.3g}"),
-            n_calibration=self.n_topics_, n_required=self.topics_required_,
-            infinite=self.infinite_, details={"unit": "topic", "n_relevant": self.n_calibration_,
-                                              **left_out_details(self.n_topics_left_out_, "topic")},
-        )
+        return self._promise(
+            "topic_coverage", "{a_relevant} of a new topic (topics weighted equally) is kept "
+            "with probability >= {target}", unit=unit, n_calibration=self.n_topics_,
+            n_required=self.topics_required_,
+            details={"unit": "topic", "n_relevant": self.n_calibration_,
+                     **left_out_details(self.n_topics_left_out_, "topic")})
