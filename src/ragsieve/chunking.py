@@ -173,7 +173,7 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     Raises
     ------
     TypeError
-        If ``text`` is not a str.
+        If ``text`` is not a str (bytes are not decoded here: decode them first).
 
     Examples
     --------

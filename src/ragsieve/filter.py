@@ -214,12 +214,12 @@ class ConformalFilter(SavedFilter):
             ``group`` mode: the ``Pair.meta`` field of each pair's group.
         seed : int
             Seed of the fit / calibration topic split of a score that learns.
-        monitor : bool, optional
-            Record the exchangeability monitor's reference (default: unless an LLM score).
-        language : str, optional
-            The calibration texts' language (None: detected).
-        lists : {None, "auto", "retriever", "deployed", "data"} or Mapping
-            Where the calibration lists come from (None: read from the pairs).
+        monitor, language, lists : optional
+            What calibration records beside the threshold, as
+            :class:`~ragsieve.fitting.CalibrationOptions` says: the exchangeability
+            monitor's reference (None: unless an LLM score), the texts' language (None:
+            detected), where the calibration lists come from (None: read from the pairs;
+            ``"auto"``, ``"retriever"``, ``"deployed"``, ``"data"`` or a mapping).
 
         Raises
         ------

@@ -141,7 +141,7 @@ def split_sentences(text: str) -> list[Sentence]:
     Raises
     ------
     TypeError
-        If ``text`` is not a str.
+        If ``text`` is not a str (:func:`ragsieve.chunking.sentence_spans` checks it).
 
     Examples
     --------

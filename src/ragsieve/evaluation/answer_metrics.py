@@ -206,7 +206,7 @@ def count_tokens(text: str) -> int:
     Raises
     ------
     TypeError
-        If ``text`` is not a str.
+        If ``text`` is not a str (None for a missing answer included: count ``""``).
 
     Examples
     --------
