@@ -65,8 +65,8 @@ def test_ray_scores_equal_local_scores(tmp_path: Path, ray_runtime: Any, two_art
     for spec in (minilm_scorer.spec(), flt.scorer_.spec()):
         task = ScoreTask(spec, scorer_options=options)
         run_job(task, [src], tmp_path / f"local-{spec['scorer']}", LocalEngine(), shard_bytes=40_000)
-        report = run_job(task, [src], tmp_path / f"ray-{spec['scorer']}", _engine(),
-                         shard_bytes=40_000)
+        report = run_job(task, [src], tmp_path / f"ray-{spec['scorer']}", _engine(workers=1),
+                         shard_bytes=40_000)  # one actor: two are the filter test's
         assert report.n_shards > 4 and report.engine["engine"] == "ray"
         ids_local, local = _scores(tmp_path / f"local-{spec['scorer']}")
         ids_ray, remote = _scores(tmp_path / f"ray-{spec['scorer']}")
@@ -139,7 +139,7 @@ def test_engine_scorer_gives_evaluate_the_same_scores(ray_runtime: Any, two_arti
     from ragsieve.scoring import FusedScorer
 
     shuffled = two_articles[::2] + two_articles[1::2]  # a query's pairs apart
-    scorer = EngineScorer(minilm_scorer, _engine(),
+    scorer = EngineScorer(minilm_scorer, _engine(workers=1),
                           scorer_options={"cache_dir": str(embedding_cache_dir)})
     assert scorer.spec() == minilm_scorer.spec()
     assert np.allclose(scorer.score_pairs(shuffled), minilm_scorer.score_pairs(shuffled), atol=1e-6)
