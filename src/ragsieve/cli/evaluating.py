@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .argtypes import number
-from .common import _close
+from .common import _close, _index_vectors
 from .output import choice_lines, dumps, eprint
 from .scorers import (
     ScorerChoice,
@@ -69,6 +69,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     unit = pruning_unit(args.unit)
     pairs = _unit_pairs(pairs, unit, args.language)
     chosen = _choice(request, pairs)
+    # sentence pairs are not the index's snippets: nothing of theirs is stored
+    reused = [] if unit == "sentence" else _index_vectors(pairs, chosen.scorer, quiet=args.quiet)
     scorer = _on_engine(chosen.scorer, engine, engine_options, request)
     t0 = time.perf_counter()
     try:
@@ -87,6 +89,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     report.info["unit"] = unit or "snippet"
     report.info["choice"] = chosen.to_dict()
     report.info["engine"] = engine.describe()
+    report.info["index_vectors"] = reused
     report.info["scoring_seconds"] = round(seconds, 2)
     report.info["pairs_per_second"] = round(len(pairs) / max(seconds, 1e-9), 3)
     if args.limit_queries:
