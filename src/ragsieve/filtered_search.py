@@ -113,15 +113,21 @@ def query_with_filter(
     retriever's lists.
     """
     to_scores = list_scorer(index, flt)
-    hits = index.search(query, k=k)
+    # a fused score of several signals scores the hit texts (embedding_model() is None):
+    # its cosine signal embeds the query through its cache, so the search takes that vector
+    cache = (embedding_cache_of(flt.scorer_, index.model_id)
+             if flt.scorer_.embedding_model() is None else None)
+    if cache is not None:
+        hits = index.search_vector(cache.embed([query], kind="query")[0], k=k)
+    else:
+        hits = index.search(query, k=k)
     snippets = [Snippet(h.doc_id, h.start, h.end, h.text) for h in hits]
     scores = np.array([h.score for h in hits], dtype=float)
     if hits:
         try:
             scores = to_scores(scores)
         except TypeError:  # a fused score of several signals: they need the hit texts
-            cache = embedding_cache_of(flt.scorer_, index.model_id)
-            if cache is not None:  # its cosine signal reads the stored vectors, not the model
+            if cache is not None:  # its cosine reads the hits' stored vectors, not the model
                 cache.add_known([h.text for h in hits], np.stack([h.vector for h in hits]))
             scores = flt.scorer_.score_batch(query, [h.text for h in hits])
     # the filter's root score is this index's 1 - cos (list_scorer checked it)
