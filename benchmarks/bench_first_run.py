@@ -8,9 +8,17 @@ calibrate --data xquad-en --scorer embedding`` runs twice with one fresh cache d
 cold (every text embedded) and warm (every vector cached). The load average at the start
 is printed: a loaded machine reads slower.
 
+The retrieve -> calibrate path (``--part retrieve``): XQuAD-en exported as documents and
+labelled queries (``ragsieve export``), indexed (``ragsieve index``), retrieved
+(``ragsieve retrieve -k``), then ``ragsieve calibrate`` on those pairs, each run with a
+fresh cache (``RAGSIEVE_CACHE`` a new directory): with the index present (the snippet
+vectors are taken from it, the model embeds the queries) and with the index moved away
+(every snippet embedded again), for each ``--scorer`` given; the ratio present / gone.
+
 Usage::
 
     python benchmarks/bench_first_run.py [--texts 200] [--e5-texts 30] [--json out.json]
+    python benchmarks/bench_first_run.py --part retrieve [--k 20] [--scorers auto embedding]
 """
 
 from __future__ import annotations
@@ -61,6 +69,49 @@ def calibrate_seconds(cache: str, out: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _ragsieve(argv: list[str], cache: str) -> float:
+    """Wall seconds of ``ragsieve -q ARGV`` in a fresh process with ``RAGSIEVE_CACHE=cache``."""
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "ragsieve.cli", "-q", *argv],
+                          check=False, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "RAGSIEVE_CACHE": cache})
+    if done.returncode:
+        raise SystemExit(f"ragsieve {' '.join(argv)} failed: {done.stderr.strip()}")
+    return time.perf_counter() - t0
+
+
+def retrieve_then_calibrate(k: int, scorers: list[str]) -> dict[str, Any]:
+    """``calibrate`` on ``retrieve`` pairs, fresh cache, index present vs moved away."""
+    rows: dict[str, Any] = {"k": k}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        docs, queries, index, pairs = root / "docs", root / "q.jsonl", root / "idx", root / "p.jsonl"
+        _ragsieve(["export", "--data", "xquad-en", "--docs", str(docs), "--queries",
+                   str(queries)], tmp)
+        rows["index_s"] = _ragsieve(["index", str(docs), "--index", str(index)],
+                                    str(root / "cache-index"))
+        rows["retrieve_s"] = _ragsieve(["retrieve", "--index", str(index), "--queries",
+                                        str(queries), "-k", str(k), "--out", str(pairs)],
+                                       str(root / "cache-retrieve"))
+        rows["pairs"] = sum(1 for _ in pairs.open(encoding="utf-8"))
+        print(f"indexed xquad-en in {rows['index_s']:.0f} s, retrieved {rows['pairs']} pairs "
+              f"(k={k}) in {rows['retrieve_s']:.0f} s")
+        for scorer in scorers:
+            argv = ["calibrate", "--data", str(pairs), "--scorer", scorer, "--no-expected"]
+            present = _ragsieve([*argv, "--out", str(root / f"{scorer}-a.json")],
+                                str(root / f"cache-{scorer}-present"))
+            index.rename(root / "moved")
+            try:
+                gone = _ragsieve([*argv, "--out", str(root / f"{scorer}-b.json")],
+                                 str(root / f"cache-{scorer}-gone"))
+            finally:
+                (root / "moved").rename(index)
+            rows[scorer] = {"present_s": present, "gone_s": gone, "ratio": present / gone}
+            print(f"calibrate --scorer {scorer} on those pairs, fresh cache: index present "
+                  f"{present:.1f} s, index gone {gone:.1f} s (ratio {present / gone:.2f})")
+    return rows
+
+
 def main() -> None:
     from ragsieve.embeddings.languages import E5_ID, MINILM_ID, USE_ID
 
@@ -68,11 +119,22 @@ def main() -> None:
     ap.add_argument("--texts", type=int, default=200, help="snippets per model (MiniLM, USE)")
     ap.add_argument("--e5-texts", type=int, default=30,
                     help="snippets for multilingual-e5-small (about 5 per second)")
+    ap.add_argument("--part", choices=("all", "models", "retrieve"), default="all",
+                    help="the models and calibrate (models), retrieve -> calibrate, or both")
+    ap.add_argument("--k", type=int, default=20, help="hits per query of the retrieve path")
+    ap.add_argument("--scorers", nargs="+", default=["auto", "embedding"],
+                    help="--scorer of each calibrate of the retrieve path")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     load = os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load average {load:.2f} at the start")
     rows: dict[str, Any] = {"cores": os.cpu_count(), "load_average": load, "models": {}}
+    if args.part in ("all", "retrieve"):
+        rows["retrieve_calibrate"] = retrieve_then_calibrate(args.k, args.scorers)
+    if args.part == "retrieve":
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=2))
+        return
     for model, n in ((MINILM_ID, args.texts), (USE_ID, args.texts), (E5_ID, args.e5_texts)):
         got = model_costs(model, n)
         rows["models"][model] = got

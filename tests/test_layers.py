@@ -45,6 +45,9 @@ LAYERS: dict[str, int] = {
     # the index stores and searches (embeddings, chunking); it knows no score nor filter
     "store": 2,
     "calibration": 3,
+    # no embedding twice: an index's stored vectors put into a score's embedding cache
+    # (store, scoring), for `retrieve` pairs and the index's hits
+    "index_vectors": 3,
     # what a filter scores: the accepted snippet forms as items, cut into pieces
     "pieces": 3,
     # the saved filter: one reader, writer, seal and identity, below everything that reads

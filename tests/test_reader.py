@@ -143,6 +143,29 @@ def test_evaluate_says_how_to_measure_the_reader(xquad_en: list[Pair]) -> None:
         score_for_evaluation(xquad_en[:10], ReaderScorer())
 
 
+def test_evaluate_says_what_the_reader_costs_before_it_starts(
+        shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Said on stderr before the sweep (stopped there by an injected failure, so nothing is
+    fine-tuned): the fine-tunes per split, their pairs, and how to make it shorter."""
+    import ragsieve.evaluation
+    from ragsieve.cli import main
+
+    def stop(*args: object, **kwargs: object) -> None:
+        raise SystemExit(9)
+
+    monkeypatch.setattr(ragsieve.evaluation, "evaluate", stop)
+    with pytest.raises(SystemExit) as stopped:
+        main(["evaluate", "--data", "xquad-en", "--data-dir", str(shared_data_dir),
+              "--scorer", "best", "--preset", "portable-reader", "--splits", "2",
+              "--limit-queries", "60", "--no-cache"])
+    assert stopped.value.code == 9
+    err = capsys.readouterr().err
+    assert "cost: the reader is fine-tuned 3 times per split" in err
+    assert "6 fine-tunes for 2 split(s)" in err
+    assert "Shorter: fewer --splits, --limit-queries N, or --preset portable" in err
+
+
 def test_the_reader_also_reads_the_evidence_sentences_against_their_neighbours(
         few_topics: list[Pair]) -> None:
     from ragsieve.scoring.reader import evidence_sentences

@@ -3,7 +3,9 @@
 What ``ragsieve query --filter`` and ``ragsieve serve --index`` (``POST /query``) do: search
 the index (:meth:`SnippetIndex.search <ragsieve.store.SnippetIndex.search>`), turn the hits'
 stored ``1 - cos`` into the filter's own score without re-embedding anything
-(:func:`list_scorer`), and apply the filter (:func:`query_with_filter`). It sits above both
+(:func:`list_scorer`; a fused score of several signals scores the hit texts, its cosine
+from the hits' stored vectors put into its embedding cache), and apply the filter
+(:func:`query_with_filter`). It sits above both
 the index, which knows no filter, and the filter, which knows no index.
 """
 
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import ScorerMismatchError
+from .index_vectors import embedding_cache_of
 from .scoring.embedding import EmbeddingScorer
 from .types import Snippet
 
@@ -110,13 +113,22 @@ def query_with_filter(
     retriever's lists.
     """
     to_scores = list_scorer(index, flt)
-    hits = index.search(query, k=k)
+    # a fused score of several signals scores the hit texts (embedding_model() is None):
+    # its cosine signal embeds the query through its cache, so the search takes that vector
+    cache = (embedding_cache_of(flt.scorer_, index.model_id)
+             if flt.scorer_.embedding_model() is None else None)
+    if cache is not None:
+        hits = index.search_vector(cache.embed([query], kind="query")[0], k=k)
+    else:
+        hits = index.search(query, k=k)
     snippets = [Snippet(h.doc_id, h.start, h.end, h.text) for h in hits]
     scores = np.array([h.score for h in hits], dtype=float)
     if hits:
         try:
             scores = to_scores(scores)
         except TypeError:  # a fused score of several signals: they need the hit texts
+            if cache is not None:  # its cosine reads the hits' stored vectors, not the model
+                cache.add_known([h.text for h in hits], np.stack([h.vector for h in hits]))
             scores = flt.scorer_.score_batch(query, [h.text for h in hits])
     # the filter's root score is this index's 1 - cos (list_scorer checked it)
     result = flt.filter_scores(query, scores, snippets, group=group,

@@ -1,5 +1,6 @@
 """What several ``ragsieve`` subcommands share: the threshold as printed, closing an
-engine, running an engine job and its one-line summary.
+engine, running an engine job and its one-line summary, the index vectors taken for
+``retrieve`` pairs.
 
 These helpers are private to the package :mod:`ragsieve.cli`: the command modules
 (:mod:`~ragsieve.cli.evaluating`, :mod:`~ragsieve.cli.filtering`,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .output import eprint
 from .values import EngineOptions
 
 __all__: list[str] = []  # private helpers of the command modules
@@ -24,6 +26,21 @@ def _close(engine: Any) -> None:
     closer = getattr(engine, "close", None)
     if callable(closer):
         closer()
+
+
+def _index_vectors(pairs: Any, scorer: Any, *, cache_dir: Any = None,
+                   quiet: bool = False) -> list[str]:
+    """The stored vectors of the index the ``retrieve`` pairs name, put into ``scorer``'s
+    embedding cache (:func:`ragsieve.index_vectors.reuse_index_vectors`), so those snippets
+    are not embedded again; each note said once on stderr (``index: ...``) unless ``quiet``,
+    and returned for ``--json``."""
+    from ..index_vectors import reuse_index_vectors
+
+    notes = reuse_index_vectors(pairs, scorer, cache_dir=cache_dir)
+    if not quiet:
+        for note in notes:
+            eprint(f"index: {note}")
+    return notes
 
 
 def _run_job(options: EngineOptions, task: Any, inputs: list[Any], *, out: str,

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .argtypes import number
-from .common import _close
+from .common import _close, _index_vectors
 from .output import choice_lines, dumps, eprint
 from .scorers import (
     ScorerChoice,
@@ -69,7 +69,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     unit = pruning_unit(args.unit)
     pairs = _unit_pairs(pairs, unit, args.language)
     chosen = _choice(request, pairs)
+    # sentence pairs are not the index's snippets: nothing of theirs is stored
+    reused = [] if unit == "sentence" else _index_vectors(pairs, chosen.scorer, quiet=args.quiet)
     scorer = _on_engine(chosen.scorer, engine, engine_options, request)
+    cost = _reader_cost(chosen.scorer, pairs, splits=args.splits,
+                        calibration_fraction=args.calibration_fraction)
+    if cost and not args.quiet:
+        eprint(cost)
     t0 = time.perf_counter()
     try:
         report = evaluate(
@@ -87,6 +93,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     report.info["unit"] = unit or "snippet"
     report.info["choice"] = chosen.to_dict()
     report.info["engine"] = engine.describe()
+    report.info["index_vectors"] = reused
     report.info["scoring_seconds"] = round(seconds, 2)
     report.info["pairs_per_second"] = round(len(pairs) / max(seconds, 1e-9), 3)
     if args.limit_queries:
@@ -94,6 +101,37 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     _print_evaluation(report, chosen, data=str(args.data), as_json=args.json, plot=args.plot,
                       html=args.html)
     return 0
+
+
+def _reader_cost(scorer: Any, pairs: list[Any], *, splits: int,
+                 calibration_fraction: float) -> str | None:
+    """What a fused score with the reader costs ``evaluate``, said before it starts, and how
+    to make it shorter; None: the score has no reader.
+
+    Each split fits the fused score on its fit share (``FUSION_FIT_FRACTION`` of the
+    calibration topics), which cross-fits the reader: one fine-tune on each half of the
+    share, one on the whole. A fine-tune reads every relevant pair of its share and
+    ``negatives`` irrelevant ones each (and, where the pairs mark evidence, the relevant
+    snippets' sentences), at most ``max_fit_pairs``.
+    """
+    from ..scoring.reader import ReaderScorer
+    from ..scoring.shares import FUSION_FIT_FRACTION
+
+    reader = next((s for s in getattr(scorer, "signals", ()) if isinstance(s, ReaderScorer)),
+                  None)
+    if reader is None:
+        return None
+    share = calibration_fraction * FUSION_FIT_FRACTION
+    relevant = sum(p.relevant == 1 for p in pairs) * share
+    each = min(reader.max_fit_pairs, round(relevant * (1 + reader.negatives)))
+    return (f"cost: the reader is fine-tuned 3 times per split (on each half of the fit share, "
+            f"then on the whole): {3 * splits} fine-tunes for {splits} split(s), reading at least "
+            f"{2 * each} pairs per split (the whole share's {each}: the relevant pairs of "
+            f"{share:.0%} of the topics and {reader.negatives} irrelevant ones each, more with "
+            f"evidence sentences, at most {reader.max_fit_pairs}; and its halves'); the "
+            "measured time per 1,000 pairs is in "
+            "docs/scores.md (the reader). Shorter: fewer --splits, --limit-queries N, or "
+            "--preset portable (no reader).")
 
 
 def _on_engine(scorer: Any, engine: Any, options: EngineOptions,

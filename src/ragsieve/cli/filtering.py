@@ -11,13 +11,14 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .common import _job_line, _run_job, _tau
+from .common import _index_vectors, _job_line, _run_job, _tau
 from .output import choice_lines, dumps, eprint
 from .scorers import (
     ScorerRequest,
     artifact_scorer_options,
     check_artifact_language,
     check_scorer_options,
+    embedding_cache_dir,
     make_scorer,
     score_field_of,
     scorer_choice,
@@ -56,6 +57,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                                       score_field=score_field_of(request))
     chosen = scorer_choice(request, pairs, resolve_auto=False)
     _check_topics(calibrator, pairs, chosen.scorer, quiet=args.quiet)
+    reused = _index_vectors(pairs, chosen.scorer, quiet=args.quiet, cache_dir=None
+                            if request.no_cache else embedding_cache_dir(request.cache_dir))
     unit = pruning_unit(args.unit)
     flt = ConformalFilter(chosen.scorer, calibrator, min_keep=args.min_keep,
                           unit=unit or "snippet")
@@ -74,7 +77,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.json:  # the artifact, the promise, the keep rule in the score's own units, the choice
         found = None if args.no_expected else expected().to_dict()
         print(dumps({**info, "guarantee": flt.guarantee(), **rule.to_dict(), "choice": choice,
-                     "expected": found}))
+                     "expected": found, "index_vectors": reused}))
         return 0
     _print_calibration(flt, info, rule, choice, out=args.out,
                        expected=None if args.no_expected else expected)
@@ -201,6 +204,7 @@ def cmd_filter(args: argparse.Namespace) -> int:
     flt = ConformalFilter.from_artifact(artifact, scorer_options=options)
     pairs = data.load(score_field=artifact.score_field)
     warn_traffic_language(artifact, pairs)
+    _index_vectors(pairs, flt.scorer_, quiet=args.quiet)
     results = flt.filter_pairs(pairs, progress=not args.quiet)
     alarm = _watch_exchangeability(artifact, results)
     _print_filtered(results, flt, as_json=args.json, show_removed=args.show_removed,

@@ -253,6 +253,46 @@ class EmbeddingCache:
                 self._memory.popitem(last=False)
             return out
 
+    def add_known(self, texts: Sequence[str], vectors: np.ndarray) -> int:
+        """Cache vectors already computed by this model elsewhere (an index's stored vectors),
+        so :meth:`embed` never sends these texts to the model.
+
+        They go where computed vectors go: memory, and the SQLite file when persisting (a
+        vector dropped from memory is then read back, never recomputed). Texts cached
+        already are left as they are.
+
+        Parameters
+        ----------
+        texts : sequence of str
+            The passages (never queries of an asymmetric model: those have their own side).
+        vectors : numpy.ndarray
+            ``(len(texts), dim)`` vectors of ``self.model``, rows in the order of ``texts``.
+
+        Returns
+        -------
+        int
+            The number of texts added (not cached before).
+
+        Raises
+        ------
+        ValueError
+            ``vectors`` has another shape or holds NaN or inf.
+        """
+        items = _check_texts(texts)
+        vecs = np.asarray(vectors, dtype=np.float32)
+        if vecs.shape != (len(items), self.model.dim) or not np.isfinite(vecs).all():
+            raise ValueError(
+                f"vectors has shape {vecs.shape} (finite: {bool(np.isfinite(vecs).all())}), "
+                f"expected finite ({len(items)}, {self.model.dim}) rows of {self.model.model_id!r}."
+            )
+        vecs = _normalise_rows(vecs)
+        with self._lock:
+            new = {_sha256(t): v for t, v in zip(items, vecs)}
+            new = {k: v for k, v in new.items() if k not in self._memory}
+            if new:
+                self._store(list(new), np.stack(list(new.values())))
+            return len(new)
+
     def _query_side(self, texts: Sequence[str], progress: bool) -> np.ndarray:
         """Queries of an asymmetric model: a second cache over the model's query view."""
         with self._lock:

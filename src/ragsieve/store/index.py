@@ -329,6 +329,34 @@ class SnippetIndex:
         k = check_int(k, "k", min_value=1)
         return self._search.nearest(self._embed_queries([query])[0], k)
 
+    def search_vector(self, query_vector: np.ndarray, k: int = 20) -> list[Hit]:
+        """:meth:`search` with the query already embedded by this index's model (a caller
+        that embeds the query anyway, through its own cache, embeds it once).
+
+        Parameters
+        ----------
+        query_vector : numpy.ndarray
+            ``(dim,)`` unit query vector of :attr:`model_id`'s query side.
+        k : int
+            Number of hits.
+
+        Returns
+        -------
+        list of Hit
+            As :meth:`search` gives them.
+
+        Raises
+        ------
+        ValueError
+            ``query_vector`` is not ``(dim,)`` or holds NaN or inf.
+        """
+        k = check_int(k, "k", min_value=1)
+        qvec = np.asarray(query_vector, dtype=np.float32)
+        if qvec.shape != (self.dim,) or not np.isfinite(qvec).all():
+            raise ValueError(f"query_vector has shape {qvec.shape}, expected finite ({self.dim},) "
+                             f"of {self.model_id!r}.")
+        return self._search.nearest(qvec, k)
+
     def search_many(self, queries: Sequence[str], k: int = 20, *, batch_size: int = 32,
                     progress: bool = False) -> Iterator[list[Hit]]:
         """:meth:`search` for each query, in order, embedding ``batch_size`` queries at once.

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 META_NAME = "ragsieve_index.json"
 SNIPPETS = "snippets"
 FILES = "files"
+_IDS_PER_READ = 500  # ids per filtered read of vectors_of
 #: ``(path, sha256, snippets)`` of each file of a group committed together
 FileGroup = list[tuple[str, str, list[Snippet]]]
 
@@ -97,6 +98,25 @@ class SnippetTables:
     def count(self) -> int:
         """Number of stored snippets."""
         return int(self.table(SNIPPETS).count_rows())
+
+    def vectors_of(self, snippet_ids: Sequence[str]) -> dict[str, tuple[str, np.ndarray]]:
+        """``{snippet_id: (text, vector)}`` of the stored snippets among ``snippet_ids``
+        (ids the index does not hold are left out), read in chunks of ids."""
+        ids = list(dict.fromkeys(snippet_ids))
+        table = self.table(SNIPPETS)
+        out: dict[str, tuple[str, np.ndarray]] = {}
+        for i in range(0, len(ids), _IDS_PER_READ):
+            where = _in_list("snippet_id", ids[i : i + _IDS_PER_READ])
+            arrow = (table.search().where(where).select(["snippet_id", "text", "vector"])
+                     .limit(None).to_arrow())
+            if not len(arrow):
+                continue
+            vectors = np.asarray(arrow.column("vector").combine_chunks().flatten(),
+                                 dtype=np.float32).reshape(len(arrow), self.dim)
+            for sid, text, vec in zip(arrow.column("snippet_id").to_pylist(),
+                                      arrow.column("text").to_pylist(), vectors):
+                out[str(sid)] = (str(text), vec)
+        return out
 
     def files(self) -> dict[str, str]:
         """``{path: sha256}`` of the committed files."""
