@@ -19,44 +19,19 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .embeddings import EmbeddingCache
 from .errors import ArtifactError
-from .scoring.auto import AutoScorer
 from .scoring.base import Scorer
-from .scoring.embedding import EmbeddingScorer
+from .scoring.embedding import embedding_cache_of
 from .store import RETRIEVER_KIND, IndexMissingError, SnippetIndex
 from .types import Pair
 
 __all__ = ["embedding_cache_of", "reuse_index_vectors"]
-
-
-def _embedders(scorer: Scorer) -> Iterator[EmbeddingScorer]:
-    """The embedding scores ``scorer`` is built on: its base chain and a fused score's
-    signals (and their base chains)."""
-    todo: list[Scorer] = [scorer]
-    while todo:
-        current: Scorer | None = todo.pop()
-        while current is not None:
-            if isinstance(current, EmbeddingScorer):
-                yield current
-            todo.extend(s for s in getattr(current, "signals", ()) or ()
-                        if isinstance(s, Scorer))
-            current = current.base_scorer()
-
-
-def embedding_cache_of(scorer: Scorer, model_id: str) -> EmbeddingCache | None:
-    """The embedding cache of ``scorer``'s embedding score of ``model_id`` (the score itself,
-    its base, or a fused score's signal): where known vectors of that model go; None: the
-    score embeds nothing with that model."""
-    for embedder in _embedders(scorer):
-        if embedder.model_id == model_id:
-            return embedder.cache
-    return None
 
 
 def _retriever(pair: Pair) -> Mapping[str, Any] | None:
@@ -123,7 +98,7 @@ def _reuse_one(path: str, fingerprint: str, texts: dict[str, set[str]], scorer: 
         return (f"the index at {path} changed (fingerprint {stored_fingerprint[:12]}, the pairs "
                 f"say {fingerprint[:12]}): embedding its {len(texts)} snippet(s) again")
     cache = embedding_cache_of(scorer, index.model_id)
-    if cache is None and cache_dir is not None and isinstance(scorer, AutoScorer):
+    if cache is None and cache_dir is not None and scorer.tags.resolved_at_calibration:
         cache = EmbeddingCache(index.model, cache_dir=cache_dir)  # read by the resolved score
     if cache is None:
         return (f"the index at {path} stores vectors of {index.model_id}, which the score does "

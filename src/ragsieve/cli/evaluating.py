@@ -114,11 +114,10 @@ def _reader_cost(scorer: Any, pairs: list[Any], *, splits: int,
     ``negatives`` irrelevant ones each (and, where the pairs mark evidence, the relevant
     snippets' sentences), at most ``max_fit_pairs``.
     """
-    from ..scoring.reader import ReaderScorer
+    from ..scoring.reader import reader_signal
     from ..scoring.shares import FUSION_FIT_FRACTION
 
-    reader = next((s for s in getattr(scorer, "signals", ()) if isinstance(s, ReaderScorer)),
-                  None)
+    reader = reader_signal(scorer)
     if reader is None:
         return None
     share = calibration_fraction * FUSION_FIT_FRACTION

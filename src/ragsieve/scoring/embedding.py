@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,7 +23,7 @@ from .base import Scorer, check_score_array, group_pairs
 from .options import ScorerOption
 from .tags import ScorerTags
 
-__all__ = ["EmbeddingScorer"]
+__all__ = ["EmbeddingScorer", "embedding_cache_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -281,3 +281,27 @@ def _unit_rows(vectors: Any, name: str, *, one: bool = False) -> np.ndarray:
         raise ValueError(f"{name}[{int(zero[0])}] is a zero vector; its cosine is undefined.")
     arr = arr / biggest[:, None]
     return arr / np.linalg.norm(arr, axis=1)[:, None]
+
+
+def _embedders(scorer: Scorer) -> Iterator[EmbeddingScorer]:
+    """The embedding scores ``scorer`` is built on: its base chain and a fused score's
+    signals (and their base chains)."""
+    todo: list[Scorer] = [scorer]
+    while todo:
+        current: Scorer | None = todo.pop()
+        while current is not None:
+            if isinstance(current, EmbeddingScorer):
+                yield current
+            todo.extend(s for s in getattr(current, "signals", ()) or ()
+                        if isinstance(s, Scorer))
+            current = current.base_scorer()
+
+
+def embedding_cache_of(scorer: Scorer, model_id: str) -> EmbeddingCache | None:
+    """The embedding cache of ``scorer``'s embedding score of ``model_id`` (the score itself,
+    its base, or a fused score's signal): where known vectors of that model go; None: the
+    score embeds nothing with that model."""
+    for embedder in _embedders(scorer):
+        if embedder.model_id == model_id:
+            return embedder.cache
+    return None

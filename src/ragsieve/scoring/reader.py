@@ -57,7 +57,8 @@ from .options import ScorerOption
 from .shares import fusion_fit_mask, topic_codes
 from .weights import register_weights, weights_blob
 
-__all__ = ["READER_BASE_HELP", "ReaderScorer", "evidence_sentences", "reader_for"]
+__all__ = ["READER_BASE_HELP", "ReaderScorer", "evidence_sentences", "reader_for",
+           "reader_signal"]
 
 logger = logging.getLogger(__name__)
 
@@ -425,3 +426,9 @@ def evidence_sentences(relevant: Sequence[Pair], *, budget: int | None = None) -
             break
         out.extend(group)
     return out
+
+
+def reader_signal(scorer: Scorer) -> ReaderScorer | None:
+    """The reader among a fused score's signals (what its fit fine-tunes), or None: the
+    score has no reader (any other score included)."""
+    return next((s for s in getattr(scorer, "signals", ()) if isinstance(s, ReaderScorer)), None)
