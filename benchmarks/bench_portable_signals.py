@@ -51,7 +51,8 @@ A row counts only if its mean coverage lies within 0.02 of 0.90.
 Usage::
 
     python benchmarks/bench_portable_signals.py [--datasets xquad-en,...,selqa-dev]
-        [--splits 20] [--seed 0] [--sample-topics 20] [--no-cost] [--out FILE] [--json FILE]
+        [--splits 20] [--seed 0] [--sample-topics 20] [--no-cost] [--no-greedy]
+        [--max-topics N] [--sets-from EARLIER.json] [--out FILE] [--json FILE]
 
 Prints the markdown tables (per dataset: coverage, removal ± split standard error, share
 of the oracle's removal, difference to ``P0`` ± paired standard error; the keep decision;
@@ -325,6 +326,9 @@ def _measure(ds: Dataset, label: str, signals: Sequence[str] | None, seed: int,
 
 def _load(name: str, args: argparse.Namespace) -> Dataset:
     pairs = load_dataset(name)
+    if args.max_topics:  # the pairs of the first topics (sorted) only
+        first = set(sorted({p.group for p in pairs})[:args.max_topics])
+        pairs = [p for p in pairs if p.group in first]
     base_scorer = EmbeddingScorer(language=_language(name), cache_dir=args.cache_dir)
     t0 = time.perf_counter()
     base = base_scorer.score_pairs(pairs)
@@ -521,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-topics", type=int, default=20)
     parser.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
     parser.add_argument("--no-greedy", action="store_true", help="skip the forward selection")
+    parser.add_argument("--max-topics", type=int, default=0,
+                        help="only the first N topics (sorted) of each dataset (0: all)")
+    parser.add_argument("--sets-from", type=Path, default=None,
+                        help="take the kept and greedy sets from an earlier run's --json file "
+                             "(no keep decision, no forward selection)")
     parser.add_argument("--cache-dir", default=str(cache_dir() / "embeddings"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -537,14 +546,20 @@ def main(argv: list[str] | None = None) -> int:
         datasets.append(ds)
     keep = _keep(datasets)
     kept = [c for c, k in keep.items() if k["kept"]]
+    earlier = json.loads(args.sets_from.read_text(encoding="utf-8")) if args.sets_from else None
+    if earlier is not None:
+        kept = list(earlier["kept"])
     for ds in datasets:
         if kept:
             _measure(ds, "P0 + kept", (*P0, *kept), args.seed, args.quiet)
             _measure(ds, "portable + kept", (*PORTABLE, *kept), args.seed, args.quiet)
         _measure(ds, "P0 + all", (*P0, *CANDIDATES), args.seed, args.quiet)
-    greedy = [] if args.no_greedy else _greedy(datasets, args)
+    greedy = (list(earlier["greedy"]) if earlier is not None else
+              [] if args.no_greedy else _greedy(datasets, args))
     if greedy:
         for ds in datasets:
+            if "P0 + " + " + ".join(greedy) not in ds.rows:
+                _measure(ds, "P0 + " + " + ".join(greedy), (*P0, *greedy), args.seed, args.quiet)
             ds.rows["P0 + greedy"] = {**ds.rows["P0 + " + " + ".join(greedy)],
                                       "label": "P0 + greedy: " + " + ".join(greedy)}
             _measure(ds, "portable + greedy", (*PORTABLE, *greedy), args.seed, args.quiet)
@@ -557,12 +572,13 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": [ds.rows[k] for k in shown if k in ds.rows],
                 "greedy_steps": [r for k, r in ds.rows.items() if k not in shown]}
                for ds in datasets]
-    meta = {"splits": args.splits, "seed": args.seed, "sample_topics": args.sample_topics,
+    meta = {"splits": args.splits, "seed": args.seed, "max_topics": args.max_topics,
+            "sets_from": str(args.sets_from) if args.sets_from else None, "sample_topics": args.sample_topics,
             "load": (load0, os.getloadavg()[0]), "kept": kept, "greedy": greedy,
             "wall_seconds": round(time.perf_counter() - t_start, 1),
             "command": " ".join(sys.argv)}
     text = _tables(results, keep, costs, meta)
-    text += (f"\nKept: {', '.join(kept) or 'none'}; greedy: {' + '.join(greedy) or 'none'}. "
+    text += (f"\nKept{' (from ' + str(args.sets_from) + ')' if args.sets_from else ''}: {', '.join(kept) or 'none'}; greedy: {' + '.join(greedy) or 'none'}. "
              f"Wall time {meta['wall_seconds']} s.\n")
     print(text)
     if args.out:
