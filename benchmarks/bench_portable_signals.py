@@ -480,17 +480,20 @@ def _tables(results: list[dict[str, Any]], keep: dict[str, dict[str, Any]], cost
               f"{meta['seed']}), the same for every row; fused rows: logistic regression fitted "
               "per split on a quarter of the calibration topics (IDF / BM25 statistics on that "
               "share's texts only), calibrated on the rest. removal ± its split standard error; "
-              "`vs P0` = removal minus P0's, ± the paired split standard error. `P0` = portable "
+              "`vs P0` / `vs portable` = removal minus that row's, ± the paired split standard "
+              "error. `P0` = portable "
               "without the best sentence's cosine (cos + corpus BM25). A row counts when its "
               f"coverage is within {COVERAGE_BAND} of {1 - ALPHA:.2f}."), ""]
     for res in results:
         lines += [(f"#### {res['dataset']} ({res['model']}; {res['n_pairs']} pairs, {res['n_topics']} "
                    f"topics; oracle removes "
                   f"{res['oracle']:.3f})"), "",
-                  "| row | coverage | removal | of oracle | vs P0 |", "|---|---|---|---|---|"]
+                  "| row | coverage | removal | of oracle | vs P0 | vs portable |",
+                  "|---|---|---|---|---|---|"]
         for r in res["rows"]:
-            vs = (f"{r['vs_P0']:+.3f} ± {r['vs_P0_se']:.3f}" if "vs_P0" in r else "")
-            lines.append(f"| {r['label']} | {_cell(r)} | {vs} |")
+            vs = [(f"{r[f'vs_{ref}']:+.3f} ± {r[f'vs_{ref}_se']:.3f}" if f"vs_{ref}" in r else "")
+                  for ref in ("P0", "portable")]
+            lines.append(f"| {r['label']} | {_cell(r)} | {vs[0]} | {vs[1]} |")
         lines.append("")
     if keep:
         lines += ["#### Keep or drop (P0 + X against P0)", "",
