@@ -24,6 +24,15 @@ allows; psutil's RSS where ``/proc`` is missing) and after it, the latencies and
 answers say (``n_cut``, kept spans). A second round that peaks no higher than the first
 shows the memory is bounded per request, not growing with what was sent.
 
+``--compare-default`` measures what the default score costs per request beside ``1 - cos``:
+two filters calibrated on the same pairs (the first ``--compare-topics`` XQuAD-en topics,
+alpha 0.2, seed 0): ``auto`` (the default; on these pairs it picks the list-free
+``portable`` fused score) and ``embedding`` (MiniLM ``1 - cos``). Each is served in turn
+with an empty embedding cache and gets one untimed request (other texts: loads the models),
+then the same ``--distinct`` ``/filter`` requests of ``--snippets`` snippets of the other
+topics, each sent once (no text embedded before). Reported: p50 / p99 latency of each and
+the default's over ``1 - cos``'s.
+
 ``--fairness`` measures how one client's small requests fare beside a large one. It
 first measures the model's throughput in this process (pieces/s of fresh ~410-character
 pieces, for the default MiniLM ``EmbeddingScorer`` and the fused ``best`` score: the
@@ -52,7 +61,9 @@ Usage: ``python benchmarks/bench_server.py [--requests 200] [--clients 4] [--sni
 benchmarks/bench_server.py --long [--long-chars 1000000] [--long-clients 4]
 [--long-rounds 2] [--json]`` or ``python benchmarks/bench_server.py --fairness
 [--before-src /work/orig/src] [--large-snippets 100] [--huge-snippets 1000]
-[--fair-rounds 3] [--json]`` or ``python benchmarks/bench_server.py --fairness --unit sentence
+[--fair-rounds 3] [--json]`` or ``python benchmarks/bench_server.py --compare-default
+[--distinct 50] [--snippets 10] [--clients 1] [--compare-topics 12] [--json]`` or ``python
+benchmarks/bench_server.py --fairness --unit sentence
 [--before-src DIR] [--hostile 4] [--hostile-chars 990000] [--max-pieces N] [--json]``
 """
 
@@ -495,6 +506,62 @@ def _print_long(out: dict[str, Any]) -> None:
         )
 
 
+def _compare_default(args: argparse.Namespace) -> dict[str, Any]:
+    """The default score (``auto``) and ``1 - cos`` side by side on the same ``/filter``
+    requests, each served with a fresh embedding cache (see ``--compare-default``)."""
+    from ragsieve import ConformalFilter
+    from ragsieve.data import load_xquad
+    from ragsieve.scoring import resolve_scorer
+    from ragsieve.server import create_app
+
+    pairs = load_xquad("en")
+    topics = sorted({p.group for p in pairs})
+    fit = [p for p in pairs if p.group in set(topics[:args.compare_topics])]
+    rest = [p for p in pairs if p.group not in set(topics[:args.compare_topics])]
+    lists: dict[str, list[Any]] = {}
+    for p in rest:
+        lists.setdefault(p.query, []).append(p.text)
+    by_query = [(q, t[:args.snippets]) for q, t in lists.items() if len(t) >= args.snippets]
+    warmup, timed = by_query[0], by_query[1:args.distinct + 1]
+    payloads = [{"query": q, "snippets": t} for q, t in timed]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("embedding", "auto"):
+            path = Path(tmp) / f"{name}.json"
+            flt = ConformalFilter(resolve_scorer(name, cache_dir=args.cache_dir), alpha=0.2)
+            started = time.perf_counter()
+            flt.calibrate(fit, seed=0).save(path)
+            calibrate_s = time.perf_counter() - started
+            fresh = Path(tmp) / f"cache-{name}"  # nothing of the timed requests embedded yet
+            app = create_app(path, scorer_options={"cache_dir": str(fresh)})
+            with _serve(app) as base:
+                import httpx
+
+                httpx.post(base + "/filter", json={"query": warmup[0], "snippets": warmup[1]},
+                           timeout=600).raise_for_status()  # loads the models, not timed
+                timing = load_test(base + "/filter", payloads, len(payloads), args.clients)
+            rows.append({"score": name, "chosen": str(flt.scorer_.spec().get("preset")
+                                                      or flt.scorer_.spec()["scorer"]),
+                         "calibrate_s": round(calibrate_s, 1), **timing})
+    cos, auto = rows
+    return {"requests": len(payloads), "snippets": args.snippets, "clients": args.clients,
+            "calibration_pairs": len(fit), "rows": rows,
+            "p50_ratio": round(auto["p50_ms"] / cos["p50_ms"], 2),
+            "p99_ratio": round(auto["p99_ms"] / cos["p99_ms"], 2)}
+
+
+def _print_compare(out: dict[str, Any]) -> None:
+    print(f"{out['requests']} /filter requests of {out['snippets']} snippets, none embedded "
+          f"before (fresh cache per server), {out['clients']} client(s); calibrated on "
+          f"{out['calibration_pairs']} pairs")
+    print("{:<10} {:<9} {:>7} {:>8} {:>8} {:>7}".format("score", "chosen", "req/s", "p50 ms",
+                                                     "p99 ms", "wall s"))
+    for r in out["rows"]:
+        print(f"{r['score']:<10} {r['chosen']:<9} {r['requests_per_s']:>7} {r['p50_ms']:>8} "
+              f"{r['p99_ms']:>8} {r['wall_s']:>7}")
+    print(f"default / 1 - cos: p50 x{out['p50_ratio']}, p99 x{out['p99_ratio']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200)
@@ -534,7 +601,16 @@ def main() -> None:
                     help="--fairness --unit sentence: characters of each hostile sentence")
     ap.add_argument("--max-pieces", type=int, default=None,
                     help="--fairness: serve with this budget (default: the service's)")
+    ap.add_argument("--compare-default", action="store_true",
+                    help="the default score (auto) and 1 - cos on the same fresh /filter "
+                         "requests (--distinct of --snippets snippets), p50/p99 and their ratio")
+    ap.add_argument("--compare-topics", type=int, default=12,
+                    help="--compare-default: XQuAD-en topics both filters are calibrated on")
     args = ap.parse_args()
+    if args.compare_default:
+        out_cmp = _compare_default(args)
+        print(json.dumps(out_cmp)) if args.json else _print_compare(out_cmp)
+        return
     if args.fair_rounds is None:
         args.fair_rounds = 3 if args.unit == "snippet" else 1
     if args.fairness:
