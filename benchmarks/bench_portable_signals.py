@@ -82,6 +82,7 @@ from ragsieve.data import group_splits, load_dataset
 from ragsieve.evaluation import ScoredData, evaluate_scores
 from ragsieve.scoring import EmbeddingScorer, SentenceCosineScorer
 from ragsieve.scoring.corpus_bm25 import CorpusBM25Scorer, CorpusStatistics, PairTerms, _idf
+from ragsieve.scoring.corpus_lexical import IDFCoverageScorer, SentenceBM25Scorer, SentenceTerms
 from ragsieve.scoring.fusion import FusionFeatures, TextFittedSignals
 from ragsieve.scoring.lexical import _UNSPACED_RUN, _clusters, _word_pattern
 from ragsieve.scoring.sentence_cosine import _split, sentence_texts
@@ -209,29 +210,28 @@ class Lexical:
         if name == "bm25-corpus":
             return np.asarray(self.bm25.fitted(fit)[1])
         stats = self.statistics(fit)
-        if name == "sent-bm25":
-            per = self.sentence_terms.scores(stats, k1=self.bm25.scorer.k1, b=self.bm25.scorer.b)
+        if name == "sent-bm25":  # the product's signal
+            sentences = SentenceTerms(self.terms.texts, self.terms.pair_text, self.sentence_terms,
+                                      self.sentence_owner)
+            return SentenceBM25Scorer(k1=self.bm25.scorer.k1, b=self.bm25.scorer.b
+                                      ).scores_of_prepared(sentences, stats)
+        if name == "idf-cov":  # the product's signal
+            return IDFCoverageScorer().scores_of_prepared(self.terms, stats)
+        if name == "sent-lex":  # the best sentence's idf-cov
+            per = IDFCoverageScorer().scores_of_prepared(self.sentence_terms, stats)
             out = np.full(self.terms.pair_text.size, np.inf)
             np.minimum.at(out, self.sentence_owner, per)
             return out
-        terms = self.sentence_terms if name == "sent-lex" else self.terms
+        terms = self.terms  # rare
         n = terms.pair_text.size
         df = np.array([stats.df.get(tok, 0) for tok in terms.query_vocabulary], dtype=np.float64)
         idf = _idf(df, stats.n_docs)[terms.entry_token]
         hit = terms.entry_tf > 0
-        if name == "rare":
-            top = np.zeros(n)
-            np.maximum.at(top, terms.entry_pair, idf)
-            got = np.zeros(n)
-            np.maximum.at(got, terms.entry_pair[hit], idf[hit])
-            return np.where(top > 0, 1.0 - got / np.where(top > 0, top, 1.0), 1.0)
-        mass = np.bincount(terms.entry_pair, idf, minlength=n)
-        share = np.bincount(terms.entry_pair, idf * hit, minlength=n) / np.where(mass > 0, mass, 1.0)
-        if name == "idf-cov":
-            return 1.0 - share
-        out = np.full(self.terms.pair_text.size, np.inf)  # sent-lex: the best sentence
-        np.minimum.at(out, self.sentence_owner, 1.0 - share)
-        return out
+        top = np.zeros(n)
+        np.maximum.at(top, terms.entry_pair, idf)
+        got = np.zeros(n)
+        np.maximum.at(got, terms.entry_pair[hit], idf[hit])
+        return np.where(top > 0, 1.0 - got / np.where(top > 0, top, 1.0), 1.0)
 
 
 @dataclass(frozen=True)
