@@ -371,7 +371,7 @@ def _check_rule(filters: Mapping[float, ConformalFilter], pairs: list[Pair], see
     shortcut the other alphas take)."""
     first = next(iter(filters.values()))
     keep, _, scores = _keeps(first, pairs, seed)
-    again = np.concatenate([first.calibrator.predict(s) for s in scores])
+    again = np.concatenate([first.calibrator_.predict(s) for s in scores])
     if not np.array_equal(keep, again):
         raise RuntimeError("the calibrator's rule on filter_pairs' scores disagrees with "
                            "filter_pairs; the alpha shortcut is not valid")

@@ -24,6 +24,17 @@ allows; psutil's RSS where ``/proc`` is missing) and after it, the latencies and
 answers say (``n_cut``, kept spans). A second round that peaks no higher than the first
 shows the memory is bounded per request, not growing with what was sent.
 
+``--compare-default`` measures what the default score costs per request beside ``1 - cos``:
+two filters calibrated on the same pairs (the first ``--compare-topics`` XQuAD-en topics,
+alpha 0.2, seed 0): ``auto`` (the default; on these pairs it picks the list-free
+``portable`` fused score) and ``embedding`` (MiniLM ``1 - cos``). Both are served at once,
+each with an empty embedding cache, and get one untimed request (other texts: loads the
+models), then the same ``/filter`` requests of ``--snippets`` snippets: one question of each other
+topic (at most ``--distinct``) with its article's first paragraphs, each sent once (a
+topic's questions share its paragraphs: no text is embedded before), one at a time,
+alternating which server is asked first, so both run under the same load. Reported: p50 / p99 latency of each and
+the default's over ``1 - cos``'s.
+
 ``--fairness`` measures how one client's small requests fare beside a large one. It
 first measures the model's throughput in this process (pieces/s of fresh ~410-character
 pieces, for the default MiniLM ``EmbeddingScorer`` and the fused ``best`` score: the
@@ -52,13 +63,16 @@ Usage: ``python benchmarks/bench_server.py [--requests 200] [--clients 4] [--sni
 benchmarks/bench_server.py --long [--long-chars 1000000] [--long-clients 4]
 [--long-rounds 2] [--json]`` or ``python benchmarks/bench_server.py --fairness
 [--before-src /work/orig/src] [--large-snippets 100] [--huge-snippets 1000]
-[--fair-rounds 3] [--json]`` or ``python benchmarks/bench_server.py --fairness --unit sentence
+[--fair-rounds 3] [--json]`` or ``python benchmarks/bench_server.py --compare-default
+[--distinct 50] [--snippets 10] [--compare-topics 12] [--json]`` or ``python
+benchmarks/bench_server.py --fairness --unit sentence
 [--before-src DIR] [--hostile 4] [--hostile-chars 990000] [--max-pieces N] [--json]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -495,6 +509,74 @@ def _print_long(out: dict[str, Any]) -> None:
         )
 
 
+def _compare_default(args: argparse.Namespace) -> dict[str, Any]:
+    """The default score (``auto``) and ``1 - cos`` side by side on the same ``/filter``
+    requests, each served with a fresh embedding cache (see ``--compare-default``)."""
+    from ragsieve import ConformalFilter
+    from ragsieve.data import load_xquad
+    from ragsieve.scoring import resolve_scorer
+    from ragsieve.server import create_app
+
+    pairs = load_xquad("en")
+    topics = sorted({p.group for p in pairs})
+    fit = [p for p in pairs if p.group in set(topics[:args.compare_topics])]
+    rest = [p for p in pairs if p.group not in set(topics[:args.compare_topics])]
+    lists: dict[str, dict[str, list[str]]] = {}  # topic -> query -> texts
+    for p in rest:
+        lists.setdefault(p.group, {}).setdefault(p.query, []).append(p.text)
+    # one query per topic: a topic's queries share its paragraphs, so no text is sent twice
+    by_query = [next((q, t[:args.snippets]) for q, t in queries.items())
+                for queries in lists.values()]
+    warmup, timed = by_query[0], by_query[1:args.distinct + 1]
+    payloads = [{"query": q, "snippets": t} for q, t in timed]
+    names = ("embedding", "auto")
+    chosen, calibrate_s, latency = {}, {}, {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        bases = {}
+        for name in names:
+            path = Path(tmp) / f"{name}.json"
+            flt = ConformalFilter(resolve_scorer(name, cache_dir=args.cache_dir), alpha=0.2)
+            started = time.perf_counter()
+            flt.calibrate(fit, seed=0).save(path)
+            calibrate_s[name] = round(time.perf_counter() - started, 1)
+            spec = flt.scorer_.spec()
+            chosen[name] = str(spec.get("preset") or spec["scorer"])
+            fresh = Path(tmp) / f"cache-{name}"  # nothing of the timed requests embedded yet
+            bases[name] = stack.enter_context(
+                _serve(create_app(path, scorer_options={"cache_dir": str(fresh)})))
+        import httpx
+
+        client = stack.enter_context(httpx.Client(timeout=600))
+        for name in names:  # loads the models, not timed
+            client.post(bases[name] + "/filter", json={"query": warmup[0], "snippets": warmup[1]}
+                        ).raise_for_status()
+        for i, payload in enumerate(payloads):  # both servers under the same load: alternate
+            for name in (names if i % 2 == 0 else names[::-1]):
+                t0 = time.perf_counter()
+                client.post(bases[name] + "/filter", json=payload).raise_for_status()
+                latency[name].append(time.perf_counter() - t0)
+    rows = [{"score": name, "chosen": chosen[name], "calibrate_s": calibrate_s[name],
+             "p50_ms": round(float(np.percentile(latency[name], 50)) * 1e3, 1),
+             "p99_ms": round(float(np.percentile(latency[name], 99)) * 1e3, 1),
+             "wall_s": round(float(np.sum(latency[name])), 2)} for name in names]
+    cos, auto = rows
+    return {"requests": len(payloads), "snippets": args.snippets,
+            "calibration_pairs": len(fit), "rows": rows,
+            "p50_ratio": round(auto["p50_ms"] / cos["p50_ms"], 2),
+            "p99_ratio": round(auto["p99_ms"] / cos["p99_ms"], 2)}
+
+
+def _print_compare(out: dict[str, Any]) -> None:
+    print(f"{out['requests']} /filter requests of {out['snippets']} snippets to each server, "
+          "none embedded before (fresh cache per server), one at a time, alternating between "
+          f"the servers; calibrated on {out['calibration_pairs']} pairs")
+    print("{:<10} {:<9} {:>8} {:>8} {:>7}".format("score", "chosen", "p50 ms", "p99 ms", "sum s"))
+    for r in out["rows"]:
+        print(f"{r['score']:<10} {r['chosen']:<9} {r['p50_ms']:>8} {r['p99_ms']:>8} "
+              f"{r['wall_s']:>7}")
+    print(f"default / 1 - cos: p50 x{out['p50_ratio']}, p99 x{out['p99_ratio']}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200)
@@ -534,7 +616,16 @@ def main() -> None:
                     help="--fairness --unit sentence: characters of each hostile sentence")
     ap.add_argument("--max-pieces", type=int, default=None,
                     help="--fairness: serve with this budget (default: the service's)")
+    ap.add_argument("--compare-default", action="store_true",
+                    help="the default score (auto) and 1 - cos on the same fresh /filter "
+                         "requests (--distinct of --snippets snippets), p50/p99 and their ratio")
+    ap.add_argument("--compare-topics", type=int, default=12,
+                    help="--compare-default: XQuAD-en topics both filters are calibrated on")
     args = ap.parse_args()
+    if args.compare_default:
+        out_cmp = _compare_default(args)
+        print(json.dumps(out_cmp)) if args.json else _print_compare(out_cmp)
+        return
     if args.fair_rounds is None:
         args.fair_rounds = 3 if args.unit == "snippet" else 1
     if args.fairness:

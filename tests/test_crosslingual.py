@@ -168,7 +168,7 @@ def test_languages_are_detected_apart(en2de: list[Pair]) -> None:
     portable, choice, _ = AutoScorer().resolve(en2de)
     assert choice.preset == "portable" and not portable.tags.list_dependent
     assert [s.spec()["scorer"] + ":" + s.spec().get("model", "") for s in portable.signals] == [
-        f"embedding:{E5_ID}", "bm25-corpus:", f"sentence-cos:{USE_ID}"]
+        f"embedding:{E5_ID}", "bm25-corpus:", "idf-cov:", "sent-bm25:"]  # no sentence embedded
 
 
 def test_an_undecided_side_takes_the_other_sides_language() -> None:

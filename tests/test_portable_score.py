@@ -3,7 +3,8 @@
 A list-aware score (gap, z, rank, ratio, the in-list BM25, the fused presets built on them)
 is calibrated for lists like its calibration lists; the portable fused score reads one
 snippet at a time -- the base cosine, a BM25 whose statistics are frozen from the texts of
-the fit share of the calibration topics, the best sentence's cosine -- so its threshold
+the fit share of the calibration topics, the share of the query's IDF found and the best
+sentence's BM25 on those statistics -- so its threshold
 holds behind any retriever. Real MiniLM, real XQuAD English.
 """
 
@@ -26,15 +27,18 @@ from ragsieve.scoring import (
     CorpusBM25Scorer,
     EmbeddingScorer,
     FusedScorer,
+    IDFCoverageScorer,
     ListBM25Scorer,
     RelativeScorer,
     Scorer,
+    SentenceBM25Scorer,
     choose_score,
     resolve_scorer,
 )
 from ragsieve.scoring.fusion import fit_fused_scorer
 from ragsieve.scoring.lexical import bm25_scores, tokenize
 from ragsieve.scoring.relative import RELATIVE_KINDS, within_query_min_rank, within_query_rank
+from ragsieve.scoring.sentence_cosine import sentence_texts
 
 SUPER_BOWL = "The Denver Broncos defeated the Carolina Panthers 24-10 to win Super Bowl 50."
 
@@ -188,15 +192,77 @@ def test_the_vocabulary_is_bounded_by_document_frequency(xquad_en: list[Pair]) -
     assert small.score_batch(query, [text])[0] != full.score_batch(query, [text])[0]
 
 
+# ------------------------------------------------------------------ more signals on its statistics
+@pytest.fixture(scope="module")
+def corpus_signals(corpus_pairs: list[Pair]) -> dict[str, CorpusBM25Scorer]:
+    """The IDF coverage and the best sentence's BM25 fitted on the corpus BM25's texts."""
+    texts = [p.text for p in corpus_pairs]
+    return {"idf-cov": IDFCoverageScorer().fitted_on_texts(texts),
+            "sent-bm25": SentenceBM25Scorer().fitted_on_texts(texts)}
+
+
+def test_idf_coverage_is_the_share_of_the_query_idf_found(fitted_bm25: CorpusBM25Scorer,
+                                                          corpus_signals: dict[str, CorpusBM25Scorer],
+                                                          xquad_en: list[Pair]) -> None:
+    """Each distinct query token once, weighted by the frozen corpus's Lucene idf."""
+    cov = corpus_signals["idf-cov"]
+    assert cov.statistics == fitted_bm25.statistics
+    stats = fitted_bm25.statistics
+    assert stats is not None
+    pair = _topics(xquad_en, 1, start=30)[0]
+    query, text = pair.query, pair.text
+    found = set(tokenize(text))
+    idf = {t: math.log1p((stats.n_docs - stats.df.get(t, 0) + 0.5) / (stats.df.get(t, 0) + 0.5))
+           for t in set(tokenize(query))}
+    want = 1 - sum(v for t, v in idf.items() if t in found) / sum(idf.values())
+    assert cov.score_batch(query, [text])[0] == pytest.approx(want, rel=1e-12)
+    assert cov.score_batch(query, ["", "zzz qqq"]).tolist() == [1.0, 1.0]
+    assert cov.score_batch("?", [text]).tolist() == [1.0]  # a query without tokens
+
+
+def test_sentence_bm25_is_the_best_sentence_corpus_bm25(fitted_bm25: CorpusBM25Scorer,
+                                                       corpus_signals: dict[str, CorpusBM25Scorer],
+                                                       xquad_en: list[Pair]) -> None:
+    """Each sentence scored by the corpus BM25 of the snippets' statistics; the lowest kept."""
+    sent = corpus_signals["sent-bm25"]
+    assert sent.statistics == fitted_bm25.statistics
+    pairs = _topics(xquad_en, 1, start=31)[:6]
+    for p in pairs:
+        best = fitted_bm25.score_batch(p.query, sentence_texts(p.text)).min()
+        assert sent.score_batch(p.query, [p.text])[0] == pytest.approx(best, rel=1e-12)
+    np.testing.assert_allclose(sent.score_pairs(pairs),
+                               [sent.score_batch(p.query, [p.text])[0] for p in pairs], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["idf-cov", "sent-bm25"])
+def test_corpus_signals_are_list_free_and_round_trip(name: str,
+                                                     corpus_signals: dict[str, CorpusBM25Scorer],
+                                                     xquad_en: list[Pair]) -> None:
+    scorer = corpus_signals[name]
+    assert not scorer.tags.list_dependent and scorer.spec()["scorer"] == name
+    query, texts = _duplicate_list(xquad_en)
+    scores = scorer.score_batch(query, texts)
+    assert scores[0] == scores[-1] and len(set(scores[1:-1].tolist())) > 1
+    assert scorer.score_batch(query, texts[2:4] + texts[:1]).tolist() == [*scores[2:4], scores[0]]
+    again = resolve_scorer(json.loads(json.dumps(scorer.spec())))
+    assert type(again) is type(scorer) and again.spec() == scorer.spec()
+    np.testing.assert_array_equal(again.score_batch(query, texts), scores)
+    fresh = again.unfitted_copy()
+    assert not fresh.is_fitted and fresh.spec() == resolve_scorer(name).spec()
+    with pytest.raises(ScorerError, match=f"{name!r} has no corpus statistics"):
+        fresh.score_batch(query, texts)
+
+
 # ------------------------------------------------------------------ the portable fused score
 def test_portable_fused_is_list_free_and_says_so(portable: FusedScorer,
                                                  minilm_scorer: EmbeddingScorer,
                                                  xquad_en: list[Pair]) -> None:
     assert not portable.tags.list_dependent and portable.is_fitted
     assert portable.spec()["list_features"] is False and portable.spec()["preset"] == "portable"
-    assert [s.spec()["scorer"] for s in portable.signals] == ["bm25-corpus", "sentence-cos"]
+    assert [s.spec()["scorer"] for s in portable.signals] == ["bm25-corpus", "idf-cov",
+                                                              "sent-bm25"]
     assert portable.feature_names == ("embedding[all-MiniLM-L6-v2].score", "bm25-corpus.score",
-                                      "sentence-cos[all-MiniLM-L6-v2].score")
+                                      "idf-cov.score", "sent-bm25.score")
     assert FusedScorer.unfitted(minilm_scorer, preset="portable").tags.list_dependent is False
     for preset in ("fast", "base", "quality"):
         assert FusedScorer.unfitted(minilm_scorer, preset=preset).tags.list_dependent
@@ -244,6 +310,7 @@ def test_the_fit_takes_the_corpus_statistics_from_the_fit_share_only(
     bm25 = done.scorer.signals[0]
     assert isinstance(bm25, CorpusBM25Scorer)
     assert bm25.statistics == CorpusBM25Scorer().fitted_on_texts(fit_texts).statistics
+    assert all(s.statistics == bm25.statistics for s in done.scorer.signals[1:])  # type: ignore[attr-defined]
     cal_only = {t for text in cal_texts for t in tokenize(text)} - {
         t for text in fit_texts for t in tokenize(text)}
     assert cal_only and not cal_only & set(bm25.statistics.df)  # unseen by the frozen corpus
@@ -267,6 +334,28 @@ def test_a_portable_filter_saves_and_loads(portable: FusedScorer, minilm_scorer:
     lst = next(iter(_lists(fit_pairs).values()))
     texts = [p.text for p in lst]
     assert loaded.filter(lst[0].query, texts).kept_ids == flt.filter(lst[0].query, texts).kept_ids
+
+
+#: A portable filter saved before ``portable`` left the best sentence's cosine for the lexical
+#: pair (its signals: a corpus BM25 of 200 tokens and ``sentence-cos``; MiniLM, alpha 0.2,
+#: calibrated on the first twelve XQuAD-en topics with seed 1), and its scores of the first
+#: twelve pairs of the topic ``Victoria_(Australia)`` then.
+PORTABLE_BEFORE = Path(__file__).resolve().parent / "data" / "artifact_portable_sentence_cos.json"
+SCORES_BEFORE = [-5.604393465998, 0.733377775, 7.284698318315, 6.687638289743, 6.091509470115,
+                 5.859715328539, 7.917438852349, 8.137771947139, 6.833781727967, 8.71012333324,
+                 -4.063878993055, -2.473195549682]
+
+
+def test_a_portable_filter_saved_before_scores_as_before(minilm_scorer: EmbeddingScorer,
+                                                         xquad_en: list[Pair]) -> None:
+    """A saved filter restores the signals it was fitted with, whatever the preset table says."""
+    loaded = ConformalFilter.load(PORTABLE_BEFORE,
+                                  scorer_options={"cache_dir": minilm_scorer.cache_dir})
+    scorer = loaded.scorer
+    assert isinstance(scorer, FusedScorer) and scorer.preset == "portable"
+    assert [s.spec()["scorer"] for s in scorer.signals] == ["bm25-corpus", "sentence-cos"]
+    probe = [p for p in xquad_en if p.group == "Victoria_(Australia)"][:12]
+    np.testing.assert_allclose(scorer.score_pairs(probe), SCORES_BEFORE, rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ the default

@@ -38,12 +38,14 @@ from ragsieve.scoring import (
     CorpusBM25Scorer,
     FieldScorer,
     FusedScorer,
+    IDFCoverageScorer,
     ListBM25Scorer,
     LLMScorer,
     RelativeScorer,
     RerankScorer,
     Scorer,
     ScorerTags,
+    SentenceBM25Scorer,
     SentenceCosineScorer,
     registered_scorers,
     resolve_scorer,
@@ -192,6 +194,8 @@ BUILDERS: dict[str, Callable[[pytest.FixtureRequest], Scorer]] = {
     "fusion:portable": lambda r: r.getfixturevalue("fused_portable"),
     "bm25-list": lambda r: ListBM25Scorer(),
     "bm25-corpus": lambda r: CorpusBM25Scorer().fitted_on_texts([p.text for p in TRAIN]),
+    "idf-cov": lambda r: IDFCoverageScorer().fitted_on_texts([p.text for p in TRAIN]),
+    "sent-bm25": lambda r: SentenceBM25Scorer().fitted_on_texts([p.text for p in TRAIN]),
     "sentence-cos": lambda r: SentenceCosineScorer(
         "minilm", cache_dir=r.getfixturevalue("embedding_cache_dir")),
     "field": lambda r: FieldScorer("bm25"),
@@ -317,7 +321,8 @@ def test_capabilities_are_consistent(scorer: Scorer) -> None:
     assert root is scorer or scorer.base_scorer() is not None
     fresh = scorer.unfitted_copy()
     assert isinstance(fresh, Scorer) and type(fresh) is type(scorer)
-    if scorer.name not in ("fusion", "bm25-corpus", "reader"):  # learned weights, statistics
+    # learned weights, statistics: an unfitted copy
+    if scorer.name not in ("fusion", "bm25-corpus", "idf-cov", "sent-bm25", "reader"):
         assert fresh is scorer
     else:
         assert not fresh.is_fitted

@@ -6,7 +6,9 @@
 fitted on labelled data: :func:`~ragsieve.scoring.fusion.FusedScorer.unfitted`, its
 signals those of a preset, :mod:`~ragsieve.scoring.signals`), ``"bm25-list"`` (BM25 within
 the query's own list), ``"bm25-corpus"`` (BM25 with statistics frozen from a corpus it was
-fitted on: list-free), ``"sentence-cos"`` (the best sentence's ``1 - cos``),
+fitted on: list-free), ``"idf-cov"`` and ``"sent-bm25"`` (the share of the query's IDF
+mass in the snippet, and the best sentence's frozen-corpus BM25, on the same statistics),
+``"sentence-cos"`` (the best sentence's ``1 - cos``),
 ``"field"`` (an outside score) and ``"rerank"`` (minus the relevance any reranker behind the
 rerank API gives, asked pair by pair: :class:`~ragsieve.scoring.rerank.RerankScorer`), and ``"auto"``, the default: the list-aware fused score when
 the calibration lists are the deployed retriever's, else the list-free (``portable``) fused
@@ -25,6 +27,7 @@ from __future__ import annotations
 from .auto import AutoScorer, ScoreChoice, choose_score
 from .base import KeepRule, Scorer
 from .corpus_bm25 import CorpusBM25Scorer
+from .corpus_lexical import IDFCoverageScorer, SentenceBM25Scorer
 from .embedding import EMBEDDING_OPTIONS, EmbeddingScorer
 from .field import FieldScorer
 from .fusion import BEST_OPTIONS, FusedScorer
@@ -53,6 +56,7 @@ __all__ = [
     "EmbeddingScorer",
     "FieldScorer",
     "FusedScorer",
+    "IDFCoverageScorer",
     "KeepRule",
     "LLMScorer",
     "ListBM25Scorer",
@@ -64,6 +68,7 @@ __all__ = [
     "ScorerFactory",
     "ScorerOption",
     "ScorerTags",
+    "SentenceBM25Scorer",
     "SentenceCosineScorer",
     "choose_score",
     "register_scorer",
@@ -84,6 +89,9 @@ BUILTIN_SCORERS: tuple[tuple[str, ScorerFactory, tuple[ScorerOption, ...]], ...]
     ("field", FieldScorer, FieldScorer.declared_options),
     ("bm25-list", ListBM25Scorer, ListBM25Scorer.declared_options),
     ("bm25-corpus", CorpusBM25Scorer, CorpusBM25Scorer.declared_options),
+    # two more list-free lexical signals on its statistics (the portable score's)
+    ("idf-cov", IDFCoverageScorer, IDFCoverageScorer.declared_options),
+    ("sent-bm25", SentenceBM25Scorer, SentenceBM25Scorer.declared_options),
     ("sentence-cos", SentenceCosineScorer, SentenceCosineScorer.declared_options),
     # the fused score, unfitted: evaluate fits it per split, calibrate on half of the topics
     ("best", FusedScorer.unfitted, BEST_OPTIONS),

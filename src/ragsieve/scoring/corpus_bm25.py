@@ -243,7 +243,7 @@ class CorpusFit:
     """
 
     scorer: CorpusBM25Scorer
-    terms: PairTerms
+    terms: Any  # what the scorer's ``prepare_pairs`` gives: PairTerms for the BM25 itself
 
     def fitted(self, fit: np.ndarray) -> tuple[CorpusBM25Scorer, np.ndarray]:
         """The scorer fitted on the texts of the pairs ``fit`` (a boolean mask over the
@@ -263,7 +263,7 @@ class CorpusFit:
         stats = CorpusStatistics.of_terms(self.terms.texts, self.terms.pair_text[fit],
                                           max_vocabulary=self.scorer.max_vocabulary)
         fitted = self.scorer.with_statistics(stats)
-        return fitted, self.terms.scores(stats, k1=fitted.k1, b=fitted.b)
+        return fitted, fitted.scores_of_prepared(self.terms, stats)
 
 
 class CorpusBM25Scorer(Scorer):
@@ -365,17 +365,27 @@ class CorpusBM25Scorer(Scorer):
         """The pairs tokenized once, to fit this scorer on any share of them
         (:meth:`CorpusFit.fitted`) and score them all."""
         pairs = list(pairs)
-        return CorpusFit(self.unfitted_copy(), PairTerms.of([p.query for p in pairs],
-                                                            [p.text for p in pairs]))
+        return CorpusFit(self.unfitted_copy(), self.prepare_pairs([p.query for p in pairs],
+                                                                  [p.text for p in pairs]))
+
+    def prepare_pairs(self, queries: Sequence[str], texts: Sequence[str]) -> Any:
+        """The pairs tokenized once, to be scored under any statistics
+        (:meth:`scores_of_prepared`); its ``texts`` and ``pair_text`` are the snippets the
+        statistics are fitted on. A scorer on the same statistics overrides both."""
+        return PairTerms.of(queries, texts)
+
+    def scores_of_prepared(self, prepared: Any, stats: CorpusStatistics) -> np.ndarray:
+        """The scores of pairs prepared by :meth:`prepare_pairs` under ``stats``."""
+        return np.asarray(prepared.scores(stats, k1=self.k1, b=self.b))
 
     # ------------------------------------------------------------------ scoring
     def _check_fitted(self) -> CorpusStatistics:
         if self.statistics is None:
             raise ScorerError(
-                "the frozen-corpus BM25 ('bm25-corpus') has no corpus statistics yet; fit it "
-                "with CorpusBM25Scorer().fitted_on_texts(texts), or use it in the fused score "
-                "(`--scorer best --preset portable`), which fits it on the fit share of the "
-                "calibration topics.")
+                f"the frozen-corpus score {self.name!r} has no corpus statistics yet; fit it "
+                f"with {type(self).__name__}().fitted_on_texts(texts), or use it in the fused "
+                "score (`--scorer best --preset portable`), which fits it on the fit share of "
+                "the calibration topics.")
         return self.statistics
 
     def spec(self) -> dict[str, Any]:
@@ -399,13 +409,13 @@ class CorpusBM25Scorer(Scorer):
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise TypeError(f"snippets[{i}] is {type(text).__name__}, expected str.")
-        return PairTerms.of([query] * len(texts), texts).scores(stats, k1=self.k1, b=self.b)
+        return self.scores_of_prepared(self.prepare_pairs([query] * len(texts), texts), stats)
 
     def score_pairs(self, pairs: Sequence[Pair], *, progress: bool = False) -> np.ndarray:
         """Score many pairs at once (each text tokenized once; no per-query loop)."""
         stats = self._check_fitted()
         pairs = list(pairs)
         group_pairs(pairs)  # Pairs, one text per query_id
-        scores = PairTerms.of([p.query for p in pairs], [p.text for p in pairs]).scores(
-            stats, k1=self.k1, b=self.b)
+        scores = self.scores_of_prepared(
+            self.prepare_pairs([p.query for p in pairs], [p.text for p in pairs]), stats)
         return check_score_array(scores, len(pairs))

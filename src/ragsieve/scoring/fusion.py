@@ -17,14 +17,15 @@ The presets (:data:`~ragsieve.scoring.presets.PRESET_TABLE`):
   calibration lists -- the same retriever, the same k. Deployed behind another retriever
   they keep less evidence than promised.
 * ``portable`` is *list-free* (``list_features=False``): the base cosine, the frozen-corpus
-  BM25 (:mod:`ragsieve.scoring.corpus_bm25`) and the best sentence's cosine, each signal's
-  own score only. A snippet's score depends on the query and the snippet alone, so the
+  BM25 (:mod:`ragsieve.scoring.corpus_bm25`) and, on its statistics, the share of the
+  query's IDF found and the best sentence's BM25 (:mod:`ragsieve.scoring.corpus_lexical`),
+  each signal's own score only. A snippet's score depends on the query and the snippet alone, so the
   threshold holds for lists of any retriever. ``FusedScorer(...).tags.list_dependent``
   (:class:`~ragsieve.scoring.tags.ScorerTags`) says which a fused score is (per instance).
 
 The guarantee survives because the score is fitted on a *separate* fold: the calibration
 topics are divided in two by :func:`fusion_fit_mask`, the learner -- and every signal that
-is fitted on texts (the frozen-corpus BM25's statistics) -- is fitted on the texts and
+is fitted on texts (the frozen-corpus statistics) -- is fitted on the texts and
 labels of one part, and the conformal threshold calibrated on the other, so the score is
 fixed before the calibration data it is calibrated on is seen; every other signal is a fixed
 function of the query and its list, never of labels. :func:`fit_fused_scorer` (on a

@@ -22,9 +22,12 @@ features, and which learner it fits. Four signal sets, each with or without the 
     base's once per sentence. List-aware.
 ``portable``
     the base, the frozen-corpus BM25 (:class:`~ragsieve.scoring.corpus_bm25.CorpusBM25Scorer`,
-    its statistics fitted on the texts of the fit share of the calibration topics) and the
-    best sentence's cosine of the base's model, each signal's own score only (no gap, z,
-    rank or ratio). *List-free*: a snippet's score depends on the query and the snippet
+    its statistics fitted on the texts of the fit share of the calibration topics), and on
+    the same statistics the share of the query's IDF found in the snippet and the best
+    sentence's BM25 (:mod:`ragsieve.scoring.corpus_lexical`), each signal's own score only
+    (no gap, z, rank or ratio); one model call per snippet, as ``1 - cos`` (the best
+    sentence's cosine, which embeds every sentence, left it for the lexical pair: a saved
+    filter keeps the signals it was fitted with). *List-free*: a snippet's score depends on the query and the snippet
     alone, so the threshold holds for lists of any retriever and any length
     (``tags.list_dependent`` False). The default ``auto`` score takes it unless the
     calibration lists are the deployed retriever's (:func:`~ragsieve.scoring.auto.choose_score`).
@@ -73,7 +76,7 @@ class Preset:
         (:data:`~ragsieve.scoring.signals.SIGNAL_KINDS` builds each): ``"embedders"`` (every
         other bundled embedder of the languages), ``"embedders-across"`` (those, for
         queries in another language only), ``"bm25-list"``, ``"bm25-corpus"``,
-        ``"sentence-cos"``, ``"reader"``.
+        ``"idf-cov"``, ``"sent-bm25"``, ``"sentence-cos"``, ``"reader"``.
     list_free : bool
         True: each signal's own score only, so a snippet's score does not depend on its list.
     learner : {"logistic", "boosted"}
@@ -125,12 +128,13 @@ PRESET_TABLE: tuple[Preset, ...] = (
            "trained on both"),
     Preset("quality", ("embedders", "bm25-list", "sentence-cos"), False, "boosted",
            "every bundled embedder of the language(s), BM25 and the best sentence's cosine"),
-    Preset("portable", ("embedders-across", "bm25-corpus", "sentence-cos"), True, "logistic",
-           "list-free, the embedder, a BM25 of frozen corpus statistics and the best "
-           "sentence's cosine, valid behind any retriever"),
+    Preset("portable", ("embedders-across", "bm25-corpus", "idf-cov", "sent-bm25"), True,
+           "logistic", "list-free, the embedder and, on frozen corpus statistics, BM25, the "
+           "share of the query's IDF found and the best sentence's BM25: one model call per "
+           "snippet, valid behind any retriever"),
     Preset("reader", ("embedders-across", "bm25-list", "reader"), False, "logistic"),
-    Preset("portable-reader", ("embedders-across", "bm25-corpus", "sentence-cos", "reader"),
-           True, "logistic"),
+    Preset("portable-reader", ("embedders-across", "bm25-corpus", "idf-cov", "sent-bm25",
+                               "reader"), True, "logistic"),
     Preset("quality-reader", ("embedders", "bm25-list", "sentence-cos", "reader"), False,
            "boosted"),
 )

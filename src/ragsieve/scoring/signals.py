@@ -16,6 +16,11 @@ signals by kind; :data:`SIGNAL_KINDS` builds each kind from the base:
 ``bm25-corpus``
     the frozen-corpus BM25 (:class:`~ragsieve.scoring.corpus_bm25.CorpusBM25Scorer`), its
     statistics fitted on the texts of the fit share of the calibration topics.
+``idf-cov``, ``sent-bm25``
+    the share of the query's IDF mass found in the snippet and the best sentence's BM25 on
+    statistics frozen as the corpus BM25's
+    (:class:`~ragsieve.scoring.corpus_lexical.IDFCoverageScorer`,
+    :class:`~ragsieve.scoring.corpus_lexical.SentenceBM25Scorer`), fitted on the same texts.
 ``sentence-cos``
     the best sentence's cosine of the base's model
     (:class:`~ragsieve.scoring.sentence_cosine.SentenceCosineScorer`).
@@ -53,6 +58,7 @@ from typing import Any
 from ..embeddings.languages import MODEL_LANGUAGES, normalise_language
 from .base import Scorer
 from .corpus_bm25 import CorpusBM25Scorer
+from .corpus_lexical import IDFCoverageScorer, SentenceBM25Scorer
 from .embedding import EmbeddingScorer
 from .lexical import ListBM25Scorer
 
@@ -110,6 +116,8 @@ SIGNAL_KINDS: Mapping[str, Callable[[_Ask], list[Scorer]]] = {
     "embedders-across": lambda ask: other_embedders(ask.base, ask.also) if ask.also else [],
     "bm25-list": lambda ask: [ListBM25Scorer()],
     "bm25-corpus": lambda ask: [CorpusBM25Scorer()],
+    "idf-cov": lambda ask: [IDFCoverageScorer()],
+    "sent-bm25": lambda ask: [SentenceBM25Scorer()],
     "sentence-cos": lambda ask: [SentenceCosineScorer.sharing(ask.base)],
     "reader": _reader,
 }
@@ -146,8 +154,8 @@ def preset_signals(base: Scorer, preset: str | Preset, query_language: str | Non
         The preset's signal kinds in order (:data:`SIGNAL_KINDS`): ``base``: none;
         ``fast``: the in-list BM25; ``quality``: the other embedders of the base's
         language (in the order of ``MODEL_LANGUAGES``), the in-list BM25 and the base
-        model's best-sentence cosine; ``portable``: the frozen-corpus BM25 (unfitted) and
-        the base model's best-sentence cosine; each ``*-reader`` preset: its preset's
+        model's best-sentence cosine; ``portable``: the frozen-corpus BM25, the IDF
+        coverage and the best sentence's BM25 (all three unfitted); each ``*-reader`` preset: its preset's
         signals and the reader (unfitted). Across languages (``query_language``),
         ``fast`` and ``portable`` add the other embedders trained on both languages before
         the BM25 and ``quality`` takes those instead of the snippets' language's. Empty for a base that is no embedding
@@ -163,12 +171,12 @@ def preset_signals(base: Scorer, preset: str | Preset, query_language: str | Non
     >>> [s.spec().get("model", s.spec()["scorer"]) for s in preset_signals(base, "fast", "en")]
     ['multilingual-e5-small-q4', 'bm25-list']
     >>> [s.spec()["scorer"] for s in preset_signals(base, "portable")]
-    ['bm25-corpus', 'sentence-cos']
+    ['bm25-corpus', 'idf-cov', 'sent-bm25']
     >>> [s.spec()["scorer"] for s in preset_signals(EmbeddingScorer(), "quality-reader")]
     ['embedding', 'embedding', 'bm25-list', 'sentence-cos', 'reader']
     >>> from ragsieve.scoring.rerank import RerankScorer
     >>> [s.spec()["scorer"] for s in preset_signals(base, "portable", rerank=RerankScorer())]
-    ['bm25-corpus', 'sentence-cos', 'rerank']
+    ['bm25-corpus', 'idf-cov', 'sent-bm25', 'rerank']
     """
     row = get_preset(preset)
     if not isinstance(base, EmbeddingScorer):  # no language to choose the signals from
