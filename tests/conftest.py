@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -61,32 +59,10 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def embedding_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A persistent embedding cache shared by the whole test session.
-
-    Under pytest-xdist (``make test``) the processes of one run share it: it lies in the
-    run's temporary directory, beside the processes' own, so a text the real model embedded
-    in one process is read back in the others (SQLite serialises their writes).
-    """
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = tmp_path_factory.getbasetemp().parent / "embedding-cache"
-        shared.mkdir(exist_ok=True)
-        return shared
+    """A persistent embedding cache shared by the whole test session (one per xdist
+    process: a text embedded in another batch can differ in its last float bits, and tests
+    compare a command's scores with the ones computed beside it exactly)."""
     return tmp_path_factory.mktemp("embedding-cache")
-
-
-@contextmanager
-def one_process_at_a_time(directory: Path, name: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``directory / name`` (a file): the other processes of an
-    xdist run sharing ``directory`` wait, then find in the shared caches what this one
-    computed."""
-    import fcntl
-
-    with (directory / name).open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -148,11 +124,9 @@ def served_artifact(tmp_path_factory: pytest.TempPathFactory, xquad_en,  # type:
 
 
 @pytest.fixture(scope="session")
-def xquad_en_scores(xquad_en, minilm_scorer, embedding_cache_dir: Path):  # type: ignore[no-untyped-def]
-    """MiniLM scores of every XQuAD English pair (computed once per session; under xdist the
-    first process embeds the texts, the others read its vectors from the shared cache)."""
-    with one_process_at_a_time(embedding_cache_dir, "xquad-en.lock"):
-        return minilm_scorer.score_pairs(xquad_en)
+def xquad_en_scores(xquad_en, minilm_scorer):  # type: ignore[no-untyped-def]
+    """MiniLM scores of every XQuAD English pair (computed once per session)."""
+    return minilm_scorer.score_pairs(xquad_en)
 
 
 @pytest.fixture(scope="session")
