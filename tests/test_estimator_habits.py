@@ -5,10 +5,10 @@ no model is loaded."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from field_pairs import field_pairs
 
-from ragsieve import ConformalFilter, Pair
+from ragsieve import ConformalFilter
 from ragsieve.calibration import make_calibrator
 from ragsieve.fitting import CalibrationInfo
 from ragsieve.keep_policy import MAX_CHARS, KeepPolicy
@@ -17,19 +17,7 @@ from ragsieve.scoring import FieldScorer, FusedScorer
 FIELD = FieldScorer("bm25", higher_is_better=True)
 
 
-def _pairs(n_queries: int = 40, n_topics: int = 8, seed: int = 0) -> list[Pair]:
-    """Lists of 4 snippets; the relevant one has a higher outside score, with noise; each
-    pair's language in its meta (the group mode's field)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for q in range(n_queries):
-        for s in range(4):
-            rel = int(s == q % 4)
-            out.append(Pair(f"q{q}", f"query {q}", f"s{s}", f"text {q} {s}", relevant=rel,
-                            group=f"t{q % n_topics}",
-                            meta={"bm25": float(rng.normal(2.0 * rel, 1.0)),
-                                  "lang": "en" if q % 2 else "de"}))
-    return out
+_pairs = field_pairs
 
 
 def test_calibrate_leaves_the_parameters_as_given() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from field_pairs import field_pairs
 
 from ragsieve import ConformalFilter, Pair
 from ragsieve.calibration import make_calibrator
@@ -19,17 +20,7 @@ from ragsieve.scoring.fusion import fit_fusion
 FIELD = FieldScorer("bm25", higher_is_better=True)
 
 
-def _pairs(n_queries: int = 40, n_topics: int = 8, seed: int = 0) -> list[Pair]:
-    """Lists of 4 snippets; the relevant one has a higher outside score, with noise."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for q in range(n_queries):
-        for s in range(4):
-            rel = int(s == q % 4)
-            out.append(Pair(f"q{q}", f"query {q}", f"s{s}", f"text {q} {s}", relevant=rel,
-                            group=f"t{q % n_topics}",
-                            meta={"bm25": float(rng.normal(2.0 * rel, 1.0))}))
-    return out
+_pairs = field_pairs
 
 
 def test_a_score_that_does_not_learn_says_so() -> None:
