@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"embedding the {sum(len(lists[q]) for q in chosen)} snippets of "
         f"{len(chosen)} queries once (the stored embeddings)...")
     stored = {int(q): fresh.cache.embed(texts[q]) for q in chosen}
-    compressor = ConformalCompressor(filter=ConformalFilter(fresh, flt.calibrator))
+    compressor = ConformalCompressor(filter=ConformalFilter(fresh, flt.calibrator_))
     lc_raw = _embeddings_filter(ArrayEmbeddings(model.embed_batch), 1.0 - tau)
 
     def run_ragsieve(q: int) -> list[int]:

@@ -309,7 +309,7 @@ def calibrate(score: str, base: EmbeddingScorer, corpus: Corpus, pairs: list[Pai
 def _same(one: ConformalFilter, other: ConformalFilter) -> bool:
     """The two filters score alike and hold the same calibration lists."""
     lists = [f.lists.to_dict() if f.lists is not None else None for f in (one, other)]
-    return one.scorer.spec() == other.scorer.spec() and lists[0] == lists[1]
+    return one.scorer_.spec() == other.scorer_.spec() and lists[0] == lists[1]
 
 
 def _watch(flt: ConformalFilter, results: Mapping[str, Any]) -> dict[str, Any]:
@@ -351,7 +351,7 @@ def deploy(filters: Mapping[float, ConformalFilter], pairs: list[Pair],
         if a == alphas[0]:
             mask, check = keep, watch
         elif _same(first, flt):  # the same scores; this alpha's rule
-            mask = np.concatenate([flt.calibrator.predict(s) for s in scores])
+            mask = np.concatenate([flt.calibrator_.predict(s) for s in scores])
             check = watch
         else:
             mask, check, _ = _keeps(flt, pairs, seed)
@@ -401,9 +401,9 @@ def run_split(corpus: Corpus, base: EmbeddingScorer, split: int, cal_topics: lis
                 for a, m in deploy(filters, deployed[d], seed=split).items():
                     rows.append({"dataset": corpus.name, "score": score, "calibration": cal_name,
                                  "deployment": d, "alpha": a, "split": split,
-                                 "spec": first.scorer.spec()["scorer"],
+                                 "spec": first.scorer_.spec()["scorer"],
                                  "choice": first.calibration_info.get("score_choice"),
-                                 "cal_list_dependent": first.scorer.tags.list_dependent, **m})
+                                 "cal_list_dependent": first.scorer_.tags.list_dependent, **m})
         seconds[score] = seconds.get(score, 0.0) + time.perf_counter() - t0
         if not args.quiet:
             print(f"{corpus.name} split {split} {score}: {time.perf_counter() - t0:.1f} s",
