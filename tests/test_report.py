@@ -120,8 +120,9 @@ def test_report_page_matches_the_filter(driver: Any, inputs: dict[str, Path], re
         assert shown["threshold"] == pytest.approx(r.threshold, rel=1e-12)
         for side, expected in (("kept", r.kept), ("removed", r.removed)):
             assert [s[0] for s in shown[side]] == [s.snippet_id for s in expected]
+            # float32 embeddings: other batches move the last bits, nothing more
             assert [s[1] for s in shown[side]] == pytest.approx([s.score for s in expected],
-                                                                rel=1e-9)
+                                                                rel=1e-6)
             assert [s[2] for s in shown[side]] == [name[labels[(qid, s.snippet_id)]]
                                                    for s in expected]
             assert [s[3] for s in shown[side]] == pytest.approx([s.p_value for s in expected])

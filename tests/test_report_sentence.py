@@ -161,7 +161,9 @@ def test_cli_page_shows_every_sentence_in_chromium(chrome: Any, inputs: dict[str
             assert li[:2] == li_want[:2]
             for span, span_want in zip(li[2], li_want[2], strict=True):
                 assert span[:3] == span_want[:3] and span[4:] == span_want[4:]
-                assert span[3] == pytest.approx(span_want[3], rel=1e-9)
+                # float32 embeddings: the page's run may embed in other batches (or read the
+                # shared embedding cache another test filled), which moves the last bits
+                assert span[3] == pytest.approx(span_want[3], rel=1e-6)
     colours = chrome.execute_script("""
         const c = sel => [...new Set([...document.querySelectorAll(sel)].map(
             s => getComputedStyle(s).backgroundColor))];
