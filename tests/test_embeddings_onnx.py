@@ -181,3 +181,64 @@ def test_auto_backend_runs_onnx_with_torch_identity(torch_model) -> None:  # typ
     assert auto.model_id == torch_model.model_id and auto.cache_id != torch_model.cache_id
     texts = ["How many moons does Mars have?", "Mars has two small moons, Phobos and Deimos."]
     np.testing.assert_allclose(auto.embed_batch(texts), torch_model.embed_batch(texts), atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def mixed_texts(xquad_en) -> list[str]:  # type: ignore[no-untyped-def]
+    """Real questions and contexts plus the edge cases of a tokenizer: empty, blank, long
+    (truncated), accents, CJK, emoji, special-token strings, odd whitespace."""
+    real = list(dict.fromkeys(p.text for p in xquad_en))[:40]
+    real += list(dict.fromkeys(p.query for p in xquad_en))[:40]
+    return real + ["", " ", "word " * 2000, "Ünïcödé ÅÉÎ naïve café", "\t\n x  y",
+                   "日本語のテキスト", "emoji 😀 test", "[CLS] [SEP] [PAD] [MASK]"]
+
+
+def test_saved_fast_tokenizer_gives_the_transformers_tokens(mixed_texts, onnx_fp32) -> None:  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    from ragsieve.embeddings.tokenizer import load_tokenizer, saved_tokenizer_path
+
+    assert saved_tokenizer_path(MINILM, _minilm_path()).is_file()  # saved by the load
+    ours = load_tokenizer(_minilm_path(), MINILM, max_length=onnx_fp32.max_length)
+    assert type(ours).__name__ == "_FastTokenizer"
+    hf = AutoTokenizer.from_pretrained(_minilm_path())
+    for start in range(0, len(mixed_texts), 16):
+        batch = mixed_texts[start:start + 16]
+        want = hf(batch, padding=True, truncation=True, max_length=onnx_fp32.max_length,
+                  return_tensors="np")
+        got = ours(batch)
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+            assert got[name].dtype == np.int64
+
+
+def test_a_load_after_the_first_imports_no_transformers_nor_onnx(onnx_fp32) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+
+    code = ("import sys; from ragsieve.embeddings import load_embedding_model; "
+            "m = load_embedding_model(); m.embed_batch(['x']); "
+            "print(type(m).__name__, 'transformers' in sys.modules, 'onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["OnnxEmbeddingModel", "False", "False"]
+
+
+def test_a_changed_or_broken_saved_tokenizer_is_saved_again(
+        tmp_path: Path, mixed_texts, onnx_fp32, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from ragsieve.embeddings.tokenizer import load_tokenizer, saved_tokenizer_path
+
+    copy = tmp_path / "model"
+    shutil.copytree(_minilm_path(), copy)
+    first = saved_tokenizer_path("copy-model", copy)
+    want = load_tokenizer(str(copy), "copy-model", max_length=64)(mixed_texts[:8])
+    assert first.is_file()
+    first.write_text("{not json", encoding="utf-8")
+    again = load_tokenizer(str(copy), "copy-model", max_length=64)(mixed_texts[:8])
+    assert "ignoring unreadable saved tokenizer" in caplog.text
+    np.testing.assert_array_equal(again["input_ids"], want["input_ids"])
+    # another vocabulary is another file: the old one is never read for it
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    assert saved_tokenizer_path("copy-model", copy) != first

@@ -10,7 +10,9 @@ later loads; ``int8=True`` adds a dynamically quantised copy
 fp32 ONNX gives the torch vectors (docs/results.md has the comparison); int8
 moves vectors, so it is opt-in and has its own ``model_id``.
 The export itself needs torch and sentence-transformers (extra ``embed``); running a
-file that was already exported needs only onnxruntime, onnx and the tokenizer.
+file that was already exported needs only onnxruntime and ``tokenizers``: the model's
+fast tokenizer is saved beside the graph once (:mod:`ragsieve.embeddings.tokenizer`), so
+a load imports neither ``onnx`` nor ``transformers``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .._optional import require
 from .._paths import cache_dir
 from .._validation import check_int, check_path, check_str
 from .base import EmbeddingModel, _normalise_rows
+from .tokenizer import load_tokenizer
 
 __all__ = ["OnnxEmbeddingModel", "load_onnx_model", "onnx_path"]
 
@@ -73,15 +76,20 @@ def _max_seq_length(model_path: str) -> int | None:
 
 
 def _metadata(path: Path) -> dict[str, str] | None:
-    """The ragsieve metadata of an ONNX file, or None when it is missing or unreadable."""
-    onnx = require("onnx", "onnx")
+    """The ragsieve metadata of an ONNX file, or None when it is missing or unreadable.
+
+    Read by ONNX Runtime with graph optimisation off (a file it cannot load is one to
+    export again), so that running an exported file never imports ``onnx``."""
+    ort = require("onnxruntime", "onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        model = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(model)
-    except Exception as exc:  # noqa: BLE001 - any parse/check failure: export again
+        session = ort.InferenceSession(str(path), sess_options=options,
+                                       providers=["CPUExecutionProvider"])
+        return dict(session.get_modelmeta().custom_metadata_map)
+    except Exception as exc:  # noqa: BLE001 - any load failure: export again
         logger.warning("ignoring unusable ONNX file %s (%s)", path, exc)
         return None
-    return {p.key: p.value for p in model.metadata_props}
 
 
 def _valid(path: Path, expected: dict[str, str]) -> bool:
@@ -215,7 +223,8 @@ class OnnxEmbeddingModel(EmbeddingModel):
         The ``.onnx`` file (inputs ``input_ids``, ``attention_mask``, ``token_type_ids``;
         output ``sentence_embedding``, already pooled and normalised).
     tokenizer_path : str
-        Directory holding the model's Hugging Face tokenizer.
+        Directory holding the model's Hugging Face tokenizer (run with ``tokenizers``
+        once saved: :func:`~ragsieve.embeddings.tokenizer.load_tokenizer`).
     model_id : str
         Identity of the model (recorded in artifacts and indexes).
     cache_id : str, optional
@@ -249,7 +258,6 @@ class OnnxEmbeddingModel(EmbeddingModel):
     ) -> None:
         threads = check_int(threads, "threads", min_value=1, allow_none=True)
         ort = require("onnxruntime", "onnx")
-        transformers = require("transformers", "embed")
         options = ort.SessionOptions()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.inter_op_num_threads = 1
@@ -261,17 +269,16 @@ class OnnxEmbeddingModel(EmbeddingModel):
         self._session = ort.InferenceSession(
             str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
         )
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_path)
         self.max_length = int(max_length)
+        self._tokenize = load_tokenizer(tokenizer_path, model_id.split("@")[0],
+                                        max_length=self.max_length)
         self.model_id = model_id
         self.cache_id = cache_id or model_id
         self.dim = int(self._run([""]).shape[1])
 
     def _run(self, texts: list[str]) -> np.ndarray:
-        enc = self._tokenizer(
-            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="np"
-        )
-        feed = {name: np.asarray(enc[name], dtype=np.int64) for name in _INPUTS}
+        enc = self._tokenize(texts)
+        feed = {name: enc[name] for name in _INPUTS}
         (out,) = self._session.run([_OUTPUT], feed)
         return np.asarray(out, dtype=np.float32)
 
@@ -325,15 +332,15 @@ def load_onnx_model(
     Raises
     ------
     ImportError
-        When onnxruntime or onnx is missing (extra ``onnx``), or when the graph has to be
-        exported and torch / sentence-transformers are missing (extra ``embed``).
+        When onnxruntime is missing (extra ``onnx``); when the graph has to be exported
+        and onnx (extra ``onnx``) or torch / sentence-transformers (extra ``embed``) are
+        missing.
     ValueError
         When the model is not a mean-pooled BERT-style sentence-transformers model.
     """
     check_path(model_path, "model_path")
     check_str(model_id, "model_id", non_blank=True)
     require("onnxruntime", "onnx")
-    require("onnx", "onnx")
     model_path = str(model_path)
     max_length = _max_seq_length(model_path)
     fp32 = onnx_path(model_id)

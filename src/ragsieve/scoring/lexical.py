@@ -94,6 +94,9 @@ def _clusters(run: str) -> list[str]:
 def tokenize(text: str) -> list[str]:
     """BM25 tokens of ``text``: words of spaced scripts, character uni- and bigrams of the others.
 
+    The tokens of the last 16,384 distinct texts are kept (lists from one index repeat
+    the same snippets in many queries' lists); each call returns a new list.
+
     Examples
     --------
     >>> tokenize("Who won Super Bowl 50?")
@@ -103,6 +106,11 @@ def tokenize(text: str) -> list[str]:
     """
     if not isinstance(text, str):
         raise TypeError(f"text is {type(text).__name__}, expected str.")
+    return list(_tokens(text))
+
+
+@functools.lru_cache(maxsize=16_384)
+def _tokens(text: str) -> tuple[str, ...]:
     tokens: list[str] = []
     for word in _word_pattern().findall(unicodedata.normalize("NFKC", text).casefold()):
         pos = 0
@@ -115,7 +123,7 @@ def tokenize(text: str) -> list[str]:
             pos = m.end()
         if pos < len(word):
             tokens.append(word[pos:])
-    return tokens
+    return tuple(tokens)
 
 
 def check_bm25_params(k1: Any, b: Any) -> tuple[float, float]:

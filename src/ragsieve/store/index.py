@@ -126,7 +126,6 @@ class SnippetIndex:
             ``path`` is a file, or its metadata file is unreadable.
         """
         create = check_bool(create, "create")
-        require("lancedb", "store")
         root = Path(path)
         if root.exists() and not root.is_dir():
             raise ArtifactError(f"index path {str(root)!r} is a file, expected a directory.")
@@ -153,6 +152,7 @@ class SnippetIndex:
                         f"model {wanted!r} was given; open it with model={stored!r} (or None), "
                         "or build a new index in another directory."
                     )
+            require("lancedb", "store")  # only now: a missing index costs no import
             return cls(root, meta, loaded, search)
         if not create:
             what = ("is not a ragsieve index (no ragsieve_index.json)" if root.is_dir()
@@ -161,6 +161,7 @@ class SnippetIndex:
                 f"index {str(root)!r} {what}; build it first with `ragsieve index DOCS "
                 f"--index {root}` (in Python: SnippetIndex.open(path, create=True))."
             )
+        require("lancedb", "store")
         if loaded is None:
             loaded = load_embedding_model(model)  # type: ignore[arg-type]
         root.mkdir(parents=True, exist_ok=True)
