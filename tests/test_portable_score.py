@@ -287,8 +287,12 @@ def test_portable_spec_round_trips_through_json(portable: FusedScorer,
                                                 minilm_scorer: EmbeddingScorer,
                                                 xquad_en: list[Pair]) -> None:
     spec = json.loads(json.dumps(portable.spec()))
+    # the three frozen-corpus signals fitted on one corpus: its statistics saved once
+    assert [s.get("statistics") for s in spec["signals"]] == ["shared"] * 3
+    assert not any("df" in s for s in spec["signals"]) and spec["corpus_statistics"]["df"]
     again = resolve_scorer(spec, cache_dir=minilm_scorer.cache_dir)
     assert again.spec() == portable.spec() and not again.tags.list_dependent
+    assert len({id(s.statistics) for s in again.signals}) == 1  # one object in memory
     pairs = _topics(xquad_en, 1, start=44)
     np.testing.assert_allclose(again.score_pairs(pairs), portable.score_pairs(pairs),
                                rtol=1e-9, atol=1e-12)
@@ -296,6 +300,22 @@ def test_portable_spec_round_trips_through_json(portable: FusedScorer,
     fresh = portable.unfitted_copy()
     assert not fresh.is_fitted and not fresh.signals[0].is_fitted
     assert fresh.spec() == FusedScorer.unfitted(minilm_scorer, preset="portable").spec()
+
+
+def test_shared_statistics_are_refused_when_half_given(portable: FusedScorer,
+                                                      minilm_scorer: EmbeddingScorer) -> None:
+    spec = json.loads(json.dumps(portable.spec()))
+    orphan = {k: v for k, v in spec.items() if k != "corpus_statistics"}
+    with pytest.raises(ValueError, match="holds no .corpus_statistics"):
+        resolve_scorer(orphan, cache_dir=minilm_scorer.cache_dir)
+    unused = {**spec, "signals": [{k: v for k, v in s.items() if k != "statistics"}
+                                  for s in spec["signals"]]}
+    with pytest.raises(ValueError, match="no signal refers to"):
+        resolve_scorer(unused, cache_dir=minilm_scorer.cache_dir)
+    # each signal's own copy, as earlier versions saved it, still loads
+    inline = {**orphan, "signals": [{**{k: v for k, v in s.items() if k != "statistics"},
+                                     **spec["corpus_statistics"]} for s in spec["signals"]]}
+    assert resolve_scorer(inline, cache_dir=minilm_scorer.cache_dir).spec() == portable.spec()
 
 
 def test_the_fit_takes_the_corpus_statistics_from_the_fit_share_only(
@@ -310,7 +330,8 @@ def test_the_fit_takes_the_corpus_statistics_from_the_fit_share_only(
     bm25 = done.scorer.signals[0]
     assert isinstance(bm25, CorpusBM25Scorer)
     assert bm25.statistics == CorpusBM25Scorer().fitted_on_texts(fit_texts).statistics
-    assert all(s.statistics == bm25.statistics for s in done.scorer.signals[1:])  # type: ignore[attr-defined]
+    # one statistics object for the three signals (one tokenization, one fit per share)
+    assert all(s.statistics is bm25.statistics for s in done.scorer.signals[1:])  # type: ignore[attr-defined]
     cal_only = {t for text in cal_texts for t in tokenize(text)} - {
         t for text in fit_texts for t in tokenize(text)}
     assert cal_only and not cal_only & set(bm25.statistics.df)  # unseen by the frozen corpus

@@ -33,6 +33,7 @@ and fits any share of them cheaply (one ``bincount`` per split of ``evaluate``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -49,8 +50,9 @@ from .lexical import check_bm25_params, tokenize
 from .options import ScorerOption
 from .tags import ScorerTags
 
-__all__ = ["MAX_VOCABULARY", "CorpusBM25Scorer", "CorpusFit", "CorpusStatistics", "PairTerms",
-           "TextTerms"]
+__all__ = ["MAX_VOCABULARY", "SHARED", "CorpusBM25Scorer", "CorpusFit", "CorpusStatistics",
+           "PairTerms", "SharedCorpus", "TextTerms", "inline_statistics", "one_statistics",
+           "share_statistics"]
 
 #: Default bound on the tokens whose document frequency a fitted scorer keeps.
 MAX_VOCABULARY = 50_000
@@ -159,6 +161,159 @@ class CorpusStatistics:
                    total / int(chosen.size))
 
 
+class SharedCorpus:
+    """The snippets of the pairs a fused score is fitted on, tokenized once, and the
+    statistics of the last share asked for: what its frozen-corpus signals share.
+
+    ``bm25-corpus``, ``idf-cov`` and ``sent-bm25`` all take their statistics from the same
+    snippets; given one :class:`SharedCorpus`, :meth:`CorpusBM25Scorer.fit_share` of each
+    reads the snippets' tokens from it and :meth:`CorpusFit.fitted` its statistics, so the
+    three fit on one tokenization and one statistics object per split (the same object,
+    saved once: :func:`share_statistics`).
+
+    Parameters
+    ----------
+    texts : sequence of str
+        The snippet of every pair, in pair order.
+    """
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self._texts = list(texts)
+        self._last: tuple[bytes, int, CorpusStatistics] | None = None
+
+    @functools.cached_property
+    def terms(self) -> tuple[TextTerms, np.ndarray]:
+        """The distinct texts tokenized and each pair's row among them (on first use)."""
+        return TextTerms.of(self._texts)
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def statistics(self, fit: np.ndarray, max_vocabulary: int) -> CorpusStatistics:
+        """The statistics of the texts of the pairs ``fit`` (a mask), computed once per
+        share and vocabulary bound (the last one asked for is kept)."""
+        key = (np.packbits(fit).tobytes() + fit.size.to_bytes(8, "little"), max_vocabulary)
+        last = self._last
+        if last is not None and last[:2] == key:
+            return last[2]
+        terms, pair_text = self.terms
+        stats = CorpusStatistics.of_terms(terms, pair_text[fit], max_vocabulary=max_vocabulary)
+        self._last = (*key, stats)
+        return stats
+
+
+def share_statistics(specs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]],
+                                                                 dict[str, Any] | None]:
+    """Signal specs with one copy of the corpus statistics two or more of them hold.
+
+    Parameters
+    ----------
+    specs : sequence of Mapping
+        A fused score's signal specs.
+
+    Returns
+    -------
+    specs : list of dict
+        The specs, those holding the shared statistics with ``"statistics": "shared"`` in
+        place of their ``n_docs``, ``avgdl`` and ``df``.
+    shared : dict or None
+        ``{"n_docs", "avgdl", "df"}``, or None when no two specs hold equal statistics
+        (the specs are then returned as they are).
+
+    Examples
+    --------
+    >>> stats = {"n_docs": 2, "avgdl": 1.5, "df": {"a": 1}}
+    >>> specs, shared = share_statistics([{"scorer": "bm25-corpus", **stats},
+    ...                                   {"scorer": "idf-cov", **stats}])
+    >>> specs, shared == stats
+    ([{'scorer': 'bm25-corpus', 'statistics': 'shared'}, {'scorer': 'idf-cov', 'statistics': 'shared'}], True)
+    """
+    out = [dict(s) for s in specs]
+    held = [i for i, s in enumerate(out) if all(k in s for k in _STAT_KEYS)]
+    for i in held:
+        first = {k: out[i][k] for k in _STAT_KEYS}
+        same = [j for j in held if {k: out[j][k] for k in _STAT_KEYS} == first]
+        if len(same) > 1:
+            for j in same:
+                for k in _STAT_KEYS:
+                    del out[j][k]
+                out[j]["statistics"] = SHARED
+            return out, first
+    return [dict(s) for s in specs], None
+
+
+def inline_statistics(specs: Sequence[Any], shared: Any) -> list[Any]:
+    """The signal specs with the shared statistics put back where a spec says
+    ``"statistics": "shared"`` (the inverse of :func:`share_statistics`).
+
+    Raises
+    ------
+    ValueError
+        A spec refers to shared statistics and none are given, or statistics are given
+        and no spec refers to them.
+    TypeError
+        ``shared`` is not a mapping.
+    """
+    referring = [i for i, s in enumerate(specs)
+                 if isinstance(s, Mapping) and s.get("statistics") == SHARED]
+    if shared is None:
+        if referring:
+            raise ValueError(f"signal {referring[0]} says \"statistics\": \"shared\" but the "
+                             "fused score holds no \"corpus_statistics\".")
+        return list(specs)
+    if not isinstance(shared, Mapping):
+        raise TypeError(f"corpus_statistics is {type(shared).__name__}, expected a mapping "
+                        "with n_docs, avgdl and df.")
+    if not referring:
+        raise ValueError("the fused score holds corpus_statistics that no signal refers to "
+                         "(expected \"statistics\": \"shared\" in a signal's spec).")
+    stats = {k: shared[k] for k in _STAT_KEYS if k in shared}
+    out = list(specs)
+    for i in referring:
+        spec = {k: v for k, v in out[i].items() if k != "statistics"}
+        out[i] = {**spec, **stats}
+    return out
+
+
+def one_statistics(scorers: tuple[Scorer, ...]) -> tuple[Scorer, ...]:
+    """``scorers``, the frozen-corpus ones holding equal statistics made to hold one object
+    (restored from one saved copy, they would hold one copy each).
+
+    Examples
+    --------
+    >>> a = CorpusBM25Scorer().fitted_on_texts(["a b", "b c"])
+    >>> b = CorpusBM25Scorer(k1=1.2).fitted_on_texts(["a b", "b c"])
+    >>> a.statistics is b.statistics, one_statistics((a, b))[1].statistics is a.statistics
+    (False, True)
+    """
+    held: list[CorpusStatistics] = []
+    for scorer in scorers:
+        if isinstance(scorer, CorpusBM25Scorer) and scorer.statistics is not None:
+            same = next((h for h in held if h == scorer.statistics), None)
+            if same is None:
+                held.append(scorer.statistics)
+            else:
+                scorer.statistics = same
+    return scorers
+
+
+def _terms_of(texts: Sequence[str], corpus: SharedCorpus | None) -> tuple[TextTerms, np.ndarray]:
+    """The tokens of ``texts``: from ``corpus`` (which must hold as many texts), else
+    tokenized here."""
+    if corpus is None:
+        return TextTerms.of(texts)
+    if len(corpus) != len(texts):
+        raise ValueError(f"the shared corpus holds {len(corpus)} texts for {len(texts)} pairs; "
+                         "expected the pairs' own texts.")
+    return corpus.terms
+
+
+#: The keys of a fitted frozen-corpus score's statistics in its spec.
+_STAT_KEYS = ("n_docs", "avgdl", "df")
+#: The value of a signal's ``"statistics"`` that names its fused score's ``corpus_statistics``.
+SHARED = "shared"
+
+
 @dataclass(frozen=True, eq=False)  # numpy fields
 class PairTerms:
     """(query, text) pairs tokenized once, ready to be scored under any corpus statistics.
@@ -190,18 +345,21 @@ class PairTerms:
     entry_tf: np.ndarray
 
     @classmethod
-    def of(cls, queries: Sequence[str], texts: Sequence[str]) -> PairTerms:
-        """Tokenize ``len(texts)`` pairs, the ``i``-th of query ``queries[i]`` and text ``texts[i]``.
+    def of(cls, queries: Sequence[str], texts: Sequence[str], *,
+           corpus: SharedCorpus | None = None) -> PairTerms:
+        """Tokenize ``len(texts)`` pairs, the ``i``-th of query ``queries[i]`` and text ``texts[i]``
+        (the texts' tokens taken from ``corpus`` when given: it holds these texts).
 
         Raises
         ------
         ValueError
-            ``queries`` and ``texts`` differ in length.
+            ``queries`` and ``texts`` differ in length, or ``corpus`` holds another number
+            of texts.
         """
         if len(queries) != len(texts):
             raise ValueError(f"{len(queries)} queries for {len(texts)} texts; expected one "
                              "query per text.")
-        terms, pair_text = TextTerms.of(texts)
+        terms, pair_text = _terms_of(texts, corpus)
         query_terms: dict[str, list[tuple[str, int]]] = {}
         vocab: dict[str, int] = {}
         pairs, tokens, times, tfs = [], [], [], []
@@ -244,6 +402,7 @@ class CorpusFit:
 
     scorer: CorpusBM25Scorer
     terms: Any  # what the scorer's ``prepare_pairs`` gives: PairTerms for the BM25 itself
+    corpus: SharedCorpus
 
     def fitted(self, fit: np.ndarray) -> tuple[CorpusBM25Scorer, np.ndarray]:
         """The scorer fitted on the texts of the pairs ``fit`` (a boolean mask over the
@@ -260,8 +419,7 @@ class CorpusFit:
         if fit.dtype != bool or fit.shape != self.terms.pair_text.shape:
             raise ValueError(f"fit is a {fit.dtype} array of shape {fit.shape}; expected one "
                              f"bool per pair ({self.terms.pair_text.size}).")
-        stats = CorpusStatistics.of_terms(self.terms.texts, self.terms.pair_text[fit],
-                                          max_vocabulary=self.scorer.max_vocabulary)
+        stats = self.corpus.statistics(fit, self.scorer.max_vocabulary)
         fitted = self.scorer.with_statistics(stats)
         return fitted, fitted.scores_of_prepared(self.terms, stats)
 
@@ -341,9 +499,20 @@ class CorpusBM25Scorer(Scorer):
         return type(self)(k1=self.k1, b=self.b, max_vocabulary=self.max_vocabulary)
 
     def with_statistics(self, stats: CorpusStatistics) -> CorpusBM25Scorer:
-        """The same scorer (``k1``, ``b``, vocabulary bound) with these frozen statistics."""
-        return type(self)(k1=self.k1, b=self.b, max_vocabulary=self.max_vocabulary,
-                          n_docs=stats.n_docs, avgdl=stats.avgdl, df=stats.df)
+        """The same scorer (``k1``, ``b``, vocabulary bound) with these frozen statistics
+        (the object itself: scores fitted on one corpus share it).
+
+        Raises
+        ------
+        ValueError
+            ``stats`` holds more tokens than the vocabulary bound.
+        """
+        if len(stats.df) > self.max_vocabulary:
+            raise ValueError(f"the statistics hold {len(stats.df)} tokens, more than "
+                             f"max_vocabulary == {self.max_vocabulary}.")
+        out = type(self)(k1=self.k1, b=self.b, max_vocabulary=self.max_vocabulary)
+        out.statistics, out.is_fitted = stats, True
+        return out
 
     def fitted_on_texts(self, texts: Sequence[str]) -> CorpusBM25Scorer:
         """A copy with the statistics of ``texts`` (each distinct text one document).
@@ -361,18 +530,22 @@ class CorpusBM25Scorer(Scorer):
         return self.with_statistics(CorpusStatistics.of_terms(
             terms, max_vocabulary=self.max_vocabulary))
 
-    def fit_share(self, pairs: Sequence[Pair]) -> CorpusFit:
+    def fit_share(self, pairs: Sequence[Pair], *, corpus: SharedCorpus | None = None) -> CorpusFit:
         """The pairs tokenized once, to fit this scorer on any share of them
-        (:meth:`CorpusFit.fitted`) and score them all."""
+        (:meth:`CorpusFit.fitted`) and score them all; ``corpus`` (the pairs' snippets,
+        :class:`SharedCorpus`) is shared with the fused score's other frozen-corpus signals."""
         pairs = list(pairs)
-        return CorpusFit(self.unfitted_copy(), self.prepare_pairs([p.query for p in pairs],
-                                                                  [p.text for p in pairs]))
+        texts = [p.text for p in pairs]
+        corpus = SharedCorpus(texts) if corpus is None else corpus
+        return CorpusFit(self.unfitted_copy(),
+                         self.prepare_pairs([p.query for p in pairs], texts, corpus=corpus), corpus)
 
-    def prepare_pairs(self, queries: Sequence[str], texts: Sequence[str]) -> Any:
+    def prepare_pairs(self, queries: Sequence[str], texts: Sequence[str], *,
+                      corpus: SharedCorpus | None = None) -> Any:
         """The pairs tokenized once, to be scored under any statistics
-        (:meth:`scores_of_prepared`); its ``texts`` and ``pair_text`` are the snippets the
-        statistics are fitted on. A scorer on the same statistics overrides both."""
-        return PairTerms.of(queries, texts)
+        (:meth:`scores_of_prepared`); the snippets' tokens come from ``corpus`` when given. A
+        scorer on the same statistics overrides both."""
+        return PairTerms.of(queries, texts, corpus=corpus)
 
     def scores_of_prepared(self, prepared: Any, stats: CorpusStatistics) -> np.ndarray:
         """The scores of pairs prepared by :meth:`prepare_pairs` under ``stats``."""

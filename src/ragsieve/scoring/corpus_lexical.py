@@ -30,7 +30,15 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .corpus_bm25 import CorpusBM25Scorer, CorpusStatistics, PairTerms, TextTerms, _idf
+from .corpus_bm25 import (
+    CorpusBM25Scorer,
+    CorpusStatistics,
+    PairTerms,
+    SharedCorpus,
+    TextTerms,
+    _idf,
+    _terms_of,
+)
 from .options import ScorerOption
 from .sentence_cosine import sentence_texts
 
@@ -103,9 +111,11 @@ class SentenceTerms:
     owner: np.ndarray
 
     @classmethod
-    def of(cls, queries: Sequence[str], texts: Sequence[str]) -> SentenceTerms:
-        """Tokenize ``len(texts)`` pairs and their sentences."""
-        terms, pair_text = TextTerms.of(texts)
+    def of(cls, queries: Sequence[str], texts: Sequence[str], *,
+           corpus: SharedCorpus | None = None) -> SentenceTerms:
+        """Tokenize ``len(texts)`` pairs and their sentences (the snippets' tokens taken
+        from ``corpus`` when given)."""
+        terms, pair_text = _terms_of(texts, corpus)
         owner, asked, sentences = [], [], []
         for i, (query, text) in enumerate(zip(queries, texts, strict=True)):
             for sentence in sentence_texts(text):
@@ -140,9 +150,10 @@ class SentenceBM25Scorer(CorpusBM25Scorer):
         replace(o, help=o.help.replace("bm25-corpus", "sent-bm25"))
         for o in CorpusBM25Scorer.declared_options)
 
-    def prepare_pairs(self, queries: Sequence[str], texts: Sequence[str]) -> SentenceTerms:
+    def prepare_pairs(self, queries: Sequence[str], texts: Sequence[str], *,
+                      corpus: SharedCorpus | None = None) -> SentenceTerms:
         """The snippets and their sentences tokenized once (:class:`SentenceTerms`)."""
-        return SentenceTerms.of(queries, texts)
+        return SentenceTerms.of(queries, texts, corpus=corpus)
 
     def scores_of_prepared(self, prepared: Any, stats: CorpusStatistics) -> np.ndarray:
         """The best (lowest) BM25 share among each pair's sentences."""

@@ -58,6 +58,7 @@ from ..errors import ScorerError
 from ..types import Pair
 from .base import ListTransform, ScoreFit, Scorer, StageFit, check_score_array
 from .boosting import BoostedTrees
+from .corpus_bm25 import SharedCorpus, share_statistics
 from .embedding import EMBEDDING_OPTIONS
 from .fusion_setup import FEATURES, OWN_FEATURES, FusionSetup, feature_names_of, read_fused_setup
 from .learners import (
@@ -130,8 +131,9 @@ class TextFitted(Protocol):
 
     is_fitted: bool
 
-    def fit_share(self, pairs: Sequence[Pair]) -> TextShareFit:
-        """The pairs prepared for fitting on any share of them."""
+    def fit_share(self, pairs: Sequence[Pair], *, corpus: SharedCorpus | None = None) -> TextShareFit:
+        """The pairs prepared for fitting on any share of them; ``corpus`` holds the
+        pairs' snippets tokenized once for every frozen-corpus signal of the fused score."""
         ...
 
     def fitted_on_texts(self, texts: Sequence[str]) -> Scorer:
@@ -623,12 +625,13 @@ class FusedScorer(ListTransform):
                 else check_score_array(base_scores, len(pairs)))
         query_index = query_index_of(pairs)
         scores, fits = [base], []
+        corpus = SharedCorpus([p.text for p in pairs])  # tokenized on first use, once
         for signal in self.signals:
             if signal.is_fitted:
                 scores.append(signal.score_pairs(pairs, progress=progress))
             else:  # fitted per share: a placeholder until then
                 scores.append(np.zeros(len(pairs)))
-                fits.append(cast(TextFitted, signal).fit_share(pairs))
+                fits.append(cast(TextFitted, signal).fit_share(pairs, corpus=corpus))
         unfitted = self.unfitted_signals
         text = (TextFittedSignals(unfitted, tuple(fits), query_index, self.list_features)
                 if unfitted else None)
@@ -781,7 +784,7 @@ class FusedScorer(ListTransform):
                   and self.list_features)
         about: dict[str, Any] = {} if legacy else {
             **({"preset": self.preset} if self.preset else {}),
-            "signals": [s.spec() for s in self.signals], "learner": self.learner,
+            **self._signal_specs(), "learner": self.learner,
             **({} if self.list_features else {"list_features": False})}
         if not self.is_fitted:
             return {"scorer": "best", "base": base, **about, "preset": self.preset}
@@ -792,6 +795,12 @@ class FusedScorer(ListTransform):
              "mean": [float(v) for v in self.mean], "scale": [float(v) for v in self.scale]})
         return {"scorer": self.name, "base": base, **about,
                 "features": list(self.feature_names), **params}
+
+    def _signal_specs(self) -> dict[str, Any]:
+        """``{"signals": [...]}``, and ``"corpus_statistics"`` when two or more frozen-corpus
+        signals hold the same statistics (saved once, :func:`share_statistics`)."""
+        specs, shared = share_statistics([s.spec() for s in self.signals])
+        return {"signals": specs, **({} if shared is None else {"corpus_statistics": shared})}
 
     def _several(self, what: str) -> TypeError:
         names = ", ".join(s.spec()["scorer"] for s in self.signals)

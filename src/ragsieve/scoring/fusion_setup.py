@@ -15,6 +15,7 @@ from typing import Any
 
 from .._validation import check_str
 from .base import Scorer
+from .corpus_bm25 import inline_statistics, one_statistics
 from .embedding import EmbeddingScorer
 from .learners import FittedFusion, check_learner, read_fitted
 from .presets import READER_PRESETS, Preset, get_preset
@@ -105,6 +106,12 @@ def read_fused_setup(base: Any, spec: Mapping[str, Any]) -> FusionSetup:
     fitted: dict[str, Any] = {k: options.pop(k) for k in _FITTED_KEYS if k in options}
     ask = _SetupKeywords(**{f.name: options.pop(f.name) for f in fields(_SetupKeywords)
                             if f.name in options})
+    if ask.corpus_statistics is not None and not isinstance(ask.signals, (list, tuple)):
+        raise ValueError("corpus_statistics are the statistics of signals given in "
+                         "signals; got no list of signals.")
+    if isinstance(ask.signals, (list, tuple)):  # saved once for the signals sharing them
+        ask = replace(ask, signals=inline_statistics(ask.signals, ask.corpus_statistics),
+                      corpus_statistics=None)
     scorer = _setup_base(base, ask, options)
     row = _setup_preset(ask)
     signals = _setup_signals(scorer, row, ask, options)
@@ -132,6 +139,7 @@ class _SetupKeywords:
     query_language: str | None = None
     reader_base: str | None = None
     rerank: Any = None
+    corpus_statistics: Any = None
 
 
 def _setup_base(base: Any, ask: _SetupKeywords, options: Mapping[str, Any]) -> Scorer:
@@ -180,7 +188,7 @@ def _setup_signals(base: Scorer, row: Preset, ask: _SetupKeywords,
     elif isinstance(signals, (str, bytes, Mapping, Scorer)):
         raise TypeError(f"signals is a {type(signals).__name__}, expected a list of scorers "
                         "or scorer specs.")
-    return tuple(_signal(s, options, base) for s in signals)
+    return one_statistics(tuple(_signal(s, options, base) for s in signals))
 
 
 def feature_names_of(signals: Sequence[Scorer], list_features: bool) -> tuple[str, ...]:

@@ -218,10 +218,11 @@ class ReaderScorer(Scorer):
         return np.sort(chosen)
 
     # --------------------------------------------------------- in a fused score
-    def fit_share(self, pairs: Sequence[Pair]) -> ReaderShareFit:
+    def fit_share(self, pairs: Sequence[Pair], *, corpus: Any = None) -> ReaderShareFit:
         """The pairs, to fit this reader as a signal of a fused score on any share of them
         (:meth:`ReaderShareFit.fitted`: cross-fitted, so the learner never sees the reader's
-        scores of its own training pairs)."""
+        scores of its own training pairs); ``corpus``, the frozen-corpus signals' shared
+        tokens, plays no part."""
         return ReaderShareFit(self.unfitted_copy(), list(pairs))
 
     def fitted_on_texts(self, texts: Sequence[str]) -> Scorer:
