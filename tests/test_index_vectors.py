@@ -143,7 +143,8 @@ def test_a_changed_index_another_text_or_no_index_is_embedded(
 def test_filter_and_evaluate_say_what_they_took(
         corpus: Corpus, labelled: Retrieved, embedded: list[str],  # noqa: F811
         tmp_path: Path) -> None:
-    """``filter --data`` and ``evaluate`` on ``retrieve`` pairs embed only the queries."""
+    """``filter --data`` (printed or written by an engine with ``--out``) and ``evaluate``
+    on ``retrieve`` pairs embed only the queries."""
     queries = {p.query for p in read_pairs(labelled.out)}
     _calibrate(labelled.out, tmp_path / "f.json", tmp_path / "fresh-c", "--scorer", "embedding")
     embedded.clear()
@@ -151,6 +152,16 @@ def test_filter_and_evaluate_say_what_they_took(
                         str(labelled.out), "--cache-dir", str(tmp_path / "fresh-d")])
     assert code == 0, err
     assert "index: took " in err and set(embedded) <= queries
+    # --out: the engine's job reads the vectors the index stored, too
+    embedded.clear()
+    code, _, err = run(["filter", "--filter", str(tmp_path / "f.json"), "--data",
+                        str(labelled.out), "--cache-dir", str(tmp_path / "fresh-f"),
+                        "--out", str(tmp_path / "filtered.jsonl")])
+    assert code == 0, err
+    assert "index: took " in err and embedded and set(embedded) <= queries
+    written = [json.loads(line) for line in
+               (tmp_path / "filtered.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(written) == len(queries)
     embedded.clear()
     code, stdout, err = run(["-q", "evaluate", "--data", str(labelled.out), "--scorer",
                              "embedding", "--splits", "2", "--cache-dir",
