@@ -7,13 +7,19 @@ score) fuses it only where it adds to the preset's signals on held-back fit topi
 (:mod:`ragsieve.scoring.signal_check`), and records why.
 
 The rerankers are real HTTP servers on 127.0.0.1: ``ragsieve serve`` of a ``1 - cos``
-filter calibrated on three SelQA topics (its ``/all`` routes answer every document with its
-conformal p-value), of MiniLM (the stand-in of every fast test) or of multilingual-e5-small
-(a reranker stronger than the USE base the fused scores here are built on: the useful one,
-slow, as e5 embeds ~6 pairs a second on 2 cores), and a server whose relevance is noise (a
-hash of the query and the text: pointwise, tracking nothing). The fused scores are fitted on
-SelQA dev, whose 10 topics leave the check two fit topics: its held-back halves are one
-topic each, so what it measures varies from one draw of them to another (the docs say so).
+filter calibrated on three topics the fused score is not calibrated on (its ``/all`` routes
+answer every document with its conformal p-value), of the USE base itself (the stand-in of
+the plumbing tests: it adds nothing) or of multilingual-e5-small (the useful one), and a
+server whose relevance is noise (a hash of the query and the text: pointwise, tracking
+nothing). The fused scores are fitted on SelQA dev, whose 10 topics leave the check two fit
+topics: its held-back halves are one topic each, so what it measures varies from one draw
+of them to another (the docs say so).
+
+The useful reranker is shown on XQuAD Greek instead: on SelQA (English) the ``portable``
+signals over USE already rank the held-back pairs at ROC-AUC ~0.93, and e5 fused to them
+gained 0.003 there, under the check's minimum. Greek is a language the USE base was not
+trained on (multilingual-e5 was) and whose inflected forms blunt the BM25 signals, so e5
+adds what the fused score lacks (~+0.04 of ROC-AUC; the test's docstring has the numbers).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from topics import first_topics
 from ragsieve import ConformalFilter, Pair
 from ragsieve.cli import build_parser, main
 from ragsieve.cli.scorers import ScorerRequest, artifact_scorer_options
-from ragsieve.data import load_selqa, write_pairs
+from ragsieve.data import load_selqa, load_xquad, write_pairs
 from ragsieve.errors import RerankError
 from ragsieve.scoring import AutoScorer, EmbeddingScorer, FusedScorer, RerankScorer, resolve_scorer
 from ragsieve.scoring.signal_check import MIN_RERANK_GAIN
@@ -43,7 +49,7 @@ from ragsieve.scoring.signals import PRESETS
 from ragsieve.server import create_app
 
 BASE = "usem3-multilingual"  # the fused scores' base: weaker on English than the rerankers
-STRONG = "multilingual-e5-small-q4"  # the useful stand-in's model
+STRONG = "multilingual-e5-small-q4"  # the useful stand-in's model (trained on Greek; USE was not)
 RERANK_SPEC = {"scorer": "rerank", "api": "cohere", "model": "stand-in"}
 
 
@@ -55,6 +61,13 @@ def selqa(shared_data_dir: Path) -> list[Pair]:
 
 def _stand_in_topics(pairs: list[Pair]) -> set[str]:
     return set(sorted({str(p.group) for p in pairs})[:3])
+
+
+@pytest.fixture(scope="module")
+def greek(shared_data_dir: Path) -> list[Pair]:
+    """XQuAD Greek (article context: a question's list is its article's ~10 paragraphs,
+    the one holding the answer relevant; group = article)."""
+    return load_xquad("el", data_dir=shared_data_dir, download=False)
 
 
 @pytest.fixture(scope="module")
@@ -207,25 +220,34 @@ def test_a_fused_score_with_the_reranker_saves_and_loads_with_the_url_given_then
 # ------------------------------------------------------------------ auto
 @pytest.mark.slow
 def test_auto_fuses_a_useful_reranker_and_records_why(
-        selqa: list[Pair], calibration: list[Pair], embedding_cache_dir: Path, tmp_path: Path,
+        greek: list[Pair], embedding_cache_dir: Path, tmp_path: Path,
         caplog: pytest.LogCaptureFixture) -> None:
-    """e5 behind the rerank API over a fused score of USE: it adds (~3 minutes: e5 embeds
-    the stand-in's 60 questions and the calibration pairs)."""
-    own = _stand_in_topics(selqa)
-    with _stand_in(STRONG, first_topics([p for p in selqa if p.group in own], 3, 20),
+    """e5 behind the rerank API over a fused score of USE, on XQuAD Greek: it adds.
+
+    The stand-in is calibrated on 20 questions of each of the first three articles (sorted
+    titles), the filter on 10 questions of each of the next 14 (1,520 pairs; the check's
+    fit share is 4 of them). USE was not trained on Greek and BM25 misses its inflected
+    forms, so the portable signals rank the held-back pairs at ROC-AUC ~0.90 and e5 alone
+    at ~0.93; with e5 fused they rank at ~0.94 (+0.037 at seed 0; +0.009 to +0.025 at
+    seeds 1-5, each above MIN_RERANK_GAIN). Under a minute: the articles' paragraphs are shared
+    by their questions, so e5 embeds a few hundred texts.
+    """
+    own = _stand_in_topics(greek)
+    calibration = first_topics([p for p in greek if p.group not in own], 14, 10)
+    with _stand_in(STRONG, first_topics([p for p in greek if p.group in own], 3, 20),
                    embedding_cache_dir, tmp_path) as url:
-        auto = AutoScorer(BASE, language="en", cache_dir=embedding_cache_dir,
+        auto = AutoScorer(BASE, language="el", cache_dir=embedding_cache_dir,
                           rerank=RerankScorer(url=url, model="stand-in", cache=False))
         with caplog.at_level("INFO", logger="ragsieve.scoring"):
             flt = ConformalFilter(auto, alpha=0.1).calibrate(calibration, monitor=False)
-    with caplog.at_level("INFO", logger="ragsieve.scoring"):
-        flt = ConformalFilter(auto, alpha=0.1).calibrate(calibration, monitor=False)
     choice = flt.calibration_info["score_choice"]
     check = choice["rerank"]
-    assert check["fused"] is True and check["reason"].startswith("fused: ")
+    assert check["fused"] is True and check["reason"].startswith("fused: "), check["reason"]
     assert check["min_gain"] == MIN_RERANK_GAIN
-    assert check["with_auc"] >= check["without_auc"] + MIN_RERANK_GAIN
-    assert check["n_pairs"] > 0 and check["signal_auc"] > 0.8  # e5 alone ranks well
+    # it adds with margin: twice the minimum, not a draw that just clears it
+    assert check["with_auc"] >= check["without_auc"] + 2 * MIN_RERANK_GAIN, check["reason"]
+    assert check["n_pairs"] > 0 and check["n_topics"] >= 3
+    assert check["signal_auc"] > 0.8  # e5 alone ranks well
     assert choice["preset"] == "portable" and "with the reranker" in choice["label"]
     assert flt.scorer_.spec()["signals"][-1] == RERANK_SPEC and flt.scorer_.tags.list_dependent is False
     assert any(r.getMessage().startswith("reranker: fused: ") for r in caplog.records)
