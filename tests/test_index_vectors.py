@@ -186,3 +186,27 @@ def test_query_with_a_fused_filter_embeds_only_the_query(
     assert [h.snippet_id for h in hits] == [h.snippet_id for h in
                                             index.search("Who founded the city?", k=5)]
     assert result.n_input == 5
+
+
+def test_retrieve_then_calibrate_on_one_cache_embeds_nothing_again(
+        corpus: Corpus, labelled: Retrieved, embedded: list[str],  # noqa: F811
+        tmp_path: Path) -> None:
+    """``retrieve`` keeps the queries' vectors in the embedding cache; ``calibrate`` on the
+    same cache then embeds no text at all (the snippets come from the index), and the
+    pairs are those a retrieve without the cache writes."""
+    cache, out = tmp_path / "one-cache", tmp_path / "pairs.jsonl"
+    code, _, err = run(["-q", "retrieve", "--index", str(corpus.index), "--queries",
+                        str(labelled.queries), "-k", "5", "--out", str(out), "--cache-dir",
+                        str(cache)])
+    assert code == 0, err
+    queries = {p.query for p in read_pairs(out)}
+    assert set(embedded) == queries  # retrieve embeds the queries, and only them
+    embedded.clear()
+    _calibrate(out, tmp_path / "f.json", cache, "--scorer", "embedding")
+    assert embedded == []
+    plain = tmp_path / "plain.jsonl"
+    code, _, err = run(["-q", "retrieve", "--index", str(corpus.index), "--queries",
+                        str(labelled.queries), "-k", "5", "--out", str(plain), "--no-cache"])
+    assert code == 0, err
+    assert [(p.query_id, p.snippet_id) for p in read_pairs(plain)] == \
+        [(p.query_id, p.snippet_id) for p in read_pairs(out)]

@@ -11,7 +11,7 @@ data readers and knows nothing of filters.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._validation import check_int, check_str
@@ -22,6 +22,7 @@ from .types import Pair
 if TYPE_CHECKING:
     from .data.jsonl import PathOrFile
     from .data.queries import LabelledQuery
+    from .embeddings import EmbeddingCache
     from .store import Hit, SnippetIndex
 
 __all__ = ["retrieve_pairs"]
@@ -35,6 +36,7 @@ def retrieve_pairs(
     language: str | None = None,
     batch_size: int = 32,
     progress: bool = False,
+    query_cache: EmbeddingCache | None = None,
 ) -> list[Pair]:
     """Search for every labelled query and label what comes back: calibration lists of
     the index's own search (``ragsieve retrieve``).
@@ -53,6 +55,10 @@ def retrieve_pairs(
         Queries embedded per model call.
     progress : bool
         Show a progress bar over the queries.
+    query_cache : EmbeddingCache, optional
+        An embedding cache of the index's model the queries are embedded through (as
+        queries): a later ``calibrate`` reading the same cache embeds them no more, as it
+        takes the snippets' vectors from the index. None: the index's model embeds them.
 
     Returns
     -------
@@ -66,6 +72,8 @@ def retrieve_pairs(
 
     Raises
     ------
+    ValueError
+        ``query_cache`` embeds with another model than the index's.
     DataError
         Malformed queries (``file:line``); an index that holds no snippet, that is
         not whole (a writer is committing, or was stopped mid-commit) or that changed
@@ -90,8 +98,14 @@ def retrieve_pairs(
         raise DataError(f"index {str(index.path)!r} holds no snippets; index documents "
                         f"first with `ragsieve index DOCS --index {index.path}`.")
     pairs: list[Pair] = []
-    found = index.search_many([q.query for q in labelled], k, batch_size=batch_size,
-                             progress=progress)
+    texts = [q.query for q in labelled]
+    if query_cache is None:
+        found = index.search_many(texts, k, batch_size=batch_size, progress=progress)
+    else:
+        if query_cache.model.model_id != index.model_id:
+            raise ValueError(f"query_cache embeds with {query_cache.model.model_id!r}; the index "
+                             f"{str(index.path)!r} holds vectors of {index.model_id!r}.")
+        found = _cached_search(index, texts, k, query_cache, progress)
     for query, hits in zip(labelled, found, strict=True):
         pairs.extend(list_pairs(query, _hit_records(index, query.query_id, hits),
                                 retriever=identity, language=language))
@@ -101,6 +115,21 @@ def retrieve_pairs(
             "run committed files), so the lists mix two versions of it; retrieve again "
             "once the writer has finished.")
     return pairs
+
+def _cached_search(index: SnippetIndex, queries: list[str], k: int, cache: EmbeddingCache,
+                   progress: bool) -> Iterator[list[Hit]]:
+    """The hits of each query, its vector embedded through ``cache`` (as a query), a
+    thousand queries at a time."""
+    for start in range(0, len(queries), _CACHED_CHUNK):
+        vectors = cache.embed(queries[start:start + _CACHED_CHUNK], kind="query",
+                              progress=progress)
+        for vector in vectors:
+            yield index.search_vector(vector, k)
+
+
+#: Queries embedded through a query cache at a time (bounds the vectors held at once).
+_CACHED_CHUNK = 1024
+
 
 def _hit_records(index: SnippetIndex, query_id: str, hits: Sequence[Hit]) -> list[dict[str, Any]]:
     """The hits as :func:`~ragsieve.data.queries.list_pairs` takes them; a snippet id

@@ -415,6 +415,7 @@ def _add_retrieve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     p.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                    help="no progress bar (as `ragsieve -q`)")
     add_json_option(p)
+    add_cache_options(p)  # the queries' vectors, kept for `calibrate` on the same cache
     p.set_defaults(func=indexing.cmd_retrieve)
 
 

@@ -119,8 +119,16 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     # a bad line fails before any model work
     queries = read_queries(args.queries, language=args.language)
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
-    pairs = retrieve_pairs(index, queries, args.k, language=args.language,
-                           progress=not args.quiet)
+    if args.no_cache:
+        pairs = retrieve_pairs(index, queries, args.k, language=args.language,
+                               progress=not args.quiet)
+    else:  # the queries' vectors kept where `calibrate` looks: it embeds them no more
+        from ..embeddings import EmbeddingCache
+        from .scorers import embedding_cache_dir
+
+        with EmbeddingCache(index.model, cache_dir=embedding_cache_dir(args.cache_dir)) as cache:
+            pairs = retrieve_pairs(index, queries, args.k, language=args.language,
+                                   progress=not args.quiet, query_cache=cache)
     write_pairs(pairs, args.out)
     summary = describe_lists(queries, pairs, args.k, known_doc_ids=index.document_ids())
     retriever = retriever_of(pairs) or index.retriever_identity(args.k)
