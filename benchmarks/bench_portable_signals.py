@@ -68,7 +68,6 @@ import math
 import os
 import sys
 import time
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -77,18 +76,19 @@ from typing import Any
 
 import numpy as np
 
-from ragsieve._paths import cache_dir
 from ragsieve.data import group_splits, load_dataset
 from ragsieve.evaluation import ScoredData, evaluate_scores
 from ragsieve.scoring import EmbeddingScorer, SentenceCosineScorer
 from ragsieve.scoring.corpus_bm25 import CorpusBM25Scorer, CorpusStatistics, PairTerms, _idf
 from ragsieve.scoring.corpus_lexical import IDFCoverageScorer, SentenceBM25Scorer, SentenceTerms
 from ragsieve.scoring.fusion import FusionFeatures, TextFittedSignals
-from ragsieve.scoring.lexical import _UNSPACED_RUN, _clusters, _word_pattern
+from ragsieve.scoring.lexical import token_sequence as sequence
 from ragsieve.scoring.sentence_cosine import _split, sentence_texts
 from ragsieve.types import Pair
 
-DATASETS = ("xquad-en", "xquad-de", "xquad-es", "xquad-zh", "xquad-el", "xquad-ro", "selqa-dev")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_signals import signal_bench_parser, write_outputs
+
 ALPHA = 0.1
 COVERAGE_BAND = 0.02
 CANDIDATES = ("idf-cov", "cov", "rare", "bigram", "phrase", "proximity", "length", "position",
@@ -101,26 +101,6 @@ def _language(name: str) -> str:
 
 
 # ---------------------------------------------------------------------- lexical signals
-def sequence(text: str) -> list[str]:
-    """The tokens of ``text`` in order: :func:`tokenize`'s words, and each character (with
-    its marks) of a script written without spaces (no bigrams).
-
-    >>> sequence("Who won 黑豹队?")
-    ['who', 'won', '黑', '豹', '队']
-    """
-    out: list[str] = []
-    for word in _word_pattern().findall(unicodedata.normalize("NFKC", text).casefold()):
-        pos = 0
-        for m in _UNSPACED_RUN.finditer(word):
-            if m.start() > pos:
-                out.append(word[pos:m.start()])
-            out.extend(_clusters(m.group()))
-            pos = m.end()
-        if pos < len(word):
-            out.append(word[pos:])
-    return out
-
-
 def _positional(query: list[str], text: list[str]) -> tuple[float, float, float]:
     """``1 - `` bigram share, phrase share and proximity share of one pair (1: no match)."""
     if not query:
@@ -534,12 +514,7 @@ def _tables(results: list[dict[str, Any]], keep: dict[str, dict[str, Any]], cost
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--datasets", default=",".join(DATASETS))
-    parser.add_argument("--splits", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sample-topics", type=int, default=20)
-    parser.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
+    parser = signal_bench_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--no-greedy", action="store_true", help="skip the forward selection")
     parser.add_argument("--max-topics", default="",
                         help="only the first N topics (sorted): N for every dataset, or "
@@ -547,10 +522,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets-from", type=Path, default=None,
                         help="take the kept and greedy sets from an earlier run's --json file "
                              "(no keep decision, no forward selection)")
-    parser.add_argument("--cache-dir", default=str(cache_dir() / "embeddings"))
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     if args.splits < 5:
         parser.error("--splits: at least 5")
@@ -599,12 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     source = f" (from {args.sets_from})" if args.sets_from else ""
     text += (f"\nKept{source}: {', '.join(kept) or 'none'}; greedy{source}: "
              f"{' + '.join(greedy) or 'none'}. Wall time {meta['wall_seconds']} s.\n")
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "keep": keep, "costs": costs, **meta},
-                                        indent=2, default=float), encoding="utf-8")
+    write_outputs(text, args, {"results": results, "keep": keep, "costs": costs, **meta})
     return 0
 
 

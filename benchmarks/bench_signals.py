@@ -214,18 +214,34 @@ def _tables(results: list[dict[str, Any]], costs: list[dict[str, Any]], args: ar
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+def signal_bench_parser(description: str) -> argparse.ArgumentParser:
+    """The options the signal benchmarks share (this one and ``bench_portable_signals.py``):
+    the data sets, splits, seed, the cost sample, the embedding cache and the outputs."""
+    parser = argparse.ArgumentParser(description=description, allow_abbrev=False)
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--splits", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sample-topics", type=int, default=20)
     parser.add_argument("--no-cost", action="store_true", help="skip the cost measurement")
-    parser.add_argument("--cost-only", action="store_true", help="only the cost measurement")
     parser.add_argument("--cache-dir", default=str(cache_dir() / "embeddings"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def write_outputs(text: str, args: argparse.Namespace, payload: dict[str, Any]) -> None:
+    """Print the tables; write them to ``--out`` and ``payload`` to ``--json`` when given."""
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    if args.json:
+        args.json.write_text(json.dumps(payload, indent=2, default=float), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = signal_bench_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--cost-only", action="store_true", help="only the cost measurement")
     parser.add_argument("--tables-from", type=Path, default=None,
                         help="print the tables of an earlier run's --json file (no measurement)")
     args = parser.parse_args(argv)
@@ -243,14 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_cost:
             costs.extend(_cost(name, pairs, args))
     load = (load0, os.getloadavg()[0])
-    text = _tables(results, costs, args, load)
-    print(text)
-    if args.out:
-        args.out.write_text(text, encoding="utf-8")
-    if args.json:
-        args.json.write_text(json.dumps({"results": results, "costs": costs, "load": load,
-                                         "splits": args.splits, "seed": args.seed}, indent=2),
-                             encoding="utf-8")
+    write_outputs(_tables(results, costs, args, load), args,
+                  {"results": results, "costs": costs, "load": load, "splits": args.splits,
+                   "seed": args.seed})
     return 0
 
 

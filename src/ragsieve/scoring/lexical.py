@@ -44,7 +44,8 @@ from .base import Scorer
 from .options import ScorerOption
 from .tags import ScorerTags
 
-__all__ = ["ListBM25Scorer", "bm25_scores", "check_bm25_params", "tokenize"]
+__all__ = ["ListBM25Scorer", "bm25_scores", "check_bm25_params", "token_sequence",
+           "tokenize"]
 
 #: Scripts written without spaces between words: their runs become character n-grams.
 _UNSPACED = (
@@ -112,18 +113,47 @@ def tokenize(text: str) -> list[str]:
 @functools.lru_cache(maxsize=16_384)
 def _tokens(text: str) -> tuple[str, ...]:
     tokens: list[str] = []
+    for piece in _pieces(text):
+        if isinstance(piece, str):
+            tokens.append(piece)
+        else:
+            tokens.extend(piece)
+            tokens.extend(a + b for a, b in itertools.pairwise(piece))
+    return tuple(tokens)
+
+
+def token_sequence(text: str) -> list[str]:
+    """The tokens of ``text`` in order: :func:`tokenize`'s words, and each character (with
+    its marks) of a script written without spaces (no bigrams).
+
+    Examples
+    --------
+    >>> token_sequence("Who won 黑豹队?")
+    ['who', 'won', '黑', '豹', '队']
+    """
+    out: list[str] = []
+    for piece in _pieces(text):
+        if isinstance(piece, str):
+            out.append(piece)
+        else:
+            out.extend(piece)
+    return out
+
+
+def _pieces(text: str) -> list[str | list[str]]:
+    """The words of spaced scripts (str) and the runs of unspaced ones (their character
+    clusters, a list), in order, of ``text`` normalised (NFKC) and case-folded."""
+    pieces: list[str | list[str]] = []
     for word in _word_pattern().findall(unicodedata.normalize("NFKC", text).casefold()):
         pos = 0
         for m in _UNSPACED_RUN.finditer(word):
             if m.start() > pos:
-                tokens.append(word[pos:m.start()])
-            chars = _clusters(m.group())
-            tokens.extend(chars)
-            tokens.extend(a + b for a, b in itertools.pairwise(chars))
+                pieces.append(word[pos:m.start()])
+            pieces.append(_clusters(m.group()))
             pos = m.end()
         if pos < len(word):
-            tokens.append(word[pos:])
-    return tuple(tokens)
+            pieces.append(word[pos:])
+    return pieces
 
 
 def check_bm25_params(k1: Any, b: Any) -> tuple[float, float]:
