@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,14 +42,15 @@ def _retriever(pair: Pair) -> Mapping[str, Any] | None:
     return None
 
 
-def reuse_index_vectors(pairs: Sequence[Pair], scorer: Scorer, *,
+def reuse_index_vectors(pairs: Iterable[Pair], scorer: Scorer, *,
                         cache_dir: str | os.PathLike[str] | None = None) -> list[str]:
     """Put the stored vectors of the pairs' index snippets into ``scorer``'s embedding cache.
 
     Parameters
     ----------
-    pairs : sequence of Pair
-        Pairs, some or all written by ``ragsieve retrieve`` (``meta["retriever"]``).
+    pairs : iterable of Pair
+        Pairs, some or all written by ``ragsieve retrieve`` (``meta["retriever"]``); read
+        once, keeping each named snippet's texts only (a stream of any length will do).
     scorer : Scorer
         The score about to embed them: its embedding score of the index's model (the
         score itself, its base, or a fused score's signal) receives the vectors.

@@ -8,7 +8,6 @@ of ``--unit`` against the artifact and what each prints.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -320,20 +319,11 @@ def _filter_summary(n_queries: int, kept: float, total: float, flt: Any) -> str:
 def _index_vectors_of_inputs(inputs: list[Any], task: Any, *, quiet: bool) -> list[str]:
     """``filter --out``: the stored vectors of the index the inputs' ``retrieve`` pairs
     name, put into the embedding cache the job's workers read (its SQLite file, so Ray
-    workers on this machine find them too), one streaming pass over the inputs keeping
-    each distinct snippet once."""
+    workers on this machine find them too), in one streaming pass over the inputs."""
     from ..data.shards import iter_input_pairs
 
-    distinct: dict[tuple[str, str, str], Any] = {}
-    for pair in iter_input_pairs(inputs, score_field=task.score_field):
-        named = pair.meta.get("retriever") if isinstance(pair.meta, dict) else None
-        if named is not None:
-            distinct.setdefault((json.dumps(named, sort_keys=True, default=str), pair.snippet_id,
-                                pair.text), pair)
-    if not distinct:
-        return []
-    scorer = task.filter.scorer_
-    return _index_vectors(list(distinct.values()), scorer, quiet=quiet,
+    return _index_vectors(iter_input_pairs(inputs, score_field=task.score_field),
+                          task.filter.scorer_, quiet=quiet,
                           cache_dir=task.scorer_options.get("cache_dir"))
 
 

@@ -110,25 +110,23 @@ def cmd_retrieve(args: argparse.Namespace) -> int:
     """``ragsieve retrieve``: search the index for every labelled query and write what it
     returns as labelled pairs carrying the index's identity (the lists to calibrate on)."""
     import sys
+    from contextlib import nullcontext
 
     from ..data import describe_lists, read_queries, write_pairs
+    from ..embeddings import EmbeddingCache
     from ..lists import describe_retriever, retriever_of
     from ..retrieval import retrieve_pairs
     from ..store import SnippetIndex
+    from .scorers import embedding_cache_dir
 
     # a bad line fails before any model work
     queries = read_queries(args.queries, language=args.language)
     index = SnippetIndex.open(args.index, create=False)  # a mistyped path is an error
-    if args.no_cache:
+    # the queries' vectors kept where `calibrate` looks: it embeds them no more
+    with (nullcontext() if args.no_cache else
+          EmbeddingCache(index.model, cache_dir=embedding_cache_dir(args.cache_dir))) as cache:
         pairs = retrieve_pairs(index, queries, args.k, language=args.language,
-                               progress=not args.quiet)
-    else:  # the queries' vectors kept where `calibrate` looks: it embeds them no more
-        from ..embeddings import EmbeddingCache
-        from .scorers import embedding_cache_dir
-
-        with EmbeddingCache(index.model, cache_dir=embedding_cache_dir(args.cache_dir)) as cache:
-            pairs = retrieve_pairs(index, queries, args.k, language=args.language,
-                                   progress=not args.quiet, query_cache=cache)
+                               progress=not args.quiet, query_cache=cache)
     write_pairs(pairs, args.out)
     summary = describe_lists(queries, pairs, args.k, known_doc_ids=index.document_ids())
     retriever = retriever_of(pairs) or index.retriever_identity(args.k)
