@@ -75,34 +75,41 @@ def _max_seq_length(model_path: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _metadata(path: Path) -> dict[str, str] | None:
-    """The ragsieve metadata of an ONNX file, or None when it is missing or unreadable.
-
-    Read by ONNX Runtime with graph optimisation off (a file it cannot load is one to
-    export again), so that running an exported file never imports ``onnx``."""
+def _session_options(threads: int | None) -> Any:
+    """ONNX Runtime session options: ``threads`` intra-op threads (None: ``OMP_NUM_THREADS``
+    when set, else one per core), one inter-op thread, no spinning."""
     ort = require("onnxruntime", "onnx")
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.inter_op_num_threads = 1
+    if threads is None:  # the standard variable process managers (Ray, k8s jobs) set
+        threads = _omp_threads()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    return options
+
+
+def _open_checked(path: Path, expected: dict[str, str], threads: int | None) -> Any | None:
+    """The ONNX Runtime session of the file at ``path`` when it holds the ``expected``
+    ragsieve metadata; None when it is missing, unloadable or stale (export it again).
+
+    The session is the one the model then runs (the file is loaded once), and reading its
+    metadata needs no ``onnx`` import."""
+    if not path.is_file():
+        return None
+    ort = require("onnxruntime", "onnx")
     try:
-        session = ort.InferenceSession(str(path), sess_options=options,
+        session = ort.InferenceSession(str(path), sess_options=_session_options(threads),
                                        providers=["CPUExecutionProvider"])
-        return dict(session.get_modelmeta().custom_metadata_map)
     except Exception as exc:  # noqa: BLE001 - any load failure: export again
         logger.warning("ignoring unusable ONNX file %s (%s)", path, exc)
         return None
-
-
-def _valid(path: Path, expected: dict[str, str]) -> bool:
-    if not path.is_file():
-        return False
-    meta = _metadata(path)
-    if meta is None:
-        return False
+    meta = dict(session.get_modelmeta().custom_metadata_map)
     stale = {k: (meta.get(k), v) for k, v in expected.items() if meta.get(k) != v}
     if stale:
         logger.info("re-exporting %s: metadata differs %s", path, stale)
-        return False
-    return True
+        return None
+    return session
 
 
 def _write_atomically(path: Path, write: Any) -> None:
@@ -230,6 +237,9 @@ class OnnxEmbeddingModel(EmbeddingModel):
     cache_id : str, optional
         Key of its vectors in the embedding cache (default ``model_id``); names the
         backend (``…@onnx``), so two backends never mix vectors.
+    session : onnxruntime.InferenceSession, optional
+        The session of ``path``, opened already (:func:`load_onnx_model` opens it to read
+        its metadata); None opens one.
     max_length : int
         Tokens per text; longer texts are truncated, as sentence-transformers does.
     threads : int or None
@@ -255,20 +265,15 @@ class OnnxEmbeddingModel(EmbeddingModel):
         max_length: int,
         threads: int | None = None,
         cache_id: str | None = None,
+        session: Any = None,
     ) -> None:
         threads = check_int(threads, "threads", min_value=1, allow_none=True)
-        ort = require("onnxruntime", "onnx")
-        options = ort.SessionOptions()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.inter_op_num_threads = 1
-        if threads is None:  # the standard variable process managers (Ray, k8s jobs) set
-            threads = _omp_threads()
-        if threads is not None:
-            options.intra_op_num_threads = threads
         self.path = Path(path)
-        self._session = ort.InferenceSession(
-            str(self.path), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+        if session is None:
+            ort = require("onnxruntime", "onnx")
+            session = ort.InferenceSession(str(self.path), sess_options=_session_options(threads),
+                                           providers=["CPUExecutionProvider"])
+        self._session = session
         self.max_length = int(max_length)
         self._tokenize = load_tokenizer(tokenizer_path, model_id.split("@")[0],
                                         max_length=self.max_length)
@@ -340,19 +345,22 @@ def load_onnx_model(
     """
     check_path(model_path, "model_path")
     check_str(model_id, "model_id", non_blank=True)
+    threads = check_int(threads, "threads", min_value=1, allow_none=True)
     require("onnxruntime", "onnx")
     model_path = str(model_path)
     max_length = _max_seq_length(model_path)
     fp32 = onnx_path(model_id)
     meta = {"ragsieve.format": _FORMAT, "ragsieve.source_model_id": model_id}
+    fp32_meta = meta | {"ragsieve.precision": "fp32"}
+    path, wanted = (onnx_path(model_id, int8=True), meta | {"ragsieve.precision": "int8"}) \
+        if int8 else (fp32, fp32_meta)
     with _EXPORT_LOCK:
-        if not _valid(fp32, meta | {"ragsieve.precision": "fp32"}):
-            _export_fp32(model_path, fp32, meta | {"ragsieve.precision": "fp32"})
-        path = fp32
-        if int8:
-            path = onnx_path(model_id, int8=True)
-            if not _valid(path, meta | {"ragsieve.precision": "int8"}):
-                _quantize(fp32, path, meta | {"ragsieve.precision": "int8"})
+        session = _open_checked(path, wanted, threads)  # the file it runs, loaded once
+        if session is None:
+            if not int8 or _open_checked(fp32, fp32_meta, 1) is None:
+                _export_fp32(model_path, fp32, fp32_meta)
+            if int8:
+                _quantize(fp32, path, wanted)
     if max_length is None:
         max_length = 512
         logger.warning("no max_seq_length in %s; truncating at %d tokens", model_path, max_length)
@@ -366,6 +374,7 @@ def load_onnx_model(
         cache_id=f"{model_id}@onnx-int8" if int8 else f"{model_id}@onnx",
         max_length=max_length,
         threads=threads,
+        session=session,
     )
 
 
