@@ -45,6 +45,13 @@ from .sentence_cosine import sentence_texts
 __all__ = ["IDFCoverageScorer", "SentenceBM25Scorer", "SentenceTerms"]
 
 
+def _corpus_options(name: str, only: tuple[str, ...] | None = None) -> tuple[ScorerOption, ...]:
+    """The frozen-corpus BM25's declared options (those named in ``only``), their help
+    naming the score ``name``."""
+    return tuple(replace(o, help=o.help.replace(CorpusBM25Scorer.name, name))
+                 for o in CorpusBM25Scorer.declared_options if only is None or o.name in only)
+
+
 class IDFCoverageScorer(CorpusBM25Scorer):
     """``1 -`` the share of the query's IDF mass found in the snippet (frozen corpus IDF).
 
@@ -66,9 +73,8 @@ class IDFCoverageScorer(CorpusBM25Scorer):
 
     name: ClassVar[str] = "idf-cov"
     score_label: ClassVar[str] = "1 - idf share found (frozen corpus)"
-    declared_options: ClassVar[tuple[ScorerOption, ...]] = tuple(
-        replace(o, help=o.help.replace("bm25-corpus", "idf-cov"))
-        for o in CorpusBM25Scorer.declared_options if o.name == "max_vocabulary")
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = _corpus_options("idf-cov",
+                                                                            ("max_vocabulary",))
 
     def spec(self) -> dict[str, Any]:
         """``{"scorer": "idf-cov", "max_vocabulary"}`` and, once fitted, ``"n_docs"``,
@@ -146,9 +152,7 @@ class SentenceBM25Scorer(CorpusBM25Scorer):
 
     name: ClassVar[str] = "sent-bm25"
     score_label: ClassVar[str] = "1 - bm25 share of the best sentence (frozen corpus)"
-    declared_options: ClassVar[tuple[ScorerOption, ...]] = tuple(
-        replace(o, help=o.help.replace("bm25-corpus", "sent-bm25"))
-        for o in CorpusBM25Scorer.declared_options)
+    declared_options: ClassVar[tuple[ScorerOption, ...]] = _corpus_options("sent-bm25")
 
     def prepare_pairs(self, queries: Sequence[str], texts: Sequence[str], *,
                       corpus: SharedCorpus | None = None) -> SentenceTerms:
