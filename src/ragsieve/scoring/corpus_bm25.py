@@ -239,7 +239,7 @@ def share_statistics(specs: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str,
                     del out[j][k]
                 out[j]["statistics"] = SHARED
             return out, first
-    return [dict(s) for s in specs], None
+    return out, None
 
 
 def inline_statistics(specs: Sequence[Any], shared: Any) -> list[Any]:
