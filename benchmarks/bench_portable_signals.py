@@ -87,7 +87,7 @@ from ragsieve.scoring.sentence_cosine import _split, sentence_texts
 from ragsieve.types import Pair
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_signals import signal_bench_parser, write_outputs
+from bench_signals import _sample, signal_bench_parser, write_outputs
 
 ALPHA = 0.1
 COVERAGE_BAND = 0.02
@@ -395,15 +395,6 @@ def _greedy(datasets: list[Dataset], args: argparse.Namespace) -> list[str]:
 
 
 # ---------------------------------------------------------------------- cost
-def _sample(pairs: list[Pair], n_topics: int) -> list[Pair]:
-    """The pairs of the first query of each of the first ``n_topics`` topics (sorted)."""
-    first: dict[str, str] = {}
-    for p in pairs:
-        first.setdefault(str(p.group), p.query_id)
-    chosen = {first[t] for t in sorted(first)[:n_topics]}
-    return [p for p in pairs if p.query_id in chosen]
-
-
 def _timed(fn: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     fn()
