@@ -18,7 +18,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..artifact import Artifact
 from ..errors import ArtifactError
@@ -90,11 +90,11 @@ class Runtime:
         self.index_info = index_info(index)
         self.swap_lock = threading.Lock()
         self._refused_generation = 0
-        self.published_generation: int | None = None  # the newest in the control file
-        self.degraded: str | None = None  # why the newest generation is not served here
         self.model_work = ModelWork(max_pieces=options.max_pieces, max_queue=options.max_queue,
                                     metrics=metrics)  # the one model thread
-        self.service: Service | None = None
+        # what is served, the newest published generation and why that one is not served
+        # (None: it is): one record written at once, so /healthz never reads a mix
+        self._served = _Served(None, None, None)
         self.recent = RecentRequests()  # the last requests' kept/total counts (GET /status)
 
     #: What ``/healthz`` shows of a served index (:func:`~ragsieve.server.answers.index_info`).
@@ -214,10 +214,27 @@ class Runtime:
             adaptive = AdaptiveThreshold(self.store, checked.checksum, flt.calibrator_)
         return Service(self, checked, generation, monitor=monitor, adaptive=adaptive)
 
-    def swap(self, service: Service) -> None:
-        """Serve ``service`` from the next request on (in-flight requests keep theirs)."""
+    @property
+    def service(self) -> Service | None:
+        """The service requests are answered with (None before the first is built)."""
+        return self._served.service
+
+    @property
+    def published(self) -> tuple[int | None, str | None]:
+        """The newest published generation and why it is not served here (None: it is),
+        read together."""
+        served = self._served
+        return served.published_generation, served.degraded
+
+    def swap(self, service: Service, *, published: int | None = None,
+             refusal: str | None = None) -> None:
+        """Serve ``service`` from the next request on (in-flight requests keep theirs), the
+        newest published generation being ``published`` (default: the service's) and
+        ``refusal`` why it is not the one served (None: it is)."""
         old = self.service
-        self.service = service  # one attribute write: atomic for the request threads
+        number = service.generation if published is None else published
+        # one attribute write: atomic for the request threads
+        self._served = _Served(service, number, _degraded(service, refusal))
         self.metrics.set_artifact(service.info.model_dump(), service.generation, service.threshold)
         self.metrics.set_monitor(None if service.monitor is None else service.monitor.state)
         if old is None:
@@ -234,7 +251,7 @@ class Runtime:
         """Build and swap in a published generation (``ArtifactError`` keeps the old one)."""
         checked = self.check_to_publish(gen.text, f"generation {gen.number}")
         service = self.build(checked, gen.number)
-        self.swap(service)
+        self.swap(service, published=gen.number)
         return service
 
     def start(self, generations: Sequence[Generation],
@@ -261,7 +278,8 @@ class Runtime:
                     checked = self.check(gen.text, f"generation {gen.number}")
                 if prepare is not None:
                     prepare(checked)
-                self.swap(self.build(checked, gen.number))
+                self.swap(self.build(checked, gen.number), published=generations[0].number,
+                          refusal=reasons[0] if reasons else None)
             except Exception as exc:  # noqa: BLE001 (a scorer's load error is any type)
                 reasons.append(f"generation {gen.number}: {exc}")
                 error = exc
@@ -269,7 +287,6 @@ class Runtime:
                     logger.error("pid %d cannot serve generation %d (%s); trying generation %d",
                                  os.getpid(), gen.number, exc, generations[i + 1].number)
                 continue
-            self._set_published(generations[0].number, reasons[0] if reasons else None)
             self._refused_generation = generations[0].number if reasons else 0
             return self.current
         if len(reasons) == 1 and error is not None:
@@ -279,9 +296,8 @@ class Runtime:
 
     def _set_published(self, number: int, refusal: str | None) -> None:
         """Record the newest published generation and why it is not served (None: it is)."""
-        self.published_generation = number
-        self.degraded = None if refusal is None else (
-            f"serving generation {self.current.generation}, not the newest ({refusal})")
+        service = self.current
+        self._served = _Served(service, number, _degraded(service, refusal))
 
     def sync(self) -> None:
         """Swap in the newest published generation if it is newer than the served one.
@@ -305,7 +321,6 @@ class Runtime:
             try:
                 self.load_generation(gen)
                 self.metrics.reloads.labels("loaded").inc()
-                self._set_published(gen.number, None)
             except Exception as exc:  # noqa: BLE001 (a scorer's load error is any type): logged once
                 self._refused_generation = gen.number
                 self.metrics.reloads.labels("refused").inc()
@@ -313,3 +328,17 @@ class Runtime:
                 logger.error("pid %d cannot serve generation %d: %s; still serving generation %s",
                              os.getpid(), gen.number, exc,
                              None if current is None else current.generation)
+
+
+class _Served(NamedTuple):
+    """What a runtime serves and what it knows of the newest published generation."""
+
+    service: Service | None
+    published_generation: int | None
+    degraded: str | None
+
+
+def _degraded(service: Service, refusal: str | None) -> str | None:
+    """``/healthz``'s ``degraded``: why the newest generation is not served (None: it is)."""
+    return None if refusal is None else (
+        f"serving generation {service.generation}, not the newest ({refusal})")

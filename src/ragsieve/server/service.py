@@ -124,9 +124,7 @@ class Shared(Protocol):
     @property
     def model_work(self) -> ModelWork: ...
     @property
-    def published_generation(self) -> int | None: ...
-    @property
-    def degraded(self) -> str | None: ...
+    def published(self) -> tuple[int | None, str | None]: ...
 
 
 class Service:
@@ -430,10 +428,11 @@ class Service:
             adaptive = AdaptiveInfo(**self.adaptive.info())
             info = info.model_copy(update={"threshold": adaptive.threshold})
         monitor = None if self.monitor is None else monitor_info(self.monitor.state)
+        published_generation, degraded = rt.published  # one snapshot of the pair
         return Health(status="ok", library_version=__version__, artifact=info,
                       index=rt.index_info, generation=self.generation, monitor=monitor,
-                      adaptive=adaptive, published_generation=rt.published_generation,
-                      degraded=rt.degraded, lists=self.lists_info(),
+                      adaptive=adaptive, published_generation=published_generation,
+                      degraded=degraded, lists=self.lists_info(),
                       endpoint_note=self.flt.scorer_.endpoint_note())
 
     def lists_info(self) -> ListsInfo | None:
