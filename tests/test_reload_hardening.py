@@ -235,6 +235,35 @@ def test_worker_walks_back_to_a_generation_it_can_build(
         assert health["published_generation"] == 3 and health["degraded"] is None
 
 
+def test_the_served_generation_and_the_published_one_change_together(
+        artifacts: dict[str, Path], options: dict[str, Any], tmp_path: Path) -> None:
+    """At the moment a new generation is served, ``/healthz``'s published generation and
+    ``degraded`` are already its own (they were written after the swap, and a health
+    request in between read generation 3 with the published generation 2)."""
+    good, bad = artifacts["a"].read_text(), artifacts["bad"].read_text()
+    state = _worker_state(tmp_path, [good, bad])
+    app = _worker_app(artifacts["a"], state, options)
+    runtime = app.state.runtime
+    assert (runtime.current.generation, runtime.published[0]) == (1, 2)
+    assert "generation 2" in runtime.published[1]  # walked back, and says so
+    seen: list[tuple[int, tuple[int | None, str | None]]] = []
+    real = runtime.metrics.set_artifact
+
+    def record(*args: Any, **kwargs: Any) -> Any:  # called right after the swap's write
+        seen.append((runtime.current.generation, runtime.published))
+        return real(*args, **kwargs)
+
+    runtime.metrics.set_artifact = record
+    generations = Generations(state / "control.sqlite")
+    try:
+        b = artifacts["b"].read_text()
+        generations.publish(b, json.loads(b)["checksum"]["value"], "test")
+    finally:
+        generations.close()
+    runtime.sync()
+    assert seen == [(3, (3, None))]
+
+
 def test_worker_that_can_build_nothing_stops_the_supervisor(
         artifacts: dict[str, Path], options: dict[str, Any], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
